@@ -1,0 +1,330 @@
+"""The typed IR of a `.fidef` module.
+
+Two levels:
+
+* the *family* level (``Family``, ``DispatchGroup``) mirrors the source: axes may be
+  generic (const values come from instances), tensors may use a dtype parameter or copy the
+  dtype of an input. ``fibgen fmt`` prints this level back to source.
+* the *definition* level (``Definition``) is one concrete instance: every const axis has a
+  value, every dtype is concrete, the name is computed. Code generators read this level
+  (plus the family it came from for API-facing code).
+
+Every node carries a ``span``. Spans compare equal to each other, so two IRs parsed from
+differently formatted sources are equal when they mean the same thing (see Note [spans]).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# The dtypes of the FlashInfer Trace format, in the order the format lists them.
+DTYPES: tuple[str, ...] = (
+    "float32",
+    "float16",
+    "bfloat16",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float4_e2m1",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "bool",
+)
+
+# Short spellings used as the dtype part of a definition name for dtype-generic families.
+DTYPE_NAME_PART: dict[str, str] = {
+    "float32": "fp32",
+    "float16": "fp16",
+    "bfloat16": "bf16",
+    "float8_e4m3fn": "fp8e4m3",
+    "float8_e5m2": "fp8e5m2",
+    "float4_e2m1": "fp4",
+    "int64": "i64",
+    "int32": "i32",
+    "int16": "i16",
+    "int8": "i8",
+    "bool": "bool",
+}
+
+
+class _Node(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Span(_Node):
+    """Where a node came from: 1-based line and column, end exclusive.
+
+    Note [spans]: a span never takes part in equality or hashing. ``parse(fmt(x))`` must
+    equal ``parse(x)`` although every position moved, and IR nodes are compared whole in
+    tests; making spans compare equal keeps both simple.
+    """
+
+    file: str
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Span)
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}"
+
+
+NO_SPAN = Span(file="<builtin>", line=0, column=0, end_line=0, end_column=0)
+
+
+class Node(_Node):
+    span: Span = Field(default=NO_SPAN, repr=False)
+
+
+# ---------------------------------------------------------------------------------------
+# Expressions are kept as Python source text, validated with ``ast`` at lowering time.
+# ---------------------------------------------------------------------------------------
+
+
+class Expr(Node):
+    """A Python expression over axes, parameters and inputs, kept as written."""
+
+    text: str
+
+
+# ---------------------------------------------------------------------------------------
+# Axes
+# ---------------------------------------------------------------------------------------
+
+
+class VarAxis(Node):
+    kind: Literal["var"] = "var"
+    name: str
+    description: str | None = None
+
+
+class ConstAxis(Node):
+    """A const axis.
+
+    ``abbrev`` set: the axis contributes ``<abbrev><value>`` to the definition name.
+    ``abbrev`` None: no name part. ``value`` set: pinned (an int literal or an expression
+    over other consts and parameters); otherwise every instance gives the value.
+    """
+
+    kind: Literal["const"] = "const"
+    name: str
+    abbrev: str | None = None
+    value: Expr | None = None
+    description: str | None = None
+
+
+Axis = Annotated[Union[VarAxis, ConstAxis], Field(discriminator="kind")]
+
+
+class Param(Node):
+    """A family parameter: a per-instance Python constant that is not an axis.
+
+    Parameters may appear in name templates and are defined as module-level constants at
+    the top of the instance's reference (e.g. MoE ``top_k``).
+    """
+
+    name: str
+    abbrev: str | None = None
+    description: str | None = None
+
+
+class DtypeParam(Node):
+    """``dtype T in {bfloat16, float16}``: the family is generic over dtype."""
+
+    name: str
+    choices: tuple[str, ...]
+
+
+# ---------------------------------------------------------------------------------------
+# Tensors
+# ---------------------------------------------------------------------------------------
+
+
+class DtypeRef(Node):
+    """A dtype as written: a concrete dtype, a dtype parameter, or ``dtype(input)``."""
+
+    kind: Literal["concrete", "param", "from"]
+    name: str  # the dtype, the parameter name, or the input name
+
+
+class Source(Node):
+    """Where a tensor is read from in the API call: ``<- [plan.]param[index]``."""
+
+    param: str
+    index: int | None = None
+    from_plan: bool = False
+
+
+class GenHint(Node):
+    """An input-generation hint: ``gen kind(args, key=value)``; values are expressions."""
+
+    kind: str
+    args: tuple[Expr, ...] = ()
+    kwargs: tuple[tuple[str, Expr], ...] = ()
+
+
+class Tensor(Node):
+    """An input or output. ``shape`` None is a Python scalar; ``()`` is a 0-D tensor."""
+
+    name: str
+    dtype: DtypeRef
+    shape: tuple[str, ...] | None
+    optional: bool = False
+    source: Source | None = None  # inputs only
+    target: str | None = None  # outputs only: the API buffer written (``-> out``)
+    gen: GenHint | None = None  # inputs only
+    description: str | None = None
+
+
+# ---------------------------------------------------------------------------------------
+# API signatures
+# ---------------------------------------------------------------------------------------
+
+
+class ApiParam(Node):
+    name: str
+    kind: Literal["positional", "keyword_only", "var_positional", "var_keyword"]
+    default: str | None = None  # Python source of the default, None when required
+
+
+class ApiSignature(Node):
+    """``api flashinfer.norm.rmsnorm(input, weight, eps=1e-6, out=None)``."""
+
+    path: str  # dotted path of the callable (``pkg.mod.Class.method`` for methods)
+    params: tuple[ApiParam, ...]
+
+    def param_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params)
+
+
+class Tolerance(Node):
+    atol: float | None = None
+    rtol: float | None = None
+    matched: float | None = None  # required ratio of matching elements
+
+
+# ---------------------------------------------------------------------------------------
+# Families, instances and dispatch groups
+# ---------------------------------------------------------------------------------------
+
+
+class Assignment(Node):
+    """``h = 4096`` in an instance: ``key`` is an axis abbrev, axis name or parameter."""
+
+    key: str
+    value: int | float | str | bool
+
+
+class Instance(Node):
+    values: tuple[Assignment, ...]
+    tags: tuple[str, ...] = ()
+    description: str | None = None
+
+
+class Family(Node):
+    name: str
+    op_type: str
+    description: str | None = None
+    tags: tuple[str, ...] = ()
+    name_template: str | None = None  # ``name "gdn_decode_qk{num_q_heads}_..._k_last"``
+    api: ApiSignature | None = None
+    plan: ApiSignature | None = None
+    dtype_params: tuple[DtypeParam, ...] = ()
+    params: tuple[Param, ...] = ()
+    axes: tuple[Axis, ...] = ()
+    constraints: tuple[Expr, ...] = ()
+    inputs: tuple[Tensor, ...] = ()
+    outputs: tuple[Tensor, ...] = ()
+    reference: str | None = None
+    reference_span: Span = Field(default=NO_SPAN, repr=False)
+    tolerance: Tolerance | None = None
+    requires: tuple[str, ...] = ()  # e.g. ("sm90",): compute capability 9.0 or newer
+    instances: tuple[Instance, ...] = ()
+
+
+class DispatchCase(Node):
+    value: int | str
+    family: str
+
+
+class DispatchGroup(Node):
+    """``dispatch API on ARG { value -> family ... }``: one API, several families."""
+
+    name: str
+    selector: str
+    cases: tuple[DispatchCase, ...]
+
+
+Item = Annotated[Union[Family, DispatchGroup], Field(discriminator=None)]
+
+
+class SourceFile(Node):
+    """One parsed `.fidef` file."""
+
+    path: str
+    families: tuple[Family, ...] = ()
+    dispatches: tuple[DispatchGroup, ...] = ()
+    comments: tuple[tuple[int, str], ...] = ()  # (line, text) kept for ``fmt``
+
+
+# ---------------------------------------------------------------------------------------
+# The definition level: one concrete instance of a family.
+# ---------------------------------------------------------------------------------------
+
+
+class DefAxis(Node):
+    name: str
+    kind: Literal["var", "const"]
+    value: int | None = None
+    description: str | None = None
+
+
+class DefTensor(Node):
+    name: str
+    dtype: str
+    shape: tuple[str, ...] | None
+    optional: bool = False
+    description: str | None = None
+
+
+class Definition(Node):
+    """A concrete definition: what becomes one FlashInfer Trace definition JSON."""
+
+    name: str
+    op_type: str
+    description: str | None
+    tags: tuple[str, ...]
+    axes: tuple[DefAxis, ...]
+    constraints: tuple[str, ...]
+    inputs: tuple[DefTensor, ...]
+    outputs: tuple[DefTensor, ...]
+    reference: str | None
+    # Where it came from, for diagnostics and for generators that need the family.
+    family: str
+    source_file: str
+    instance_index: int
+    consts: tuple[tuple[str, int], ...] = ()  # const axis values, declaration order
+    param_values: tuple[tuple[str, int | float | str | bool], ...] = ()
+    dtype_values: tuple[tuple[str, str], ...] = ()  # dtype parameter bindings
+
+
+class Module(Node):
+    """Everything compiled in one run: the files, and the definitions they produce."""
+
+    files: tuple[SourceFile, ...]
+    definitions: tuple[Definition, ...]
+
+    def families(self) -> tuple[Family, ...]:
+        return tuple(f for sf in self.files for f in sf.families)
+
+    def dispatches(self) -> tuple[DispatchGroup, ...]:
+        return tuple(d for sf in self.files for d in sf.dispatches)
