@@ -1,0 +1,98 @@
+"""Compiler-style diagnostics: what went wrong, where, and how to fix it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from fibgen.compiler.ir import Span
+
+Severity = Literal["error", "warning"]
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    severity: Severity
+    message: str
+    span: Span | None
+    help: str | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    def sort_key(self) -> tuple:
+        if self.span is None:
+            return ("", 0, 0, self.message)
+        return (self.span.file, self.span.line, self.span.column, self.message)
+
+
+def error(message: str, span: Span | None, help: str | None = None) -> Diagnostic:
+    """Make an error diagnostic."""
+    return Diagnostic("error", message, span, help)
+
+
+def warning(message: str, span: Span | None, help: str | None = None) -> Diagnostic:
+    """Make a warning diagnostic."""
+    return Diagnostic("warning", message, span, help)
+
+
+class Sources:
+    """The text of every file read in a run, to quote lines in diagnostics."""
+
+    def __init__(self) -> None:
+        self._lines: dict[str, list[str]] = {}
+
+    def add(self, path: str, text: str) -> None:
+        self._lines[path] = text.splitlines()
+
+    def line(self, path: str, line: int) -> str | None:
+        lines = self._lines.get(path)
+        if lines is None or not 1 <= line <= len(lines):
+            return None
+        return lines[line - 1]
+
+
+def render(diag: Diagnostic, sources: Sources | None = None) -> str:
+    """Render one diagnostic like a compiler: header, location, quoted line, caret, help."""
+    out = [f"{diag.severity}: {diag.message}"]
+    span = diag.span
+    if span is not None and span.line > 0:
+        out.append(f" --> {span.file}:{span.line}:{span.column}")
+        text = sources.line(span.file, span.line) if sources else None
+        if text is not None:
+            gutter = " " * len(str(span.line))
+            text = text.expandtabs(4).rstrip()
+            if span.end_line == span.line and span.end_column > span.column:
+                width = span.end_column - span.column
+            else:
+                width = max(1, len(text) - span.column + 1)
+            width = max(1, min(width, max(1, len(text) - span.column + 1)))
+            out.append(f"{gutter} |")
+            out.append(f"{span.line} | {text}")
+            out.append(f"{gutter} | {' ' * (span.column - 1)}{'^' * width}")
+    elif span is not None:
+        out.append(f" --> {span.file}")
+    for note in diag.notes:
+        out.append(f"  = note: {note}")
+    if diag.help:
+        out.append(f"  = help: {diag.help}")
+    return "\n".join(out)
+
+
+def render_all(diags: list[Diagnostic], sources: Sources | None = None) -> str:
+    """Render diagnostics sorted by position, with a summary line."""
+    ordered = sorted(diags, key=Diagnostic.sort_key)
+    blocks = [render(d, sources) for d in ordered]
+    n_err = sum(d.severity == "error" for d in diags)
+    n_warn = len(diags) - n_err
+    parts = []
+    if n_err:
+        parts.append(f"{n_err} error{'s' if n_err != 1 else ''}")
+    if n_warn:
+        parts.append(f"{n_warn} warning{'s' if n_warn != 1 else ''}")
+    if parts:
+        blocks.append(" and ".join(parts) + " emitted")
+    return "\n\n".join(blocks) + "\n" if blocks else ""
+
+
+def has_errors(diags: list[Diagnostic]) -> bool:
+    """True when any diagnostic is an error."""
+    return any(d.severity == "error" for d in diags)

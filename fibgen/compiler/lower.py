@@ -1,0 +1,478 @@
+"""Lower a Lark tree to the family-level IR, one Transformer method per grammar rule.
+
+Lowering checks only what it needs to build well-formed nodes (Python syntax of embedded
+expressions and parameter lists, duplicate statements); semantic checks live in checks.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from typing import Any
+
+from lark import Token, Transformer, Tree, v_args
+from lark.tree import Meta
+
+from fibgen.compiler import ir
+from fibgen.compiler.diagnostics import Diagnostic, error
+
+
+class _Stmt:
+    """A family statement on its way into a Family: the field it sets and its value."""
+
+    __slots__ = ("field", "value", "span", "keyword")
+
+    def __init__(self, field: str, value: Any, span: ir.Span, keyword: str) -> None:
+        self.field = field
+        self.value = value
+        self.span = span
+        self.keyword = keyword
+
+
+def _unquote(token: Token) -> str:
+    text = str(token)
+    if token.type in ("LONG_STRING", "LONG_STRING_SQ"):
+        return dedent_block(text[3:-3])
+    return ast.literal_eval(text)
+
+
+def dedent_block(body: str) -> str:
+    """Dedent a triple-quoted block and drop its framing blank lines; kept otherwise as written."""
+    if "\n" not in body:
+        return body.strip()
+    first, rest = body.split("\n", 1)
+    if first.strip():
+        # Text starts on the opening line: dedent the rest on its own.
+        return (first.strip() + "\n" + textwrap.dedent(rest)).rstrip()
+    return textwrap.dedent(rest).strip("\n").rstrip()
+
+
+@v_args(meta=True)
+class Lower(Transformer):
+    """Lark tree → ir.SourceFile for one file."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(visit_tokens=False)
+        self.path = path
+        self.diagnostics: list[Diagnostic] = []
+
+    # ------------------------------------------------------------------ helpers
+    def _span(self, meta: Meta) -> ir.Span:
+        if getattr(meta, "empty", True):
+            return ir.Span(file=self.path, line=0, column=0, end_line=0, end_column=0)
+        return ir.Span(
+            file=self.path,
+            line=meta.line,
+            column=meta.column,
+            end_line=meta.end_line,
+            end_column=meta.end_column,
+        )
+
+    def _tok_span(self, tok: Token) -> ir.Span:
+        return ir.Span(
+            file=self.path,
+            line=tok.line,
+            column=tok.column,
+            end_line=tok.end_line,
+            end_column=tok.end_column,
+        )
+
+    def _error(self, message: str, span: ir.Span, help: str | None = None) -> None:
+        self.diagnostics.append(error(message, span, help))
+
+    def _expr(self, tok: Token) -> ir.Expr:
+        text = str(tok).strip()
+        span = self._tok_span(tok)
+        span = span.model_copy(update={"end_column": span.column + len(text)})
+        try:
+            ast.parse(text, mode="eval")
+        except SyntaxError as exc:
+            col = span.column + max(0, (exc.offset or 1) - 1)
+            at = ir.Span(
+                file=self.path, line=span.line, column=col, end_line=span.line, end_column=col + 1
+            )
+            self._error(f"not a Python expression: {exc.msg}", at, help=f"in `{text}`")
+        return ir.Expr(text=text, span=span)
+
+    def _call_args(self, tok: Token, what: str) -> ast.Call | None:
+        text = str(tok)
+        try:
+            node = ast.parse("f" + text, mode="eval").body
+        except SyntaxError as exc:
+            col = tok.column + max(0, (exc.offset or 2) - 2)
+            self._error(
+                f"{what} is not valid Python: {exc.msg}",
+                ir.Span(
+                    file=self.path, line=tok.line, column=col, end_line=tok.line, end_column=col + 1
+                ),
+            )
+            return None
+        assert isinstance(node, ast.Call)
+        return node
+
+    def _arg_span(self, tok: Token, node: ast.AST) -> ir.Span:
+        # Offsets inside the parenthesized text, shifted by the 'f' prefix used to parse it.
+        line = tok.line + node.lineno - 1
+        col = (tok.column + node.col_offset - 1) if node.lineno == 1 else node.col_offset + 1
+        end = col + max(1, (node.end_col_offset or node.col_offset + 1) - node.col_offset)
+        return ir.Span(file=self.path, line=line, column=col, end_line=line, end_column=end)
+
+    # ------------------------------------------------------------------ top level
+    def start(self, meta: Meta, items: list) -> ir.SourceFile:
+        families = tuple(i for i in items if isinstance(i, ir.Family))
+        dispatches = tuple(i for i in items if isinstance(i, ir.DispatchGroup))
+        return ir.SourceFile(
+            path=self.path, families=families, dispatches=dispatches, span=self._span(meta)
+        )
+
+    def family(self, meta: Meta, children: list) -> ir.Family:
+        name_tok, *stmts = children
+        fields: dict[str, Any] = {}
+        seen: dict[str, _Stmt] = {}
+        for st in stmts:
+            if st.field in seen and st.field not in ("instances",):
+                self._error(
+                    f"`{st.keyword}` given twice in family `{name_tok}`",
+                    st.span,
+                    help=f"the first is at {seen[st.field].span}",
+                )
+                continue
+            seen[st.field] = st
+            if st.field == "reference":
+                fields["reference"], fields["reference_span"] = st.value, st.span
+            else:
+                fields[st.field] = st.value
+        if "op_type" not in fields:
+            self._error(
+                f"family `{name_tok}` has no `op_type`",
+                self._tok_span(name_tok),
+                help="add a line `op_type NAME`, e.g. `op_type rmsnorm`",
+            )
+            fields["op_type"] = str(name_tok)
+        return ir.Family(name=str(name_tok), span=self._span(meta), **fields)
+
+    # ------------------------------------------------------------------ family statements
+    def op_type_stmt(self, meta: Meta, c: list) -> _Stmt:
+        return _Stmt("op_type", str(c[0]), self._span(meta), "op_type")
+
+    def description_stmt(self, meta: Meta, c: list) -> _Stmt:
+        return _Stmt("description", c[0], self._span(meta), "description")
+
+    def tags_stmt(self, meta: Meta, c: list) -> _Stmt:
+        return _Stmt("tags", c[0], self._span(meta), "tags")
+
+    def name_stmt(self, meta: Meta, c: list) -> _Stmt:
+        return _Stmt("name_template", c[0], self._span(meta), "name")
+
+    def reference_stmt(self, meta: Meta, c: list) -> _Stmt:
+        return _Stmt("reference", c[0], self._span(meta), "reference")
+
+    def requires_stmt(self, meta: Meta, c: list) -> _Stmt:
+        return _Stmt("requires", tuple(str(t) for t in c), self._span(meta), "requires")
+
+    def _signature(self, meta: Meta, c: list, keyword: str) -> _Stmt:
+        path, params_tok = c
+        span = self._span(meta)
+        sig = ir.ApiSignature(path=path, params=self._params(params_tok), span=span)
+        return _Stmt(keyword, sig, span, keyword)
+
+    def api_stmt(self, meta: Meta, c: list) -> _Stmt:
+        return self._signature(meta, c, "api")
+
+    def plan_stmt(self, meta: Meta, c: list) -> _Stmt:
+        return self._signature(meta, c, "plan")
+
+    def _params(self, tok: Token) -> tuple[ir.ApiParam, ...]:
+        text = str(tok)
+        try:
+            fn = ast.parse(f"def f{text}: pass").body[0]
+        except SyntaxError as exc:
+            col = tok.column + max(0, (exc.offset or 6) - 6)
+            self._error(
+                f"not a Python parameter list: {exc.msg}",
+                ir.Span(
+                    file=self.path, line=tok.line, column=col, end_line=tok.line, end_column=col + 1
+                ),
+                help="write it as in a `def`, e.g. `(input, weight, eps=1e-6, out=None)`",
+            )
+            return ()
+        assert isinstance(fn, ast.FunctionDef)
+        a = fn.args
+        out: list[ir.ApiParam] = []
+        positional = a.posonlyargs + a.args
+        defaults = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
+        for arg, default in zip(positional, defaults):
+            out.append(self._param(tok, arg, "positional", default))
+        if a.vararg:
+            out.append(self._param(tok, a.vararg, "var_positional", None))
+        for arg, default in zip(a.kwonlyargs, a.kw_defaults):
+            out.append(self._param(tok, arg, "keyword_only", default))
+        if a.kwarg:
+            out.append(self._param(tok, a.kwarg, "var_keyword", None))
+        return tuple(out)
+
+    def _param(self, tok: Token, arg: ast.arg, kind: str, default: ast.expr | None) -> ir.ApiParam:
+        line = tok.line
+        col = tok.column + arg.col_offset - 5  # 'def f' prefix
+        span = ir.Span(
+            file=self.path, line=line, column=col, end_line=line, end_column=col + len(arg.arg)
+        )
+        return ir.ApiParam(
+            name=arg.arg,
+            kind=kind,
+            default=None if default is None else ast.unparse(default),
+            span=span,
+        )
+
+    def dtype_stmt(self, meta: Meta, c: list) -> _Stmt:
+        name, *choices = c
+        span = self._span(meta)
+        value = ir.DtypeParam(name=str(name), choices=tuple(str(x) for x in choices), span=span)
+        return _Stmt("dtype_params", (value,), span, "dtype")
+
+    def tolerance_stmt(self, meta: Meta, c: list) -> _Stmt:
+        span = self._span(meta)
+        call = self._call_args(c[0], "tolerance")
+        values: dict[str, float] = {}
+        if call is not None:
+            if call.args:
+                self._error(
+                    "tolerance takes keyword arguments only",
+                    span,
+                    help="write `tolerance(atol=1e-2, rtol=1e-2, matched=0.99)`",
+                )
+            for kw in call.keywords:
+                if kw.arg not in ("atol", "rtol", "matched"):
+                    self._error(
+                        f"unknown tolerance `{kw.arg}`",
+                        self._arg_span(c[0], kw.value),
+                        help="known: atol, rtol, matched",
+                    )
+                    continue
+                try:
+                    value = float(ast.literal_eval(kw.value))
+                except (ValueError, TypeError, SyntaxError):
+                    self._error(
+                        f"tolerance `{kw.arg}` must be a number", self._arg_span(c[0], kw.value)
+                    )
+                    continue
+                values[kw.arg] = value
+        return _Stmt("tolerance", ir.Tolerance(span=span, **values), span, "tolerance")
+
+    def tag_list(self, meta: Meta, c: list) -> tuple[str, ...]:
+        return tuple(str(t) if isinstance(t, Token) and t.type == "TAG" else t for t in c)
+
+    def string(self, meta: Meta, c: list) -> str:
+        return _unquote(c[0])
+
+    def dotted(self, meta: Meta, c: list) -> str:
+        return ".".join(str(t) for t in c)
+
+    # ------------------------------------------------------------------ params
+    def params_block(self, meta: Meta, c: list) -> _Stmt:
+        return _Stmt("params", tuple(c), self._span(meta), "params")
+
+    def param(self, meta: Meta, c: list) -> ir.Param:
+        name, *rest = c
+        abbrev = next((x for x in rest if isinstance(x, _Abbrev)), None)
+        desc = next((x for x in rest if isinstance(x, str) and not isinstance(x, _Abbrev)), None)
+        return ir.Param(
+            name=str(name),
+            abbrev=abbrev.text if abbrev else None,
+            description=desc,
+            span=self._span(meta),
+        )
+
+    def abbrev(self, meta: Meta, c: list) -> "_Abbrev":
+        return _Abbrev(str(c[0]))
+
+    # ------------------------------------------------------------------ axes
+    def axes_block(self, meta: Meta, c: list) -> _Stmt:
+        return _Stmt("axes", tuple(c), self._span(meta), "axes")
+
+    def var_axis(self, meta: Meta, c: list) -> ir.VarAxis:
+        name, *rest = c
+        return ir.VarAxis(
+            name=str(name), description=rest[0] if rest else None, span=self._span(meta)
+        )
+
+    def const_axis(self, meta: Meta, c: list) -> ir.ConstAxis:
+        name, *rest = c
+        abbrev = value = desc = None
+        for x in rest:
+            if isinstance(x, _Abbrev):
+                abbrev = x.text
+            elif isinstance(x, ir.Expr):
+                value = x
+            else:
+                desc = x
+        return ir.ConstAxis(
+            name=str(name), abbrev=abbrev, value=value, description=desc, span=self._span(meta)
+        )
+
+    def const_value(self, meta: Meta, c: list) -> ir.Expr:
+        return self._expr(c[0])
+
+    # ------------------------------------------------------------------ constraints
+    def constraints_block(self, meta: Meta, c: list) -> _Stmt:
+        return _Stmt("constraints", tuple(c), self._span(meta), "constraints")
+
+    def constraint(self, meta: Meta, c: list) -> ir.Expr:
+        return self._expr(c[0])
+
+    # ------------------------------------------------------------------ tensors
+    def inputs_block(self, meta: Meta, c: list) -> _Stmt:
+        return _Stmt("inputs", tuple(c), self._span(meta), "inputs")
+
+    def outputs_block(self, meta: Meta, c: list) -> _Stmt:
+        return _Stmt("outputs", tuple(c), self._span(meta), "outputs")
+
+    def tensor(self, meta: Meta, c: list) -> ir.Tensor:
+        name, *rest = c
+        fields: dict[str, Any] = {}
+        for x in rest:
+            if isinstance(x, _Optional):
+                fields["optional"] = True
+            elif isinstance(x, ir.DtypeRef):
+                fields["dtype"] = x
+            elif isinstance(x, _Shape):
+                fields["shape"] = x.dims
+            elif isinstance(x, ir.Source):
+                fields["source"] = x
+            elif isinstance(x, _Target):
+                fields["target"] = x.name
+            elif isinstance(x, ir.GenHint):
+                fields["gen"] = x
+            else:
+                fields["description"] = x
+        return ir.Tensor(name=str(name), span=self._span(meta), **fields)
+
+    def optional(self, meta: Meta, c: list) -> "_Optional":
+        return _Optional()
+
+    def dtype_name(self, meta: Meta, c: list) -> ir.DtypeRef:
+        # Whether a bare name is a dtype or a dtype parameter is decided in checks.py, which
+        # knows the family's parameters; here it is recorded as written.
+        return ir.DtypeRef(kind="concrete", name=str(c[0]), span=self._span(meta))
+
+    def dtype_from(self, meta: Meta, c: list) -> ir.DtypeRef:
+        return ir.DtypeRef(kind="from", name=str(c[0]), span=self._span(meta))
+
+    def dims(self, meta: Meta, c: list) -> "_Shape":
+        return _Shape(tuple(str(t) for t in c))
+
+    def scalar(self, meta: Meta, c: list) -> "_Shape":
+        return _Shape(None)
+
+    def source(self, meta: Meta, c: list) -> ir.Source:
+        from_plan = any(isinstance(x, _PlanPrefix) for x in c)
+        names = [x for x in c if isinstance(x, Token)]
+        index = next((x for x in c if isinstance(x, int)), None)
+        return ir.Source(
+            param=str(names[0]), index=index, from_plan=from_plan, span=self._span(meta)
+        )
+
+    def plan_prefix(self, meta: Meta, c: list) -> "_PlanPrefix":
+        return _PlanPrefix()
+
+    def index(self, meta: Meta, c: list) -> int:
+        return int(c[0])
+
+    def target(self, meta: Meta, c: list) -> "_Target":
+        return _Target(str(c[0]))
+
+    def gen(self, meta: Meta, c: list) -> ir.GenHint:
+        kind, params = c
+        span = self._span(meta)
+        call = self._call_args(params, f"generation hint `{kind}`")
+        if call is None:
+            return ir.GenHint(kind=str(kind), span=span)
+        args = tuple(self._hint_expr(params, a) for a in call.args)
+        kwargs = tuple(
+            (str(kw.arg), self._hint_expr(params, kw.value))
+            for kw in call.keywords
+            if kw.arg is not None
+        )
+        return ir.GenHint(kind=str(kind), args=args, kwargs=kwargs, span=span)
+
+    def _hint_expr(self, tok: Token, node: ast.expr) -> ir.Expr:
+        return ir.Expr(text=ast.unparse(node), span=self._arg_span(tok, node))
+
+    # ------------------------------------------------------------------ instances
+    def instances_block(self, meta: Meta, c: list) -> _Stmt:
+        return _Stmt("instances", tuple(c), self._span(meta), "instances")
+
+    def instance(self, meta: Meta, c: list) -> ir.Instance:
+        values = tuple(x for x in c if isinstance(x, ir.Assignment))
+        tags: tuple[str, ...] = ()
+        desc = None
+        for x in c:
+            if isinstance(x, _Stmt):
+                tags = x.value
+            elif isinstance(x, str):
+                desc = x
+        return ir.Instance(values=values, tags=tags, description=desc, span=self._span(meta))
+
+    def assignment(self, meta: Meta, c: list) -> ir.Assignment:
+        key, value = c
+        return ir.Assignment(key=str(key), value=value, span=self._span(meta))
+
+    def int_lit(self, meta: Meta, c: list) -> int:
+        return int(c[0])
+
+    def float_lit(self, meta: Meta, c: list) -> float:
+        return float(c[0])
+
+    def str_lit(self, meta: Meta, c: list) -> str:
+        return c[0]
+
+    def name_lit(self, meta: Meta, c: list) -> str | bool:
+        text = str(c[0])
+        return {"true": True, "false": False, "True": True, "False": False}.get(text, text)
+
+    # ------------------------------------------------------------------ dispatch
+    def dispatch(self, meta: Meta, c: list) -> ir.DispatchGroup:
+        name, selector, *cases = c
+        return ir.DispatchGroup(
+            name=str(name), selector=str(selector), cases=tuple(cases), span=self._span(meta)
+        )
+
+    def case(self, meta: Meta, c: list) -> ir.DispatchCase:
+        value, family = c
+        return ir.DispatchCase(value=value, family=str(family), span=self._span(meta))
+
+
+class _Abbrev:
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+class _Optional:
+    __slots__ = ()
+
+
+class _PlanPrefix:
+    __slots__ = ()
+
+
+class _Shape:
+    __slots__ = ("dims",)
+
+    def __init__(self, dims: tuple[str, ...] | None) -> None:
+        self.dims = dims
+
+
+class _Target:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def lower(tree: Tree, path: str) -> tuple[ir.SourceFile, list[Diagnostic]]:
+    """Lower one parsed file."""
+    lowering = Lower(path)
+    source_file = lowering.transform(tree)
+    return source_file, lowering.diagnostics
