@@ -1,0 +1,163 @@
+"""The `fibgen` command: parse arguments, call the library, print, exit.
+
+Exit codes: 0 success; 1 the input has errors (diagnostics), or `--check` found differences;
+2 the command line itself is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def _eprint(text: str) -> None:
+    if text:
+        sys.stderr.write(text if text.endswith("\n") else text + "\n")
+
+
+def _compile(paths: list[str]):
+    from fibgen.compiler import compile_paths
+    from fibgen.compiler.diagnostics import render_all
+
+    result = compile_paths(paths)
+    _eprint(render_all(result.diagnostics, result.sources))
+    return result
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from fibgen.codegen import generate
+    from fibgen.codegen.writer import WriteError, write_files
+
+    result = _compile(args.paths)
+    if result.module is None:
+        return EXIT_FAIL
+    if not result.module.definitions and not result.module.files:
+        _eprint(f"error: no .fidef files found in {', '.join(args.paths)}")
+        return EXIT_FAIL
+    files = generate(result.module, package=args.package)
+    try:
+        report = write_files(Path(args.output), files, check=args.check)
+    except (WriteError, OSError) as exc:
+        _eprint(f"error: {exc}")
+        return EXIT_FAIL
+    n_defs = len(result.module.definitions)
+    if args.check:
+        if report.changed:
+            sys.stdout.write(report.diff)
+            _eprint(
+                f"error: {args.output} is stale: {len(report.written)} file(s) would change, "
+                f"{len(report.removed)} would be removed\n"
+                f"  = help: run `fibgen build {' '.join(args.paths)} -o {args.output}`"
+            )
+            return EXIT_FAIL
+        print(f"{args.output} is up to date ({n_defs} definitions, {len(files)} files)")
+        return EXIT_OK
+    print(
+        f"built {n_defs} definitions into {args.output}: {len(report.written)} written, "
+        f"{len(report.unchanged)} unchanged, {len(report.removed)} removed"
+    )
+    return EXIT_OK
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    result = _compile(args.paths)
+    if result.module is None:
+        return EXIT_FAIL
+    print(f"ok: {len(result.module.definitions)} definitions in {len(result.module.files)} files")
+    return EXIT_OK
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    result = _compile(args.paths)
+    if result.module is None:
+        return EXIT_FAIL
+    rows = [(d.name, d.op_type, f"{d.span.file}:{d.span.line}") for d in result.module.definitions]
+    rows.sort()
+    width = [max((len(r[i]) for r in rows), default=0) for i in range(2)]
+    for name, op_type, where in rows:
+        print(f"{name:<{width[0]}}  {op_type:<{width[1]}}  {where}")
+    return EXIT_OK
+
+
+def cmd_fmt(args: argparse.Namespace) -> int:
+    from fibgen.compiler.format import format_paths
+
+    return format_paths(args.paths, check=args.check, out=sys.stdout, err=sys.stderr)
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from fibgen.compiler.importer import import_paths
+
+    return import_paths(
+        args.inputs, Path(args.output), force=args.force, out=sys.stdout, err=sys.stderr
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the `fibgen` command."""
+    parser = argparse.ArgumentParser(
+        prog="fibgen",
+        description="Kernel definitions for LLM serving: compile .fidef files, generate code.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("build", help="compile definitions and write generated files")
+    p.add_argument("paths", nargs="+", metavar="DIR", help=".fidef files or folders")
+    p.add_argument("-o", "--output", default="generated", help="output folder (default: generated)")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 with a diff when the output is stale",
+    )
+    p.add_argument(
+        "--package",
+        default="fibgen_kernels",
+        help="Python package name of the dispatch modules (default: fibgen_kernels)",
+    )
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("check", help="compile definitions and report diagnostics only")
+    p.add_argument("paths", nargs="+", metavar="DIR")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("fmt", help="print .fidef files in canonical form")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 listing files that are not formatted",
+    )
+    p.set_defaults(func=cmd_fmt)
+
+    p = sub.add_parser("import", help="turn flashinfer-bench definition JSON into .fidef files")
+    p.add_argument("inputs", nargs="+", metavar="JSON|DIR")
+    p.add_argument("-o", "--output", required=True, help="folder for the .fidef files")
+    p.add_argument("--force", action="store_true", help="overwrite existing .fidef files")
+    p.set_defaults(func=cmd_import)
+
+    p = sub.add_parser("list", help="list definitions with op_type and source location")
+    p.add_argument("paths", nargs="*", metavar="DIR", default=["definitions"])
+    p.set_defaults(func=cmd_list)
+
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `fibgen` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        _eprint("interrupted")
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
