@@ -1,0 +1,157 @@
+"""The input-generation hints of the `.fidef` language, as plain data.
+
+A tensor declares how valid values for it are made with ``gen kind(args, key=expr)``.
+The compiler checks a hint against ``HINT_SIGNATURES`` (so a typo is a compile error with a
+position); the runtime (``fibgen.runtime.inputs``) gives each kind its meaning. This module
+imports neither torch nor the compiler, so both sides can use it cheaply.
+
+Arguments are Python expressions over axes, parameters and the functions of ``math``
+(``sqrt``, ``log2``, ...), except the parameters listed in ``HintSignature.tensor_params``:
+those name another input tensor (``indptr(over=kv_indices)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class HintSignature:
+    """The parameters of one hint kind.
+
+    ``positional`` may be given by position or by keyword, ``keywords`` only by keyword;
+    ``required`` lists those that must be given; ``tensor_params`` those whose value is the
+    name of another input rather than an expression.
+    """
+
+    positional: tuple[str, ...]
+    keywords: tuple[str, ...]
+    required: tuple[str, ...]
+    meaning: str
+    tensor_params: tuple[str, ...] = ()
+    scalar_ok: bool = False  # may be used on a Python scalar (``shape: null``) input
+
+    def params(self) -> tuple[str, ...]:
+        """Every parameter name, positional ones first."""
+        return self.positional + self.keywords
+
+
+HINT_SIGNATURES: dict[str, HintSignature] = {
+    "indptr": HintSignature(
+        positional=("over",),
+        keywords=("min_len", "max_len", "at_least", "unit"),
+        required=("over",),
+        tensor_params=("over", "at_least"),
+        meaning=(
+            "offsets 0 <= ... <= len(over) of n+1 segments; each segment holds min_len..max_len "
+            "rows (default 1..8) and, with at_least=OTHER_INDPTR, at least ceil(other/unit) rows"
+        ),
+    ),
+    "indices": HintSignature(
+        positional=("below",),
+        keywords=("unique",),
+        required=("below",),
+        meaning="integers in [0, below); unique=True makes each row (last dim) free of repeats",
+    ),
+    "sparse_indices": HintSignature(
+        positional=("below",),
+        keywords=("min_valid",),
+        required=("below",),
+        meaning=(
+            "per row, distinct integers in [0, below) followed by -1 padding; at least "
+            "min_valid (default 1) valid entries per row"
+        ),
+    ),
+    "last_page_len": HintSignature(
+        positional=("indptr", "page_size"),
+        keywords=("at_least",),
+        required=("indptr", "page_size"),
+        tensor_params=("indptr", "at_least"),
+        meaning=(
+            "tokens in each sequence's last page, in 1..page_size; with at_least=QO_INDPTR the "
+            "sequence holds at least as many tokens as its queries (causal prefill)"
+        ),
+    ),
+    "value": HintSignature(
+        positional=("value",),
+        keywords=(),
+        required=("value",),
+        scalar_ok=True,
+        meaning="this exact value (a scalar, or a tensor filled with it)",
+    ),
+    "prob": HintSignature(
+        positional=(),
+        keywords=("temperature",),
+        required=(),
+        meaning="rows (last dim) that are probability distributions: non-negative, sum to 1",
+    ),
+    "range": HintSignature(
+        positional=("lo", "hi"),
+        keywords=(),
+        required=("lo", "hi"),
+        scalar_ok=True,
+        meaning="uniform in [lo, hi); integers lo..hi-1 for integer dtypes",
+    ),
+    "normal": HintSignature(
+        positional=("mean", "std"),
+        keywords=(),
+        required=(),
+        meaning="normally distributed with this mean and standard deviation (default 0, 1)",
+    ),
+    "zeros": HintSignature((), (), (), "all zeros"),
+    "ones": HintSignature((), (), (), "all ones"),
+    "arange": HintSignature(
+        positional=("start", "step"),
+        keywords=(),
+        required=(),
+        meaning="start, start + step, ... in row-major order (positions, ids)",
+    ),
+    "fp8_paged_with_scales": HintSignature(
+        positional=(),
+        keywords=(),
+        required=(),
+        meaning=(
+            "int8/uint8 bytes of a paged FP8 cache in DeepGEMM's layout "
+            "[pages, page_size, 1, dim + 4]: per page, page_size * dim FP8 values, then "
+            "page_size positive float32 scales"
+        ),
+    ),
+    "none": HintSignature(
+        (), (), (), "pass None (for optional inputs that a test leaves out)", scalar_ok=True
+    ),
+}
+
+
+class HintError(ValueError):
+    """A hint whose arguments do not fit its signature."""
+
+
+def bind_hint(kind: str, args: tuple, kwargs: tuple) -> dict:
+    """Match a hint's arguments to its parameter names; raise HintError with a readable reason.
+
+    ``args`` are positional values and ``kwargs`` ``(name, value)`` pairs; the values are
+    passed through untouched (expression text for the compiler, objects for the runtime).
+    """
+    sig = HINT_SIGNATURES.get(kind)
+    if sig is None:
+        known = ", ".join(sorted(HINT_SIGNATURES))
+        raise HintError(f"unknown generation hint `{kind}`; known hints: {known}")
+    if len(args) > len(sig.positional):
+        raise HintError(
+            f"`{kind}` takes at most {len(sig.positional)} positional argument(s) "
+            f"({', '.join(sig.positional) or 'none'}), got {len(args)}"
+        )
+    bound = dict(zip(sig.positional, args))
+    for key, value in kwargs:
+        if key not in sig.params():
+            raise HintError(
+                f"`{kind}` has no parameter `{key}`; its parameters are "
+                f"{', '.join(sig.params()) or 'none'}"
+            )
+        if key in bound:
+            raise HintError(f"`{kind}` got `{key}` twice")
+        bound[key] = value
+    missing = [p for p in sig.required if p not in bound]
+    if missing:
+        raise HintError(f"`{kind}` needs {', '.join(f'`{m}`' for m in missing)}")
+    return bound

@@ -1,0 +1,325 @@
+"""Input generation: dtypes, shapes, hints, derived axes and constraint checks."""
+
+import pytest
+import torch
+
+from fibgen.format.hints import HINT_SIGNATURES, HintError, bind_hint
+from fibgen.runtime.inputs import (
+    InputGenerationError,
+    InputSpec,
+    estimate_nbytes,
+    generate_inputs,
+    generate_inputs_with_axes,
+    parse_hint,
+)
+
+
+def paged_decode_spec(with_last_page_len: bool = True) -> InputSpec:
+    inputs = [
+        ("q", "bfloat16", ("batch_size", "num_qo_heads", "head_dim"), False, None),
+        (
+            "k_cache",
+            "bfloat16",
+            ("num_pages", "page_size", "num_kv_heads", "head_dim"),
+            False,
+            None,
+        ),
+        ("kv_indptr", "int32", ("len_indptr",), False, "indptr(over=kv_indices)"),
+        (
+            "kv_indices",
+            "int32",
+            ("num_kv_indices",),
+            False,
+            "indices(below=num_pages, unique=True)",
+        ),
+    ]
+    if with_last_page_len:
+        inputs.append(
+            (
+                "kv_last_page_len",
+                "int32",
+                ("batch_size",),
+                False,
+                "last_page_len(kv_indptr, page_size)",
+            )
+        )
+    inputs.append(("sm_scale", "float32", None, False, "value(1 / sqrt(head_dim))"))
+    return InputSpec(
+        name="decode",
+        axes=(
+            ("batch_size", "var", None),
+            ("num_qo_heads", "const", 4),
+            ("num_kv_heads", "const", 2),
+            ("head_dim", "const", 16),
+            ("num_pages", "var", None),
+            ("page_size", "const", 8),
+            ("len_indptr", "var", None),
+            ("num_kv_indices", "var", None),
+        ),
+        inputs=tuple(inputs),
+        constraints=("len_indptr == batch_size + 1", "num_kv_indices == kv_indptr[-1].item()"),
+    )
+
+
+def prefill_spec() -> InputSpec:
+    return InputSpec(
+        name="prefill",
+        axes=(
+            ("num_heads", "const", 2),
+            ("page_size", "const", 4),
+            ("len_indptr", "var", None),
+            ("total_q", "var", None),
+            ("num_kv_indices", "var", None),
+            ("num_pages", "var", None),
+            ("batch_size", "var", None),
+        ),
+        inputs=(
+            ("q", "float16", ("total_q", "num_heads"), False, None),
+            ("k_cache", "float16", ("num_pages", "page_size", "num_heads"), False, None),
+            ("qo_indptr", "int32", ("len_indptr",), False, "indptr(over=q)"),
+            (
+                "kv_indptr",
+                "int32",
+                ("len_indptr",),
+                False,
+                "indptr(over=kv_indices, at_least=qo_indptr, unit=page_size)",
+            ),
+            ("kv_indices", "int32", ("num_kv_indices",), False, "indices(below=num_pages)"),
+            (
+                "kv_last_page_len",
+                "int32",
+                ("batch_size",),
+                False,
+                "last_page_len(kv_indptr, page_size, at_least=qo_indptr)",
+            ),
+        ),
+        constraints=("total_q == qo_indptr[-1].item()", "num_kv_indices == kv_indptr[-1].item()"),
+    )
+
+
+def test_paged_decode_defaults_are_consistent():
+    spec = paged_decode_spec()
+    x, axes = generate_inputs_with_axes(spec, {})
+    assert axes["len_indptr"] == axes["batch_size"] + 1
+    assert x["q"].shape == (axes["batch_size"], 4, 16) and x["q"].dtype == torch.bfloat16
+    indptr = x["kv_indptr"]
+    assert indptr.dtype == torch.int32 and indptr[0] == 0 and bool((indptr.diff() >= 1).all())
+    assert indptr[-1] == x["kv_indices"].numel() == axes["num_kv_indices"]
+    assert x["kv_indices"].unique().numel() == x["kv_indices"].numel()
+    assert int(x["kv_indices"].max()) < axes["num_pages"]
+    assert bool(((x["kv_last_page_len"] >= 1) & (x["kv_last_page_len"] <= 8)).all())
+    assert isinstance(x["sm_scale"], float) and abs(x["sm_scale"] - 0.25) < 1e-12
+
+
+def test_given_axes_are_used_and_derived_from_constraints():
+    spec = paged_decode_spec(with_last_page_len=False)
+    _, axes = generate_inputs_with_axes(spec, {"batch_size": 7})
+    assert axes["len_indptr"] == 8
+    _, axes = generate_inputs_with_axes(spec, {"len_indptr": 3})
+    assert axes["batch_size"] == 2  # solved from `len_indptr == batch_size + 1`
+    x, axes = generate_inputs_with_axes(spec, {"batch_size": 2, "num_kv_indices": 11})
+    assert int(x["kv_indptr"][-1]) == 11 and x["kv_indices"].shape == (11,)
+
+
+def test_same_seed_same_inputs_other_seed_differs():
+    spec = paged_decode_spec()
+    a, b = generate_inputs(spec, {}, seed=3), generate_inputs(spec, {}, seed=3)
+    for k in a:
+        assert torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k]
+    c = generate_inputs(spec, {"batch_size": a["q"].shape[0]}, seed=4)
+    assert not torch.equal(a["q"], c["q"])
+
+
+def test_causal_prefill_has_enough_kv_per_sequence():
+    spec = prefill_spec()
+    for seed in range(5):
+        x, axes = generate_inputs_with_axes(spec, {}, seed=seed)
+        q_len = x["qo_indptr"].diff()
+        pages = x["kv_indptr"].diff()
+        kv_len = (pages - 1) * 4 + x["kv_last_page_len"]
+        assert bool((kv_len >= q_len).all())
+        assert axes["batch_size"] == axes["len_indptr"] - 1
+        assert axes["total_q"] == int(x["qo_indptr"][-1])
+
+
+def test_ragged_pair_and_given_total():
+    spec = InputSpec(
+        name="ragged",
+        axes=(("len_indptr", "var", None), ("total_q", "var", None), ("total_kv", "var", None)),
+        inputs=(
+            ("q", "float32", ("total_q",), False, None),
+            ("k", "float32", ("total_kv",), False, None),
+            ("qo_indptr", "int32", ("len_indptr",), False, "indptr(over=q)"),
+            ("kv_indptr", "int64", ("len_indptr",), False, "indptr(over=k, at_least=qo_indptr)"),
+        ),
+        constraints=("total_q == qo_indptr[-1].item()", "total_kv == kv_indptr[-1].item()"),
+    )
+    x = generate_inputs(spec, {"len_indptr": 4, "total_q": 30})
+    assert int(x["qo_indptr"][-1]) == 30 and x["q"].shape == (30,)
+    assert bool((x["kv_indptr"].diff() >= x["qo_indptr"].diff()).all())
+    with pytest.raises(InputGenerationError, match="cannot split total_kv = 2 rows"):
+        generate_inputs(spec, {"len_indptr": 4, "total_q": 30, "total_kv": 2})
+
+
+def test_violated_constraint_quotes_text_and_values():
+    spec = paged_decode_spec(with_last_page_len=False)
+    with pytest.raises(InputGenerationError) as err:
+        generate_inputs(spec, {"batch_size": 2, "len_indptr": 5})
+    msg = str(err.value)
+    assert "constraint `len_indptr == batch_size + 1` does not hold" in msg
+    assert "len_indptr = 5" in msg and "batch_size + 1 = 3" in msg
+
+
+def test_bad_axis_arguments():
+    spec = paged_decode_spec()
+    with pytest.raises(InputGenerationError, match="has no axis `batch`"):
+        generate_inputs(spec, {"batch": 2})
+    with pytest.raises(InputGenerationError, match="const axis of value 8"):
+        generate_inputs(spec, {"page_size": 16})
+
+
+def test_inequality_constraint_raises_default():
+    spec = InputSpec(
+        name="indexer",
+        axes=(
+            ("batch", "var", None),
+            ("topk", "const", 64),
+            ("pages", "var", None),
+            ("ps", "const", 8),
+        ),
+        inputs=(
+            ("seq_lens", "int32", ("batch",), False, "range(1, pages * ps + 1)"),
+            ("table", "int32", ("batch", "pages"), False, "indices(below=32, unique=True)"),
+        ),
+        constraints=("topk <= pages * ps",),
+    )
+    x, axes = generate_inputs_with_axes(spec, {})
+    assert axes["pages"] == 8  # the smallest value with 64 <= pages * 8
+    assert all(len(set(row)) == 8 for row in x["table"].tolist())
+    assert int(x["seq_lens"].max()) <= 64 and int(x["seq_lens"].min()) >= 1
+
+
+def test_dtypes_and_plain_hints():
+    spec = InputSpec(
+        name="dtypes",
+        axes=(("n", "var", None), ("v", "const", 6)),
+        inputs=(
+            ("a", "float8_e4m3fn", ("n", "v"), False, None),
+            ("b", "float8_e5m2", ("n",), False, "normal(0, 2)"),
+            ("c", "float4_e2m1", ("n", "v"), False, None),
+            ("d", "bool", ("n",), False, None),
+            ("e", "int64", ("n",), False, None),
+            ("p", "float32", ("n", "v"), False, "prob()"),
+            ("r", "int32", ("n",), False, "range(3, 5)"),
+            ("f", "bfloat16", ("n",), False, "range(-1.0, 1.0)"),
+            ("z", "float16", ("n",), False, "zeros()"),
+            ("o", "float32", ("n",), False, "ones()"),
+            ("w", "float32", ("n",), False, "value(2.5)"),
+            ("ar", "int32", ("n", "v"), False, "arange(10)"),
+            ("t", "int32", (), False, "value(n * 2)"),
+            ("s", "int32", None, False, "range(1, 2)"),
+            ("flag", "bool", None, False, None),
+            ("opt", "float32", ("n",), True, "none()"),
+        ),
+    )
+    x = generate_inputs(spec, {"n": 5})
+    assert x["a"].dtype == torch.float8_e4m3fn and x["a"].shape == (5, 6)
+    assert x["b"].dtype == torch.float8_e5m2
+    assert x["c"].element_size() == 1 and x["c"].shape == (5, 6)
+    assert x["d"].dtype == torch.bool and x["e"].dtype == torch.int64 and int(x["e"].min()) >= 0
+    assert torch.allclose(x["p"].sum(-1), torch.ones(5)) and bool((x["p"] >= 0).all())
+    assert set(x["r"].tolist()) <= {3, 4}
+    assert float(x["f"].float().abs().max()) <= 1.0
+    assert not x["z"].any() and bool((x["o"] == 1).all()) and bool((x["w"] == 2.5).all())
+    assert x["ar"].flatten().tolist() == list(range(10, 40))
+    assert x["t"].shape == () and int(x["t"]) == 10
+    assert x["s"] == 1 and isinstance(x["flag"], bool) and x["opt"] is None
+
+
+def test_sparse_indices_and_unique_rows():
+    spec = InputSpec(
+        name="sparse",
+        axes=(("t", "var", None), ("k", "const", 16), ("e", "const", 10)),
+        inputs=(
+            ("idx", "int32", ("t", "k"), False, "sparse_indices(below=12)"),
+            ("experts", "int32", ("t", "k"), False, "indices(below=k * 2, unique=True)"),
+        ),
+    )
+    x = generate_inputs(spec, {"t": 6})
+    for row in x["idx"].tolist():
+        valid = [v for v in row if v != -1]
+        assert 1 <= len(valid) <= 12 and len(set(valid)) == len(valid)
+        assert row[len(valid) :] == [-1] * (16 - len(valid)) and max(valid) < 12
+    for row in x["experts"].tolist():
+        assert len(set(row)) == 16 and max(row) < 32
+
+
+def test_fp8_paged_with_scales_decodes_to_finite_values():
+    spec = InputSpec(
+        name="fp8cache",
+        axes=(("p", "var", None), ("ps", "const", 4), ("h", "const", 1), ("w", "const", 20)),
+        inputs=(("cache", "int8", ("p", "ps", "h", "w"), False, "fp8_paged_with_scales()"),),
+    )
+    cache = generate_inputs(spec, {"p": 3})["cache"]
+    flat = cache.view(torch.uint8).reshape(3, 4 * 20)
+    scales = flat[:, 4 * 16 :].contiguous().view(torch.float32)
+    values = flat[:, : 4 * 16].contiguous().view(torch.float8_e4m3fn).float()
+    assert bool(((scales > 0) & (scales < 1)).all()) and bool(values.isfinite().all())
+
+
+def test_hint_errors():
+    with pytest.raises(InputGenerationError, match="unknown generation hint `indptrs`"):
+        InputSpec("x", (("n", "var", None),), (("a", "int32", ("n",), False, "indptrs(a)"),))
+    with pytest.raises(InputGenerationError, match="`indices` needs `below`"):
+        InputSpec("x", (("n", "var", None),), (("a", "int32", ("n",), False, "indices()"),))
+    with pytest.raises(InputGenerationError, match="undeclared axis `m`"):
+        InputSpec("x", (("n", "var", None),), (("a", "int32", ("m",), False, None),))
+    spec = InputSpec("x", (("n", "var", None),), (("a", "int32", ("n",), False, "range(0, foo)"),))
+    with pytest.raises(InputGenerationError, match="uses `foo`, which is not an axis"):
+        generate_inputs(spec, {"n": 2})
+    spec = InputSpec(
+        "x",
+        (("n", "var", None),),
+        (("a", "int32", ("n",), False, "indices(below=3, unique=True)"),),
+    )
+    with pytest.raises(InputGenerationError, match="needs 5 distinct values per row"):
+        generate_inputs(spec, {"n": 5})
+
+
+def test_hint_signatures_and_binding():
+    assert {"indptr", "indices", "value", "prob", "range", "normal", "zeros", "ones"} <= set(
+        HINT_SIGNATURES
+    )
+    for sig in HINT_SIGNATURES.values():
+        assert sig.meaning and set(sig.required) <= set(sig.params())
+    assert bind_hint("indptr", ("kv_indices",), (("max_len", "4"),)) == {
+        "over": "kv_indices",
+        "max_len": "4",
+    }
+    with pytest.raises(HintError, match="has no parameter `step`"):
+        bind_hint("range", ("0", "1"), (("step", "2"),))
+    with pytest.raises(HintError, match="at most 2 positional"):
+        bind_hint("range", ("0", "1", "2"), ())
+    assert parse_hint("indptr(over=kv_indices, min_len=2)") == (
+        "indptr",
+        (),
+        (("over", "kv_indices"), ("min_len", "2")),
+    )
+
+
+def test_from_definition_json_and_size_estimate():
+    d = {
+        "name": "rmsnorm_h8",
+        "axes": {"batch_size": {"type": "var"}, "hidden_size": {"type": "const", "value": 8}},
+        "constraints": [],
+        "inputs": {
+            "hidden_states": {"shape": ["batch_size", "hidden_size"], "dtype": "bfloat16"},
+            "weight": {"shape": ["hidden_size"], "dtype": "bfloat16"},
+        },
+        "outputs": {"output": {"shape": ["batch_size", "hidden_size"], "dtype": "bfloat16"}},
+        "reference": "def run(hidden_states, weight): ...",
+    }
+    spec = InputSpec.from_definition_json(d, {"weight": "ones()"})
+    x = generate_inputs(spec, {"batch_size": 3})
+    assert x["hidden_states"].shape == (3, 8) and bool((x["weight"] == 1).all())
+    assert estimate_nbytes(spec, {"batch_size": 3}) == (24 + 8) * 2
