@@ -1,0 +1,535 @@
+"""The FlashInfer Trace data model: Definition, Solution, Workload, Trace and Evaluation.
+
+These models accept and reject what flashinfer-bench 0.1.2's own models accept and reject
+(their JSON Schemas are in ``shared/reference/schemas``), with three deliberate differences, each stricter:
+
+* unknown keys are errors everywhere (flashinfer-bench ignores them), so a misspelt
+  ``"dtpye"`` is reported instead of silently dropped;
+* ``axes`` and workload ``inputs`` are unions tagged by ``"type"``, and the tag is required;
+* a tensor may carry FlashInfer's ``"optional": true`` extension, which is kept.
+
+Every cross-field check collects all of its problems before raising, so one load of a broken
+file lists everything a curator has to fix. This module imports only pydantic and the
+standard library: the runtime imports it on its hot start-up path.
+"""
+
+from __future__ import annotations
+
+import ast
+import typing
+from enum import Enum
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from fibgen.format.errors import PROBLEMS_ERROR_TYPE
+
+# The dtypes of the format, in the order flashinfer-bench lists them.
+DTYPES: tuple[str, ...] = (
+    "float32",
+    "float16",
+    "bfloat16",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float4_e2m1",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "bool",
+)
+
+DType = Literal[
+    "float32",
+    "float16",
+    "bfloat16",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float4_e2m1",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "bool",
+]
+
+LANGUAGES: tuple[str, ...] = ("python", "triton", "cpp", "cuda", "tilelang")
+Language = Literal["python", "triton", "cpp", "cuda", "tilelang"]
+Binding = Literal["tvm-ffi", "torch"]
+
+NonEmptyStr = Annotated[str, StringConstraints(min_length=1)]
+
+
+def _raise_problems(problems: list[str]) -> None:
+    if problems:
+        raise PydanticCustomError(
+            PROBLEMS_ERROR_TYPE, "{summary}", {"summary": "; ".join(problems), "problems": problems}
+        )
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# ---------------------------------------------------------------------------------------
+# Definition
+
+
+class AxisVar(_Model):
+    """An axis whose size is read from the input tensors at call time."""
+
+    type: Literal["var"] = "var"
+    description: Optional[str] = None
+
+
+class AxisConst(_Model):
+    """An axis whose size is fixed by the definition."""
+
+    type: Literal["const"] = "const"
+    value: int = Field(ge=0)
+    description: Optional[str] = None
+
+
+Axis = Annotated[Union[AxisVar, AxisConst], Field(discriminator="type")]
+
+
+class TensorSpec(_Model):
+    """One input or output: a shape over declared axes (None for a scalar) and a dtype."""
+
+    shape: Optional[list[NonEmptyStr]]
+    dtype: DType
+    description: Optional[str] = None
+    # FlashInfer extension: the argument may be None at call time. flashinfer-bench ignores it.
+    optional: bool = False
+
+    @property
+    def is_scalar(self) -> bool:
+        """True when the value is a Python scalar passed by value (``shape: null``)."""
+        return self.shape is None
+
+
+class Definition(_Model):
+    """A kernel definition: axes, tensors, constraints and a Python reference."""
+
+    # Field order is the canonical key order of a definition file (see jsonio).
+    name: NonEmptyStr
+    description: Optional[str] = None
+    op_type: NonEmptyStr
+    tags: list[NonEmptyStr] = Field(default_factory=list)
+    axes: dict[NonEmptyStr, Axis]
+    constraints: list[NonEmptyStr] = Field(default_factory=list)
+    inputs: dict[NonEmptyStr, TensorSpec]
+    outputs: dict[NonEmptyStr, TensorSpec]
+    reference: NonEmptyStr
+
+    @model_validator(mode="after")
+    def _validate(self) -> Definition:
+        # flashinfer-bench runs four separate validators (_validate_reference_code,
+        # _validate_input_output_names, _validate_constraints_syntax,
+        # _validate_tensor_axis_references); the same checks run here in one pass so that
+        # every problem is reported together.
+        problems = (
+            reference_problems(self.reference)
+            + _name_problems(self)
+            + constraint_problems(self.constraints)
+            + _axis_reference_problems(self)
+        )
+        _raise_problems(problems)
+        return self
+
+    @property
+    def var_axes(self) -> list[str]:
+        """Names of the var axes, in declaration order."""
+        return [name for name, axis in self.axes.items() if axis.type == "var"]
+
+    @property
+    def const_axes(self) -> dict[str, int]:
+        """Const axis name -> value, in declaration order."""
+        return {name: axis.value for name, axis in self.axes.items() if axis.type == "const"}
+
+
+def reference_problems(reference: str) -> list[str]:
+    """Problems with a reference: not Python, or no top-level ``def run``."""
+    try:
+        module = ast.parse(reference, mode="exec")
+    except SyntaxError as exc:
+        return [
+            f"reference: not valid Python: {exc.msg} "
+            f"(line {exc.lineno}, column {exc.offset} of the reference)"
+        ]
+    if not any(isinstance(node, ast.FunctionDef) and node.name == "run" for node in module.body):
+        return [
+            "reference: defines no top-level function 'run' "
+            "(the reference must contain 'def run(...)' at module level)"
+        ]
+    return []
+
+
+def constraint_problems(constraints: list[str]) -> list[str]:
+    """Problems with constraints: each must parse as one Python expression."""
+    problems = []
+    for i, text in enumerate(constraints):
+        try:
+            ast.parse(text, mode="eval")
+        except SyntaxError as exc:
+            problems.append(
+                f"constraints[{i}]: {text!r} is not a Python expression ({exc.msg}); "
+                "write a condition such as 'num_pages >= batch_size'"
+            )
+    return problems
+
+
+def _name_problems(defn: Definition) -> list[str]:
+    return [
+        f"outputs.{name}: the name {name!r} is also an input; "
+        "input and output names must be different"
+        for name in defn.outputs
+        if name in defn.inputs
+    ]
+
+
+def _axis_reference_problems(defn: Definition) -> list[str]:
+    problems = []
+    for group, tensors in (("inputs", defn.inputs), ("outputs", defn.outputs)):
+        for tname, spec in tensors.items():
+            for i, axis in enumerate(spec.shape or ()):
+                if axis not in defn.axes:
+                    problems.append(
+                        f"{group}.{tname}.shape[{i}]: axis {axis!r} is not declared in 'axes'"
+                    )
+    return problems
+
+
+# ---------------------------------------------------------------------------------------
+# Solution
+
+
+class SourceFile(_Model):
+    """One file of a solution, placed at ``path`` under the build directory."""
+
+    path: NonEmptyStr
+    content: NonEmptyStr
+
+    @field_validator("path")
+    @classmethod
+    def _validate_path(cls, value: str) -> str:
+        problem = source_path_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+
+def source_path_problem(path: str) -> str | None:
+    """Why a source path is not a safe relative path, or None when it is."""
+    # Check both spellings: a solution written on Windows must not escape the build dir either.
+    parts = path.replace("\\", "/").split("/")
+    if path.startswith(("/", "\\")) or (len(path) > 1 and path[1] == ":"):
+        return f"source path {path!r} is absolute; use a path relative to the solution"
+    if ".." in parts:
+        return f"source path {path!r} contains '..'; a source may not leave the solution directory"
+    return None
+
+
+class BuildSpec(_Model):
+    """How to build and call a solution."""
+
+    language: Language
+    target_hardware: list[str] = Field(min_length=1)
+    entry_point: NonEmptyStr
+    dependencies: list[NonEmptyStr] = Field(default_factory=list)
+    destination_passing_style: bool = True
+    binding: Optional[Binding] = None
+
+    @field_validator("entry_point")
+    @classmethod
+    def _validate_entry_point(cls, value: str) -> str:
+        count = value.count("::")
+        if count != 1:
+            raise ValueError(
+                f"entry point {value!r} must have the form '<file>::<function>' with exactly "
+                f"one '::' (found {count})"
+            )
+        file, symbol = value.split("::")
+        if not file or not symbol:
+            raise ValueError(
+                f"entry point {value!r} must name both a file and a function: '<file>::<function>'"
+            )
+        return value
+
+    @property
+    def entry_file(self) -> str:
+        """The file part of ``entry_point``."""
+        return self.entry_point.split("::")[0]
+
+    @property
+    def entry_symbol(self) -> str:
+        """The function part of ``entry_point``."""
+        return self.entry_point.split("::")[1]
+
+
+class Solution(_Model):
+    """A concrete implementation of one definition."""
+
+    name: NonEmptyStr
+    definition: NonEmptyStr
+    author: NonEmptyStr
+    description: Optional[str] = None
+    spec: BuildSpec
+    sources: list[SourceFile] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _validate_source_path_entry_point(self) -> Solution:
+        problems = []
+        seen: set[str] = set()
+        for i, source in enumerate(self.sources):
+            if source.path in seen:
+                problems.append(f"sources[{i}].path: duplicate source path {source.path!r}")
+            seen.add(source.path)
+        entry_file = self.spec.entry_file
+        if entry_file not in seen:
+            listed = ", ".join(repr(s.path) for s in self.sources)
+            problems.append(
+                f"spec.entry_point: the entry file {entry_file!r} is not among the sources "
+                f"({listed})"
+            )
+        _raise_problems(problems)
+        return self
+
+
+# ---------------------------------------------------------------------------------------
+# Workload
+
+
+class RandomInput(_Model):
+    """An input filled with random values of the declared shape and dtype."""
+
+    type: Literal["random"] = "random"
+
+
+class ScalarInput(_Model):
+    """A scalar input passed by value."""
+
+    type: Literal["scalar"] = "scalar"
+    value: Union[int, float, bool]
+
+    @field_validator("value", mode="before")
+    @classmethod
+    def _validate_value(cls, value: Any) -> Any:
+        # Without this a wrong value yields one pydantic error per union member.
+        if not isinstance(value, (int, float, bool, str)):
+            kind = "null" if value is None else type(value).__name__
+            raise ValueError(f"a scalar value must be a number or true/false, got {kind}")
+        return value
+
+
+class SafetensorsInput(_Model):
+    """An input stored as one tensor of a safetensors file under the dataset root."""
+
+    type: Literal["safetensors"] = "safetensors"
+    path: NonEmptyStr
+    tensor_key: NonEmptyStr
+
+
+InputSpec = Annotated[
+    Union[RandomInput, ScalarInput, SafetensorsInput], Field(discriminator="type")
+]
+
+
+class Workload(_Model):
+    """Concrete values for the var axes of a definition and a source for each input."""
+
+    uuid: NonEmptyStr
+    # flashinfer-bench accepts 0 (the dataset has "num_pages": 0); only negatives are wrong.
+    axes: dict[str, Annotated[int, Field(ge=0)]]
+    inputs: dict[str, InputSpec]
+
+
+def workload_problems(definition: Definition, workload: Workload) -> list[str]:
+    """Mismatches between a workload and its definition (var axes and input names)."""
+    problems = []
+    var_axes = definition.var_axes
+    missing = [a for a in var_axes if a not in workload.axes]
+    extra = [a for a in workload.axes if a not in var_axes]
+    if missing:
+        problems.append(f"workload.axes: no value for var axes {missing}")
+    if extra:
+        problems.append(f"workload.axes: {extra} are not var axes of {definition.name!r}")
+    missing_in = [n for n in definition.inputs if n not in workload.inputs]
+    extra_in = [n for n in workload.inputs if n not in definition.inputs]
+    if missing_in:
+        problems.append(f"workload.inputs: no entry for inputs {missing_in}")
+    if extra_in:
+        problems.append(f"workload.inputs: {extra_in} are not inputs of {definition.name!r}")
+    for name, spec in workload.inputs.items():
+        tensor = definition.inputs.get(name)
+        if tensor is not None and tensor.is_scalar and spec.type == "random":
+            problems.append(f"workload.inputs.{name}: a scalar input needs a 'scalar' value")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------
+# Evaluation and Trace
+
+
+class EvaluationStatus(str, Enum):
+    """The outcome of evaluating a solution on a workload."""
+
+    PASSED = "PASSED"
+    INCORRECT_SHAPE = "INCORRECT_SHAPE"
+    INCORRECT_NUMERICAL = "INCORRECT_NUMERICAL"
+    INCORRECT_DTYPE = "INCORRECT_DTYPE"
+    RUNTIME_ERROR = "RUNTIME_ERROR"
+    COMPILE_ERROR = "COMPILE_ERROR"
+    TIMEOUT = "TIMEOUT"
+
+
+class _MetricsModel(_Model):
+    # flashinfer-bench writes inf/nan as the strings "Infinity", "-Infinity", "NaN";
+    # pydantic reads those strings back as floats.
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
+
+
+class Correctness(_MetricsModel):
+    """Largest errors of a solution's outputs against the reference."""
+
+    max_relative_error: float = 0.0
+    max_absolute_error: float = 0.0
+    extra: Optional[dict[str, Any]] = None
+
+
+class Performance(_MetricsModel):
+    """Timings of a solution and of the reference."""
+
+    latency_ms: float = Field(default=0.0, ge=0.0)
+    reference_latency_ms: float = Field(default=0.0, ge=0.0)
+    speedup_factor: float = Field(default=0.0, ge=0.0)
+
+
+class Environment(_Model):
+    """Where an evaluation ran."""
+
+    hardware: NonEmptyStr
+    libs: dict[str, str] = Field(default_factory=dict)
+
+
+_NEEDS_CORRECTNESS = (EvaluationStatus.PASSED, EvaluationStatus.INCORRECT_NUMERICAL)
+
+
+class Evaluation(_MetricsModel):
+    """The result of running one solution on one workload."""
+
+    status: EvaluationStatus
+    environment: Environment
+    timestamp: NonEmptyStr
+    log: str = ""
+    correctness: Optional[Correctness] = None
+    performance: Optional[Performance] = None
+
+    @model_validator(mode="after")
+    def _validate_status_metrics(self) -> Evaluation:
+        status = self.status.value
+        problems = []
+        if self.status in _NEEDS_CORRECTNESS and self.correctness is None:
+            problems.append(f"correctness: required when status is {status}")
+        if self.status not in _NEEDS_CORRECTNESS and self.correctness is not None:
+            problems.append(
+                f"correctness: only allowed when status is PASSED or INCORRECT_NUMERICAL, "
+                f"not {status}"
+            )
+        if self.status is EvaluationStatus.PASSED and self.performance is None:
+            problems.append("performance: required when status is PASSED")
+        if self.status is not EvaluationStatus.PASSED and self.performance is not None:
+            problems.append(f"performance: only allowed when status is PASSED, not {status}")
+        _raise_problems(problems)
+        return self
+
+
+class Trace(_Model):
+    """One JSONL line: a workload, and optionally a solution's evaluation on it."""
+
+    definition: NonEmptyStr
+    workload: Workload
+    solution: Optional[str] = None
+    evaluation: Optional[Evaluation] = None
+
+    @property
+    def is_workload_trace(self) -> bool:
+        """True for a workload line (no solution and no evaluation)."""
+        return self.solution is None and self.evaluation is None
+
+
+# ---------------------------------------------------------------------------------------
+# Helpers for error messages: walk a model's annotations along a pydantic error location.
+
+
+def _unwrap(ann: Any) -> Any:
+    while typing.get_origin(ann) is Annotated:
+        ann = typing.get_args(ann)[0]
+    return ann
+
+
+def _tag_of(model: Any) -> Any:
+    field = getattr(model, "model_fields", {}).get("type")
+    return None if field is None else field.default
+
+
+def _resolve(root: Any, loc: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any]:
+    ann: Any = root
+    clean: list[Any] = []
+    i = 0
+    while i < len(loc):
+        part = loc[i]
+        ann = _unwrap(ann)
+        origin = typing.get_origin(ann)
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            field = ann.model_fields.get(part) if isinstance(part, str) else None
+            if field is None:
+                return tuple(clean) + tuple(loc[i:]), None
+            clean.append(part)
+            ann = field.annotation
+        elif origin is dict:
+            clean.append(part)
+            ann = typing.get_args(ann)[1]
+        elif origin in (list, tuple):
+            clean.append(part)
+            ann = typing.get_args(ann)[0]
+        elif origin is Union:
+            members = [_unwrap(m) for m in typing.get_args(ann) if m is not type(None)]
+            tagged = {_tag_of(m): m for m in members}
+            if part in tagged and None not in tagged:
+                ann = tagged[part]
+                i += 1
+                continue
+            if len(members) == 1:
+                ann = members[0]
+                continue
+            return tuple(clean) + tuple(loc[i:]), None
+        else:
+            return tuple(clean) + tuple(loc[i:]), None
+        i += 1
+    ann = _unwrap(ann)
+    if typing.get_origin(ann) is Union:
+        members = [_unwrap(m) for m in typing.get_args(ann) if m is not type(None)]
+        ann = members[0] if len(members) == 1 else None
+    return tuple(clean), ann
+
+
+def strip_union_tags(root: Any, loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Drop the union-tag parts that pydantic adds to an error location."""
+    return _resolve(root, loc)[0]
+
+
+def allowed_keys_at(root: Any, loc: tuple[Any, ...]) -> list[str]:
+    """The keys a JSON object at ``loc`` under model ``root`` may have."""
+    ann = _resolve(root, loc)[1]
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return list(ann.model_fields)
+    return []
