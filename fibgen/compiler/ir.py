@@ -273,7 +273,6 @@ class SourceFile(Node):
     path: str
     families: tuple[Family, ...] = ()
     dispatches: tuple[DispatchGroup, ...] = ()
-    comments: tuple[tuple[int, str], ...] = ()  # (line, text) kept for ``fmt``
 
 
 # ---------------------------------------------------------------------------------------

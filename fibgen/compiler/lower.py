@@ -184,8 +184,9 @@ class Lower(Transformer):
 
     def _params(self, tok: Token) -> tuple[ir.ApiParam, ...]:
         text = str(tok)
+        source = f"def f{text}: pass"
         try:
-            fn = ast.parse(f"def f{text}: pass").body[0]
+            fn = ast.parse(source).body[0]
         except SyntaxError as exc:
             col = tok.column + max(0, (exc.offset or 6) - 6)
             self._error(
@@ -202,16 +203,18 @@ class Lower(Transformer):
         positional = a.posonlyargs + a.args
         defaults = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
         for arg, default in zip(positional, defaults):
-            out.append(self._param(tok, arg, "positional", default))
+            out.append(self._param(tok, source, arg, "positional", default))
         if a.vararg:
-            out.append(self._param(tok, a.vararg, "var_positional", None))
+            out.append(self._param(tok, source, a.vararg, "var_positional", None))
         for arg, default in zip(a.kwonlyargs, a.kw_defaults):
-            out.append(self._param(tok, arg, "keyword_only", default))
+            out.append(self._param(tok, source, arg, "keyword_only", default))
         if a.kwarg:
-            out.append(self._param(tok, a.kwarg, "var_keyword", None))
+            out.append(self._param(tok, source, a.kwarg, "var_keyword", None))
         return tuple(out)
 
-    def _param(self, tok: Token, arg: ast.arg, kind: str, default: ast.expr | None) -> ir.ApiParam:
+    def _param(
+        self, tok: Token, source: str, arg: ast.arg, kind: str, default: ast.expr | None
+    ) -> ir.ApiParam:
         line = tok.line
         col = tok.column + arg.col_offset - 5  # 'def f' prefix
         span = ir.Span(
@@ -440,6 +443,11 @@ class Lower(Transformer):
     def case(self, meta: Meta, c: list) -> ir.DispatchCase:
         value, family = c
         return ir.DispatchCase(value=value, family=str(family), span=self._span(meta))
+
+
+def _segment(source: str, node: ast.expr) -> str:
+    # Keep a default as written (`1e-6`, not `1e-06`): it is shown to users in generated code.
+    return ast.get_source_segment(source, node) or ast.unparse(node)
 
 
 class _Abbrev:

@@ -53,7 +53,18 @@ def _parser() -> lark.Lark:
         propagate_positions=True,
         maybe_placeholders=False,
         cache=True,
+        lexer_callbacks={"COMMENT": _collect_comment},
     )
+
+
+# Comments are ignored by the grammar but kept for `fibgen fmt`: the lexer hands each one to
+# this callback, and `parse_with_comments` takes the ones of its own run.
+_comments: list[lark.Token] = []
+
+
+def _collect_comment(token: lark.Token) -> lark.Token:
+    _comments.append(token)
+    return token
 
 
 @lru_cache(maxsize=1)
@@ -125,6 +136,17 @@ def _to_diagnostic(exc: UnexpectedInput, path: str, text: str) -> Diagnostic:
 def _end_position(text: str) -> tuple[int, int, int]:
     lines = text.splitlines() or [""]
     return len(lines), len(lines[-1]) + 1, 1
+
+
+def parse_with_comments(
+    text: str, path: str
+) -> tuple[lark.Tree | None, list[Diagnostic], list[tuple[int, int, str]]]:
+    """Like `parse`, also returning comments as (line, column, text)."""
+    _comments.clear()
+    tree, diags = parse(text, path)
+    comments = [(t.line, t.column, str(t).rstrip()) for t in _comments]
+    _comments.clear()
+    return tree, diags, comments
 
 
 _TOP_LEVEL = re.compile(r"^(family|dispatch)\b", re.M)
