@@ -223,7 +223,7 @@ class Lower(Transformer):
         return ir.ApiParam(
             name=arg.arg,
             kind=kind,
-            default=None if default is None else ast.unparse(default),
+            default=None if default is None else _segment(source, default),
             span=span,
         )
 
