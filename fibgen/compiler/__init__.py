@@ -58,6 +58,12 @@ def discover(paths: list[str]) -> tuple[list[_Input], list[Diagnostic]]:
     return unique, diags
 
 
+def read_source(path: str) -> str:
+    """Read a .fidef file byte-exactly (no newline translation: references keep their '\\r')."""
+    with open(path, encoding="utf-8", newline="") as fh:
+        return fh.read()
+
+
 def compile_sources(items: list[tuple[str, str, str]]) -> CompileResult:
     """Compile (display path, stable path, text) triples."""
     from fibgen.compiler.checks import Checker
@@ -92,7 +98,7 @@ def compile_paths(paths: list[str]) -> CompileResult:
     items = []
     for item in inputs:
         try:
-            text = Path(item.path).read_text(encoding="utf-8")
+            text = read_source(item.path)
         except (OSError, UnicodeDecodeError) as exc:
             diags.append(error(f"cannot read {item.path}: {exc}", None))
             continue

@@ -416,11 +416,15 @@ class Checker:
 
     def _reference(self, v: _FamilyView) -> None:
         fam = v.family
-        if fam.reference is None:
-            return
-        span = fam.reference_span
+        if fam.reference is not None:
+            self._reference_text(v, fam.reference, fam.reference_span)
+        for inst in fam.instances:
+            if inst.reference is not None:
+                self._reference_text(v, inst.reference, inst.span)
+
+    def _reference_text(self, v: _FamilyView, text: str, span: ir.Span) -> None:
         try:
-            module = ast.parse(fam.reference)
+            module = ast.parse(text)
         except SyntaxError as exc:
             line = span.line + (exc.lineno or 1)
             at = ir.Span(file=span.file, line=line, column=1, end_line=line, end_column=2)
@@ -606,7 +610,7 @@ class Checker:
                 span=t.span,
             )
 
-        reference = fam.reference
+        reference = inst.reference if inst.reference is not None else fam.reference
         if reference is not None and params:
             prelude = "".join(f"{k} = {params[k]!r}\n" for k in params)
             reference = prelude + reference

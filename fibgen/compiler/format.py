@@ -5,18 +5,19 @@ from __future__ import annotations
 import difflib
 from typing import TextIO
 
-from fibgen.compiler import discover, ir
+from fibgen.compiler import discover, ir, read_source
 from fibgen.compiler.diagnostics import Diagnostic, Sources, error, has_errors, render_all
 
 
 def _parse(text: str, path: str) -> tuple[ir.SourceFile | None, list, list[Diagnostic]]:
-    from fibgen.compiler.lower import lower
+    from fibgen.compiler.lower import lower_with_comments
     from fibgen.compiler.parser import parse_with_comments
 
     tree, diags, comments = parse_with_comments(text, path)
     if tree is None:
         return None, comments, diags
-    sf, more = lower(tree, path)
+    sf, more, inner = lower_with_comments(tree, path)
+    comments = sorted(comments + inner)
     diags = diags + more
     return (None if has_errors(diags) else sf), comments, diags
 
@@ -53,7 +54,7 @@ def format_paths(paths: list[str], *, check: bool, out: TextIO, err: TextIO) -> 
     failed = bool(diags)
     for item in inputs:
         try:
-            text = Path(item.path).read_text(encoding="utf-8")
+            text = read_source(item.path)
         except (OSError, UnicodeDecodeError) as exc:
             diags.append(error(f"cannot read {item.path}: {exc}", None))
             failed = True

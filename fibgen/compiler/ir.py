@@ -228,6 +228,7 @@ class Instance(Node):
     values: tuple[Assignment, ...]
     tags: tuple[str, ...] = ()
     description: str | None = None
+    reference: str | None = None  # replaces the family's reference for this instance
 
 
 class Family(Node):

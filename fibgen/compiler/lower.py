@@ -37,14 +37,38 @@ def _unquote(token: Token) -> str:
 
 
 def dedent_block(body: str) -> str:
-    """Dedent a triple-quoted block and drop its framing blank lines; kept otherwise as written."""
-    if "\n" not in body:
+    """The text of a triple-quoted block, exactly as `printer.long_string` wrote it.
+
+    In the block form (opening quotes end their line, closing quotes start theirs) the framing
+    newline and the closing line's indentation are dropped and the common indentation of the
+    non-blank lines is removed; everything else is kept byte for byte, so references survive
+    a round trip with their blank lines, trailing whitespace and final newline.
+    """
+    lines = body.split("\n")
+    if len(lines) == 1:
         return body.strip()
-    first, rest = body.split("\n", 1)
-    if first.strip():
-        # Text starts on the opening line: dedent the rest on its own.
-        return (first.strip() + "\n" + textwrap.dedent(rest)).rstrip()
-    return textwrap.dedent(rest).strip("\n").rstrip()
+    if lines[0].strip():
+        # Text starts on the opening line: keep that line, dedent the rest on its own.
+        return (lines[0].strip() + "\n" + textwrap.dedent("\n".join(lines[1:]))).rstrip()
+    lines = lines[1:]
+    if lines and not lines[-1].strip():
+        lines = lines[:-1]
+    margin = None
+    for line in lines:
+        if line.strip():
+            indent = line[: len(line) - len(line.lstrip(" \t"))]
+            margin = indent if margin is None else _common_prefix(margin, indent)
+    margin = margin or ""
+    return "\n".join(
+        line[len(margin) :] if line.startswith(margin) else line.lstrip(" \t") for line in lines
+    )
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
 
 
 @v_args(meta=True)
@@ -55,6 +79,7 @@ class Lower(Transformer):
         super().__init__(visit_tokens=False)
         self.path = path
         self.diagnostics: list[Diagnostic] = []
+        self.comments: list[tuple[int, int, str]] = []  # those the grammar cannot see
 
     # ------------------------------------------------------------------ helpers
     def _span(self, meta: Meta) -> ir.Span:
@@ -318,10 +343,35 @@ class Lower(Transformer):
 
     # ------------------------------------------------------------------ constraints
     def constraints_block(self, meta: Meta, c: list) -> _Stmt:
-        return _Stmt("constraints", tuple(c), self._span(meta), "constraints")
+        return _Stmt("constraints", self._constraints(c[0]), self._span(meta), "constraints")
 
-    def constraint(self, meta: Meta, c: list) -> ir.Expr:
-        return self._expr(c[0])
+    def _constraints(self, block: Token) -> tuple[ir.Expr, ...]:
+        # The block token is `{ ... }`: one expression per line or per ';'. Comments are cut
+        # off here and kept for `fibgen fmt`.
+        out: list[ir.Expr] = []
+        text = str(block)[1:-1]
+        for n, line in enumerate(text.split("\n")):
+            lineno = block.line + n
+            base = (block.column + 1) if n == 0 else 1
+            code, hash_at = _split_comment(line)
+            if hash_at is not None:
+                self.comments.append((lineno, base + hash_at, line[hash_at:].rstrip()))
+            offset = 0
+            for piece in code.split(";"):
+                stripped = piece.strip()
+                if stripped:
+                    col = base + offset + (len(piece) - len(piece.lstrip()))
+                    tok = Token(
+                        "EXPR",
+                        stripped,
+                        line=lineno,
+                        column=col,
+                        end_line=lineno,
+                        end_column=col + len(stripped),
+                    )
+                    out.append(self._expr(tok))
+                offset += len(piece) + 1
+        return tuple(out)
 
     # ------------------------------------------------------------------ tensors
     def inputs_block(self, meta: Meta, c: list) -> _Stmt:
@@ -408,13 +458,17 @@ class Lower(Transformer):
     def instance(self, meta: Meta, c: list) -> ir.Instance:
         values = tuple(x for x in c if isinstance(x, ir.Assignment))
         tags: tuple[str, ...] = ()
-        desc = None
+        desc = reference = None
         for x in c:
-            if isinstance(x, _Stmt):
+            if isinstance(x, _Stmt) and x.field == "reference":
+                reference = x.value
+            elif isinstance(x, _Stmt):
                 tags = x.value
             elif isinstance(x, str):
                 desc = x
-        return ir.Instance(values=values, tags=tags, description=desc, span=self._span(meta))
+        return ir.Instance(
+            values=values, tags=tags, description=desc, reference=reference, span=self._span(meta)
+        )
 
     def assignment(self, meta: Meta, c: list) -> ir.Assignment:
         key, value = c
@@ -479,8 +533,30 @@ class _Target:
         self.name = name
 
 
+def _split_comment(line: str) -> tuple[str, int | None]:
+    """Split a line at a '#' that is not inside a string literal."""
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "#":
+            return line[:i], i
+    return line, None
+
+
 def lower(tree: Tree, path: str) -> tuple[ir.SourceFile, list[Diagnostic]]:
     """Lower one parsed file."""
+    source_file, diags, _ = lower_with_comments(tree, path)
+    return source_file, diags
+
+
+def lower_with_comments(
+    tree: Tree, path: str
+) -> tuple[ir.SourceFile, list[Diagnostic], list[tuple[int, int, str]]]:
+    """Lower one parsed file, also returning comments found inside tokens (constraints)."""
     lowering = Lower(path)
     source_file = lowering.transform(tree)
-    return source_file, lowering.diagnostics
+    return source_file, lowering.diagnostics, lowering.comments

@@ -80,9 +80,10 @@ def _source(s: ir.Source) -> str:
     return f"<- {text}" + (f"[{s.index}]" if s.index is not None else "")
 
 
-def _long_string(text: str, indent: str) -> str:
+def long_string(text: str, indent: str) -> str:
+    """A triple-quoted block that `lower.dedent_block` reads back to exactly `text`."""
     quote3 = '"""' if '"""' not in text else "'''"
-    body = "\n".join((indent + "  " + line) if line.strip() else "" for line in text.split("\n"))
+    body = "\n".join((indent + "  " + line) if line else "" for line in text.split("\n"))
     return f"{quote3}\n{body}\n{indent}{quote3}"
 
 
@@ -242,7 +243,7 @@ class Printer:
                 )
         if fam.reference is not None:
             self.blank()
-            self.emit(i, "reference " + _long_string(fam.reference, i), fam.reference_span)
+            self.emit(i, "reference " + long_string(fam.reference, i), fam.reference_span)
         if fam.instances:
             self.blank()
             self.instances(i, fam.instances)
@@ -292,6 +293,8 @@ class Printer:
         width = max(len(r) for r, _ in rows)
         grid = [r + [""] * (width - len(r)) + [t] for r, t in rows]
         for line, inst in zip(_align(grid), instances):
+            if inst.reference is not None:
+                line += " reference " + long_string(inst.reference, indent + "  ")
             self.emit(indent + "  ", line, inst.span)
         self.emit(indent, "}")
 
