@@ -1,0 +1,514 @@
+"""Apply: route live calls to registered solutions by definition name.
+
+Note [the dispatch contract]
+A generated dispatcher module calls ``register_api`` once, at the end of its import, and
+keeps the returned ``Api`` as ``_api`` and ``_api.routes`` as ``_routes``. Its function does,
+in straight-line code:
+
+1. ``if _api.direct is not None: return _api.direct(<the API's own arguments>)``. The runtime
+   sets ``direct`` to the original API while apply is off (resolved lazily on the first
+   call), and to None while apply is on or when there is no original to call.
+2. ``key = <const values read from the arguments>`` (one value, or a tuple in key order).
+3. ``route = _routes.get(key)``; when None, ``route = _api.resolve(key)``. The runtime owns
+   ``routes`` and empties it in place on enable and disable; ``resolve`` fills it once per
+   key, except while a CUDA graph is being captured (see ``resolve``).
+4. ``kind, fn, tick = route``; ``tick()`` counts the call (a bound ``itertools.count``
+   ``__next__``, atomic under the GIL, so counts are exact under threads without a lock).
+5. ``kind == ORIGINAL``: ``return fn(<the API's own arguments>)``. ``RETURNS``: call ``fn`` with
+   the definition's inputs by keyword; it returns the outputs. ``DPS``: call ``fn`` with the
+   inputs and one buffer per output by keyword. An exception from ``fn`` goes through
+   ``_api.failed(key, exc)`` (which raises a SolutionError when ``fn`` was a solution) and is
+   re-raised unchanged otherwise.
+6. Outputs are reconciled with the caller's buffers and returned.
+
+The name of a key is computed on the slow path only: the generated table of known
+definitions first, then the family's name rule for const values that no instance declares.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import itertools
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+
+from fibgen.runtime import patching, solutions
+from fibgen.runtime.errors import ApplyConfigError, SolutionError
+
+# Route kinds: how a dispatcher calls the callable of a route.
+ORIGINAL = 0  # with the API's own arguments: the original API, or what stands in for it
+RETURNS = 1  # with the definition's inputs by keyword; returns the outputs
+DPS = 2  # with the inputs and output buffers by keyword; writes the outputs
+
+OUTCOMES = ("hit", "fallback_no_candidate", "fallback_unwarmed_in_capture", "error")
+
+# Packages of generated dispatchers that enable_apply looks for even when not imported yet.
+DEFAULT_PACKAGES = ("fibgen_kernels",)
+
+_UNSET: Any = object()
+# Ticked by routes taken while apply is off: nothing is counted then.
+_DISCARD = itertools.count().__next__
+
+
+class _State:
+    """Everything enable_apply and disable_apply change, guarded by ``lock``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.on = False
+        self.patching = False  # whether this enable patches APIs
+        self.entries: dict[str, solutions.Entry] = {}
+        self.loaded: dict[tuple[str, tuple[str, ...], tuple[str, ...]], solutions.Loaded] = {}
+        self.matched: set[str] = set()
+        self.apis: list[Api] = []
+        self.packages: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
+        self.patches: list[patching.Patch] = []
+        # API path → the callable that was there before patching, kept after restoring, so
+        # that every dispatcher of a path (a dispatch group's families too) falls back to it.
+        self.originals: dict[str, Callable[..., Any]] = {}
+        self.references: dict[str, Callable[..., Any]] = {}
+
+
+_state = _State()
+
+
+def is_capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (False without CUDA)."""
+    # CPU-only torch raises inside is_current_stream_capturing, so ask about CUDA first.
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _compile_reference(text: str, name: str) -> Callable[..., Any]:
+    run = _state.references.get(text)
+    if run is None:
+        namespace: dict[str, Any] = {"__name__": f"fibgen_reference_{name}"}
+        exec(compile(text, f"<reference of {name}>", "exec"), namespace)
+        run = _state.references[text] = namespace["run"]
+    return run
+
+
+def _no_fallback(label: str, name: str | None, why: str) -> Callable[..., Any]:
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise LookupError(f"{label}: no solution for {name or 'this call'} and {why}")
+
+    return fail
+
+
+class Api:
+    """What one dispatcher routes through: its routes, counters and fallback."""
+
+    __slots__ = (
+        "direct",
+        "routes",
+        "label",
+        "function",
+        "path",
+        "plan_path",
+        "plan_function",
+        "patch",
+        "known",
+        "known_names",
+        "name_rule",
+        "by_name",
+        "inputs",
+        "outputs",
+        "references",
+        "family_reference",
+        "_original",
+        "_plan_original",
+        "_tallies",
+        "_resolved",
+    )
+
+    def __init__(
+        self,
+        label: str,
+        function: Callable[..., Any],
+        *,
+        path: str | None = None,
+        plan_path: str | None = None,
+        plan_function: Callable[..., Any] | None = None,
+        patch: bool = True,
+        known: Mapping[Any, str] | None = None,
+        name_rule: Callable[[Any], str | None] | None = None,
+        by_name: bool = False,
+        inputs: tuple[str, ...] = (),
+        outputs: tuple[str, ...] = (),
+        references: Mapping[str, str] | None = None,
+        family_reference: str | None = None,
+        original: Callable[..., Any] | None = None,
+    ) -> None:
+        self.direct: Callable[..., Any] | None = None
+        self.routes: dict[Any, tuple[int, Callable[..., Any], Callable[[], int]]] = {}
+        self.label = label
+        self.function = function
+        self.path = path
+        self.plan_path = plan_path
+        self.plan_function = plan_function
+        self.patch = patch
+        self.known = dict(known or {})
+        self.known_names = frozenset(self.known.values())
+        self.name_rule = name_rule
+        self.by_name = by_name
+        self.inputs = inputs
+        self.outputs = outputs
+        self.references = dict(references or {})
+        self.family_reference = family_reference
+        self._original = _UNSET if original is None else original
+        self._plan_original = _UNSET
+        self._tallies: dict[tuple[str, str | None], itertools.count] = {}
+        self._resolved: dict[Any, tuple[str, str]] = {}
+
+    # ----------------------------------------------------------------- fallbacks
+    def original(self) -> Callable[..., Any] | None:
+        """The API this dispatcher stands for, as it was before patching; None without one."""
+        if self._original is _UNSET:
+            if self.path is None:
+                self._original = None
+            elif self.path in _state.originals:
+                self._original = _state.originals[self.path]
+            else:
+                self._original = patching.original(self.path)
+        return self._original
+
+    def call_plan(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the original ``plan`` (after the dispatcher captured its inputs)."""
+        if self._plan_original is _UNSET:
+            path = self.plan_path
+            if path is None:
+                self._plan_original = None
+            else:
+                self._plan_original = _state.originals.get(path) or patching.original(path)
+        return None if self._plan_original is None else self._plan_original(*args, **kwargs)
+
+    def _first_direct(self, *args: Any, **kwargs: Any) -> Any:
+        original = self.original()
+        with _state.lock:
+            if not _state.on:
+                self.direct = original
+        if original is None:
+            return self.function(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    def _reference(self, name: str | None) -> Callable[..., Any] | None:
+        text = self.references.get(name) if name in self.known_names else None
+        text = text or self.family_reference
+        return None if text is None else _compile_reference(text, name or self.label)
+
+    def _fallback_route(
+        self, name: str | None, tick: Callable[[], int]
+    ) -> tuple[int, Callable[..., Any], Callable[[], int]]:
+        original = self.original()
+        if original is not None:
+            return (ORIGINAL, original, tick)
+        reference = self._reference(name)
+        if reference is not None:
+            return (RETURNS, reference, tick)
+        why = "no original API or reference to fall back to"
+        return (ORIGINAL, _no_fallback(self.label, name, why), tick)
+
+    # ------------------------------------------------------------------- routing
+    def name_of(self, key: Any) -> str | None:
+        """The definition name of a key: the known table first, then the name rule."""
+        if self.by_name:
+            return key if isinstance(key, str) else None
+        name = self.known.get(key)
+        if name is not None or self.name_rule is None:
+            return name
+        try:
+            name = self.name_rule(key)
+        except Exception:
+            # Values the rule cannot spell (a dtype with no name part, a None) name nothing.
+            return None
+        # A known name reached with other values is not that definition.
+        return None if name in self.known_names else name
+
+    def _tick(self, outcome: str, name: str | None) -> Callable[[], int]:
+        counter = self._tallies.get((outcome, name))
+        if counter is None:
+            counter = self._tallies[(outcome, name)] = itertools.count()
+        return counter.__next__
+
+    def resolve(self, key: Any) -> tuple[int, Callable[..., Any], Callable[[], int]]:
+        """Decide the route of a key seen for the first time (the slow path)."""
+        with _state.lock:
+            route = self.routes.get(key)
+            if route is not None:
+                return route
+            name = self.name_of(key)
+            entry = _state.entries.get(name) if _state.on and name is not None else None
+            if not _state.on:
+                route = self._fallback_route(name, _DISCARD)
+            elif entry is None:
+                route = self._fallback_route(name, self._tick("fallback_no_candidate", name))
+            elif is_capturing():
+                # Loading may allocate or synchronize, which capture forbids. The route is
+                # not kept, so the name resolves normally on its first call after capture.
+                return self._fallback_route(name, self._tick("fallback_unwarmed_in_capture", name))
+            else:
+                loaded = self._load(name, entry)
+                route = (DPS if loaded.dps else RETURNS, loaded.fn, self._tick("hit", name))
+                self._resolved[key] = (name, loaded.label)
+                _state.matched.add(name)
+            self.routes[key] = route
+            return route
+
+    def _load(self, name: str, entry: solutions.Entry) -> solutions.Loaded:
+        cache_key = (name, self.inputs, self.outputs)
+        loaded = _state.loaded.get(cache_key)
+        if loaded is None:
+            try:
+                loaded = solutions.load(entry, self.inputs, self.outputs)
+            except SolutionError:
+                self._tick("error", name)()
+                raise
+            _state.loaded[cache_key] = loaded
+        return loaded
+
+    def failed(self, key: Any, exc: BaseException) -> None:
+        """Count a solution's exception and raise it with its names; ignore a fallback's."""
+        resolved = self._resolved.get(key)
+        if resolved is None:
+            return
+        name, label = resolved
+        with _state.lock:
+            self._tick("error", name)()
+            self._tick("failed_hit", name)()
+        raise SolutionError(
+            f"{label} for definition {name!r} raised {type(exc).__name__}: {exc}", name, label
+        ) from exc
+
+    def miss(self, *args: Any, **kwargs: Any) -> Any:
+        """Fall back for a call that cannot be routed at all (unplanned, unknown selector)."""
+        if _state.on:
+            with _state.lock:
+                self._tick("fallback_no_candidate", None)()
+        original = self.original()
+        if original is None:
+            why = "no original API to fall back to (for a plan/run API, call plan() first)"
+            raise LookupError(f"{self.label}: this call matches no definition and {why}")
+        return original(*args, **kwargs)
+
+    # --------------------------------------------------------------- on and off
+    def _turn_on(self) -> None:
+        self.routes.clear()
+        self._resolved.clear()
+        self._tallies = {}
+        self.direct = None
+
+    def _turn_off(self) -> None:
+        self.routes.clear()
+        self._resolved.clear()
+        self.direct = self._first_direct if self._original is _UNSET else self._original
+
+    def counts(self) -> dict[str, int]:
+        """Calls per outcome since apply was last enabled."""
+        totals = dict.fromkeys(OUTCOMES + ("failed_hit",), 0)
+        for (outcome, _), counter in list(self._tallies.items()):
+            # repr is "count(N)": reading it does not advance the counter.
+            totals[outcome] += int(repr(counter)[6:-1])
+        totals["hit"] -= totals.pop("failed_hit")
+        return totals
+
+
+def _patch(api: Api, taken: set[str]) -> None:
+    # ``taken``: paths already patched in this enable. The latest registered dispatcher of a
+    # path wins (a regenerated module), so callers walk the registry newest first.
+    if not api.patch or api.path is None or api.path in taken:
+        return
+    taken.add(api.path)
+    found = patching.patch(api.path, api.function, _state.patches)
+    if found is not None:
+        _state.originals[api.path] = api._original = found
+    if api.plan_path is not None and api.plan_function is not None:
+        found = patching.patch(api.plan_path, api.plan_function, _state.patches)
+        if found is not None:
+            _state.originals[api.plan_path] = api._plan_original = found
+
+
+def register_api(label: str, function: Callable[..., Any], **options: Any) -> Api:
+    """Register a dispatcher (called by generated modules at import); see ``Api``."""
+    api = Api(label, function, **options)
+    with _state.lock:
+        _state.apis.append(api)
+        if _state.on:
+            api._turn_on()
+            if _state.patching:
+                _patch(api, {p.path for p in _state.apis[:-1] if p.patch and p.path})
+        else:
+            api._turn_off()
+    return api
+
+
+def register_package(
+    package: str, apis: Mapping[str, str], definitions: Mapping[str, str] | None = None
+) -> None:
+    """Record a package of generated dispatchers: API path → module, definition → module."""
+    with _state.lock:
+        _state.packages[package] = (dict(apis), dict(definitions or {}))
+
+
+def _import_packages(packages: Iterable[str] | None, names: Iterable[str], patch: bool) -> None:
+    # Dispatchers are imported here so that they can be patched in, and so that callables
+    # registered for their definitions are checked now rather than on their first call.
+    wanted = list(packages) if packages is not None else [*DEFAULT_PACKAGES, *_state.packages]
+    for package in dict.fromkeys(wanted):
+        if package not in _state.packages:
+            try:
+                importlib.import_module(package)
+            except ImportError:
+                continue
+        apis, definitions = _state.packages.get(package, ({}, {}))
+        modules = {definitions[n] for n in names if n in definitions}
+        if patch:
+            # Only dispatchers whose API can be reached.
+            modules |= {m for path, m in apis.items() if patching.original(path) is not None}
+        for module in sorted(modules):
+            importlib.import_module(f"{package}.{module}")
+
+
+def _check_callables(entries: Mapping[str, solutions.Entry]) -> None:
+    tensors = {n: (a.inputs, a.outputs) for a in _state.apis for n in a.known_names}
+    for name, entry in entries.items():
+        if entry.fn is None or name not in tensors:
+            continue
+        inputs, outputs = tensors[name]
+        _, problem = solutions.signature_problem(entry.fn, name, entry.label, inputs, outputs, None)
+        if problem is not None:
+            raise ApplyConfigError(problem)
+
+
+class Applied:
+    """Returned by enable_apply: ``with enable_apply(...):`` disables apply on exit."""
+
+    def __enter__(self) -> Applied:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        disable_apply()
+
+
+def enable_apply(
+    solutions_or_path: Mapping[str, Any] | str | Any,
+    *,
+    patch: bool = True,
+    packages: Iterable[str] | None = None,
+) -> Applied:
+    """Route calls to solutions: a mapping {definition name: solution} or a dataset folder.
+
+    Enabling again replaces the mapping and resets the counters. With ``patch``, the APIs of
+    imported dispatchers and of the generated packages are replaced by their dispatchers.
+    """
+    entries = solutions.collect(solutions_or_path)
+    _import_packages(packages, entries, patch)
+    _check_callables(entries)
+    with _state.lock:
+        patching.restore(_state.patches)
+        _state.entries = entries
+        _state.loaded = {}
+        _state.matched = set()
+        _state.on = True
+        _state.patching = patch
+        taken: set[str] = set()
+        for api in reversed(_state.apis):
+            api._turn_on()
+            if patch:
+                _patch(api, taken)
+    return Applied()
+
+
+def disable_apply() -> None:
+    """Stop routing and restore patched APIs; warn about solutions that never matched."""
+    with _state.lock:
+        was_on = _state.on
+        patching.restore(_state.patches)
+        _state.on = False
+        for api in _state.apis:
+            api._turn_off()
+        unmatched = sorted(set(_state.entries) - _state.matched)
+        _state.entries = {}
+        _state.loaded = {}
+    if was_on and unmatched:
+        warnings.warn(
+            f"fibgen: {len(unmatched)} registered definition(s) never matched a call: "
+            + ", ".join(unmatched),
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+def is_enabled() -> bool:
+    """Whether apply is on."""
+    return _state.on
+
+
+def stats() -> dict[str, dict[str, int]]:
+    """Calls per API since apply was last enabled: hit, the two fallbacks, and error."""
+    out: dict[str, dict[str, int]] = {}
+    with _state.lock:
+        for api in _state.apis:
+            counts = api.counts()
+            if not any(counts.values()):
+                continue
+            total = out.setdefault(api.label, dict.fromkeys(OUTCOMES, 0))
+            for outcome in OUTCOMES:
+                total[outcome] += counts[outcome]
+    return out
+
+
+# ------------------------------------------------------------------------------------
+# Hand-written code: the decorator and the function form.
+# ------------------------------------------------------------------------------------
+
+_handwritten: dict[tuple[Callable[..., Any], Any], Callable[..., Any]] = {}
+
+
+def _route_handwritten(
+    fallback: Callable[..., Any], target: str | Callable[..., str]
+) -> Callable[..., Any]:
+    label = f"{getattr(fallback, '__module__', '?')}.{getattr(fallback, '__qualname__', '?')}"
+    api = register_api(label, fallback, patch=False, by_name=True, original=fallback)
+    routes = api.routes
+    resolver = target if callable(target) else None
+
+    @functools.wraps(fallback)
+    def routed(*args: Any, **kwargs: Any) -> Any:
+        key = resolver(*args, **kwargs) if resolver is not None else target
+        route = routes.get(key)
+        if route is None:
+            route = api.resolve(key)
+        _, fn, tick = route
+        tick()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            api.failed(key, exc)
+            raise
+
+    return routed
+
+
+def apply(
+    target: str | Callable[..., str],
+    args: tuple[Any, ...] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    fallback: Callable[..., Any] | None = None,
+) -> Any:
+    """Route hand-written code: ``@apply(name_or_resolver)``, or ``apply(name, args, kwargs, fallback)``.
+
+    The solution is called with the arguments as given; a resolver maps them to a name.
+    """
+    if fallback is None:
+        if args is not None or kwargs is not None:
+            raise TypeError("apply(name, args, kwargs, fallback): fallback is required")
+        return functools.partial(_route_handwritten, target=target)
+    with _state.lock:
+        routed = _handwritten.get((fallback, target))
+        if routed is None:
+            routed = _handwritten[(fallback, target)] = _route_handwritten(fallback, target)
+    return routed(*(args or ()), **(kwargs or {}))

@@ -1,0 +1,256 @@
+"""Solutions: what a definition name is mapped to, and how each kind becomes a callable.
+
+A mapping value is a Python callable, a Solution (``fibgen.format.models``), or the path of a
+Solution JSON; a folder holds Solution JSON files under ``solutions/``. Collecting checks
+everything that can be checked without importing user code, so a bad configuration fails in
+``enable_apply`` with the file named. Loading (importing a solution's entry point) happens on
+the first call that matches, under the runtime's lock, so it happens once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import json
+import os
+import shutil
+import sys
+import tempfile
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fibgen.runtime.errors import ApplyConfigError, SolutionError
+
+# Languages whose sources are imported as Python; cpp/cuda need a builder.
+IMPORTED_LANGUAGES = ("python", "triton")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One registered solution, not loaded yet: a callable, or a Solution model."""
+
+    definition: str
+    label: str
+    fn: Callable[..., Any] | None = None
+    solution: Any = None
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A solution ready to call: ``dps`` says whether it takes output buffers."""
+
+    fn: Callable[..., Any]
+    dps: bool
+    label: str
+
+
+def describe_callable(fn: Callable[..., Any]) -> str:
+    """How messages name a callable solution."""
+    module = getattr(fn, "__module__", None) or "?"
+    qualname = getattr(fn, "__qualname__", None) or type(fn).__name__
+    return f"callable {module}.{qualname}"
+
+
+def _is_solution_model(value: Any) -> bool:
+    return hasattr(value, "spec") and hasattr(value, "sources") and hasattr(value, "definition")
+
+
+def _load_solution_file(path: Path) -> Any:
+    # Imported here: pydantic is only needed when JSON solutions are used.
+    from fibgen.format.errors import FormatError
+    from fibgen.format.jsonio import load_solution
+
+    try:
+        return load_solution(path)
+    except FormatError as exc:
+        raise ApplyConfigError(f"bad solution file {exc}") from None
+    except OSError as exc:
+        raise ApplyConfigError(f"cannot read solution file {path}: {exc.strerror}") from None
+
+
+def _json_entry(definition: str, solution: Any, origin: str) -> Entry:
+    if solution.definition != definition:
+        raise ApplyConfigError(
+            f"{origin}: solution {solution.name!r} is for definition {solution.definition!r}, "
+            f"but it was registered for {definition!r}"
+        )
+    return Entry(definition, f"solution {solution.name!r} ({origin})", solution=solution)
+
+
+def collect(target: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Entry]:
+    """Turn ``enable_apply``'s argument into entries by definition name, checking it."""
+    if isinstance(target, (str, os.PathLike)):
+        return _collect_folder(Path(target))
+    if not isinstance(target, Mapping):
+        raise ApplyConfigError(
+            "enable_apply takes a mapping {definition name: callable | Solution | path} or a "
+            f"folder path, not {type(target).__name__}"
+        )
+    entries: dict[str, Entry] = {}
+    for name, value in target.items():
+        if not isinstance(name, str) or not name:
+            raise ApplyConfigError(f"definition names must be non-empty strings, got {name!r}")
+        if isinstance(value, (str, os.PathLike)):
+            path = Path(value)
+            entries[name] = _json_entry(name, _load_solution_file(path), str(path))
+        elif _is_solution_model(value):
+            entries[name] = _json_entry(name, value, "given object")
+        elif callable(value):
+            entries[name] = Entry(name, describe_callable(value), fn=value)
+        else:
+            raise ApplyConfigError(
+                f"the solution for {name!r} must be a callable, a Solution or the path of a "
+                f"Solution JSON, not {type(value).__name__}"
+            )
+    return entries
+
+
+def _collect_folder(root: Path) -> dict[str, Entry]:
+    folder = root / "solutions"
+    if not folder.is_dir():
+        what = "does not exist" if not root.exists() else "has no solutions/ folder"
+        raise ApplyConfigError(f"apply path {root} {what}; expected {root}/solutions/**/*.json")
+    entries: dict[str, Entry] = {}
+    origins: dict[str, Path] = {}
+    for path in sorted(folder.rglob("*.json")):
+        solution = _load_solution_file(path)
+        name = solution.definition
+        if name in origins:
+            raise ApplyConfigError(
+                f"two solutions for definition {name!r}: {origins[name]} and {path}; "
+                "keep one solution per definition in the apply folder"
+            )
+        origins[name] = path
+        entries[name] = _json_entry(name, solution, str(path))
+    return entries
+
+
+def signature_problem(
+    fn: Callable[..., Any],
+    definition: str,
+    label: str,
+    inputs: tuple[str, ...],
+    outputs: tuple[str, ...],
+    dps: bool | None,
+) -> tuple[bool, str | None]:
+    """Whether ``fn`` is destination-passing, and why it cannot be called, if it cannot.
+
+    ``dps`` None infers it: a callable that names every output as a parameter takes buffers.
+    """
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        # Builtins and some extension functions have no signature: trust them.
+        return bool(dps), None
+    if dps is None:
+        dps = bool(outputs) and all(o in sig.parameters for o in outputs)
+    names = inputs + outputs if dps else inputs
+    try:
+        sig.bind(**dict.fromkeys(names))
+    except TypeError as exc:
+        style = "destination-passing" if dps else "value-returning"
+        return dps, (
+            f"{label} for definition {definition!r} cannot be called as "
+            f"({', '.join(names)}): {exc}; a {style} solution takes the parameters "
+            f"{', '.join(names)} by keyword"
+        )
+    return dps, None
+
+
+def load(entry: Entry, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> Loaded:
+    """Import and check one solution; failures raise SolutionError naming it."""
+    if entry.fn is not None:
+        fn, dps = entry.fn, None
+    else:
+        fn = _import_solution(entry)
+        dps = entry.solution.spec.destination_passing_style
+    # Without the definition's tensors (hand-written apply) there is nothing to check against.
+    if not inputs and not outputs:
+        return Loaded(fn, bool(dps), entry.label)
+    dps, problem = signature_problem(fn, entry.definition, entry.label, inputs, outputs, dps)
+    if problem is not None:
+        raise SolutionError(problem, entry.definition, entry.label)
+    return Loaded(fn, dps, entry.label)
+
+
+def cache_root() -> Path:
+    """Where Solution sources are materialized: ``$FIBGEN_CACHE_DIR`` or ``~/.cache/fibgen``."""
+    base = os.environ.get("FIBGEN_CACHE_DIR") or Path.home() / ".cache" / "fibgen"
+    return Path(base) / "solutions"
+
+
+def _digest(solution: Any) -> str:
+    spec = solution.spec
+    payload = [
+        spec.language,
+        spec.entry_point,
+        sorted((s.path, s.content) for s in solution.sources),
+    ]
+    return hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:32]
+
+
+def materialize(solution: Any) -> tuple[Path, str]:
+    """Write a solution's sources under the cache, keyed by content hash; return (dir, hash)."""
+    from fibgen.format.models import source_path_problem
+
+    digest = _digest(solution)
+    final = cache_root() / digest
+    if final.is_dir():
+        return final, digest
+    for source in solution.sources:
+        problem = source_path_problem(source.path)
+        if problem is not None:
+            raise ValueError(problem)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    # Written aside and renamed into place, so a reader never sees a half-written folder.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{digest}-", dir=final.parent))
+    try:
+        for source in solution.sources:
+            path = tmp / source.path
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(source.content, encoding="utf-8")
+        os.rename(tmp, final)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        # Another process won the race: its folder holds the same content.
+        if not final.is_dir():
+            raise
+    return final, digest
+
+
+def _import_solution(entry: Entry) -> Callable[..., Any]:
+    solution = entry.solution
+    spec = solution.spec
+    try:
+        if spec.language not in IMPORTED_LANGUAGES:
+            raise ValueError(
+                f"language {spec.language!r} needs a builder; this runtime imports "
+                f"{' and '.join(IMPORTED_LANGUAGES)} solutions"
+            )
+        entry_file, symbol = spec.entry_point.split("::")
+        if not entry_file.endswith(".py"):
+            raise ValueError(f"entry file {entry_file!r} is not a .py file")
+        folder, digest = materialize(solution)
+        # Each solution is its own package, so its files may import each other relatively
+        # and two solutions with a file of the same name do not collide.
+        package = f"_fibgen_solution_{digest}"
+        if package not in sys.modules:
+            module = types.ModuleType(package)
+            module.__path__ = [str(folder)]
+            sys.modules[package] = module
+        module = importlib.import_module(f"{package}.{entry_file[:-3].replace('/', '.')}")
+        fn = getattr(module, symbol, None)
+        if not callable(fn):
+            raise ValueError(f"{entry_file} defines no function {symbol!r}")
+        return fn
+    except Exception as exc:
+        raise SolutionError(
+            f"{entry.label} for definition {entry.definition!r} failed to load: "
+            f"{type(exc).__name__}: {exc}",
+            entry.definition,
+            entry.label,
+        ) from exc
