@@ -147,7 +147,9 @@ class Checker:
         self._reference(view)
         self._name_template(view)
         self._requires(fam)
-        defs = self._instances(view, path)
+        errors_so_far = len([d for d in self.diagnostics if d.severity == "error"])
+        # With errors in the declarations, instances are still checked but not built.
+        defs = self._instances(view, path, build=errors_so_far == before)
         after = len([d for d in self.diagnostics if d.severity == "error"])
         return defs if after == before else []
 
@@ -402,6 +404,7 @@ class Checker:
                     src.span,
                     help=_did_you_mean(src.param, api, "parameters"),
                 )
+        self._tuple_reads(fam)
         for t in fam.outputs:
             if t.target is None:
                 continue
@@ -412,6 +415,60 @@ class Checker:
                     f"write-back target `{t.target}` of `{t.name}` is not {where}",
                     t.span,
                     help=_did_you_mean(t.target, targets, "names"),
+                )
+
+    def _tuple_reads(self, fam: ir.Family) -> None:
+        # An API parameter is read whole or element by element, and each element by one input.
+        whole: dict[tuple[bool, str], ir.Tensor] = {}
+        parts: dict[tuple[bool, str, int], ir.Tensor] = {}
+        for t in fam.inputs:
+            src = t.source
+            if src is None:
+                continue
+            key = (src.from_plan, src.param)
+            shown = ("plan." if src.from_plan else "") + src.param
+            if src.index is None:
+                if key in whole:
+                    self.err(
+                        f"`{shown}` is read by both `{whole[key].name}` and `{t.name}`",
+                        src.span,
+                        help="each API parameter feeds one input",
+                    )
+                whole[key] = t
+            else:
+                pkey = key + (src.index,)
+                if pkey in parts:
+                    self.err(
+                        f"`{shown}[{src.index}]` is read by both `{parts[pkey].name}` and "
+                        f"`{t.name}`",
+                        src.span,
+                        help="each tuple element feeds one input",
+                    )
+                parts[pkey] = t
+        for t in fam.inputs:
+            src = t.source
+            if src is not None and src.index is not None and (src.from_plan, src.param) in whole:
+                other = whole[(src.from_plan, src.param)]
+                self.err(
+                    f"`{src.param}` is read whole by `{other.name}` and as a tuple by "
+                    f"`{t.name}`",
+                    src.span,
+                    help=f"read every element with an index, e.g. `<- {src.param}[0]`",
+                )
+        # Tuple elements are numbered from 0 without gaps: a gap means an index points nowhere.
+        by_param: dict[tuple[bool, str], list[int]] = {}
+        for plan, param, index in parts:
+            by_param.setdefault((plan, param), []).append(index)
+        for (plan, param), indices in by_param.items():
+            expected = list(range(len(indices)))
+            if sorted(indices) != expected:
+                missing = sorted(set(range(max(indices) + 1)) - set(indices))
+                t = parts[(plan, param, max(indices))]
+                self.err(
+                    f"`{param}[{max(indices)}]` points past the elements read from `{param}`",
+                    t.source.span if t.source else t.span,
+                    help=f"no input reads `{param}[{missing[0]}]`; tuple elements are "
+                    "numbered from 0",
                 )
 
     def _reference(self, v: _FamilyView) -> None:
@@ -497,7 +554,7 @@ class Checker:
                 )
 
     # ------------------------------------------------------------------ instances
-    def _instances(self, v: _FamilyView, path: str) -> list[ir.Definition]:
+    def _instances(self, v: _FamilyView, path: str, build: bool) -> list[ir.Definition]:
         fam = v.family
         instances = fam.instances or (ir.Instance(values=(), span=fam.span),)
         key_of: dict[str, str] = {}
@@ -543,7 +600,7 @@ class Checker:
             if not ok:
                 continue
             for choice in self._dtype_choices(v, values, inst):
-                d = self._definition(v, inst, index, values, choice, path)
+                d = self._definition(v, inst, index, values, choice, path, build)
                 if d is not None:
                     defs.append(d)
         return defs
@@ -575,6 +632,7 @@ class Checker:
         values: dict[str, ir.Assignment],
         dtypes: dict[str, str],
         path: str,
+        build: bool,
     ) -> ir.Definition | None:
         fam = v.family
         params: dict[str, int | float | str | bool] = {}
@@ -590,7 +648,7 @@ class Checker:
             else:
                 params[p.name] = values[p.name].value
         consts = self._const_values(v, inst, values, params)
-        if consts is None or not ok:
+        if consts is None or not ok or not build:
             return None
         name = self._name(v, consts, params, dtypes)
 

@@ -273,7 +273,7 @@ class Lower(Transformer):
                 if kw.arg not in ("atol", "rtol", "matched"):
                     self._error(
                         f"unknown tolerance `{kw.arg}`",
-                        self._arg_span(c[0], kw.value),
+                        self._arg_span(c[0], kw),
                         help="known: atol, rtol, matched",
                     )
                     continue

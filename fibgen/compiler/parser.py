@@ -67,12 +67,32 @@ def _collect_comment(token: lark.Token) -> lark.Token:
     return token
 
 
+def _signature(exc: UnexpectedInput) -> tuple | None:
+    # What identifies a mistake: the parser state it stopped in and what it found there.
+    # (Lark's own match_examples compares whole state stacks, so an example only matches
+    # at the same nesting depth; the innermost state is what the mistake is about.)
+    state = getattr(exc, "state", None)
+    token = getattr(exc, "token", None)
+    if state is None or token is None:
+        return None
+    position = getattr(state, "position", state)
+    return (position, token.type)
+
+
 @lru_cache(maxsize=1)
-def _mistakes() -> tuple[dict[str, list[str]], dict[str, tuple[str, str]]]:
+def _mistakes() -> tuple[dict[tuple, str], dict[str, tuple[str, str]]]:
     data = json.loads((grammars_dir() / "mistakes.json").read_text(encoding="utf-8"))
-    examples = {m["id"]: m["examples"] for m in data}
+    signatures: dict[tuple, str] = {}
+    for m in data:
+        for example in m["examples"]:
+            try:
+                _parser().parse(example)
+            except UnexpectedInput as exc:
+                sig = _signature(exc)
+                if sig is not None:
+                    signatures.setdefault(sig, m["id"])
     words = {m["id"]: (m["message"], m["help"]) for m in data}
-    return examples, words
+    return signatures, words
 
 
 def _describe_expected(expected: set[str]) -> str:
@@ -85,8 +105,10 @@ def _describe_expected(expected: set[str]) -> str:
 
 
 def _keyword(terminal: str) -> str:
-    # Lark names anonymous keyword terminals after their text, upper-cased.
-    return f"'{terminal.lower()}'" if terminal.isupper() else terminal
+    # Keyword terminals are named _KW_<word> in the grammar (filtered from the tree).
+    if terminal.startswith("_KW_"):
+        return f"'{terminal[4:].lower()}'"
+    return {"_LARROW": "'<-'", "_RARROW": "'->'"}.get(terminal, terminal.lower())
 
 
 def _found(token: lark.Token) -> str:
@@ -105,12 +127,31 @@ def _span(path: str, line: int, column: int, width: int = 1) -> Span:
 
 
 def _to_diagnostic(exc: UnexpectedInput, path: str, text: str) -> Diagnostic:
-    examples, words = _mistakes()
-    label = None
-    try:
-        label = exc.match_examples(_parser().parse, examples, use_accepts=True)
-    except Exception:  # a failing example never hides the real error
-        label = None
+    at_end = isinstance(exc, UnexpectedEOF) or (
+        isinstance(exc, UnexpectedToken) and exc.token.type == "$END"
+    )
+    if at_end:
+        brace = _unclosed_brace(text)
+        if brace is not None:
+            line, column = brace
+            return error(
+                "unclosed '{'",
+                _span(path, line, column),
+                help="the file ends before this block's matching '}'",
+            )
+    if (
+        isinstance(exc, UnexpectedCharacters)
+        and text[exc.pos_in_stream : exc.pos_in_stream + 1] in "\"'"
+    ):
+        return error(
+            "unterminated string",
+            _span(path, exc.line, exc.column),
+            help='close it with a matching quote on the same line, or use """...""" '
+            "for text over several lines",
+        )
+    signatures, words = _mistakes()
+    sig = _signature(exc)
+    label = signatures.get(sig) if sig is not None else None
     if isinstance(exc, UnexpectedToken):
         tok = exc.token
         if tok.type == "$END":
@@ -131,6 +172,39 @@ def _to_diagnostic(exc: UnexpectedInput, path: str, text: str) -> Diagnostic:
         title, help_text = words[label]
         return error(title, span, help=f"{help_text} ({message})")
     return error(message, span)
+
+
+def _unclosed_brace(text: str) -> tuple[int, int] | None:
+    """Line and column of the last '{' left open, skipping strings and comments."""
+    stack: list[tuple[int, int]] = []
+    line, col, i, n = 1, 1, 0, len(text)
+    while i < n:
+        ch = text[i]
+        if text.startswith(('"""', "'''"), i):
+            end = text.find(text[i : i + 3], i + 3)
+            end = n if end < 0 else end + 3
+        elif ch in "\"'":
+            end = text.find(ch, i + 1)
+            newline = text.find("\n", i + 1)
+            end = (newline if newline >= 0 else n) if end < 0 or (0 <= newline < end) else end + 1
+        elif ch == "#":
+            end = text.find("\n", i)
+            end = n if end < 0 else end
+        else:
+            if ch == "{":
+                stack.append((line, col))
+            elif ch == "}" and stack:
+                stack.pop()
+            end = i + 1
+        chunk = text[i:end]
+        newlines = chunk.count("\n")
+        if newlines:
+            line += newlines
+            col = len(chunk) - chunk.rfind("\n")
+        else:
+            col += len(chunk)
+        i = end
+    return stack[-1] if stack else None
 
 
 def _end_position(text: str) -> tuple[int, int, int]:
