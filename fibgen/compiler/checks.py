@@ -28,12 +28,15 @@ _REQUIRES = re.compile(r"^sm_?(\d{2,3})a?$")
 
 
 def _closest(name: str, candidates: Iterable[str]) -> str | None:
-    match = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    match = difflib.get_close_matches(name, sorted(candidates), n=1, cutoff=0.6)
     return match[0] if match else None
 
 
 def _did_you_mean(name: str, candidates: Iterable[str], kind: str) -> str:
-    candidates = list(candidates)
+    # Sets have no stable order across runs; messages must be byte-identical.
+    candidates = (
+        list(candidates) if not isinstance(candidates, (set, frozenset)) else sorted(candidates)
+    )
     close = _closest(name, candidates)
     if close:
         return f"did you mean `{close}`?"

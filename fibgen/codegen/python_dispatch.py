@@ -1,0 +1,781 @@
+"""Python dispatch target: one module per family (and per dispatch group) plus the package.
+
+Everything the dispatcher needs at call time is decided here, at generation time: how each
+const value is read from the arguments, the table of known definitions, the name rule, how
+the definition's inputs are spelled in terms of the API's parameters and how outputs go back
+into the caller's buffers. The generated code follows Note [the dispatch contract] in
+``fibgen/runtime/apply.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import string
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+
+import black
+import jinja2
+
+from fibgen.codegen.files import GeneratedFile, with_python_header
+from fibgen.compiler import ir
+from fibgen.paths import templates_dir
+
+# torch spells every format dtype by its own name except fp4, which it only has packed in pairs.
+_TORCH_DTYPE = {d: f"torch.{d}" for d in ir.DTYPES} | {"float4_e2m1": "torch.float4_e2m1fn_x2"}
+
+_BLACK = black.Mode(line_length=100)
+
+
+class DispatchGenError(ValueError):
+    """A family that cannot get a dispatcher; the message names the family and the reason."""
+
+
+@dataclass(frozen=True)
+class FunctionView:
+    """One generated function: name, parameter list, docstring and body lines."""
+
+    name: str
+    params: str
+    doc: str
+    body: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ModuleView:
+    """What the module template substitutes."""
+
+    doc: str
+    imports: tuple[str, ...]
+    tables: tuple[str, ...]
+    functions: tuple[FunctionView, ...]
+    registration: tuple[str, ...]
+
+
+@lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+
+
+def _render(template: str, source: str, **context: object) -> str:
+    text = _environment().get_template(template).render(**context)
+    return with_python_header(black.format_str(text, mode=_BLACK), source)
+
+
+def _display(path: str) -> str:
+    # Generated text never holds an absolute path: it must not depend on the checkout's place.
+    if os.path.isabs(path):
+        try:
+            return os.path.relpath(path)
+        except ValueError:
+            return os.path.basename(path)
+    return path.replace(os.sep, "/")
+
+
+# ---------------------------------------------------------------------------------------
+# Signatures
+# ---------------------------------------------------------------------------------------
+
+
+def _params_of(family: ir.Family) -> tuple[ir.ApiParam, ...]:
+    if family.api is not None:
+        return family.api.params
+    # Without an API: the inputs in order, then one keyword buffer per output.
+    params = []
+    seen_default = False
+    for t in family.inputs:
+        seen_default = seen_default or t.optional
+        params.append(
+            ir.ApiParam(name=t.name, kind="positional", default="None" if seen_default else None)
+        )
+    for t in family.outputs:
+        params.append(ir.ApiParam(name=t.name, kind="keyword_only", default="None"))
+    return tuple(params)
+
+
+def _signature(params: Iterable[ir.ApiParam]) -> str:
+    parts: list[str] = []
+    star = False
+    for p in params:
+        if p.kind == "var_positional":
+            parts.append(f"*{p.name}")
+            star = True
+        elif p.kind == "var_keyword":
+            parts.append(f"**{p.name}")
+        else:
+            if p.kind == "keyword_only" and not star:
+                parts.append("*")
+                star = True
+            parts.append(p.name if p.default is None else f"{p.name}={p.default}")
+    return ", ".join(parts)
+
+
+def _forward(params: Iterable[ir.ApiParam]) -> str:
+    spell = {
+        "positional": "{0}",
+        "keyword_only": "{0}={0}",
+        "var_positional": "*{0}",
+        "var_keyword": "**{0}",
+    }
+    return ", ".join(spell[p.kind].format(p.name) for p in params)
+
+
+# ---------------------------------------------------------------------------------------
+# Families
+# ---------------------------------------------------------------------------------------
+
+
+def _literal(value: object) -> str:
+    return repr(value)
+
+
+def _tuple(items: list[str]) -> str:
+    # No trailing comma beyond the one a 1-tuple needs: black would explode the tuple.
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+def _pinned_literal(axis: ir.ConstAxis) -> int | None:
+    if axis.value is None:
+        return None
+    try:
+        value = ast.literal_eval(axis.value.text)
+    except (ValueError, SyntaxError):
+        return None
+    return value if isinstance(value, int) else None
+
+
+@dataclass(frozen=True)
+class _NameRule:
+    """A format template over the key's names; dtype fields are spelled by their name part."""
+
+    template: str
+    fields: tuple[str, ...]
+
+
+class _Family:
+    """Computes the views of one family's dispatcher."""
+
+    def __init__(self, family: ir.Family, definitions: list[ir.Definition], label: str) -> None:
+        self.f = family
+        self.defs = sorted(definitions, key=lambda d: d.name)
+        self.label = label
+        self.params = _params_of(family)
+        self.run_names = {p.name for p in self.params}
+        self.plan_params = family.plan.params if family.plan is not None else ()
+        self.plan_names = [p.name for p in self.plan_params]
+        # Every named plan parameter is kept, so that families sharing a plan share its store.
+        self.captured = [
+            p.name for p in self.plan_params[1:] if p.kind in ("positional", "keyword_only")
+        ]
+        self.axes = {a.name: a for a in family.axes}
+        self.dtype_params = {d.name for d in family.dtype_params}
+        self.param_names = {p.name for p in family.params}
+        self.input_expr = {t.name: self._source_expr(t) for t in family.inputs}
+        self.targets = {o.name: self._target(o) for o in family.outputs}
+
+    def error(self, message: str) -> DispatchGenError:
+        return DispatchGenError(f"{self.f.span}: family {self.f.name}: {message}")
+
+    # ------------------------------------------------------------------- sources
+    def _plan_value(self, param: str) -> str:
+        return f"_plan[{self.captured.index(param)}]"
+
+    def _source_expr(self, t: ir.Tensor) -> str:
+        if self.f.api is None:
+            return t.name
+        src = t.source
+        if src is None:
+            if t.name in self.run_names:
+                return t.name
+            if t.name in self.captured:
+                return self._plan_value(t.name)
+            raise self.error(f"input {t.name} is not a parameter of {self.f.api.path}; add `<-`")
+        if src.from_plan:
+            if src.param not in self.captured:
+                raise self.error(f"input {t.name} reads plan.{src.param}, which plan lacks")
+            base = self._plan_value(src.param)
+        elif src.param in self.run_names:
+            base = src.param
+        else:
+            raise self.error(f"input {t.name} reads {src.param}, not a parameter of the API")
+        return base if src.index is None else f"{base}[{src.index}]"
+
+    def _target(self, o: ir.Tensor) -> tuple[str, str] | None:
+        """("buffer", param) for a caller's buffer, ("inplace", expr) for an input."""
+        if self.f.api is None:
+            return ("buffer", o.name)
+        if o.target is None:
+            return None
+        sources = {t.source.param: t for t in self.f.inputs if t.source and not t.source.from_plan}
+        inputs = {t.name: t for t in self.f.inputs}
+        if o.target in self.run_names:
+            written = sources.get(o.target) or inputs.get(o.target)
+            if written is not None and self.input_expr[written.name] == o.target:
+                return ("inplace", o.target)
+            return ("buffer", o.target)
+        if o.target in inputs:
+            return ("inplace", self.input_expr[o.target])
+        raise self.error(f"output {o.name} is written to {o.target}, not an API parameter")
+
+    # ---------------------------------------------------------------- key readers
+    def _tensors(self) -> list[tuple[ir.Tensor, str, bool]]:
+        """(tensor, expression, required): inputs, then the caller's output buffers."""
+        found = [(t, self.input_expr[t.name], not t.optional) for t in self.f.inputs]
+        for o in self.f.outputs:
+            target = self.targets[o.name]
+            if target is not None and target[0] == "buffer":
+                found.append((o, target[1], False))
+        return found
+
+    def _argument(self, name: str) -> str | None:
+        if name in self.run_names:
+            return name
+        if name in self.captured:
+            return self._plan_value(name)
+        return None
+
+    def _options(self, name: str) -> list[tuple[str, str | None]]:
+        """Ways to read a key field, in COMPAT.md's priority order.
+
+        Each is (expression, the variable that must not be None for it, or None).
+        """
+        tensors = self._tensors()
+        options: list[tuple[str, str | None]] = []
+        if name in self.dtype_params:
+            carriers = [
+                (f"{expr}.dtype", expr, req)
+                for t, expr, req in tensors
+                if t.shape is not None and t.dtype.kind != "from" and t.dtype.name == name
+            ]
+        else:
+            carriers = [
+                (f"{expr}.shape[{t.shape.index(name) - len(t.shape)}]", expr, req)
+                for t, expr, req in tensors
+                if name in self.axes and t.shape is not None and name in t.shape
+            ]
+        options += [(e, None) for e, _, req in carriers if req][:1]
+        scalar = next((t for t in self.f.inputs if t.name == name and t.shape is None), None)
+        if scalar is not None and name not in self.dtype_params:
+            expr = self.input_expr[scalar.name]
+            options.append((expr, expr if scalar.optional else None))
+        options += [(e, base) for e, base, req in carriers if not req]
+        if name not in self.dtype_params and all(base is not None for _, base in options):
+            argument = self._argument(name)
+            if argument is not None:
+                options.append((argument, None))
+        return options
+
+    def readable(self, name: str) -> bool:
+        """Whether a field is read from every call (not only when an optional one is given)."""
+        return any(base is None for _, base in self._options(name))
+
+    def _reader(self, name: str) -> str:
+        """The expression reading a key field: options chained, first unconditional last."""
+        options = self._options(name)
+        if not options:
+            raise self.error(
+                f"{name} names the definition but cannot be read from a call: no tensor "
+                f"carries it and no argument is named {name}"
+            )
+        # The first unconditional option ends the chain; conditional ones wrap what follows.
+        chain = "None"
+        for expr, base in reversed(options):
+            chain = expr if base is None else f"({expr} if {base} is not None else {chain})"
+        return chain
+
+    # ------------------------------------------------------------------ naming
+    def name_rules(self) -> list[_NameRule]:
+        """Candidate name rules, most likely first; the first that names every instance wins."""
+        if self.f.name_template is not None:
+            fields = tuple(
+                dict.fromkeys(
+                    f for _, f, _, _ in string.Formatter().parse(self.f.name_template) if f
+                )
+            )
+            declared = set(self.axes) | self.param_names | self.dtype_params
+            unknown = [f for f in fields if f not in declared]
+            if unknown:
+                raise self.error(f"name template names unknown {', '.join(unknown)}")
+            return [_NameRule(self.f.name_template, fields)]
+        escape = str.maketrans({"{": "{{", "}": "}}"})
+        prefix = self.f.name.translate(escape)
+        parts = [
+            (f"_{a.abbrev.translate(escape)}{{{a.name}}}", a.name)
+            for a in self.f.axes
+            if isinstance(a, ir.ConstAxis) and a.abbrev is not None
+        ]
+        dtypes = [(f"_{{{d.name}}}", d.name) for d in self.f.dtype_params]
+        orders = [parts + dtypes, dtypes + parts] if dtypes else [parts]
+        return [
+            _NameRule(prefix + "".join(p for p, _ in order), tuple(n for _, n in order))
+            for order in orders
+        ]
+
+    def _values(self, d: ir.Definition) -> dict[str, object]:
+        values: dict[str, object] = dict(d.consts)
+        values.update(d.param_values)
+        values.update(d.dtype_values)
+        return values
+
+    def _spell(self, rule: _NameRule, values: dict[str, object]) -> str:
+        spelled = {
+            f: ir.DTYPE_NAME_PART[values[f]] if f in self.dtype_params else values[f]
+            for f in rule.fields
+        }
+        return rule.template.format(**spelled)
+
+    def name_rule(self) -> _NameRule | None:
+        """The rule that reproduces every instance's name; None when none does."""
+        for rule in self.name_rules():
+            try:
+                if all(self._spell(rule, self._values(d)) == d.name for d in self.defs):
+                    return rule
+            except KeyError:
+                continue
+        return None
+
+    def key_fields(self, rule: _NameRule | None) -> tuple[str, ...]:
+        """What a call is routed by: the name's fields that are not pinned."""
+        if rule is not None:
+            fields = rule.fields
+        else:
+            # No rule names the instances: route by every named const and dtype parameter.
+            fields = tuple(d.name for d in self.f.dtype_params) + tuple(
+                a.name for a in self.f.axes if isinstance(a, ir.ConstAxis) and a.abbrev
+            )
+        return tuple(
+            f
+            for f in fields
+            if not (
+                f in self.axes and isinstance(self.axes[f], ir.ConstAxis) and self.axes[f].value
+            )
+        )
+
+    def routable(self, fields: tuple[str, ...]) -> tuple[tuple[str, ...], bool]:
+        """Fields every call carries: a field read only from an optional buffer is replaced
+        by a pinned axis derived from it that an input carries (``input_size = 2 * h``).
+
+        Also returns whether any field was replaced: the name rule then no longer applies.
+        """
+        out: list[str] = []
+        replaced = False
+        for f in fields:
+            if not self.readable(f):
+                for a in self.f.axes:
+                    if (
+                        isinstance(a, ir.ConstAxis)
+                        and a.value is not None
+                        and f in {n.id for n in ast.walk(ast.parse(a.value.text)) if isinstance(n, ast.Name)}
+                        and a.name not in out
+                        and self.readable(a.name)
+                    ):
+                        f, replaced = a.name, True
+                        break
+            out.append(f)
+        return tuple(out), replaced
+
+    def _key_literal(self, fields: tuple[str, ...], values: dict[str, object]) -> str:
+        items = [
+            _TORCH_DTYPE[str(values[f])] if f in self.dtype_params else _literal(values[f])
+            for f in fields
+        ]
+        return items[0] if len(items) == 1 else _tuple(items)
+
+    def known(self, fields: tuple[str, ...]) -> list[tuple[str, str]]:
+        """(key literal, definition name) for every instance."""
+        rows: dict[str, str] = {}
+        for d in self.defs:
+            values = self._values(d)
+            missing = [f for f in fields if f not in values]
+            if missing:
+                raise self.error(f"definition {d.name} has no value for {', '.join(missing)}")
+            key = self._key_literal(fields, values)
+            if key in rows:
+                raise self.error(
+                    f"definitions {rows[key]} and {d.name} are routed by the same values"
+                )
+            rows[key] = d.name
+        return list(rows.items())
+
+    def name_function(self, rule: _NameRule, fields: tuple[str, ...]) -> FunctionView:
+        """``_name(key)``: the rule applied to a key, for values no instance declares."""
+        body = []
+        if len(fields) == 1:
+            body.append(f"{fields[0]} = key")
+        elif fields:
+            body.append(f"{', '.join(fields)} = key")
+        for f in rule.fields:
+            axis = self.axes.get(f)
+            if isinstance(axis, ir.ConstAxis) and axis.value is not None:
+                # Pinned: a literal, or an expression over the other fields.
+                body.append(f"{f} = {axis.value.text}")
+        for f in rule.fields:
+            if f in self.dtype_params:
+                body.append(f"{f} = _DTYPE_PARTS[{f}]")
+        spelled = ", ".join(f"{f}={f}" for f in rule.fields)
+        body.append(f"return {rule.template!r}.format({spelled})")
+        return FunctionView("_name", "key", "The definition name of a key.", tuple(body))
+
+    # -------------------------------------------------------------- dispatcher
+    def _dims(self, o: ir.Tensor, fields: tuple[str, ...]) -> str | None:
+        dims = []
+        for axis in o.shape or ():
+            declared = self.axes.get(axis)
+            pinned = _pinned_literal(declared) if isinstance(declared, ir.ConstAxis) else None
+            if axis in fields:
+                dims.append(f"_k_{axis}")
+            elif pinned is not None:
+                dims.append(str(pinned))
+            else:
+                carriers = [
+                    f"{expr}.shape[{t.shape.index(axis) - len(t.shape)}]"
+                    for t, expr, req in self._tensors()
+                    if req and t.shape is not None and axis in t.shape and t in self.f.inputs
+                ]
+                if not carriers:
+                    # Only a caller's buffer or a value-returning solution can serve this output.
+                    return None
+                dims.append(carriers[0])
+        return _tuple(dims)
+
+    def _dtype(self, o: ir.Tensor) -> str:
+        ref = o.dtype
+        # A dtype parameter is recognised by its name whatever kind the reference was given.
+        if ref.kind != "from" and ref.name in self.dtype_params:
+            return f"_k_{ref.name}"
+        if ref.kind == "concrete":
+            return _TORCH_DTYPE[ref.name]
+        if ref.name not in self.input_expr:
+            raise self.error(f"output {o.name} copies the dtype of {ref.name}, not an input")
+        return f"{self.input_expr[ref.name]}.dtype"
+
+    def _device(self) -> str:
+        for t in self.f.inputs:
+            if t.shape is not None and not t.optional:
+                return f"{self.input_expr[t.name]}.device"
+        raise self.error("no required tensor input to take the device of outputs from")
+
+    def _returned(self) -> tuple[list[str], list[tuple[str, str]]]:
+        """Outputs the function returns: always, and (output, flag) when a flag asks."""
+        always, flagged = [], []
+        for o in self.f.outputs:
+            target = self.targets[o.name]
+            if target is not None and target[0] == "inplace":
+                continue
+            flag = f"return_{target[1]}" if target is not None else None
+            if self.f.api is not None and flag in self.run_names:
+                # FlashInfer's convention: ``return_lse=True`` adds lse to the result.
+                flagged.append((f"_o_{o.name}", flag))
+            else:
+                always.append(f"_o_{o.name}")
+        return always, flagged
+
+    def dispatcher(self, fields: tuple[str, ...]) -> FunctionView:
+        """The family's function: the body of Note [the dispatch contract]."""
+        forward = _forward(self.params)
+        body = [
+            "if _api.direct is not None:",
+            f"    return _api.direct({forward})",
+        ]
+        if self.f.plan is not None:
+            instance = self.params[0].name
+            body += [
+                f"_plan = _plans.get({instance})",
+                "if _plan is None:",
+                f"    return _api.miss({forward})",
+            ]
+        for f in fields:
+            body.append(f"_k_{f} = {self._reader(f)}")
+        if not fields:
+            key = "None"
+        elif len(fields) == 1:
+            key = f"_k_{fields[0]}"
+        else:
+            key = "(" + ", ".join(f"_k_{f}" for f in fields) + ")"
+        inputs = ", ".join(f"{t.name}={self.input_expr[t.name]}" for t in self.f.inputs)
+        outs = [f"_o_{o.name}" for o in self.f.outputs]
+        received = ", ".join(outs) if len(outs) != 1 else outs[0]
+        if not outs:
+            received = "_"
+        body += [
+            f"_key = {key}",
+            "_route = _routes.get(_key)",
+            "if _route is None:",
+            "    _route = _api.resolve(_key)",
+            "_kind, _fn, _tick = _route",
+            "_tick()",
+            "if _kind == ORIGINAL:",
+            f"    return _fn({forward})",
+            "try:",
+            "    if _kind == RETURNS:",
+            f"        {received} = _fn({inputs})",
+            "    else:",
+        ]
+        device = self._device() if any(o.shape is not None for o in self.f.outputs) else ""
+        for o in self.f.outputs:
+            target = self.targets[o.name]
+            if o.shape is None:
+                alloc = "None"
+            else:
+                alloc = (
+                    f"torch.empty({self._dims(o, fields)}, dtype={self._dtype(o)}, device={device})"
+                )
+            if target is not None and target[0] == "buffer":
+                alloc = f"{target[1]} if {target[1]} is not None else {alloc}"
+            body.append(f"        _o_{o.name} = {alloc}")
+        buffers = "".join(f", {o.name}=_o_{o.name}" for o in self.f.outputs)
+        body += [
+            f"        _fn({inputs}{buffers})",
+            "except Exception as _exc:",
+            "    _api.failed(_key, _exc)",
+            "    raise",
+        ]
+        for o in self.f.outputs:
+            target = self.targets[o.name]
+            if target is None:
+                continue
+            local = f"_o_{o.name}"
+            produced = f" and {local} is not None" if o.optional else ""
+            if target[0] == "buffer":
+                body += [
+                    f"if {target[1]} is not None{produced} and {local} is not {target[1]}:",
+                    f"    {target[1]}.copy_({local})",
+                    f"    {local} = {target[1]}",
+                ]
+            else:
+                body += [
+                    f"if {local} is not {target[1]}{produced}:",
+                    f"    {target[1]}.copy_({local})",
+                ]
+        always, flagged = self._returned()
+        if flagged:
+            extra = " + ".join(f"(({local},) if {flag} else ())" for local, flag in flagged)
+            body += [
+                f"_result = {_tuple(always)} + {extra}",
+                "return _result[0] if len(_result) == 1 else _result",
+            ]
+        elif always:
+            body.append(f"return {', '.join(always)}")
+        else:
+            body.append("return None")
+        if self.f.api is not None:
+            doc = f"Route ``{self.f.api.path}`` to the solution registered for its definition."
+        else:
+            doc = f"Run family ``{self.f.name}``: a registered solution, else the reference."
+        return FunctionView(self.f.name, _signature(self.params), doc, tuple(body))
+
+    def plan_function(self) -> FunctionView:
+        """``<family>_plan``: keep the plan-time inputs per instance, then plan as before."""
+        instance = self.plan_params[0].name
+        body = (
+            f"_plans[{instance}] = {_tuple(self.captured)}",
+            f"return _api.call_plan({_forward(self.plan_params)})",
+        )
+        path = self.f.plan.path
+        return FunctionView(
+            f"{self.f.name}_plan",
+            _signature(self.plan_params),
+            f"Keep the inputs that ``{path}`` receives for this instance, then plan.",
+            body,
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# Modules
+# ---------------------------------------------------------------------------------------
+
+_RUNTIME_IMPORT = "from fibgen.runtime.apply import ORIGINAL, RETURNS, register_api"
+
+
+def _dict_lines(name: str, rows: Iterable[tuple[str, str]]) -> list[str]:
+    return [f"{name} = {{", *(f"    {k}: {v}," for k, v in rows), "}"]
+
+
+def _family_module(
+    family: ir.Family, definitions: list[ir.Definition], label: str, patch: bool
+) -> ModuleView:
+    view = _Family(family, definitions, label)
+    rule = view.name_rule()
+    fields = view.key_fields(rule)
+    dispatcher = view.dispatcher(fields)
+    functions = []
+    tables = _dict_lines("_KNOWN", ((k, repr(n)) for k, n in view.known(fields)))
+    if family.dtype_params:
+        choices = sorted({c for d in family.dtype_params for c in d.choices})
+        parts = ((_TORCH_DTYPE[c], repr(ir.DTYPE_NAME_PART[c])) for c in choices)
+        tables += _dict_lines("_DTYPE_PARTS", parts)
+    if rule is not None:
+        functions.append(view.name_function(rule, fields))
+    # References are embedded once per distinct text and compiled on first use only.
+    texts: dict[str, str] = {}
+    for d in view.defs:
+        if d.reference is not None:
+            texts.setdefault(d.reference, f"_REFERENCE_{len(texts)}")
+    if family.reference is not None:
+        texts.setdefault(family.reference, f"_REFERENCE_{len(texts)}")
+    tables += [f"{const} = {text!r}" for text, const in texts.items()]
+    tables += _dict_lines(
+        "_REFERENCES",
+        ((repr(d.name), texts[d.reference]) for d in view.defs if d.reference is not None),
+    )
+    imports = ["import torch", "", _RUNTIME_IMPORT]
+    options = [
+        f"path={family.api.path if family.api else None!r}",
+        f"patch={patch}",
+        "known=_KNOWN",
+        f"name_rule={'_name' if rule is not None else None}",
+        f"inputs={tuple(t.name for t in family.inputs)!r}",
+        f"outputs={tuple(t.name for t in family.outputs)!r}",
+        "references=_REFERENCES",
+        f"family_reference={texts.get(family.reference) if family.reference else None}",
+    ]
+    if family.plan is not None:
+        imports[:0] = ["import weakref", ""]
+        # Plan-time inputs per wrapper instance; weak keys so a dropped wrapper is freed.
+        tables.append("_plans = weakref.WeakKeyDictionary()")
+        functions.append(view.plan_function())
+        options += [f"plan_path={family.plan.path!r}", f"plan_function={family.name}_plan"]
+    functions.append(dispatcher)
+    if family.api is not None:
+        doc = f"Dispatcher of family {family.name}: routes ``{family.api.path}`` to solutions."
+    else:
+        doc = f"Dispatcher of family {family.name}: routes calls to solutions or the reference."
+    registration = (
+        f"_api = register_api({label!r}, {family.name}, {', '.join(options)})",
+        "_routes = _api.routes",
+    )
+    return ModuleView(doc, tuple(imports), tuple(tables), tuple(functions), registration)
+
+
+def _group_module(group: ir.DispatchGroup, families: dict[str, ir.Family]) -> ModuleView:
+    members = []
+    for case in group.cases:
+        family = families.get(case.family)
+        if family is None:
+            raise DispatchGenError(f"{group.span}: dispatch {group.name}: no family {case.family}")
+        if family.api is None:
+            raise DispatchGenError(
+                f"{group.span}: dispatch {group.name}: family {family.name} declares no api"
+            )
+        members.append((case, family))
+    first = members[0][1]
+    api = first.api
+    for _, family in members[1:]:
+        if family.api != api:
+            raise DispatchGenError(
+                f"{group.span}: dispatch {group.name}: families {first.name} and {family.name} "
+                "declare different APIs; a dispatch group stands for one API"
+            )
+    if group.selector not in api.param_names():
+        raise DispatchGenError(
+            f"{group.span}: dispatch {group.name}: selector {group.selector} is not a parameter "
+            f"of {api.path}"
+        )
+    forward = _forward(api.params)
+    body = (
+        "if _api.direct is not None:",
+        f"    return _api.direct({forward})",
+        f"_family = _FAMILIES.get({group.selector})",
+        "if _family is None:",
+        f"    return _api.miss({forward})",
+        f"return _family({forward})",
+    )
+    dispatcher = FunctionView(
+        group.name,
+        _signature(api.params),
+        f"Route ``{api.path}`` by ``{group.selector}`` to its family's dispatcher.",
+        body,
+    )
+    names = sorted({f.name for _, f in members})
+    imports = (
+        "from fibgen.runtime.apply import register_api",
+        "",
+        *(f"from . import {n} as _{n}" for n in names),
+    )
+    rows = ((repr(c.value), f"_{f.name}.{f.name}") for c, f in members)
+    return ModuleView(
+        f"Dispatcher of {api.path}: {group.selector} picks the family, which routes the call.",
+        imports,
+        tuple(_dict_lines("_FAMILIES", rows)),
+        (dispatcher,),
+        (f"_api = register_api({api.path!r}, {group.name}, path={api.path!r})",),
+    )
+
+
+def _package_module(apis: dict[str, str], definitions: dict[str, str]) -> ModuleView:
+    tables = (
+        *_dict_lines("APIS", ((repr(p), repr(m)) for p, m in sorted(apis.items()))),
+        *_dict_lines("DEFINITIONS", ((repr(d), repr(m)) for d, m in sorted(definitions.items()))),
+        "",
+        "register_package(__name__, APIS, DEFINITIONS)",
+    )
+    return ModuleView(
+        "Generated dispatchers: import a module to route its API to registered solutions.",
+        ("from fibgen.runtime import register_package",),
+        tables,
+        (),
+        (),
+    )
+
+
+def emit_python_dispatch(module: ir.Module, package: str) -> list[GeneratedFile]:
+    """Generate ``python/<package>/`` for a compiled module: one file per family and group."""
+    if not package.isidentifier():
+        raise DispatchGenError(f"package name {package!r} is not a Python identifier")
+    sources = {f.name: sf.path for sf in module.files for f in sf.families}
+    sources |= {g.name: sf.path for sf in module.files for g in sf.dispatches}
+    families = {f.name: f for f in module.families()}
+    grouped = {case.family for g in module.dispatches() for case in g.cases}
+    definitions: dict[str, list[ir.Definition]] = {name: [] for name in families}
+    for d in module.definitions:
+        definitions.setdefault(d.family, []).append(d)
+    apis: dict[str, str] = {}
+    by_definition: dict[str, str] = {}
+    views: dict[str, ModuleView] = {}
+
+    def claim(path: str, owner: str) -> None:
+        # One dispatcher per API: two would patch the same attribute.
+        if path in apis:
+            raise DispatchGenError(
+                f"{apis[path]} and {owner} both stand for {path}; put them in a dispatch group"
+            )
+        apis[path] = owner
+
+    for name in sorted(families):
+        family = families[name]
+        patch = family.api is not None and name not in grouped
+        label = family.api.path if family.api is not None else f"{package}.{name}"
+        views[name] = _family_module(family, definitions[name], label, patch)
+        if patch:
+            claim(family.api.path, name)
+        by_definition.update((d.name, name) for d in definitions[name])
+    for group in sorted(module.dispatches(), key=lambda g: g.name):
+        if group.name in views:
+            raise DispatchGenError(f"{group.span}: dispatch {group.name}: a family has that name")
+        views[group.name] = _group_module(group, families)
+        claim(families[group.cases[0].family].api.path, group.name)
+    files = [
+        GeneratedFile(
+            f"python/{package}/{name}.py",
+            _render("python_dispatch.py.j2", _display(sources[name]), view=view),
+            _display(sources[name]),
+        )
+        for name, view in sorted(views.items())
+    ]
+    # The package index gathers every file: an aggregate, whose source is left empty.
+    index = _package_module(apis, by_definition)
+    files.append(
+        GeneratedFile(
+            f"python/{package}/__init__.py", _render("python_dispatch.py.j2", "", view=index), ""
+        )
+    )
+    return sorted(files, key=lambda f: f.path)
