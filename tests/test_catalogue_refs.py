@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._shared import require_shared
+from _shared import require_shared
 
 ROOT = Path(__file__).resolve().parents[1]
 CATALOGUE = sorted((ROOT / "definitions").glob("attention_*.fidef"))
@@ -125,3 +125,50 @@ def test_references_agree_with_the_dataset(catalogue, dataset):
     assert not failures, "\n".join(failures)
     if skipped:
         pytest.skip("compared all but: " + ", ".join(skipped))
+
+
+def _extra(name: str):
+    from fibgen.runtime.inputs import InputSpec, generate_inputs
+
+    defn, family = _compiled()[name]
+    namespace: dict = {}
+    exec(defn.reference, namespace)
+    return namespace["run"], generate_inputs(InputSpec.from_ir(defn, family), {})
+
+
+def test_merge_state_of_two_halves_is_attention_over_all_keys():
+    import math
+
+    import torch
+
+    run, _ = _extra("merge_state_h16_d128")
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 16, 128, generator=gen)
+    k, v = torch.randn(10, 16, 128, generator=gen), torch.randn(10, 16, 128, generator=gen)
+
+    def attend(keys, values):
+        logits = torch.einsum("qhd,khd->qhk", q, keys) / math.sqrt(128)
+        out = torch.einsum("qhk,khd->qhd", logits.softmax(-1), values)
+        return out, torch.logsumexp(logits, -1) / math.log(2)
+
+    (o1, s1), (o2, s2), (o, s) = attend(k[:4], v[:4]), attend(k[4:], v[4:]), attend(k, v)
+    merged, lse = run(o1, s1, o2, s2)
+    assert torch.allclose(merged, o, atol=1e-5) and torch.allclose(lse, s, atol=1e-5)
+
+
+def test_append_paged_kv_cache_writes_each_token_to_its_slot():
+    run, x = _extra("append_paged_kv_cache_kv8_d128_ps16")
+    k_out, v_out = run(**x)
+    indptr, indices = x["kv_indptr"].long(), x["kv_indices"].long()
+    written = set()
+    for i in reversed(range(x["append_key"].shape[0])):  # the last write to a slot wins
+        b, pos = int(x["batch_indices"][i]), int(x["positions"][i])
+        page, slot = int(indices[indptr[b] + pos // 16]), pos % 16
+        if (page, slot) in written:
+            continue
+        written.add((page, slot))
+        assert bool((k_out[page, slot] == x["append_key"][i]).all())
+        assert bool((v_out[page, slot] == x["append_value"][i]).all())
+    untouched = [(p, s) for p in range(k_out.shape[0]) for s in range(16) if (p, s) not in written]
+    for p, s in untouched:
+        assert bool((k_out[p, s] == x["k_cache"][p, s]).all())
