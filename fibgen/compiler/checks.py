@@ -236,11 +236,11 @@ class Checker:
         for t in v.family.inputs + v.family.outputs:
             is_output = t.name in v.outputs and v.outputs[t.name] is t
             self._dtype(v, t)
-            for dim in t.shape or ():
+            for i, dim in enumerate(t.shape or ()):
                 if dim not in v.axes:
                     self.err(
                         f"unknown axis `{dim}` in the shape of `{t.name}`",
-                        t.span,
+                        t.dim_spans[i] if i < len(t.dim_spans) else t.span,
                         help=_did_you_mean(dim, v.axes, "axes"),
                     )
             if is_output:
@@ -424,8 +424,12 @@ class Checker:
         # An API parameter is read whole or element by element, and each element by one input.
         whole: dict[tuple[bool, str], ir.Tensor] = {}
         parts: dict[tuple[bool, str, int], ir.Tensor] = {}
+        api = set(fam.api.param_names()) if fam.api else set()
         for t in fam.inputs:
             src = t.source
+            if src is None and t.name in api:
+                # An input without `<-` reads the API parameter of its own name.
+                src = ir.Source(param=t.name, span=t.span)
             if src is None:
                 continue
             key = (src.from_plan, src.param)
@@ -568,6 +572,8 @@ class Checker:
                     key_of.setdefault(ax.abbrev, ax.name)
         for p in fam.params:
             key_of[p.name] = p.name
+            if p.abbrev:
+                key_of.setdefault(p.abbrev, p.name)
         for dp in fam.dtype_params:
             key_of[dp.name] = dp.name
         defs: list[ir.Definition] = []

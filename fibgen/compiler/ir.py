@@ -183,6 +183,7 @@ class Tensor(Node):
     target: str | None = None  # outputs only: the API buffer written (``-> out``)
     gen: GenHint | None = None  # inputs only
     description: str | None = None
+    dim_spans: tuple[Span, ...] = Field(default=(), repr=False)  # one per shape entry
 
 
 # ---------------------------------------------------------------------------------------

@@ -390,6 +390,7 @@ class Lower(Transformer):
                 fields["dtype"] = x
             elif isinstance(x, _Shape):
                 fields["shape"] = x.dims
+                fields["dim_spans"] = x.spans
             elif isinstance(x, ir.Source):
                 fields["source"] = x
             elif isinstance(x, _Target):
@@ -412,10 +413,10 @@ class Lower(Transformer):
         return ir.DtypeRef(kind="from", name=str(c[0]), span=self._span(meta))
 
     def dims(self, meta: Meta, c: list) -> "_Shape":
-        return _Shape(tuple(str(t) for t in c))
+        return _Shape(tuple(str(t) for t in c), tuple(self._tok_span(t) for t in c))
 
     def scalar(self, meta: Meta, c: list) -> "_Shape":
-        return _Shape(None)
+        return _Shape(None, ())
 
     def source(self, meta: Meta, c: list) -> ir.Source:
         from_plan = any(isinstance(x, _PlanPrefix) for x in c)
@@ -520,10 +521,11 @@ class _PlanPrefix:
 
 
 class _Shape:
-    __slots__ = ("dims",)
+    __slots__ = ("dims", "spans")
 
-    def __init__(self, dims: tuple[str, ...] | None) -> None:
+    def __init__(self, dims: tuple[str, ...] | None, spans: tuple[ir.Span, ...]) -> None:
         self.dims = dims
+        self.spans = spans
 
 
 class _Target:

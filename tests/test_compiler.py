@@ -1,0 +1,272 @@
+"""The compiler: language constructs, instantiation, naming, and printing back."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from fibgen.compiler import compile_sources, ir
+from fibgen.compiler.format import format_text
+
+
+def compile_text(text: str, path: str = "t.fidef"):
+    return compile_sources([(path, path, textwrap.dedent(text))])
+
+
+def definitions(text: str) -> dict[str, ir.Definition]:
+    result = compile_text(text)
+    assert result.module is not None, [d.message for d in result.diagnostics]
+    return {d.name: d for d in result.module.definitions}
+
+
+def test_family_with_instances_gives_one_definition_each():
+    defs = definitions("""
+        family rmsnorm {
+          op_type rmsnorm
+          tags [status:verified]
+          axes {
+            batch_size : var
+            hidden_size : const h
+          }
+          inputs {
+            x : bfloat16[batch_size, hidden_size]
+          }
+          instances {
+            h=2048 tags [model:a]
+            h=4096 "Four thousand."
+          }
+        }
+        """)
+    assert sorted(defs) == ["rmsnorm_h2048", "rmsnorm_h4096"]
+    d = defs["rmsnorm_h2048"]
+    assert d.tags == ("status:verified", "model:a")
+    assert dict(d.consts) == {"hidden_size": 2048}
+    assert defs["rmsnorm_h4096"].description == "Four thousand."
+    assert [a.value for a in d.axes] == [None, 2048]
+
+
+def test_name_parts_follow_params_then_consts_then_dtype():
+    defs = definitions("""
+        family moe {
+          op_type moe
+          dtype T in {bfloat16, float16}
+          params { top_k topk }
+          axes {
+            n : var
+            experts : const e
+            hidden : const h
+            blocks : const = hidden // 128
+          }
+          inputs {
+            x : T[n, hidden]
+            s : float32[blocks, n]
+          }
+          reference '''
+            def run(x, s):
+                return x
+          '''
+          instances {
+            topk=8 e=256 h=7168
+          }
+        }
+        """)
+    assert sorted(defs) == [
+        "moe_topk8_e256_h7168_bf16",
+        "moe_topk8_e256_h7168_fp16",
+    ]
+    d = defs["moe_topk8_e256_h7168_fp16"]
+    assert dict(d.consts)["blocks"] == 56
+    assert d.inputs[0].dtype == "float16"
+    assert d.reference.startswith("top_k = 8\n")
+
+
+def test_name_template_and_pinned_const():
+    defs = definitions("""
+        family gdn_decode {
+          op_type gdn
+          name "gdn_decode_qk{num_q_heads}_v{num_v_heads}_k_last"
+          axes {
+            b : var
+            seq_len : const = 1
+            num_q_heads : const
+            num_v_heads : const
+          }
+          inputs {
+            q : bfloat16[b, seq_len, num_q_heads]
+            v : bfloat16[b, seq_len, num_v_heads]
+          }
+          instances {
+            num_q_heads=16 num_v_heads=32
+          }
+        }
+        """)
+    d = defs["gdn_decode_qk16_v32_k_last"]
+    assert dict(d.consts) == {"seq_len": 1, "num_q_heads": 16, "num_v_heads": 32}
+
+
+def test_scalars_zero_d_optional_sources_targets_and_hints():
+    result = compile_text("""
+        family decode {
+          op_type gqa_paged
+          api pkg.Wrapper.run(self, q, paged_kv_cache, *, out=None, lse=None)
+          plan pkg.Wrapper.plan(self, indptr, indices, sm_scale=None)
+          axes {
+            b : var
+            pages : var
+            len_indptr : var
+            nnz : var
+            d : const d
+          }
+          constraints {
+            len_indptr == b + 1; nnz == kv_indptr[-1].item()
+          }
+          inputs {
+            q : bfloat16[b, d]
+            k_cache : bfloat16[pages, d] <- paged_kv_cache[0]
+            v_cache : bfloat16[pages, d] <- paged_kv_cache[1]
+            kv_indptr : int32[len_indptr] <- plan.indptr gen indptr(over=kv_indices)
+            kv_indices : int32[nnz] <- plan.indices gen indices(below=pages)
+            sm_scale : float32 scalar <- plan.sm_scale gen value(1 / sqrt(d))
+            bias : optional float32[] <- q
+          }
+          outputs {
+            output : dtype(q)[b, d] -> out
+            lse : float32[b] -> lse
+          }
+          instances { d=128 }
+        }
+        """)
+    # `bias <- q` reads the same parameter as `q`: the only error here, and it is reported.
+    assert result.module is None
+    messages = [d.message for d in result.diagnostics]
+    assert messages == ["`q` is read by both `q` and `bias`"]
+
+
+def test_decode_family_compiles():
+    defs = definitions("""
+        family decode {
+          op_type gqa_paged
+          api pkg.Wrapper.run(self, q, paged_kv_cache, *, out=None, lse=None)
+          plan pkg.Wrapper.plan(self, indptr, indices, sm_scale=None)
+          axes {
+            b : var
+            pages : var
+            nnz : var
+            len_indptr : var
+            d : const d
+          }
+          constraints {
+            len_indptr == b + 1
+          }
+          inputs {
+            q : bfloat16[b, d]
+            k_cache : bfloat16[pages, d] <- paged_kv_cache[0]
+            v_cache : bfloat16[pages, d] <- paged_kv_cache[1]
+            kv_indptr : int32[len_indptr] <- plan.indptr gen indptr(over=kv_indices)
+            kv_indices : int32[nnz] <- plan.indices gen indices(below=pages)
+            sm_scale : float32 scalar <- plan.sm_scale gen value(1 / sqrt(d))
+          }
+          outputs {
+            output : dtype(q)[b, d] -> out
+            lse : float32[b] -> lse
+          }
+          instances { d=128 }
+        }
+        """)
+    d = defs["decode_d128"]
+    by_name = {t.name: t for t in d.inputs}
+    assert by_name["sm_scale"].shape is None
+    assert d.outputs[0].dtype == "bfloat16"
+    assert d.constraints == ("len_indptr == b + 1",)
+
+
+def test_zero_d_and_optional_tensors():
+    defs = definitions("""
+        family step {
+          op_type x
+          axes { n : var }
+          inputs {
+            x : float32[n]
+            t : optional int32[] "A 0-D step counter."
+          }
+        }
+        """)
+    t = defs["step"].inputs[1]
+    assert t.shape == () and t.optional and t.description == "A 0-D step counter."
+
+
+def test_dispatch_group_is_kept_in_the_ir():
+    result = compile_text("""
+        family moe_a {
+          op_type moe
+          api pkg.moe(x, routing_method_type)
+          axes { n : var }
+          inputs { x : bfloat16[n] }
+        }
+        family moe_b {
+          op_type moe
+          api pkg.moe(x, routing_method_type)
+          axes { n : var }
+          inputs { x : bfloat16[n] }
+        }
+        dispatch pkg_moe on routing_method_type {
+          1 -> moe_a
+          2 -> moe_b
+        }
+        """)
+    assert result.module is not None
+    (group,) = result.module.dispatches()
+    assert group.selector == "routing_method_type"
+    assert [(c.value, c.family) for c in group.cases] == [(1, "moe_a"), (2, "moe_b")]
+
+
+def test_every_error_of_a_file_is_reported_sorted():
+    result = compile_text("""
+        family a {
+          op_type x
+          axes { n : var }
+          inputs { t : bf16[n, m] }
+        }
+        """)
+    from fibgen.compiler.diagnostics import render_all
+
+    assert len(result.diagnostics) == 2
+    text = render_all(result.diagnostics, result.sources)
+    assert text.index("unknown dtype `bf16`") < text.index("unknown axis `m`")
+    assert text.endswith("2 errors emitted\n")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "family f {\n  op_type x # trailing\n  # leading axes\n  axes {\n    n : var  # why\n  }\n"
+        "  inputs { x : float32[n] }\n}\n",
+        "# file comment\nfamily f { op_type x; axes { n : var }; inputs { x : float32[n] } }\n",
+    ],
+)
+def test_fmt_keeps_comments_and_meaning_and_is_idempotent(text):
+    once, diags = format_text(text, "t.fidef")
+    assert once is not None, diags
+    for comment in ("# trailing", "# leading axes", "# why", "# file comment"):
+        assert (comment in text) == (comment in once)
+    twice, _ = format_text(once, "t.fidef")
+    assert twice == once
+
+
+def test_reference_text_survives_fmt_exactly():
+    ref = 'import torch\r\n\ndef run(x):\n    \n    return x  # "q"\n'
+    from fibgen.compiler.printer import long_string
+
+    text = (
+        "family f {\n  op_type x\n  axes { n : var }\n  inputs { x : float32[n] }\n"
+        f"  reference {long_string(ref, '  ')}\n}}\n"
+    )
+
+    def reference_of(source: str) -> str:
+        module = compile_sources([("t.fidef", "t.fidef", source)]).module
+        return module.definitions[0].reference
+
+    assert reference_of(text) == ref
+    once, _ = format_text(text, "t.fidef")
+    assert reference_of(once) == ref
