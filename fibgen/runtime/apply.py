@@ -32,6 +32,7 @@ import importlib
 import itertools
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -72,6 +73,9 @@ class _State:
         # that every dispatcher of a path (a dispatch group's families too) falls back to it.
         self.originals: dict[str, Callable[..., Any]] = {}
         self.references: dict[str, Callable[..., Any]] = {}
+        # Plan path → arguments of plan() per wrapper instance (weak keys: a dropped wrapper
+        # is freed), shared by every family that stands for that wrapper.
+        self.plans: dict[str, weakref.WeakKeyDictionary[Any, tuple[Any, ...]]] = {}
 
 
 _state = _State()
@@ -105,6 +109,8 @@ class Api:
     __slots__ = (
         "direct",
         "routes",
+        "plans",
+        "then",
         "label",
         "function",
         "path",
@@ -142,8 +148,16 @@ class Api:
         references: Mapping[str, str] | None = None,
         family_reference: str | None = None,
         original: Callable[..., Any] | None = None,
+        then: Callable[..., Any] | None = None,
     ) -> None:
         self.direct: Callable[..., Any] | None = None
+        self.plans = (
+            None
+            if plan_path is None
+            else _state.plans.setdefault(plan_path, weakref.WeakKeyDictionary())
+        )
+        # The next dispatcher standing for the same API: it gets the calls this one misses.
+        self.then = then
         self.routes: dict[Any, tuple[int, Callable[..., Any], Callable[[], int]]] = {}
         self.label = label
         self.function = function
@@ -203,6 +217,9 @@ class Api:
     def _fallback_route(
         self, name: str | None, tick: Callable[[], int]
     ) -> tuple[int, Callable[..., Any], Callable[[], int]]:
+        if self.then is not None:
+            # The next family counts the call, as a hit or as its own fallback.
+            return (ORIGINAL, self.then, _DISCARD)
         original = self.original()
         if original is not None:
             return (ORIGINAL, original, tick)
@@ -283,8 +300,17 @@ class Api:
             f"{label} for definition {name!r} raised {type(exc).__name__}: {exc}", name, label
         ) from exc
 
+    def cannot_allocate(self, output: str) -> Any:
+        """Raise for a destination-passing call whose output shape the call does not give."""
+        raise ValueError(
+            f"{self.label}: cannot allocate output {output!r}: its shape is not readable from "
+            "the call; pass its buffer, or register a value-returning solution"
+        )
+
     def miss(self, *args: Any, **kwargs: Any) -> Any:
         """Fall back for a call that cannot be routed at all (unplanned, unknown selector)."""
+        if self.then is not None:
+            return self.then(*args, **kwargs)
         if _state.on:
             with _state.lock:
                 self._tick("fallback_no_candidate", None)()
