@@ -171,7 +171,6 @@ class _Family:
         self.params = _params_of(family)
         self.run_names = {p.name for p in self.params}
         self.plan_params = family.plan.params if family.plan is not None else ()
-        self.plan_names = [p.name for p in self.plan_params]
         # Every named plan parameter is kept, so that families sharing a plan share its store.
         self.captured = [
             p.name for p in self.plan_params[1:] if p.kind in ("positional", "keyword_only")
@@ -374,7 +373,12 @@ class _Family:
                     if (
                         isinstance(a, ir.ConstAxis)
                         and a.value is not None
-                        and f in {n.id for n in ast.walk(ast.parse(a.value.text)) if isinstance(n, ast.Name)}
+                        and f
+                        in {
+                            n.id
+                            for n in ast.walk(ast.parse(a.value.text))
+                            if isinstance(n, ast.Name)
+                        }
                         and a.name not in out
                         and self.readable(a.name)
                     ):
@@ -523,12 +527,13 @@ class _Family:
         device = self._device() if any(o.shape is not None for o in self.f.outputs) else ""
         for o in self.f.outputs:
             target = self.targets[o.name]
+            dims = self._dims(o, fields) if o.shape is not None else None
             if o.shape is None:
                 alloc = "None"
+            elif dims is None:
+                alloc = f"_api.cannot_allocate({o.name!r})"
             else:
-                alloc = (
-                    f"torch.empty({self._dims(o, fields)}, dtype={self._dtype(o)}, device={device})"
-                )
+                alloc = f"torch.empty({dims}, dtype={self._dtype(o)}, device={device})"
             if target is not None and target[0] == "buffer":
                 alloc = f"{target[1]} if {target[1]} is not None else {alloc}"
             body.append(f"        _o_{o.name} = {alloc}")
@@ -601,11 +606,18 @@ def _dict_lines(name: str, rows: Iterable[tuple[str, str]]) -> list[str]:
 
 
 def _family_module(
-    family: ir.Family, definitions: list[ir.Definition], label: str, patch: bool
+    family: ir.Family,
+    definitions: list[ir.Definition],
+    label: str,
+    patch: bool,
+    then: str | None,
 ) -> ModuleView:
     view = _Family(family, definitions, label)
     rule = view.name_rule()
-    fields = view.key_fields(rule)
+    fields, replaced = view.routable(view.key_fields(rule))
+    if replaced:
+        # Routed by a derived size: only the instances' own values have names.
+        rule = None
     dispatcher = view.dispatcher(fields)
     functions = []
     tables = _dict_lines("_KNOWN", ((k, repr(n)) for k, n in view.known(fields)))
@@ -638,22 +650,26 @@ def _family_module(
         "references=_REFERENCES",
         f"family_reference={texts.get(family.reference) if family.reference else None}",
     ]
+    registration = [
+        f"_api = register_api({label!r}, {family.name}, {{options}})",
+        "_routes = _api.routes",
+    ]
     if family.plan is not None:
-        imports[:0] = ["import weakref", ""]
-        # Plan-time inputs per wrapper instance; weak keys so a dropped wrapper is freed.
-        tables.append("_plans = weakref.WeakKeyDictionary()")
         functions.append(view.plan_function())
         options += [f"plan_path={family.plan.path!r}", f"plan_function={family.name}_plan"]
+        # Plan-time arguments per wrapper instance, kept by the runtime under weak keys.
+        registration.append("_plans = _api.plans")
+    if then is not None:
+        # Another family stands for the same API: a call this one cannot route goes there.
+        imports.append(f"from . import {then} as _then")
+        options.append(f"then=_then.{then}")
     functions.append(dispatcher)
     if family.api is not None:
         doc = f"Dispatcher of family {family.name}: routes ``{family.api.path}`` to solutions."
     else:
         doc = f"Dispatcher of family {family.name}: routes calls to solutions or the reference."
-    registration = (
-        f"_api = register_api({label!r}, {family.name}, {', '.join(options)})",
-        "_routes = _api.routes",
-    )
-    return ModuleView(doc, tuple(imports), tuple(tables), tuple(functions), registration)
+    registration[0] = registration[0].format(options=", ".join(options))
+    return ModuleView(doc, tuple(imports), tuple(tables), tuple(functions), tuple(registration))
 
 
 def _group_module(group: ir.DispatchGroup, families: dict[str, ir.Family]) -> ModuleView:
@@ -743,19 +759,28 @@ def emit_python_dispatch(module: ir.Module, package: str) -> list[GeneratedFile]
     views: dict[str, ModuleView] = {}
 
     def claim(path: str, owner: str) -> None:
-        # One dispatcher per API: two would patch the same attribute.
         if path in apis:
             raise DispatchGenError(
-                f"{apis[path]} and {owner} both stand for {path}; put them in a dispatch group"
+                f"{apis[path]} and {owner} both stand for {path}; a dispatch group cannot share "
+                "its API with a family outside it"
             )
         apis[path] = owner
 
+    # Families outside dispatch groups that stand for one API form a chain, in source order:
+    # the first patches the API, and each passes the calls it cannot route to the next.
+    chains: dict[str, list[str]] = {}
+    for family in module.families():
+        if family.api is not None and family.name not in grouped:
+            chains.setdefault(family.api.path, []).append(family.name)
+    then = {a: b for chain in chains.values() for a, b in zip(chain, chain[1:])}
+    heads = {chain[0] for chain in chains.values()}
     for name in sorted(families):
         family = families[name]
-        patch = family.api is not None and name not in grouped
         label = family.api.path if family.api is not None else f"{package}.{name}"
-        views[name] = _family_module(family, definitions[name], label, patch)
-        if patch:
+        views[name] = _family_module(
+            family, definitions[name], label, name in heads, then.get(name)
+        )
+        if name in heads:
             claim(family.api.path, name)
         by_definition.update((d.name, name) for d in definitions[name])
     for group in sorted(module.dispatches(), key=lambda g: g.name):
