@@ -1,0 +1,3 @@
+"""The record of original-API calls."""
+
+CALLS: list[str] = []

@@ -1,0 +1,355 @@
+"""The runtime through generated dispatchers: routing, fallback, outputs, patching, stats."""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import warnings
+
+import pytest
+import torch
+
+import fake_flashinfer
+import fibgen.runtime as rt
+from fake_flashinfer import CALLS
+from fake_flashinfer.catalogue import generated_package
+
+# The module, not the function of the same name that fibgen.runtime exports.
+apply_module = importlib.import_module("fibgen.runtime.apply")
+
+generated_package()
+
+from fake_kernels import (  # noqa: E402  (generated just above)
+    add_bias,
+    fused_add_rmsnorm,
+    gqa_paged_decode,
+    moe,
+    relu,
+    rmsnorm,
+)
+
+# Most tests leave some registered solution unused on purpose.
+pytestmark = pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning")
+
+RMS = "fake_flashinfer.norm.rmsnorm"
+ORIGINAL_RMSNORM = fake_flashinfer.norm.rmsnorm
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    CALLS.clear()
+    yield
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rt.disable_apply()
+
+
+def _doubling(hidden_states, weight):
+    return hidden_states * 2
+
+
+def test_apply_off_calls_the_original_api():
+    x, w = torch.randn(3, 4096), torch.randn(4096)
+    assert torch.equal(rmsnorm.rmsnorm(x, w), ORIGINAL_RMSNORM(x, w))
+    assert CALLS == ["rmsnorm", "rmsnorm"]
+    assert rt.stats() == {}
+
+
+def test_hit_routes_to_the_solution_and_patches_aliases():
+    x, w = torch.randn(3, 4096), torch.randn(4096)
+    with rt.enable_apply({"rmsnorm_h4096": _doubling}):
+        assert fake_flashinfer.norm.rmsnorm is rmsnorm.rmsnorm
+        assert fake_flashinfer.rmsnorm is rmsnorm.rmsnorm
+        assert torch.equal(fake_flashinfer.rmsnorm(x, w), x * 2)
+    assert CALLS == []
+    assert fake_flashinfer.norm.rmsnorm is ORIGINAL_RMSNORM
+    assert fake_flashinfer.rmsnorm is ORIGINAL_RMSNORM
+    assert rt.stats()[RMS] == {
+        "hit": 1,
+        "fallback_no_candidate": 0,
+        "fallback_unwarmed_in_capture": 0,
+        "error": 0,
+    }
+
+
+def test_miss_falls_back_to_the_original():
+    x, w = torch.randn(2, 2048), torch.randn(2048)
+    with rt.enable_apply({"rmsnorm_h4096": _doubling}):
+        assert torch.allclose(fake_flashinfer.norm.rmsnorm(x, w), ORIGINAL_RMSNORM(x, w))
+        # Const values no instance declares still get a name, and miss.
+        fake_flashinfer.norm.rmsnorm(torch.randn(1, 5), torch.randn(5))
+    assert CALLS == ["rmsnorm", "rmsnorm", "rmsnorm"]
+    assert rt.stats()[RMS]["fallback_no_candidate"] == 2
+
+
+def test_name_rule_reaches_a_solution_for_an_undeclared_size():
+    x, w = torch.randn(2, 8), torch.randn(8)
+    with rt.enable_apply({"rmsnorm_h8": _doubling}):
+        assert torch.equal(rmsnorm.rmsnorm(x, w), x * 2)
+
+
+def test_out_buffer_is_filled_and_returned():
+    x, w = torch.randn(3, 4096), torch.randn(4096)
+    out = torch.empty_like(x)
+    with rt.enable_apply({"rmsnorm_h4096": _doubling}):
+        result = rmsnorm.rmsnorm(x, w, out=out)
+    assert result is out
+    assert torch.equal(out, x * 2)
+
+
+def test_destination_passing_solution_gets_the_callers_buffer_or_a_new_one():
+    seen = []
+
+    def dps(hidden_states, weight, output):
+        seen.append(output)
+        output.copy_(hidden_states + 1)
+
+    x, w = torch.randn(3, 4096), torch.randn(4096)
+    out = torch.empty_like(x)
+    with rt.enable_apply({"rmsnorm_h4096": dps}):
+        assert rmsnorm.rmsnorm(x, w, out=out) is out
+        fresh = rmsnorm.rmsnorm(x, w)
+    assert seen[0] is out and seen[1] is fresh
+    assert torch.equal(out, x + 1) and torch.equal(fresh, x + 1)
+    assert fresh.shape == (3, 4096) and fresh.dtype == torch.float32
+
+
+def test_in_place_outputs_are_written_back():
+    def fused(hidden_states, residual, weight):
+        s = hidden_states + residual
+        return s * weight, s
+
+    x, r, w = torch.randn(2, 4096), torch.randn(2, 4096), torch.randn(4096)
+    expected_sum = x + r
+    with rt.enable_apply({"fused_add_rmsnorm_h4096": fused}):
+        assert fake_flashinfer.norm.fused_add_rmsnorm(x, r, w) is None
+    assert torch.equal(r, expected_sum)
+    assert torch.equal(x, expected_sum * w)
+    assert CALLS == []
+
+
+def test_in_place_destination_passing_solution_writes_back_too():
+    def fused(hidden_states, residual, weight, output, residual_out):
+        residual_out.copy_(hidden_states + residual)
+        output.copy_(residual_out * weight)
+
+    x, r, w = torch.randn(2, 4096), torch.randn(2, 4096), torch.randn(4096)
+    expected_sum = x + r
+    with rt.enable_apply({"fused_add_rmsnorm_h4096": fused}):
+        fused_add_rmsnorm.fused_add_rmsnorm(x, r, w)
+    assert torch.equal(r, expected_sum) and torch.equal(x, expected_sum * w)
+
+
+def _decode_inputs():
+    wrapper = fake_flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper()
+    indptr = torch.tensor([0, 1, 3], dtype=torch.int32)
+    indices = torch.tensor([0, 1, 2], dtype=torch.int32)
+    q = torch.randn(2, 4, 8, dtype=torch.bfloat16)
+    cache = (torch.randn(3, 1, 2, 8, dtype=torch.bfloat16),) * 2
+    return wrapper, indptr, indices, q, cache
+
+
+def test_plan_inputs_are_captured_per_instance_and_used_at_run():
+    received = {}
+
+    def decode(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale):
+        received.update(indptr=kv_indptr, indices=kv_indices, sm_scale=sm_scale, k=k_cache)
+        return q + 1, torch.zeros(q.shape[:2])
+
+    wrapper, indptr, indices, q, cache = _decode_inputs()
+    with rt.enable_apply({"gqa_paged_decode_h4_kv2_d8_ps1": decode}):
+        wrapper.plan(indptr, indices, None, 4, 2, 8, 1, sm_scale=0.5)
+        out = wrapper.run(q, cache)
+        both = wrapper.run(q, cache, return_lse=True)
+        # Another wrapper that was never planned falls back.
+        other = fake_flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper()
+        other.run(q, cache)
+    assert received["indptr"] is indptr and received["indices"] is indices
+    assert received["sm_scale"] == 0.5 and received["k"] is cache[0]
+    assert torch.equal(out, q + 1)
+    assert isinstance(both, tuple) and len(both) == 2
+    assert CALLS == ["plan", "run"]
+    assert gqa_paged_decode._plans.get(wrapper) is not None
+    label = "fake_flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper.run"
+    assert rt.stats()[label]["hit"] == 2 and rt.stats()[label]["fallback_no_candidate"] == 1
+
+
+def test_plan_state_is_weakly_held():
+    wrapper, indptr, indices, _, _ = _decode_inputs()
+    with rt.enable_apply({}):
+        wrapper.plan(indptr, indices, None, 4, 2, 8, 1)
+        assert len(gqa_paged_decode._plans) == 1
+        del wrapper
+        assert len(gqa_paged_decode._plans) == 0
+
+
+def test_strict_error_names_definition_and_solution():
+    def broken(hidden_states, weight):
+        raise RuntimeError("kernel exploded")
+
+    x, w = torch.randn(1, 4096), torch.randn(4096)
+    with rt.enable_apply({"rmsnorm_h4096": broken}):
+        with pytest.raises(rt.SolutionError) as info:
+            rmsnorm.rmsnorm(x, w)
+    message = str(info.value)
+    assert "rmsnorm_h4096" in message and "broken" in message and "kernel exploded" in message
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert rt.stats()[RMS] == {
+        "hit": 0,
+        "fallback_no_candidate": 0,
+        "fallback_unwarmed_in_capture": 0,
+        "error": 1,
+    }
+
+
+def test_bad_callable_signature_is_rejected_at_enable():
+    def wrong(x, w):
+        return x
+
+    with pytest.raises(rt.ApplyConfigError) as info:
+        rt.enable_apply({"rmsnorm_h4096": wrong})
+    assert "rmsnorm_h4096" in str(info.value)
+    assert "hidden_states, weight" in str(info.value)
+    assert not rt.is_enabled()
+
+
+def test_capture_applies_only_names_resolved_before(monkeypatch):
+    x4, w4 = torch.randn(1, 4096), torch.randn(4096)
+    x2, w2 = torch.randn(1, 2048), torch.randn(2048)
+    with rt.enable_apply({"rmsnorm_h4096": _doubling, "rmsnorm_h2048": _doubling}):
+        rmsnorm.rmsnorm(x4, w4)  # resolved before capture
+        monkeypatch.setattr(apply_module, "is_capturing", lambda: True)
+        assert torch.equal(rmsnorm.rmsnorm(x4, w4), x4 * 2)
+        rmsnorm.rmsnorm(x2, w2)
+        rmsnorm.rmsnorm(x2, w2)
+        monkeypatch.setattr(apply_module, "is_capturing", lambda: False)
+        assert torch.equal(rmsnorm.rmsnorm(x2, w2), x2 * 2)
+    assert CALLS == ["rmsnorm", "rmsnorm"]
+    counts = rt.stats()[RMS]
+    assert counts["hit"] == 3 and counts["fallback_unwarmed_in_capture"] == 2
+
+
+def test_disable_warns_about_solutions_never_hit():
+    rt.enable_apply({"rmsnorm_h4096": _doubling, "rmsnorm_h2048": _doubling})
+    rmsnorm.rmsnorm(torch.randn(1, 4096), torch.randn(4096))
+    with pytest.warns(RuntimeWarning, match=r"never matched a call: rmsnorm_h2048$"):
+        rt.disable_apply()
+
+
+def test_enabling_again_replaces_the_mapping():
+    x, w = torch.randn(1, 4096), torch.randn(4096)
+    rt.enable_apply({"rmsnorm_h4096": _doubling})
+    assert torch.equal(rmsnorm.rmsnorm(x, w), x * 2)
+    rt.enable_apply({"rmsnorm_h4096": lambda hidden_states, weight: hidden_states * 3})
+    assert torch.equal(rmsnorm.rmsnorm(x, w), x * 3)
+    assert rt.stats()[RMS]["hit"] == 1
+
+
+def test_dispatch_group_routes_by_the_selected_family():
+    h, logits = torch.randn(3, 16), torch.randn(3, 8)
+    mapping = {
+        "moe_ds_routing_topk2_e8": lambda hidden_states, router_logits: hidden_states + 2,
+        "moe_renorm_e8_h16": lambda hidden_states, router_logits: hidden_states + 1,
+    }
+    with rt.enable_apply(mapping):
+        api = fake_flashinfer.fused_moe.moe
+        assert api is moe.moe
+        assert torch.equal(api(h, logits, 2, top_k=2), h + 2)
+        assert torch.equal(api(h, logits, 1), h + 1)
+        # Another top_k names another definition; an unknown routing method has no family.
+        assert torch.equal(api(h, logits, 2, top_k=4), torch.zeros_like(h))
+        assert torch.equal(api(h, logits, 5), torch.zeros_like(h))
+    assert CALLS == ["moe", "moe"]
+    counts = rt.stats()["fake_flashinfer.fused_moe.moe"]
+    assert counts["hit"] == 2 and counts["fallback_no_candidate"] == 2
+
+
+def test_dtype_generic_family_routes_each_dtype_to_its_solution():
+    mapping = {
+        "relu_h64_bf16": lambda x: torch.full_like(x, 1),
+        "relu_h64_fp16": lambda x: torch.full_like(x, 2),
+    }
+    with rt.enable_apply(mapping):
+        bf = relu.relu(torch.randn(2, 64, dtype=torch.bfloat16))
+        fp = relu.relu(torch.randn(2, 64, dtype=torch.float16))
+        relu.relu(torch.randn(2, 64))  # float32 names no definition of the family
+    assert bf.dtype == torch.bfloat16 and torch.all(bf == 1)
+    assert fp.dtype == torch.float16 and torch.all(fp == 2)
+    assert CALLS == ["relu"]
+
+
+def test_family_without_api_falls_back_to_its_reference():
+    x, b = torch.randn(2, 8), torch.randn(8)
+    assert torch.equal(add_bias.add_bias(x, b), x + b)
+    y = torch.empty(2, 8)
+    with rt.enable_apply({"add_bias_h8": lambda x, bias: x - bias}):
+        assert add_bias.add_bias(x, b, y=y) is y
+        assert torch.equal(y, x - b)
+        assert torch.equal(
+            add_bias.add_bias(torch.ones(1, 3), torch.ones(3)), torch.full((1, 3), 2.0)
+        )
+    assert rt.stats()["fake_kernels.add_bias"]["hit"] == 1
+
+
+def test_stats_are_exact_under_threads():
+    x, w = torch.randn(1, 4096), torch.randn(4096)
+    x2, w2 = torch.randn(1, 2048), torch.randn(2048)
+    loads = []
+
+    def solution(hidden_states, weight):
+        return hidden_states
+
+    rt.enable_apply({"rmsnorm_h4096": solution})
+    original_load = apply_module.solutions.load
+
+    def counting_load(*args):
+        loads.append(1)
+        return original_load(*args)
+
+    apply_module.solutions.load = counting_load
+    try:
+        start = threading.Barrier(8)
+
+        def work(i):
+            start.wait()
+            for _ in range(10_000):
+                if i % 2:
+                    rmsnorm.rmsnorm(x, w)
+                else:
+                    rmsnorm.rmsnorm(x2, w2)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        apply_module.solutions.load = original_load
+    counts = rt.stats()[RMS]
+    assert counts["hit"] == 40_000 and counts["fallback_no_candidate"] == 40_000
+    assert len(loads) == 1
+
+
+def test_decorator_and_function_form_for_hand_written_code():
+    @rt.apply("my_op_v1")
+    def my_op(a, b):
+        return a + b
+
+    @rt.apply(lambda a, b: f"my_op_v{a}")
+    def my_op_resolved(a, b):
+        return a + b
+
+    assert my_op(1, 2) == 3
+    with rt.enable_apply({"my_op_v1": lambda a, b: a * b, "my_op_v4": lambda a, b: a - b}):
+        assert my_op(3, 4) == 12
+        assert my_op_resolved(4, 1) == 3
+        assert my_op_resolved(5, 1) == 6
+        assert rt.apply("my_op_v4", (9, 2), {}, fallback=lambda a, b: 0) == 7
+        assert rt.apply("nothing", (9, 2), {}, fallback=lambda a, b: 0) == 0
+    counts = rt.stats()
+    assert (
+        counts[f"{__name__}.test_decorator_and_function_form_for_hand_written_code.<locals>.my_op"][
+            "hit"
+        ]
+        == 1
+    )
