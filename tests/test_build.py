@@ -1,0 +1,241 @@
+"""`fibgen build`, `check`, `fmt`, `import`, `list` through the real CLI, and the writer."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from _shared import DATASET_DIR
+from fibgen.cli import main
+from fibgen.codegen.files import GeneratedFile
+from fibgen.codegen.writer import MANIFEST, WriteError, write_files
+
+ROOT = Path(__file__).resolve().parents[1]
+
+RMSNORM = """\
+family rmsnorm {
+  op_type rmsnorm
+  axes {
+    batch_size  : var
+    hidden_size : const h
+  }
+  inputs {
+    x : bfloat16[batch_size, hidden_size]
+  }
+  outputs {
+    y : bfloat16[batch_size, hidden_size]
+  }
+  reference \"\"\"
+    def run(x):
+        return x
+  \"\"\"
+  instances {
+    h=2048
+    h=4096
+  }
+}
+"""
+
+
+def cli(*args: str, cwd: Path | None = None) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    old = os.getcwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exc:  # argparse usage errors
+                code = exc.code
+    finally:
+        os.chdir(old)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "defs").mkdir()
+    (tmp_path / "defs" / "norm.fidef").write_text(RMSNORM)
+    return tmp_path
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+def test_build_writes_definitions_and_is_byte_identical(project: Path):
+    code, out, err = cli("build", "defs", "-o", "gen", cwd=project)
+    assert code == 0, err
+    first = snapshot(project / "gen")
+    assert "definitions/rmsnorm/rmsnorm_h2048.json" in first
+    data = json.loads(first["definitions/rmsnorm/rmsnorm_h4096.json"])
+    assert data["axes"]["hidden_size"] == {"type": "const", "value": 4096}
+    # A second build changes nothing, not even modification times.
+    mtimes = {p: (project / "gen" / p).stat().st_mtime_ns for p in first}
+    code, out, _ = cli("build", "defs", "-o", "gen", cwd=project)
+    assert code == 0 and "0 written" in out
+    assert snapshot(project / "gen") == first
+    assert {p: (project / "gen" / p).stat().st_mtime_ns for p in first} == mtimes
+
+
+def test_build_from_another_folder_is_identical(project: Path, tmp_path_factory):
+    cli("build", "defs", "-o", "gen", cwd=project)
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    cli("build", str(project / "defs"), "-o", str(elsewhere / "gen"), cwd=elsewhere)
+    assert snapshot(elsewhere / "gen") == snapshot(project / "gen")
+
+
+def test_check_reports_stale_output_with_a_diff_and_writes_nothing(project: Path):
+    cli("build", "defs", "-o", "gen", cwd=project)
+    src = project / "defs" / "norm.fidef"
+    src.write_text(RMSNORM.replace("h=4096", "h=8192"))
+    before = snapshot(project / "gen")
+    code, out, err = cli("build", "defs", "-o", "gen", "--check", cwd=project)
+    assert code == 1
+    assert "+++ b/definitions/rmsnorm/rmsnorm_h8192.json" in out
+    assert "--- a/definitions/rmsnorm/rmsnorm_h4096.json" in out
+    assert "is stale" in err
+    assert snapshot(project / "gen") == before
+
+
+def test_removed_definitions_are_deleted_but_foreign_files_kept(project: Path):
+    cli("build", "defs", "-o", "gen", cwd=project)
+    foreign = project / "gen" / "definitions" / "rmsnorm" / "mine.txt"
+    foreign.write_text("not generated")
+    (project / "defs" / "norm.fidef").write_text(RMSNORM.replace("    h=4096\n", ""))
+    code, out, _ = cli("build", "defs", "-o", "gen", cwd=project)
+    assert code == 0 and "1 removed" in out
+    assert not (project / "gen/definitions/rmsnorm/rmsnorm_h4096.json").exists()
+    assert foreign.read_text() == "not generated"
+    manifest = (project / "gen" / MANIFEST).read_text()
+    assert "rmsnorm_h4096" not in manifest and "rmsnorm_h2048" in manifest
+
+
+def test_errors_write_nothing(project: Path):
+    (project / "defs" / "bad.fidef").write_text(
+        "family x {\n  op_type y\n  axes { n : bogus }\n}\n"
+    )
+    code, out, err = cli("build", "defs", "-o", "gen", cwd=project)
+    assert code == 1
+    assert "defs/bad.fidef:3:" in err
+    assert not (project / "gen").exists()
+
+
+def test_writer_refuses_duplicate_and_escaping_paths(tmp_path: Path):
+    with pytest.raises(WriteError, match="share the path"):
+        write_files(tmp_path, [GeneratedFile("a.txt", "1", "x"), GeneratedFile("a.txt", "2", "y")])
+    with pytest.raises(WriteError, match="outside"):
+        write_files(tmp_path, [GeneratedFile("../a.txt", "1", "x")])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_writer_leaves_no_temporary_files(tmp_path: Path):
+    write_files(tmp_path, [GeneratedFile(f"d/f{i}.txt", str(i), "") for i in range(5)])
+    names = sorted(p.name for p in (tmp_path / "d").iterdir())
+    assert names == [f"f{i}.txt" for i in range(5)]
+
+
+def test_command_line_mistakes_exit_2_without_traceback():
+    code, _, err = cli("build")
+    assert code == 2 and "Traceback" not in err
+    code, _, err = cli("frobnicate")
+    assert code == 2 and "invalid choice" in err
+
+
+def test_missing_input_path(tmp_path: Path):
+    code, _, err = cli("check", str(tmp_path / "nope"))
+    assert code == 1 and "no such file or directory" in err
+
+
+def test_list_shows_name_op_type_and_location(project: Path):
+    code, out, _ = cli("list", "defs", cwd=project)
+    assert code == 0
+    assert out.splitlines()[0].split() == ["rmsnorm_h2048", "rmsnorm", "defs/norm.fidef:18"]
+
+
+def test_fmt_check_and_rewrite(project: Path):
+    messy = RMSNORM.replace("    h=2048\n", "    h = 2048   # small\n")
+    (project / "defs" / "norm.fidef").write_text(messy)
+    code, out, err = cli("fmt", "--check", "defs", cwd=project)
+    assert code == 1 and "not formatted" in err
+    assert (project / "defs" / "norm.fidef").read_text() == messy
+    code, _, _ = cli("fmt", "defs", cwd=project)
+    assert code == 0
+    formatted = (project / "defs" / "norm.fidef").read_text()
+    assert "h=2048  # small" in formatted
+    assert cli("fmt", "--check", "defs", cwd=project)[0] == 0
+
+
+def test_fmt_refuses_files_with_errors(project: Path):
+    bad = "family x {\n  op_type y\n  axes { n : }\n}\n"
+    (project / "defs" / "norm.fidef").write_text(bad)
+    code, _, err = cli("fmt", "defs", cwd=project)
+    assert code == 1 and "defs/norm.fidef:3:" in err
+    assert (project / "defs" / "norm.fidef").read_text() == bad
+
+
+def test_catalogue_is_formatted_and_generated_is_current():
+    code, _, err = cli("fmt", "--check", "definitions", cwd=ROOT)
+    assert code == 0, err
+    code, out, err = cli("build", "definitions/", "--check", cwd=ROOT)
+    assert code == 0, out + err
+
+
+def test_catalogue_builds_without_warnings():
+    code, _, err = cli("check", "definitions", cwd=ROOT)
+    assert code == 0
+    assert "warning" not in err, err
+
+
+def test_import_refuses_to_overwrite_and_bad_json(tmp_path: Path):
+    good = {
+        "name": "rmsnorm_h8",
+        "op_type": "rmsnorm",
+        "axes": {"n": {"type": "var"}, "hidden_size": {"type": "const", "value": 8}},
+        "inputs": {"x": {"shape": ["n", "hidden_size"], "dtype": "float32"}},
+        "outputs": {"y": {"shape": ["n", "hidden_size"], "dtype": "float32"}},
+        "reference": "def run(x):\n    return x",
+    }
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "a.json").write_text(json.dumps(good))
+    code, out, err = cli("import", str(src), "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    text = (tmp_path / "out" / "rmsnorm.fidef").read_text()
+    assert "hidden_size : const h" in text
+    code, _, err = cli("import", str(src), "-o", str(tmp_path / "out"))
+    assert code == 1 and "--force" in err
+    (src / "b.json").write_text('{"name": "x",')
+    code, _, err = cli("import", str(src), "-o", str(tmp_path / "out2"))
+    assert code == 1 and "b.json:1:" in err
+    assert not (tmp_path / "out2").exists()
+
+
+def test_import_rebuilds_the_whole_dataset(tmp_path: Path):
+    """Acceptance: import then build reproduces all 156 definitions semantically."""
+    if not DATASET_DIR.is_dir():
+        pytest.skip(f"the flashinfer-trace dataset is not at {DATASET_DIR} (a user's checkout)")
+    from fibgen.format.jsonio import load_definition, semantic_equal
+
+    code, out, err = cli("import", str(DATASET_DIR / "definitions"), "-o", str(tmp_path / "fidef"))
+    assert code == 0, err
+    n_families = int(out.split(" as ")[1].split()[0])
+    assert 12 <= n_families < 156
+    code, _, err = cli("build", str(tmp_path / "fidef"), "-o", str(tmp_path / "gen"))
+    assert code == 0, err
+    sources = sorted((DATASET_DIR / "definitions").rglob("*.json"))
+    assert len(sources) == 156
+    for src in sources:
+        original = load_definition(src)
+        built = tmp_path / "gen" / "definitions" / original.op_type / f"{original.name}.json"
+        assert semantic_equal(load_definition(built), original), src.name
+        assert load_definition(built).reference == original.reference
+    assert cli("fmt", "--check", str(tmp_path / "fidef"))[0] == 0
