@@ -283,6 +283,7 @@ class Api:
                 loaded = solutions.load(entry, self.inputs, self.outputs)
             except SolutionError:
                 self._tick("error", name)()
+                _state.matched.add(name)
                 raise
             _state.loaded[cache_key] = loaded
         return loaded

@@ -1,0 +1,188 @@
+"""Solution JSON, dataset folders, environment enabling and the runtime's import layering."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import fibgen.runtime as rt
+from fake_flashinfer.catalogue import generated_package
+
+PACKAGE_ROOT = Path(generated_package().__file__).parents[1]
+TESTS = Path(__file__).parent
+REPO = TESTS.parent
+
+from fake_kernels import rmsnorm  # noqa: E402  (generated above)
+
+DOUBLING = "def run(hidden_states, weight):\n    return hidden_states * 2\n"
+DPS_PLUS_ONE = (
+    "from .helpers import one\n\n\n"
+    "def run(hidden_states, weight, output):\n    output.copy_(hidden_states + one())\n"
+)
+
+
+@pytest.fixture(autouse=True)
+def _clean(tmp_path, monkeypatch):
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    yield
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rt.disable_apply()
+
+
+def _solution(definition: str, name: str, sources: dict[str, str], dps: bool = False) -> dict:
+    return {
+        "name": name,
+        "definition": definition,
+        "author": "tests",
+        "spec": {
+            "language": "python",
+            "target_hardware": ["cpu"],
+            "entry_point": "main.py::run",
+            "destination_passing_style": dps,
+        },
+        "sources": [{"path": p, "content": c} for p, c in sources.items()],
+    }
+
+
+def _write(root: Path, solution: dict, name: str | None = None) -> Path:
+    path = root / "solutions" / "tests" / "rmsnorm" / solution["definition"]
+    path.mkdir(parents=True, exist_ok=True)
+    file = path / f"{name or solution['name']}.json"
+    file.write_text(json.dumps(solution), encoding="utf-8")
+    return file
+
+
+def test_python_solution_json_by_path_and_by_folder(tmp_path):
+    x, w = torch.randn(2, 4096), torch.randn(4096)
+    file = _write(tmp_path, _solution("rmsnorm_h4096", "double", {"main.py": DOUBLING}))
+    with rt.enable_apply({"rmsnorm_h4096": str(file)}):
+        assert torch.equal(rmsnorm.rmsnorm(x, w), x * 2)
+    with rt.enable_apply(tmp_path):
+        assert torch.equal(rmsnorm.rmsnorm(x, w), x * 2)
+    # Materialized once, under a folder named by the content hash.
+    assert len(list((tmp_path / "cache" / "solutions").iterdir())) == 1
+
+
+def test_destination_passing_json_with_a_relative_import(tmp_path):
+    sources = {"main.py": DPS_PLUS_ONE, "helpers.py": "def one():\n    return 1\n"}
+    solution = _solution("rmsnorm_h4096", "plus_one", sources, dps=True)
+    x, w = torch.randn(2, 4096), torch.randn(4096)
+    with rt.enable_apply({"rmsnorm_h4096": str(_write(tmp_path, solution))}):
+        assert torch.equal(rmsnorm.rmsnorm(x, w), x + 1)
+
+
+def test_wrong_arity_is_a_strict_error_naming_the_expected_parameters(tmp_path):
+    solution = _solution("rmsnorm_h4096", "bad", {"main.py": "def run(x):\n    return x\n"})
+    with rt.enable_apply({"rmsnorm_h4096": str(_write(tmp_path, solution))}):
+        with pytest.raises(rt.SolutionError) as info:
+            rmsnorm.rmsnorm(torch.randn(1, 4096), torch.randn(4096))
+    message = str(info.value)
+    assert "'bad'" in message and "rmsnorm_h4096" in message
+    assert "hidden_states, weight" in message
+    assert rt.stats()["fake_flashinfer.norm.rmsnorm"]["error"] == 1
+
+
+def test_missing_entry_symbol_is_a_strict_error(tmp_path):
+    solution = _solution("rmsnorm_h4096", "nosym", {"main.py": "def other():\n    pass\n"})
+    with rt.enable_apply({"rmsnorm_h4096": str(_write(tmp_path, solution))}):
+        with pytest.raises(rt.SolutionError, match="defines no function 'run'"):
+            rmsnorm.rmsnorm(torch.randn(1, 4096), torch.randn(4096))
+
+
+def test_unsafe_source_paths_are_refused(tmp_path):
+    solution = _solution("rmsnorm_h4096", "escape", {"main.py": DOUBLING, "../x.py": ""})
+    with pytest.raises(rt.ApplyConfigError, match=r"\.\."):
+        rt.enable_apply({"rmsnorm_h4096": str(_write(tmp_path, solution))})
+
+
+def test_duplicate_solutions_in_a_folder_name_both_files(tmp_path):
+    first = _write(tmp_path, _solution("rmsnorm_h4096", "a", {"main.py": DOUBLING}))
+    second = _write(tmp_path, _solution("rmsnorm_h4096", "b", {"main.py": DOUBLING}))
+    with pytest.raises(rt.ApplyConfigError) as info:
+        rt.enable_apply(tmp_path)
+    assert str(first) in str(info.value) and str(second) in str(info.value)
+
+
+def test_solution_registered_under_another_definition_is_refused(tmp_path):
+    file = _write(tmp_path, _solution("rmsnorm_h2048", "a", {"main.py": DOUBLING}))
+    with pytest.raises(rt.ApplyConfigError, match="is for definition 'rmsnorm_h2048'"):
+        rt.enable_apply({"rmsnorm_h4096": str(file)})
+
+
+def test_folder_without_solutions_is_a_clear_error(tmp_path):
+    with pytest.raises(rt.ApplyConfigError, match="has no solutions/ folder"):
+        rt.enable_apply(tmp_path)
+
+
+def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    path = os.pathsep.join([str(REPO), str(TESTS), str(PACKAGE_ROOT)])
+    full = {**os.environ, "PYTHONPATH": path, **env}
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=full, check=False
+    )
+
+
+ENV_CHECK = """
+import torch, fibgen.runtime as rt
+from fake_kernels import rmsnorm
+x = torch.randn(1, 4096)
+print(rt.is_enabled(), torch.equal(rmsnorm.rmsnorm(x, torch.randn(4096)), x * 2))
+"""
+
+
+def test_environment_enables_apply_at_import(tmp_path):
+    _write(tmp_path, _solution("rmsnorm_h4096", "double", {"main.py": DOUBLING}))
+    env = {"FIBGEN_APPLY": "1", "FIBGEN_APPLY_PATH": str(tmp_path)}
+    done = _python(ENV_CHECK, {**env, "FIBGEN_CACHE_DIR": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"]
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({"FIBGEN_APPLY": "1"}, "needs FIBGEN_APPLY_PATH"),
+        ({"FIBGEN_APPLY": "yes", "FIBGEN_APPLY_PATH": "/nowhere"}, "must be 0 or 1"),
+        ({"FIBGEN_APPLY": "1", "FIBGEN_APPLY_PATH": "/nowhere"}, "/nowhere does not exist"),
+    ],
+)
+def test_bad_environment_warns_and_keeps_apply_off(env, expected):
+    done = _python(ENV_CHECK.replace("x * 2", "x * 0"), env)
+    assert done.returncode == 0, done.stderr
+    assert expected in done.stderr and "apply stays off" in done.stderr
+    assert done.stdout.split()[0] == "False"
+
+
+LAYERING = """
+import sys, time
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("lark", "jinja2", "pydantic"):
+            raise ImportError(f"{name} must not be imported by the runtime")
+sys.meta_path.insert(0, Block())
+import torch
+start = time.perf_counter()
+import fibgen.runtime
+from fake_kernels import rmsnorm, gqa_paged_decode, moe
+elapsed = time.perf_counter() - start
+bad = [m for m in sys.modules if m.split(".")[0] in ("lark", "jinja2", "pydantic")
+       or m.startswith(("fibgen.compiler", "fibgen.codegen"))]
+print(bad, elapsed)
+"""
+
+
+def test_runtime_and_generated_modules_import_without_compiler_lark_jinja_or_pydantic():
+    done = _python(LAYERING, {})
+    assert done.returncode == 0, done.stderr
+    bad, elapsed = done.stdout.split(" ", 1)
+    assert bad == "[]"
+    # The budget is 50 ms on top of torch; the bound here leaves room for a loaded CI box.
+    assert float(elapsed) < 0.25
