@@ -97,7 +97,7 @@ class _Group:
 def _structure_key(d, scheme: NameScheme) -> tuple:
     axes = tuple((n, a.type, a.description) for n, a in d.axes.items())
     tensors = tuple(
-        (n, t.shape and tuple(t.shape), t.dtype, t.description, t.optional)
+        (n, None if t.shape is None else tuple(t.shape), t.dtype, t.description, t.optional)
         for section in (d.inputs, d.outputs)
         for n, t in section.items()
     )
