@@ -9,22 +9,12 @@ DEFAULT_PACKAGE = "fibgen_kernels"
 
 
 def generate(module: ir.Module, package: str = DEFAULT_PACKAGE) -> list[GeneratedFile]:
-    """Run every emitter over the module."""
+    """Run every emitter over the module; each returns its files, the writer writes them."""
     from fibgen.codegen.definition_json import emit_definition_json
+    from fibgen.codegen.python_dispatch import emit_python_dispatch
+    from fibgen.codegen.reference import emit_reference_modules
 
     files = list(emit_definition_json(module))
-    for emit in _optional_emitters():
-        files.extend(emit(module, package))
+    files.extend(emit_reference_modules(module, package))
+    files.extend(emit_python_dispatch(module, package))
     return files
-
-
-def _optional_emitters() -> list:
-    # Emitters are registered here as they are added; each takes (module, package).
-    emitters = []
-    try:
-        from fibgen.codegen.python_dispatch import emit_python_dispatch
-    except ImportError:
-        pass
-    else:
-        emitters.append(emit_python_dispatch)
-    return emitters
