@@ -27,11 +27,12 @@ def _locate(path: str) -> tuple[Any, str] | None:
     """The object holding the last part of ``path``, and that part; None when unreachable."""
     parts = path.split(".")
     # Look before importing: an API whose package is not installed is simply not patched.
-    try:
-        if importlib.util.find_spec(parts[0]) is None:
+    if parts[0] not in sys.modules:
+        try:
+            if importlib.util.find_spec(parts[0]) is None:
+                return None
+        except (ImportError, ValueError):
             return None
-    except (ImportError, ValueError):
-        return None
     for i in range(len(parts) - 1, 0, -1):
         try:
             owner = importlib.import_module(".".join(parts[:i]))

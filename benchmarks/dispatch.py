@@ -1,0 +1,297 @@
+"""Dispatch overhead: generated dispatchers against a direct call and flashinfer-bench's apply().
+
+Run from the repository root:
+
+    python benchmarks/dispatch.py
+
+flashinfer-bench 0.1.2 is measured in the same process when it is importable. It is not a
+dependency of fibgen; install it beside it with
+
+    pip install --no-deps flashinfer-bench==0.1.2 pydantic safetensors apache-tvm-ffi \\
+        docstring-parser numpy
+
+Every row is the median over repeats of the time per call of a Python loop, so a row holds
+the loop's own cost too; the overhead column subtracts the direct call of the same kernel.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import statistics
+import sys
+import tempfile
+import timeit
+import types
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import fibgen.runtime as rt  # noqa: E402
+from fibgen.codegen.python_dispatch import emit_python_dispatch  # noqa: E402
+from fibgen.compiler import ir  # noqa: E402
+
+API_MODULE = "fibgen_bench_api"
+PACKAGE = "fibgen_bench_kernels"
+EPS = 1e-6
+
+
+# The "original APIs" the dispatchers stand for, in a module of their own so that a dotted
+# path reaches them.
+def noop(x, out=None):
+    """The no-op kernel: returns its input."""
+    return x
+
+
+def rmsnorm(input, weight, eps=EPS, out=None):
+    """A plain torch RMSNorm."""
+    y = input * torch.rsqrt(input.square().mean(-1, keepdim=True) + eps) * weight
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
+
+
+def _api_module() -> None:
+    module = types.ModuleType(API_MODULE)
+    module.noop, module.rmsnorm = noop, rmsnorm
+    sys.modules[API_MODULE] = module
+
+
+def _tensor(name: str, shape: tuple[str, ...], **extra) -> ir.Tensor:
+    return ir.Tensor(
+        name=name, dtype=ir.DtypeRef(kind="concrete", name="float32"), shape=shape, **extra
+    )
+
+
+def _param(text: str) -> ir.ApiParam:
+    name, _, default = text.partition("=")
+    return ir.ApiParam(name=name, kind="positional", default=default or None)
+
+
+def _family(name: str, params: tuple[str, ...], inputs: tuple[ir.Tensor, ...]) -> ir.Family:
+    return ir.Family(
+        name=name,
+        op_type="bench",
+        api=ir.ApiSignature(path=f"{API_MODULE}.{name}", params=tuple(map(_param, params))),
+        axes=(ir.VarAxis(name="n"), ir.ConstAxis(name="h", abbrev="h")),
+        inputs=inputs,
+        outputs=(_tensor("y", ("n", "h"), target="out"),),
+        instances=(ir.Instance(values=(ir.Assignment(key="h", value=4096),)),),
+    )
+
+
+def _definition(family: ir.Family) -> ir.Definition:
+    return ir.Definition(
+        name=f"{family.name}_h4096",
+        op_type="bench",
+        description=None,
+        tags=(),
+        axes=(),
+        constraints=(),
+        inputs=(),
+        outputs=(),
+        reference=None,
+        family=family.name,
+        source_file="benchmarks/dispatch.py",
+        instance_index=0,
+        consts=(("h", 4096),),
+    )
+
+
+def _generate() -> tuple[types.ModuleType, types.ModuleType]:
+    families = (
+        _family("noop", ("x", "out=None"), (_tensor("x", ("n", "h")),)),
+        _family(
+            "rmsnorm",
+            ("input", "weight", "eps=1e-6", "out=None"),
+            (
+                _tensor("x", ("n", "h"), source=ir.Source(param="input")),
+                _tensor("weight", ("h",)),
+            ),
+        ),
+    )
+    module = ir.Module(
+        files=(ir.SourceFile(path="benchmarks/dispatch.py", families=families),),
+        definitions=tuple(map(_definition, families)),
+    )
+    out = Path(tempfile.mkdtemp(prefix="fibgen-bench-"))
+    for f in emit_python_dispatch(module, PACKAGE):
+        (out / f.path).parent.mkdir(parents=True, exist_ok=True)
+        (out / f.path).write_text(f.text, encoding="utf-8")
+    sys.path.insert(0, str(out / "python"))
+    return (
+        importlib.import_module(f"{PACKAGE}.noop"),
+        importlib.import_module(f"{PACKAGE}.rmsnorm"),
+    )
+
+
+def per_call_us(fn, repeat: int = 9) -> float:
+    """Median microseconds per call of ``fn()``."""
+    number = 2000
+    while timeit.timeit(fn, number=number) < 0.05:
+        number *= 2
+    return statistics.median(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
+
+
+def _fibgen_rows(kernel: str, dispatch, direct, args, miss_args, value, dps) -> list[tuple]:
+    name = f"{kernel}_h4096"
+    out = torch.empty_like(args[0])
+    rows = [("direct call", per_call_us(lambda: direct(*args)))]
+    rows.append(("fibgen wrapper, apply off", per_call_us(lambda: dispatch(*args))))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with rt.enable_apply({name: value}, patch=False):
+            rows.append(("fibgen hit", per_call_us(lambda: dispatch(*args))))
+            rows.append(("fibgen miss", per_call_us(lambda: dispatch(*miss_args))))
+            rows.append(("fibgen hit with out=", per_call_us(lambda: dispatch(*args, out=out))))
+        with rt.enable_apply({name: dps}, patch=False):
+            rows.append(("fibgen DPS hit", per_call_us(lambda: dispatch(*args))))
+            rows.append(("fibgen DPS hit with out=", per_call_us(lambda: dispatch(*args, out=out))))
+    return rows
+
+
+def _fib_dataset(root: Path, kernels: dict[str, tuple[list[str], str, str]]) -> None:
+    """A flashinfer-bench dataset: per kernel a definition, a value and a DPS solution, traces."""
+    for kernel, (inputs, value_src, dps_src) in kernels.items():
+        name = f"{kernel}_h4096"
+        tensors = {
+            "x": {"shape": ["n", "h"], "dtype": "float32"},
+            "weight": {"shape": ["h"], "dtype": "float32"},
+        }
+        definition = {
+            "name": name,
+            "op_type": "bench",
+            "tags": [],
+            "axes": {"n": {"type": "var"}, "h": {"type": "const", "value": 4096}},
+            "inputs": {i: tensors[i] for i in inputs},
+            "outputs": {"y": {"shape": ["n", "h"], "dtype": "float32"}},
+            "reference": value_src,
+        }
+        (root / "definitions" / "bench").mkdir(parents=True, exist_ok=True)
+        (root / "definitions" / "bench" / f"{name}.json").write_text(json.dumps(definition))
+        traces = []
+        for style, src, dps in (("value", value_src, False), ("dps", dps_src, True)):
+            solution = {
+                "name": f"{name}_{style}",
+                "definition": name,
+                "author": "bench",
+                "spec": {
+                    "language": "python",
+                    "target_hardware": ["cpu"],
+                    "entry_point": "main.py::run",
+                    "destination_passing_style": dps,
+                },
+                "sources": [{"path": "main.py", "content": src}],
+            }
+            folder = root / "solutions" / "bench" / "bench" / name
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{name}_{style}.json").write_text(json.dumps(solution))
+            traces.append(
+                {
+                    "definition": name,
+                    "workload": {
+                        "uuid": f"{name}-{style}",
+                        "axes": {"n": 1},
+                        "inputs": {i: {"type": "random"} for i in inputs},
+                    },
+                    "solution": f"{name}_{style}",
+                    "evaluation": {
+                        "status": "PASSED",
+                        "environment": {"hardware": "cpu", "libs": {}},
+                        "timestamp": "2026-01-01T00:00:00",
+                        "log": "",
+                        "correctness": {"max_relative_error": 0.0, "max_absolute_error": 0.0},
+                        "performance": {
+                            "latency_ms": 0.01 if style == "value" else 0.02,
+                            "reference_latency_ms": 0.02,
+                            "speedup_factor": 2.0,
+                        },
+                    },
+                }
+            )
+        (root / "traces" / "bench" / "bench").mkdir(parents=True, exist_ok=True)
+        lines = "".join(json.dumps(t) + "\n" for t in traces)
+        (root / "traces" / "bench" / "bench" / f"{name}.jsonl").write_text(lines)
+
+
+def _flashinfer_bench_rows(kernel: str, direct, args, miss_args) -> list[tuple] | str:
+    try:
+        import flashinfer_bench as fib
+    except ImportError as exc:
+        return f"flashinfer-bench not importable ({exc}); see the module docstring"
+    name = f"{kernel}_h4096"
+    decorated = fib.apply(lambda *a, **k: f"{kernel}_h{a[0].shape[-1]}")(direct)
+    out = torch.empty_like(args[0])
+    rows = [("flashinfer-bench decorator, apply off", per_call_us(lambda: decorated(*args)))]
+    with fib.enable_apply(str(DATASET)):
+        rows.append(("flashinfer-bench hit", per_call_us(lambda: decorated(*args))))
+        rows.append(("flashinfer-bench miss", per_call_us(lambda: decorated(*miss_args))))
+        dps_args = (*args, out)
+        rows.append(
+            (
+                "flashinfer-bench DPS hit",
+                per_call_us(lambda: fib.apply(name, args=dps_args, fallback=direct)),
+            )
+        )
+    return rows
+
+
+DATASET = Path(tempfile.mkdtemp(prefix="fibgen-bench-dataset-"))
+
+
+def main() -> None:
+    """Print one table: every case, for the no-op kernel and a 1x4096 fp32 RMSNorm."""
+    _api_module()
+    noop_mod, rms_mod = _generate()
+    x, w = torch.randn(1, 4096), torch.randn(4096)
+    x2, w2 = torch.randn(1, 2048), torch.randn(2048)
+
+    def rms_value(x, weight):
+        return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + EPS) * weight
+
+    def rms_dps(x, weight, y):
+        torch.mul(x * torch.rsqrt(x.square().mean(-1, keepdim=True) + EPS), weight, out=y)
+
+    rms_src = "import torch\n\ndef run(x, weight):\n    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6) * weight\n"
+    rms_dps_src = "import torch\n\ndef run(x, weight, y):\n    torch.mul(x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6), weight, out=y)\n"
+    _fib_dataset(
+        DATASET,
+        {
+            "noop": (["x"], "def run(x):\n    return x\n", "def run(x, y):\n    pass\n"),
+            "rmsnorm": (["x", "weight"], rms_src, rms_dps_src),
+        },
+    )
+    cases = {
+        "no-op": (
+            _fibgen_rows(
+                "noop",
+                noop_mod.noop,
+                noop,
+                (x,),
+                (x2,),
+                lambda x: x,
+                lambda x, y: None,
+            ),
+            _flashinfer_bench_rows("noop", noop, (x,), (x2,)),
+        ),
+        "rmsnorm 1x4096 fp32": (
+            _fibgen_rows("rmsnorm", rms_mod.rmsnorm, rmsnorm, (x, w), (x2, w2), rms_value, rms_dps),
+            _flashinfer_bench_rows("rmsnorm", rmsnorm, (x, w), (x2, w2)),
+        ),
+    }
+    print(f"{'kernel':<20} {'case':<40} {'us/call':>9} {'overhead':>9}")
+    for kernel, (ours, theirs) in cases.items():
+        base = ours[0][1]
+        rows = ours + (theirs if isinstance(theirs, list) else [])
+        for case, us in rows:
+            print(f"{kernel:<20} {case:<40} {us:>9.3f} {us - base:>+9.3f}")
+        if isinstance(theirs, str):
+            print(f"{kernel:<20} {theirs}")
+
+
+if __name__ == "__main__":
+    main()
