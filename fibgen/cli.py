@@ -28,6 +28,27 @@ def _compile(paths: list[str]):
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    from fibgen.codegen.writer import inputs_digest, up_to_date
+    from fibgen.compiler import discover, read_source
+
+    # Fast path: nothing that the output depends on changed since the last build, and nobody
+    # edited the output. Checked without importing the compiler or the generators.
+    found, problems = discover(args.paths)
+    digest = None
+    if not problems and found:
+        try:
+            sources = [(item.stable, read_source(item.path)) for item in found]
+        except (OSError, UnicodeDecodeError):
+            sources = None
+        if sources is not None:
+            digest = inputs_digest(sources, f"package={args.package}")
+            if up_to_date(Path(args.output), digest):
+                print(f"{args.output} is up to date ({len(found)} source files)")
+                return EXIT_OK
+    return _build(args, digest)
+
+
+def _build(args: argparse.Namespace, digest: str | None) -> int:
     from fibgen.codegen import generate
     from fibgen.codegen.writer import WriteError, write_files
 
@@ -39,7 +60,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         return EXIT_FAIL
     files = generate(result.module, package=args.package)
     try:
-        report = write_files(Path(args.output), files, check=args.check)
+        report = write_files(Path(args.output), files, check=args.check, inputs=digest)
     except (WriteError, OSError) as exc:
         _eprint(f"error: {exc}")
         return EXIT_FAIL

@@ -81,9 +81,21 @@ def test_build_writes_definitions_and_is_byte_identical(project: Path):
     # A second build changes nothing, not even modification times.
     mtimes = {p: (project / "gen" / p).stat().st_mtime_ns for p in first}
     code, out, _ = cli("build", "defs", "-o", "gen", cwd=project)
-    assert code == 0 and "0 written" in out
+    assert code == 0 and "is up to date" in out
     assert snapshot(project / "gen") == first
     assert {p: (project / "gen" / p).stat().st_mtime_ns for p in first} == mtimes
+
+
+def test_hand_edited_output_is_detected_and_restored(project: Path):
+    cli("build", "defs", "-o", "gen", cwd=project)
+    target = project / "gen" / "definitions" / "rmsnorm" / "rmsnorm_h2048.json"
+    original = target.read_text()
+    target.write_text(original.replace("2048", "2049"))
+    code, out, err = cli("build", "defs", "-o", "gen", "--check", cwd=project)
+    assert code == 1 and "rmsnorm_h2048.json" in out
+    code, out, _ = cli("build", "defs", "-o", "gen", cwd=project)
+    assert code == 0 and "1 written" in out
+    assert target.read_text() == original
 
 
 def test_build_from_another_folder_is_identical(project: Path, tmp_path_factory):

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fibgen.codegen.files import GeneratedFile
-from fibgen.compiler import ir
+
+if TYPE_CHECKING:  # keeps `import fibgen.codegen.writer` (the no-op build path) light
+    from fibgen.compiler import ir
 
 DEFAULT_PACKAGE = "fibgen_kernels"
 

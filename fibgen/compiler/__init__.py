@@ -6,8 +6,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from fibgen.compiler import ir
+from typing import TYPE_CHECKING
+
 from fibgen.compiler.diagnostics import Diagnostic, Sources, error, has_errors
+
+if TYPE_CHECKING:  # the IR (pydantic) is imported when something is compiled, not before
+    from fibgen.compiler import ir
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ def read_source(path: str) -> str:
 
 def compile_sources(items: list[tuple[str, str, str]]) -> CompileResult:
     """Compile (display path, stable path, text) triples."""
+    from fibgen.compiler import ir
     from fibgen.compiler.checks import Checker
     from fibgen.compiler.lower import lower
     from fibgen.compiler.parser import parse

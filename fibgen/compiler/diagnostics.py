@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from fibgen.compiler.ir import Span
+if TYPE_CHECKING:  # diagnostics are imported on paths that must not pay for pydantic
+    from fibgen.compiler.ir import Span
 
 Severity = Literal["error", "warning"]
 
