@@ -16,17 +16,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
-import black
 import jinja2
 
 from fibgen.codegen.files import GeneratedFile, with_python_header
+from fibgen.codegen.pyformat import format_python
 from fibgen.compiler import ir
 from fibgen.paths import templates_dir
 
 # torch spells every format dtype by its own name except fp4, which it only has packed in pairs.
 _TORCH_DTYPE = {d: f"torch.{d}" for d in ir.DTYPES} | {"float4_e2m1": "torch.float4_e2m1fn_x2"}
-
-_BLACK = black.Mode(line_length=100)
 
 
 class DispatchGenError(ValueError):
@@ -66,9 +64,8 @@ def _environment() -> jinja2.Environment:
     )
 
 
-def _render(template: str, source: str, **context: object) -> str:
-    text = _environment().get_template(template).render(**context)
-    return with_python_header(black.format_str(text, mode=_BLACK), source)
+def _render(template: str, **context: object) -> str:
+    return _environment().get_template(template).render(**context)
 
 
 def _display(path: str) -> str:
@@ -788,19 +785,17 @@ def emit_python_dispatch(module: ir.Module, package: str) -> list[GeneratedFile]
             raise DispatchGenError(f"{group.span}: dispatch {group.name}: a family has that name")
         views[group.name] = _group_module(group, families)
         claim(families[group.cases[0].family].api.path, group.name)
+    # The package index gathers every file: an aggregate, whose source is left empty.
+    views["__init__"] = _package_module(apis, by_definition)
+    sources["__init__"] = ""
+    names = sorted(views)
+    texts = format_python([_render("python_dispatch.py.j2", view=views[n]) for n in names])
     files = [
         GeneratedFile(
             f"python/{package}/{name}.py",
-            _render("python_dispatch.py.j2", _display(sources[name]), view=view),
+            with_python_header(text, _display(sources[name])),
             _display(sources[name]),
         )
-        for name, view in sorted(views.items())
+        for name, text in zip(names, texts)
     ]
-    # The package index gathers every file: an aggregate, whose source is left empty.
-    index = _package_module(apis, by_definition)
-    files.append(
-        GeneratedFile(
-            f"python/{package}/__init__.py", _render("python_dispatch.py.j2", "", view=index), ""
-        )
-    )
     return sorted(files, key=lambda f: f.path)

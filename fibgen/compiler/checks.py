@@ -484,7 +484,7 @@ class Checker:
             self._reference_text(v, fam.reference, fam.reference_span)
         for inst in fam.instances:
             if inst.reference is not None:
-                self._reference_text(v, inst.reference, inst.span)
+                self._reference_text(v, inst.reference, inst.reference_span)
 
     def _reference_text(self, v: _FamilyView, text: str, span: ir.Span) -> None:
         try:

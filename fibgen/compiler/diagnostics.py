@@ -51,6 +51,9 @@ class Sources:
         return lines[line - 1]
 
 
+_MAX_SHOWN = 120
+
+
 def render(diag: Diagnostic, sources: Sources | None = None) -> str:
     """Render one diagnostic like a compiler: header, location, quoted line, caret, help."""
     out = [f"{diag.severity}: {diag.message}"]
@@ -61,14 +64,25 @@ def render(diag: Diagnostic, sources: Sources | None = None) -> str:
         if text is not None:
             gutter = " " * len(str(span.line))
             text = text.expandtabs(4).rstrip()
+            column = span.column
+            if len(text) > _MAX_SHOWN:
+                # Very long lines (an instance with many tags) are cut around the column.
+                start = max(0, column - 1 - _MAX_SHOWN // 3)
+                window = text[start : start + _MAX_SHOWN]
+                text = (
+                    ("..." if start else "")
+                    + window
+                    + ("..." if start + _MAX_SHOWN < len(text) else "")
+                )
+                column = column - start + (3 if start else 0)
             if span.end_line == span.line and span.end_column > span.column:
                 width = span.end_column - span.column
             else:
-                width = max(1, len(text) - span.column + 1)
-            width = max(1, min(width, max(1, len(text) - span.column + 1)))
+                width = max(1, len(text) - column + 1)
+            width = max(1, min(width, max(1, len(text) - column + 1)))
             out.append(f"{gutter} |")
             out.append(f"{span.line} | {text}")
-            out.append(f"{gutter} | {' ' * (span.column - 1)}{'^' * width}")
+            out.append(f"{gutter} | {' ' * (column - 1)}{'^' * width}")
     elif span is not None:
         out.append(f" --> {span.file}")
     for note in diag.notes:

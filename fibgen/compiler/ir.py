@@ -230,6 +230,7 @@ class Instance(Node):
     tags: tuple[str, ...] = ()
     description: str | None = None
     reference: str | None = None  # replaces the family's reference for this instance
+    reference_span: Span = Field(default=NO_SPAN, repr=False)
 
 
 class Family(Node):

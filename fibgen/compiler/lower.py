@@ -155,7 +155,11 @@ class Lower(Transformer):
         fields: dict[str, Any] = {}
         seen: dict[str, _Stmt] = {}
         for st in stmts:
-            if st.field in seen and st.field not in ("instances",):
+            if st.field == "dtype_params":
+                # Several `dtype` statements declare several parameters.
+                fields["dtype_params"] = fields.get("dtype_params", ()) + st.value
+                continue
+            if st.field in seen:
                 self._error(
                     f"`{st.keyword}` given twice in family `{name_tok}`",
                     st.span,
@@ -174,6 +178,18 @@ class Lower(Transformer):
                 help="add a line `op_type NAME`, e.g. `op_type rmsnorm`",
             )
             fields["op_type"] = str(name_tok)
+        # A bare dtype name that is one of the family's dtype parameters refers to it.
+        params = {dp.name for dp in fields.get("dtype_params", ())}
+        if params:
+            for key in ("inputs", "outputs"):
+                fields[key] = tuple(
+                    (
+                        t.model_copy(update={"dtype": t.dtype.model_copy(update={"kind": "param"})})
+                        if t.dtype.kind == "concrete" and t.dtype.name in params
+                        else t
+                    )
+                    for t in fields.get(key, ())
+                )
         return ir.Family(name=str(name_tok), span=self._span(meta), **fields)
 
     # ------------------------------------------------------------------ family statements
@@ -460,15 +476,21 @@ class Lower(Transformer):
         values = tuple(x for x in c if isinstance(x, ir.Assignment))
         tags: tuple[str, ...] = ()
         desc = reference = None
+        reference_span = ir.NO_SPAN
         for x in c:
             if isinstance(x, _Stmt) and x.field == "reference":
-                reference = x.value
+                reference, reference_span = x.value, x.span
             elif isinstance(x, _Stmt):
                 tags = x.value
             elif isinstance(x, str):
                 desc = x
         return ir.Instance(
-            values=values, tags=tags, description=desc, reference=reference, span=self._span(meta)
+            values=values,
+            tags=tags,
+            description=desc,
+            reference=reference,
+            reference_span=reference_span,
+            span=self._span(meta),
         )
 
     def assignment(self, meta: Meta, c: list) -> ir.Assignment:
