@@ -7,6 +7,7 @@ Exit codes: 0 success; 1 the input has errors (diagnostics), or `--check` found 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 
@@ -164,7 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="*", metavar="DIR", default=["definitions"])
     p.set_defaults(func=cmd_list)
 
+    for name in _COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
     return parser
+
+
+# Commands that live beside the library they drive; each module has `register(subparsers)`
+# adding its subcommand(s) with `set_defaults(func=...)` (the function returns an exit code).
+_COMMAND_MODULES: tuple[str, ...] = ()
 
 
 def main(argv: list[str] | None = None) -> int:
