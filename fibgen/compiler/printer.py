@@ -271,7 +271,8 @@ class Printer:
             extras.append(_hint(t.gen))
         if t.description is not None:
             extras.append(quote(t.description))
-        return [t.name, ":", kind, " ".join(extras)]
+        # Names and colons align; the rest of a tensor line is too varied for columns.
+        return [t.name, ":", " ".join([kind] + extras)]
 
     def block(self, indent: str, title: str, rows: list[list[str]], spans: list[ir.Span]) -> None:
         self.emit(indent, f"{title} {{")
