@@ -575,6 +575,48 @@ class _Family:
             doc = f"Run family ``{self.f.name}``: a registered solution, else the reference."
         return FunctionView(self.f.name, _signature(self.params), doc, tuple(body))
 
+    def trace_functions(self) -> tuple[FunctionView, FunctionView]:
+        """``_inputs`` and ``_var_axes``: what tracing records of a call.
+
+        See Note [tracing hooks] in ``fibgen/runtime/tracing.py``.
+        """
+        instance = self.params[0].name if self.f.plan is not None else None
+        body = [f"_plan = _plans[{instance}]"] if instance is not None else []
+        body.append(f"return {_tuple([self.input_expr[t.name] for t in self.f.inputs])}")
+        inputs = FunctionView(
+            "_inputs",
+            _signature(self.params),
+            "The definition's inputs of a call, in order.",
+            tuple(body),
+        )
+        readers = []
+        for axis in self.f.axes:
+            if not isinstance(axis, ir.VarAxis):
+                continue
+            carriers = [
+                (f"{t.name}.shape[{t.shape.index(axis.name) - len(t.shape)}]", t.optional)
+                for t in self.f.inputs
+                if t.shape is not None and axis.name in t.shape
+            ]
+            carriers.sort(key=lambda c: c[1])
+            if not carriers:
+                # No input carries it (the definition is invalid for flashinfer-bench too).
+                continue
+            # Required carriers first; an optional one is read only when it was given.
+            chain = "None"
+            for expr, optional in reversed(carriers):
+                base = expr.partition(".")[0]
+                chain = f"({expr} if {base} is not None else {chain})" if optional else expr
+            readers.append(f"{axis.name!r}: {chain}")
+        names = [t.name for t in self.f.inputs]
+        axes = FunctionView(
+            "_var_axes",
+            ", ".join([*names, "**_buffers"]),
+            "The var-axis values of a call, read from the shapes of its inputs.",
+            ("return {" + ", ".join(readers) + "}",),
+        )
+        return inputs, axes
+
     def plan_function(self) -> FunctionView:
         """``<family>_plan``: keep the plan-time inputs per instance, then plan as before."""
         instance = self.plan_params[0].name
@@ -660,6 +702,12 @@ def _family_module(
         # Another family stands for the same API: a call this one cannot route goes there.
         imports.append(f"from . import {then} as _then")
         options.append(f"then=_then.{then}")
+    functions += view.trace_functions()
+    options += [
+        f"op_type={family.op_type!r}",
+        "trace_inputs=_inputs",
+        "trace_axes=_var_axes",
+    ]
     functions.append(dispatcher)
     if family.api is not None:
         doc = f"Dispatcher of family {family.name}: routes ``{family.api.path}`` to solutions."

@@ -3,6 +3,8 @@
 ``enable_apply({definition name: solution})`` or ``enable_apply(dataset_dir)`` turns routing
 on; ``disable_apply()`` turns it off; ``stats()`` counts calls per API. Setting
 ``FIBGEN_APPLY=1`` and ``FIBGEN_APPLY_PATH=<dir>`` enables it when this package is imported.
+``enable_tracing(dataset_dir)`` records the workloads of calls (``FIBGEN_TRACE=1`` with
+``FIBGEN_DATASET_PATH=<dir>`` at import); ``disable_tracing()`` writes what is pending.
 This package never imports the compiler, lark or jinja2.
 """
 
@@ -22,18 +24,33 @@ from fibgen.runtime.apply import (
     stats,
 )
 from fibgen.runtime.errors import ApplyConfigError, SolutionError
+from fibgen.runtime.tracing import enable_from_environment as _enable_tracing_from_environment
+from fibgen.runtime.tracing import (
+    TracingConfigError,
+    disable_tracing,
+    enable_tracing,
+    flush_tracing,
+    is_tracing,
+    tracing_stats,
+)
 
 __all__ = [
     "Applied",
     "ApplyConfigError",
     "SolutionError",
+    "TracingConfigError",
     "apply",
     "disable_apply",
+    "disable_tracing",
     "enable_apply",
+    "enable_tracing",
+    "flush_tracing",
     "is_enabled",
+    "is_tracing",
     "register_api",
     "register_package",
     "stats",
+    "tracing_stats",
 ]
 
 
@@ -59,3 +76,4 @@ def _enable_from_environment() -> None:
 
 # Last, so that generated packages imported while enabling find every name above.
 _enable_from_environment()
+_enable_tracing_from_environment()

@@ -76,6 +76,9 @@ class _State:
         # Plan path → arguments of plan() per wrapper instance (weak keys: a dropped wrapper
         # is freed), shared by every family that stands for that wrapper.
         self.plans: dict[str, weakref.WeakKeyDictionary[Any, tuple[Any, ...]]] = {}
+        # While tracing is on: wraps each route as it is resolved (Note [tracing hooks] in
+        # fibgen/runtime/tracing.py); every call then takes the routed path.
+        self.tracer: Callable[[Api, str | None, Any], Any] | None = None
 
 
 _state = _State()
@@ -125,6 +128,9 @@ class Api:
         "outputs",
         "references",
         "family_reference",
+        "op_type",
+        "trace_inputs",
+        "trace_axes",
         "_original",
         "_plan_original",
         "_tallies",
@@ -149,6 +155,9 @@ class Api:
         family_reference: str | None = None,
         original: Callable[..., Any] | None = None,
         then: Callable[..., Any] | None = None,
+        op_type: str | None = None,
+        trace_inputs: Callable[..., tuple[Any, ...]] | None = None,
+        trace_axes: Callable[..., dict[str, Any]] | None = None,
     ) -> None:
         self.direct: Callable[..., Any] | None = None
         self.plans = (
@@ -173,6 +182,9 @@ class Api:
         self.outputs = outputs
         self.references = dict(references or {})
         self.family_reference = family_reference
+        self.op_type = op_type
+        self.trace_inputs = trace_inputs
+        self.trace_axes = trace_axes
         self._original = _UNSET if original is None else original
         self._plan_original = _UNSET
         self._tallies: dict[tuple[str, str | None], itertools.count] = {}
@@ -203,7 +215,7 @@ class Api:
     def _first_direct(self, *args: Any, **kwargs: Any) -> Any:
         original = self.original()
         with _state.lock:
-            if not _state.on:
+            if not _state.on and _state.tracer is None:
                 self.direct = original
         if original is None:
             return self.function(*args, **kwargs)
@@ -272,6 +284,8 @@ class Api:
                 route = (DPS if loaded.dps else RETURNS, loaded.fn, self._tick("hit", name))
                 self._resolved[key] = (name, loaded.label)
                 _state.matched.add(name)
+            if _state.tracer is not None:
+                route = _state.tracer(self, name, route)
             self.routes[key] = route
             return route
 
@@ -331,7 +345,10 @@ class Api:
     def _turn_off(self) -> None:
         self.routes.clear()
         self._resolved.clear()
-        self.direct = self._first_direct if self._original is _UNSET else self._original
+        if _state.tracer is not None:
+            self.direct = None
+        else:
+            self.direct = self._first_direct if self._original is _UNSET else self._original
 
     def counts(self) -> dict[str, int]:
         """Calls per outcome since apply was last enabled."""
@@ -467,6 +484,17 @@ def disable_apply() -> None:
             RuntimeWarning,
             stacklevel=2,
         )
+
+
+def set_tracer(tracer: Callable[[Api, str | None, Any], Any] | None) -> None:
+    """Install (or with None remove) the route wrapper of tracing; routes resolve afresh."""
+    with _state.lock:
+        _state.tracer = tracer
+        for api in _state.apis:
+            if _state.on:
+                api.routes.clear()
+            else:
+                api._turn_off()
 
 
 def is_enabled() -> bool:

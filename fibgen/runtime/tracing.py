@@ -1,0 +1,653 @@
+"""Tracing: record the workloads of live calls as a FlashInfer Trace dataset.
+
+``enable_tracing(dataset_dir)`` makes every generated dispatcher record the calls it sees:
+the var-axis values and, per the dump policy, copies of the input tensors. Records become
+workload lines in ``workloads/<op_type>/<definition>.jsonl`` and safetensors blobs in
+``blob/workloads/<op_type>/<definition>/``, written by a background thread.
+``FIBGEN_TRACE=1`` with ``FIBGEN_DATASET_PATH=<dir>`` enables it when ``fibgen.runtime`` is
+imported (``FIBGEN_TRACE_DUMP`` and ``FIBGEN_TRACE_DEDUP`` choose the policies).
+
+Note [tracing hooks]
+Tracing costs nothing while it is off because it lives on the dispatcher's slow path. When it
+turns on, ``set_tracer`` clears every dispatcher's routes and ``direct`` hook, so each
+call goes through ``_api.resolve`` once per key, and ``resolve`` hands every new route to
+``_wrap`` below. The wrapped route records, then calls what the route called before:
+
+- an ``ORIGINAL`` route gets the API's own arguments; the generated ``_inputs`` function maps
+  them to the definition's inputs (plan-time ones included);
+- ``RETURNS`` and ``DPS`` routes get the definition's inputs by keyword (and, for DPS, the
+  output buffers, which the generated ``_var_axes`` ignores).
+
+The generated ``_var_axes`` reads each var axis from the shape of an input that carries it,
+as decided at generation time. Turning tracing off restores the routes and hooks.
+
+Note [tracing memory]
+The calling thread only copies the tensors it must dump (``clone()``, or an asynchronous copy
+to the host for CUDA tensors) and appends to a queue; the writer thread serializes. Records
+waiting in the queue are capped by count and by the bytes of their tensors: past either
+cap a record is dropped and counted, and the first drop warns. Records that a dedup policy
+filters out are counted apart from drops.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import itertools
+import json
+import os
+import signal
+import threading
+import uuid
+import warnings
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Union
+
+import torch
+
+from fibgen.runtime.apply import ORIGINAL, Api, set_tracer
+
+__all__ = [
+    "TracingConfigError",
+    "disable_tracing",
+    "enable_tracing",
+    "flush_tracing",
+    "is_tracing",
+    "tracing_stats",
+]
+
+DumpPolicy = Union[str, Sequence[str]]
+DedupKey = Callable[[str, Mapping[str, int], Mapping[str, Any]], Hashable]
+DedupPolicy = Union[str, tuple[str, int], DedupKey]
+
+DEFAULT_MAX_PENDING_BYTES = 256 << 20
+DEFAULT_MAX_PENDING_RECORDS = 65536
+# How long the writer sleeps when nobody wakes it: bounds the delay before a record is on disk.
+_WRITER_PERIOD_S = 0.05
+
+_INT_DTYPES = frozenset(
+    (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool)
+)
+
+
+class TracingConfigError(ValueError):
+    """A tracing option that cannot be used; the message says which and why."""
+
+
+# ---------------------------------------------------------------------------------------
+# Policies
+
+
+def _dump_rule(dump: DumpPolicy) -> Callable[[str, torch.Tensor], bool] | None:
+    """Which tensors to dump: a predicate over (input name, tensor); None dumps nothing."""
+    if isinstance(dump, str):
+        if dump == "none":
+            return None
+        if dump == "all":
+            return lambda name, t: True
+        if dump == "int":
+            # Index tensors (indptr, indices) and flags: random data would make them invalid.
+            return lambda name, t: t.dtype in _INT_DTYPES
+        raise TracingConfigError(
+            f"dump={dump!r}: use 'none', 'all', 'int' or a list of input names"
+        )
+    names = frozenset(dump)
+    if not all(isinstance(n, str) and n for n in names):
+        raise TracingConfigError(f"dump={dump!r}: a list of input names must hold names only")
+    return lambda name, t: name in names
+
+
+def _dedup_rule(dedup: DedupPolicy) -> Callable[[str, dict[str, Any], dict[str, Any]], bool]:
+    """A predicate (definition, axes, inputs) → keep; it keeps state per definition."""
+    seen: dict[tuple[str, Hashable], int] = {}
+
+    def first(limit: int, key: Callable[[str, dict, dict], Hashable]) -> Callable[..., bool]:
+        def keep(name: str, axes: dict[str, Any], inputs: dict[str, Any]) -> bool:
+            k = (name, key(name, axes, inputs))
+            n = seen.get(k, 0)
+            if n >= limit:
+                return False
+            seen[k] = n + 1
+            return True
+
+        return keep
+
+    def positive(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise TracingConfigError(f"dedup={dedup!r}: the count must be a positive integer")
+        return value
+
+    if callable(dedup):
+        return first(1, dedup)
+    if dedup == "all":
+        return lambda name, axes, inputs: True
+    if dedup == "axes":
+        return first(1, lambda name, axes, inputs: tuple(axes.items()))
+    if isinstance(dedup, tuple) and len(dedup) == 2 and dedup[0] == "first":
+        return first(positive(dedup[1]), lambda name, axes, inputs: None)
+    if isinstance(dedup, tuple) and len(dedup) == 2 and dedup[0] == "axes":
+        return first(positive(dedup[1]), lambda name, axes, inputs: tuple(axes.items()))
+    raise TracingConfigError(
+        f"dedup={dedup!r}: use 'all', 'axes', ('first', k), ('axes', k) or a function "
+        "(definition, axes, inputs) -> key that keeps the first record per key"
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# The tracer
+
+
+class _Record:
+    """One call waiting to be written: everything the writer needs, nothing live."""
+
+    __slots__ = ("op_type", "definition", "axes", "inputs", "nbytes", "event")
+
+    def __init__(
+        self,
+        op_type: str,
+        definition: str,
+        axes: dict[str, Any],
+        inputs: dict[str, Any],
+        nbytes: int,
+        event: Any,
+    ) -> None:
+        self.op_type = op_type
+        self.definition = definition
+        self.axes = axes
+        # name → ("random", None) | ("scalar", value) | ("tensor", copy)
+        self.inputs = inputs
+        self.nbytes = nbytes
+        self.event = event  # a CUDA event that marks the copies done, or None
+
+
+class _Tracer:
+    """The state of one enable_tracing: policies, the queue, the writer thread, counters."""
+
+    def __init__(
+        self,
+        root: Path,
+        dump: Callable[[str, torch.Tensor], bool] | None,
+        keep: Callable[[str, dict[str, Any], dict[str, Any]], bool],
+        filtering: bool,
+        max_bytes: int,
+        max_records: int,
+    ) -> None:
+        self.root = root
+        self.dump = dump
+        self.keep = keep
+        self.filtering = filtering
+        self.max_bytes = max_bytes
+        self.max_records = max_records
+        self.queue: collections.deque[_Record] = collections.deque()
+        # Reentrant: a signal handler that flushes may interrupt the thread holding it.
+        self.lock = threading.RLock()
+        self.write_lock = threading.RLock()
+        self.pending_bytes = 0
+        self.recorded = itertools.count()
+        self.dropped = itertools.count()
+        self.filtered = itertools.count()
+        self.written = 0
+        self.failed = itertools.count()
+        # The thread inside drain(), so that a signal handler on it does not drain again.
+        self.drainer: int | None = None
+        self.pending_signal: tuple[int, Any] | None = None
+        self.warned: set[str] = set()
+        self.wake = threading.Event()
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="fibgen-tracing", daemon=True)
+
+    # ------------------------------------------------------------ calling thread
+    def record(self, api: Api, name: str, values: Sequence[Any]) -> None:
+        """Queue one call's workload (or count it as filtered or dropped)."""
+        axes = api.trace_axes(*values)
+        if self.filtering:
+            with self.lock:
+                kept = self.keep(name, axes, dict(zip(api.inputs, values)))
+            if not kept:
+                next(self.filtered)
+                return
+        inputs: dict[str, Any] = {}
+        dumped: list[tuple[str, torch.Tensor]] = []
+        nbytes = 0
+        dump = self.dump
+        for input_name, value in zip(api.inputs, values):
+            if isinstance(value, torch.Tensor):
+                if dump is not None and dump(input_name, value):
+                    dumped.append((input_name, value))
+                    nbytes += value.numel() * value.element_size()
+                else:
+                    inputs[input_name] = ("random", None)
+            elif value is not None:
+                # An optional input left out is left out of the workload too.
+                inputs[input_name] = ("scalar", value)
+        if len(self.queue) >= self.max_records:
+            self._drop("records")
+            return
+        event = None
+        if dumped:
+            cuda = any(t.is_cuda for _, t in dumped)
+            if cuda and torch.cuda.is_current_stream_capturing():
+                # A copy would be captured into the graph; the call is not recorded.
+                next(self.filtered)
+                return
+            with self.lock:
+                if self.pending_bytes + nbytes > self.max_bytes:
+                    self._drop("bytes")
+                    return
+                self.pending_bytes += nbytes
+            event = self._copy(dumped, inputs, cuda)
+        if not self.queue:
+            self.wake.set()
+        self.queue.append(_Record(api.op_type, name, axes, inputs, nbytes, event))
+        next(self.recorded)
+
+    def _copy(
+        self, dumped: list[tuple[str, torch.Tensor]], inputs: dict[str, Any], cuda: bool
+    ) -> Any:
+        """Copy tensors into ``inputs``; return a CUDA event marking the copies done, or None."""
+        for input_name, t in dumped:
+            if t.is_cuda:
+                copy = t.detach().to("cpu", non_blocking=True)
+            else:
+                copy = t.detach().clone()
+            inputs[input_name] = ("tensor", copy)
+        if not cuda:
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
+    def _drop(self, why: str) -> None:
+        next(self.dropped)
+        if why in self.warned:
+            return
+        self.warned.add(why)
+        cap = (
+            f"{self.max_records} pending records"
+            if why == "records"
+            else f"{self.max_bytes} bytes of pending tensors"
+        )
+        warnings.warn(
+            f"fibgen tracing: the writer is behind by more than {cap}; calls are being "
+            "recorded faster than they are written, and records are dropped (tracing_stats() "
+            "counts them). Dump fewer tensors, deduplicate, or raise the cap.",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+    # ------------------------------------------------------------- writer side
+    def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopping:
+            self.wake.wait(_WRITER_PERIOD_S)
+            self.wake.clear()
+            self.drain()
+
+    def drain(self) -> None:
+        """Write every queued record (on the calling thread; the writer does the same)."""
+        with self.write_lock:
+            self.drainer = threading.get_ident()
+            try:
+                self._drain_locked()
+            finally:
+                self.drainer = None
+        signalled, self.pending_signal = self.pending_signal, None
+        if signalled is not None:
+            _on_signal(*signalled)
+
+    def _drain_locked(self) -> None:
+        lines: dict[tuple[str, str], list[str]] = {}
+        while True:
+            try:
+                record = self.queue.popleft()
+            except IndexError:
+                break
+            try:
+                line = self._serialize(record)
+            except Exception as exc:
+                self._failed(record, exc)
+                continue
+            finally:
+                if record.nbytes:
+                    with self.lock:
+                        self.pending_bytes -= record.nbytes
+            lines.setdefault((record.op_type, record.definition), []).append(line)
+        for (op_type, definition), batch in lines.items():
+            try:
+                _append(workload_file(self.root, op_type, definition), batch)
+                self.written += len(batch)
+            except OSError as exc:
+                for _ in batch:
+                    next(self.failed)
+                self._warn_failure(f"cannot write workloads of {definition}: {exc}")
+
+    def _serialize(self, record: _Record) -> str:
+        """The workload line of a record, after saving its blob (so a line's blob exists)."""
+        from fibgen.format.dataset import save_blob
+
+        workload_uuid = str(uuid.uuid4())
+        inputs: dict[str, Any] = {}
+        tensors = {n: v for n, (kind, v) in record.inputs.items() if kind == "tensor"}
+        relpath = None
+        if tensors:
+            if record.event is not None:
+                record.event.synchronize()
+            relpath = save_blob(
+                self.root, record.op_type, record.definition, workload_uuid, tensors
+            )
+        for input_name, (kind, value) in record.inputs.items():
+            if kind == "tensor":
+                inputs[input_name] = {
+                    "type": "safetensors",
+                    "path": relpath,
+                    "tensor_key": input_name,
+                }
+            elif kind == "scalar":
+                inputs[input_name] = {"type": "scalar", "value": _scalar(value)}
+            else:
+                inputs[input_name] = {"type": "random"}
+        line = {
+            "definition": record.definition,
+            "solution": None,
+            "workload": {
+                "uuid": workload_uuid,
+                "axes": {k: int(v) for k, v in record.axes.items() if v is not None},
+                "inputs": inputs,
+            },
+            "evaluation": None,
+        }
+        return json.dumps(line, separators=(",", ":"), allow_nan=False)
+
+    def _failed(self, record: _Record, exc: Exception) -> None:
+        next(self.failed)
+        self._warn_failure(
+            f"cannot write a workload of {record.definition}: {type(exc).__name__}: {exc}"
+        )
+
+    def _warn_failure(self, message: str) -> None:
+        if "write" in self.warned:
+            return
+        self.warned.add("write")
+        # From the writer thread: the warning shows once, as the first failure's message.
+        warnings.warn(
+            f"fibgen tracing: {message} (further failures are counted in tracing_stats())",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.wake.set()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join()
+        self.drain()
+
+    def stats(self) -> dict[str, int]:
+        # repr is "count(N)": reading it does not advance the counter.
+        def read(counter: itertools.count) -> int:
+            return int(repr(counter)[6:-1])
+
+        return {
+            "recorded": read(self.recorded),
+            "filtered": read(self.filtered),
+            "dropped": read(self.dropped),
+            "written": self.written,
+            "failed": read(self.failed),
+            "pending": len(self.queue),
+        }
+
+
+def _scalar(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.item()
+    if isinstance(value, (bool, int, float)):
+        return value
+    # numpy scalars and the like: their Python value.
+    return value.item() if hasattr(value, "item") else value
+
+
+def workload_file(root: Path, op_type: str, definition: str) -> Path:
+    """Where a definition's workload lines go under ``root``."""
+    from fibgen.format.dataset import workload_path
+
+    return workload_path(root, op_type, definition)
+
+
+def _append(path: Path, lines: list[str]) -> None:
+    # One O_APPEND write per batch: processes tracing into one dataset do not tear lines.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = "".join(line + "\n" for line in lines).encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------------------------
+# Route wrapping (Note [tracing hooks])
+
+
+def _wrap(tracer: _Tracer) -> Callable[[Api, str | None, Any], Any]:
+    def wrap(api: Api, name: str | None, route: Any) -> Any:
+        kind, fn, tick = route
+        if api.trace_inputs is None or name is None or fn is api.then:
+            # Hand-written routes, calls this family cannot name, and calls passed on to the
+            # next family of the same API (which records them itself).
+            return route
+        record = tracer.record
+        if kind == ORIGINAL:
+            to_inputs = api.trace_inputs
+
+            def traced_original(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    record(api, name, to_inputs(*args, **kwargs))
+                except Exception as exc:
+                    _record_failed(tracer, name, exc)
+                return fn(*args, **kwargs)
+
+            return (kind, traced_original, tick)
+        names = api.inputs
+
+        def traced(**kwargs: Any) -> Any:
+            try:
+                record(api, name, [kwargs[n] for n in names])
+            except Exception as exc:
+                _record_failed(tracer, name, exc)
+            return fn(**kwargs)
+
+        return (kind, traced, tick)
+
+    return wrap
+
+
+def _record_failed(tracer: _Tracer, name: str, exc: Exception) -> None:
+    # Tracing must never break a call: count the failure and warn once.
+    next(tracer.failed)
+    tracer._warn_failure(f"cannot record a call of {name}: {type(exc).__name__}: {exc}")
+
+
+# ---------------------------------------------------------------------------------------
+# Enabling, flushing on exit and on signals
+
+_lock = threading.RLock()
+_tracer: _Tracer | None = None
+_last_stats: dict[str, int] | None = None
+_atexit_registered = False
+# signal number → the handler that was installed before ours
+_previous_handlers: dict[int, Any] = {}
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_STATS = ("recorded", "filtered", "dropped", "written", "failed", "pending")
+
+
+def enable_tracing(
+    dataset_dir: str | os.PathLike[str],
+    *,
+    dump: DumpPolicy = "none",
+    dedup: DedupPolicy = "all",
+    max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+    max_pending_records: int = DEFAULT_MAX_PENDING_RECORDS,
+) -> None:
+    """Record the workloads of calls through generated dispatchers into ``dataset_dir``.
+
+    ``dump``: which input tensors to save ("none", "all", "int" for integer and bool
+    tensors, or a list of input names); others are recorded as random. ``dedup``: which
+    calls to keep per definition ("all", "axes" for the first per var-axis values,
+    ("first", k), ("axes", k), or a function (definition, axes, inputs) -> key keeping the
+    first call per key). Enabling again flushes and replaces the previous configuration.
+    """
+    global _tracer, _atexit_registered
+    dump_rule = _dump_rule(dump)
+    keep = _dedup_rule(dedup)
+    for option, value in (
+        ("max_pending_bytes", max_pending_bytes),
+        ("max_pending_records", max_pending_records),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise TracingConfigError(f"{option}={value!r}: must be an integer >= 0")
+    root = Path(dataset_dir)
+    if root.exists() and not root.is_dir():
+        raise TracingConfigError(f"dataset folder {root} exists and is not a folder")
+    tracer = _Tracer(root, dump_rule, keep, dedup != "all", max_pending_bytes, max_pending_records)
+    with _lock:
+        disable_tracing()
+        try:
+            tracer.start()
+        except OSError as exc:
+            raise TracingConfigError(f"cannot create dataset folder {root}: {exc}") from None
+        _tracer = tracer
+        set_tracer(_wrap(tracer))
+        if not _atexit_registered:
+            atexit.register(disable_tracing)
+            _atexit_registered = True
+        _install_signal_handlers()
+
+
+def disable_tracing() -> None:
+    """Stop recording; write every pending record before returning."""
+    global _tracer, _last_stats
+    with _lock:
+        tracer = _tracer
+        if tracer is None:
+            return
+        set_tracer(None)
+        _tracer = None
+        _restore_signal_handlers()
+        tracer.stop()
+        _last_stats = tracer.stats()
+
+
+def flush_tracing() -> None:
+    """Write every record queued so far (tracing stays on)."""
+    tracer = _tracer
+    if tracer is not None:
+        tracer.drain()
+
+
+def is_tracing() -> bool:
+    """Whether tracing is on."""
+    return _tracer is not None
+
+
+def tracing_stats() -> dict[str, int]:
+    """Counts of the current (or last) tracing: recorded, filtered, dropped, written, failed."""
+    tracer = _tracer
+    if tracer is not None:
+        return tracer.stats()
+    return dict(_last_stats or dict.fromkeys(_STATS, 0))
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    tracer = _tracer
+    if tracer is not None:
+        if tracer.drainer == threading.get_ident():
+            # The signal interrupted a drain on this thread, holding records it popped: that
+            # drain finishes them, then calls this handler again.
+            tracer.pending_signal = (signum, frame)
+            return
+        # Waits for the writer thread to finish its batch, then writes the rest.
+        tracer.drain()
+    previous = _previous_handlers.get(signum, signal.SIG_DFL)
+    if callable(previous):
+        previous(signum, frame)
+    elif previous != signal.SIG_IGN:
+        # The default action (terminate): restore it and deliver the signal again.
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+def _install_signal_handlers() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        # Python lets only the main thread set handlers; atexit and disable still flush.
+        return
+    for signum in _SIGNALS:
+        current = signal.getsignal(signum)
+        if current is _on_signal:
+            continue
+        _previous_handlers[signum] = signal.SIG_DFL if current is None else current
+        signal.signal(signum, _on_signal)
+
+
+def _restore_signal_handlers() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum, previous in list(_previous_handlers.items()):
+        # A handler installed after ours stays: it may chain to ours, which then only chains.
+        if signal.getsignal(signum) is _on_signal:
+            signal.signal(signum, previous)
+            del _previous_handlers[signum]
+
+
+# ---------------------------------------------------------------------------------------
+# The environment
+
+
+def _parse_dump(text: str) -> DumpPolicy:
+    text = text.strip()
+    if text in ("", "none", "all", "int"):
+        return text or "none"
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
+def _parse_dedup(text: str) -> DedupPolicy:
+    text = text.strip()
+    kind, _, count = text.partition(":")
+    if count:
+        try:
+            return (kind, int(count))
+        except ValueError:
+            raise TracingConfigError(
+                f"FIBGEN_TRACE_DEDUP={text!r}: the count after ':' must be an integer"
+            ) from None
+    return text or "all"
+
+
+def enable_from_environment() -> None:
+    """Enable tracing from FIBGEN_TRACE / FIBGEN_DATASET_PATH; warn and stay off when wrong."""
+    flag = os.environ.get("FIBGEN_TRACE", "").strip()
+    if flag in ("", "0"):
+        return
+    path = os.environ.get("FIBGEN_DATASET_PATH", "").strip()
+    problem = None
+    if flag != "1":
+        problem = f"FIBGEN_TRACE={flag!r} must be 0 or 1"
+    elif not path:
+        problem = "FIBGEN_TRACE=1 needs FIBGEN_DATASET_PATH=<dataset folder>"
+    else:
+        try:
+            enable_tracing(
+                path,
+                dump=_parse_dump(os.environ.get("FIBGEN_TRACE_DUMP", "none")),
+                dedup=_parse_dedup(os.environ.get("FIBGEN_TRACE_DEDUP", "all")),
+            )
+        except TracingConfigError as exc:
+            problem = str(exc)
+    if problem is not None:
+        # A serving process must keep running: warn, do not raise.
+        warnings.warn(f"fibgen: {problem}; tracing stays off", RuntimeWarning, stacklevel=3)
