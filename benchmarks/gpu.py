@@ -1,0 +1,233 @@
+"""GPU benchmark of the shipped Triton solutions: latency, bandwidth, speedups, timer check.
+
+    python benchmarks/gpu.py [--tune] [--quick]
+
+For rmsnorm and fused_add_rmsnorm (hidden 4096, bf16) and silu_and_mul (hidden 14336, bf16),
+at 1..65536 rows: the solution's latency (fibgen's CUDA-event timer, L2 flushed, median),
+its achieved bandwidth as a share of a large device-to-device copy measured in the same run,
+and its speedup over the definition's reference and over ``torch.nn.functional.rms_norm``.
+The last table compares fibgen's timer with ``triton.testing.do_bench`` on the same kernels.
+``--tune`` first sweeps rows per program and warps for the norm kernels and prints the best
+variant per size next to the one the solution picks.
+
+Needs only torch and triton (no pydantic): solution and definition JSON are read as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from fibgen.bench.timing import time_cuda  # noqa: E402
+
+ROWS = [1 << i for i in range(17)]  # 1 .. 65536
+
+
+def load_solution(op_type: str, definition: str, name: str) -> types.ModuleType:
+    """Import a shipped solution's entry module from its JSON, as its own package."""
+    path = ROOT / "solutions" / "fibgen" / op_type / definition / f"{name}.json"
+    doc = json.loads(path.read_text())
+    folder = Path(tempfile.mkdtemp(prefix="fibgen-gpu-"))
+    for source in doc["sources"]:
+        (folder / source["path"]).write_text(source["content"])
+    package = f"_gpu_{name}"
+    module = types.ModuleType(package)
+    module.__path__ = [str(folder)]
+    sys.modules[package] = module
+    entry_file, _ = doc["spec"]["entry_point"].split("::")
+    return importlib.import_module(f"{package}.{entry_file[:-3]}")
+
+
+def load_reference(op_type: str, definition: str):
+    """The definition's reference ``run`` (from the built definition JSON)."""
+    path = ROOT / "generated" / "definitions" / op_type / f"{definition}.json"
+    if not path.is_file():
+        sys.exit(f"error: {path} is missing; run `fibgen build definitions/` first")
+    namespace: dict = {}
+    exec(json.loads(path.read_text())["reference"], namespace)
+    return namespace["run"]
+
+
+def copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written."""
+    src = torch.randn(nbytes // 4, device="cuda")
+    dst = torch.empty_like(src)
+    ms = time_cuda(lambda: dst.copy_(src), warmup=5, repeat=30, flush="none")
+    return 2 * nbytes / ms / 1e6
+
+
+def bench(fn, repeat: int | None, flush: str = "zero") -> float:
+    """fibgen's timing: median of CUDA-event-timed calls with L2 flushed, milliseconds."""
+    return time_cuda(fn, warmup=10, repeat=repeat, flush=flush)
+
+
+def norm_case(kind: str, rows: int, hidden: int):
+    """Inputs, output, bytes moved and callables for rmsnorm or fused_add_rmsnorm."""
+    x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
+    r = torch.randn_like(x) if kind == "fused_add_rmsnorm" else None
+    out = torch.empty_like(x)
+    nbytes = x.numel() * 2 * (3 if r is not None else 2) + hidden * 2
+    return x, r, w, out, nbytes
+
+
+def tune(norm_mod, hidden_sizes, rows_list, repeat: int) -> None:
+    """Sweep rows per program and warps; print the best variant next to the default pick."""
+    launch = norm_mod.launch
+    config = norm_mod.config
+    print("\n## Tuning (rmsnorm kernel, bf16): best variant vs the default pick\n")
+    print("| hidden | rows | residual | default (rows/prog, warps) | default µs | best | best µs |")
+    print("|---|---|---|---|---|---|---|")
+    for hidden in hidden_sizes:
+        for rows in rows_list:
+            for kind in ("rmsnorm", "fused_add_rmsnorm"):
+                x, r, w, out, _ = norm_case(kind, rows, hidden)
+                pick = config(rows, hidden)
+                base = bench(lambda: launch(x, r, w, out), repeat)
+                results = {}
+                for rpp in (1, 2, 4, 8):
+                    if rpp * triton_next_pow2(hidden) > 16384:
+                        continue
+                    for warps in (2, 4, 8, 16):
+                        results[(rpp, warps)] = bench(
+                            lambda: launch(x, r, w, out, rpp, warps), repeat
+                        )
+                best = min(results, key=results.get)
+                print(
+                    f"| {hidden} | {rows} | {r is not None} | {pick} | {base * 1e3:.2f} "
+                    f"| {best} | {results[best] * 1e3:.2f} |"
+                )
+                del x, r, w, out
+
+
+def triton_next_pow2(n: int) -> int:
+    """The smallest power of two ≥ n."""
+    return 1 << (n - 1).bit_length()
+
+
+def main() -> None:
+    """Print the tables."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tune", action="store_true", help="sweep kernel variants first")
+    parser.add_argument("--quick", action="store_true", help="fewer repeats (smoke test)")
+    args = parser.parse_args()
+    # None: as many calls as fit in 100 ms, as do_bench does.
+    repeat = 20 if args.quick else None
+    torch.manual_seed(0)
+
+    import triton
+    import triton.testing
+
+    print(
+        f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}"
+    )
+    copy_gbs = copy_bandwidth()
+    print(f"device-to-device copy (1 GiB, read + write): {copy_gbs:.0f} GB/s")
+
+    rms = load_solution("rmsnorm", "rmsnorm_h4096", "triton_rmsnorm_h4096")
+    fadd = load_solution("rmsnorm", "fused_add_rmsnorm_h4096", "triton_fused_add_rmsnorm_h4096")
+    silu = load_solution(
+        "activation", "silu_and_mul_h14336_bf16", "triton_silu_and_mul_h14336_bf16"
+    )
+    norm_mod = sys.modules[rms.__name__.rsplit(".", 1)[0] + ".rmsnorm_triton"]
+    if args.tune:
+        tune(norm_mod, (128, 512, 2048, 4096, 7168), (1, 256, 4096, 16384, 65536), 30)
+
+    timer_rows = []
+    for kind, hidden, module in (
+        ("rmsnorm", 4096, rms),
+        ("fused_add_rmsnorm", 4096, fadd),
+    ):
+        reference = load_reference("rmsnorm", f"{kind}_h{hidden}")
+        print(f"\n## {kind}, hidden {hidden}, bf16\n")
+        print(
+            "| rows | µs | GB/s | % of copy | same-size copy µs | % of same-size copy "
+            "| µs, read flush | % of copy, read flush | reference µs | speedup vs reference "
+            "| torch rms_norm µs | speedup vs torch | max abs err |"
+        )
+        print("|" + "---|" * 13)
+        for rows in ROWS:
+            x, r, w, out, nbytes = norm_case(kind, rows, hidden)
+            if r is None:
+                call = lambda: module.run(x, w, out)  # noqa: E731
+                ref = lambda: reference(x, w)  # noqa: E731
+                # torch's fused kernel on the same input.
+                torch_fn = lambda: F.rms_norm(x, (hidden,), w, 1e-6)  # noqa: E731
+            else:
+                call = lambda: module.run(x, r, w, out)  # noqa: E731
+                ref = lambda: reference(x, r, w)  # noqa: E731
+                # The fair torch baseline for the fused kernel adds, then normalizes.
+                torch_fn = lambda: F.rms_norm(x + r, (hidden,), w, 1e-6)  # noqa: E731
+            call()
+            err = (out.float() - ref().float()).abs().max().item()
+            t = bench(call, repeat)
+            t_read = bench(call, repeat, flush="read")
+            t_ref = bench(ref, repeat)
+            t_torch = bench(torch_fn, repeat)
+            # A copy of as many bytes as the kernel moves, timed the same way: the ceiling
+            # that includes what the timed region pays for the flush (Note [flushing L2]).
+            src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+            dst = torch.empty_like(src)
+            t_copy = bench(lambda: dst.copy_(src), repeat)
+            del src, dst
+            gbs = nbytes / t / 1e6
+            gbs_read = nbytes / t_read / 1e6
+            print(
+                f"| {rows} | {t * 1e3:.2f} | {gbs:.0f} | {100 * gbs / copy_gbs:.1f}% "
+                f"| {t_copy * 1e3:.2f} | {100 * t_copy / t:.1f}% "
+                f"| {t_read * 1e3:.2f} | {100 * gbs_read / copy_gbs:.1f}% "
+                f"| {t_ref * 1e3:.2f} | {t_ref / t:.2f}× | {t_torch * 1e3:.2f} "
+                f"| {t_torch / t:.2f}× | {err:.3g} |"
+            )
+            if rows in (1, 64, 1024, 4096, 16384, 65536):
+                d = triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median")
+                timer_rows.append((kind, rows, t, d))
+            del x, r, w, out
+
+    reference = load_reference("activation", "silu_and_mul_h14336_bf16")
+    print("\n## silu_and_mul, hidden 14336, bf16\n")
+    print(
+        "| rows | fibgen µs | GB/s | % of copy | reference µs | speedup vs reference | max abs err |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for rows in ROWS:
+        if rows > 16384:
+            break
+        x = torch.randn(rows, 2 * 14336, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(rows, 14336, device="cuda", dtype=torch.bfloat16)
+        call = lambda: silu.run(x, out)  # noqa: E731
+        ref = lambda: reference(x)  # noqa: E731
+        call()
+        err = (out.float() - ref().float()).abs().max().item()
+        t = bench(call, repeat)
+        t_ref = bench(ref, repeat)
+        gbs = (x.numel() + out.numel()) * 2 / t / 1e6
+        print(
+            f"| {rows} | {t * 1e3:.2f} | {gbs:.0f} | {100 * gbs / copy_gbs:.1f}% "
+            f"| {t_ref * 1e3:.2f} | {t_ref / t:.2f}× | {err:.3g} |"
+        )
+        if rows in (1, 1024, 16384):
+            d = triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median")
+            timer_rows.append(("silu_and_mul", rows, t, d))
+        del x, out
+
+    print("\n## fibgen's timer vs triton.testing.do_bench (both median, L2 zeroed)\n")
+    print("| kernel | rows | fibgen µs | do_bench µs | difference |")
+    print("|---|---|---|---|---|")
+    for kind, rows, t, d in timer_rows:
+        print(f"| {kind} | {rows} | {t * 1e3:.2f} | {d * 1e3:.2f} | {100 * (t - d) / d:+.1f}% |")
+
+
+if __name__ == "__main__":
+    main()
