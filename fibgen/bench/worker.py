@@ -1,0 +1,253 @@
+"""The benchmark worker: a separate process that runs solutions on one device.
+
+The runner starts one worker per device (multiprocessing, spawn) and talks to it over a pipe:
+
+- ``("workload", definition, workload, root, hints, seed)``: make the workload's inputs on
+  the device, run the reference on them and time it; replies ``("ready", ref_ms, hardware,
+  libs)`` or ``("error", message)``.
+- ``("solution", solution, tolerance, warmup, repeat)``: load the solution, run it once on a
+  copy of the inputs, compare with the reference, and time it when it passed; replies
+  ``("result", evaluation fields)``.
+
+Anything a solution does to the process (``os.abort()``, a hang, a CUDA error that poisons
+the context) stays in this process: the runner sees it die or time out, records the status,
+and starts a new worker. After a CUDA error this worker reports and exits on its own, since
+every later call on that context would fail too.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import traceback
+from typing import Any
+
+import torch
+
+# Statuses (flashinfer-bench's EvaluationStatus values).
+PASSED = "PASSED"
+INCORRECT_SHAPE = "INCORRECT_SHAPE"
+INCORRECT_DTYPE = "INCORRECT_DTYPE"
+INCORRECT_NUMERICAL = "INCORRECT_NUMERICAL"
+RUNTIME_ERROR = "RUNTIME_ERROR"
+COMPILE_ERROR = "COMPILE_ERROR"
+TIMEOUT = "TIMEOUT"
+
+# Trace logs keep the end of a traceback: the part that says what went wrong.
+LOG_LIMIT = 4000
+
+
+def _tail(text: str) -> str:
+    return text if len(text) <= LOG_LIMIT else "..." + text[-LOG_LIMIT:]
+
+
+def _is_cuda_error(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__}: {exc}"
+    return "CUDA error" in text or "AcceleratorError" in text or "CUDA_ERROR" in text
+
+
+def _libs() -> dict[str, str]:
+    libs = {"torch": torch.__version__}
+    try:
+        import triton
+
+        libs["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return libs
+
+
+def _hardware(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine() or "cpu"
+
+
+class _Workload:
+    """The inputs, reference outputs and output specs of the workload being run."""
+
+    def __init__(self, definition: dict, inputs: dict[str, Any], expected: tuple) -> None:
+        self.definition = definition
+        self.inputs = inputs
+        self.expected = expected
+        self.input_names = tuple(definition["inputs"])
+        self.output_names = tuple(definition["outputs"])
+
+
+def _make_inputs(
+    definition: dict, workload: dict, root: str, hints: dict, seed: int, device: torch.device
+) -> dict[str, Any]:
+    from fibgen.format.dataset import load_safetensors_input
+    from fibgen.format.models import SafetensorsInput
+    from fibgen.runtime.inputs import InputSpec, generate_inputs
+
+    spec = InputSpec.from_definition_json(definition, hints)
+    # Every input is made valid first (hints give index tensors their structure); the
+    # workload's stored tensors and scalar values then replace the generated ones.
+    values = generate_inputs(spec, dict(workload["axes"]), device=device, seed=seed)
+    for name, given in workload["inputs"].items():
+        if given["type"] == "scalar":
+            values[name] = given["value"]
+        elif given["type"] == "safetensors":
+            tensor = load_safetensors_input(root, SafetensorsInput.model_validate(given))
+            values[name] = tensor.to(device)
+    return values
+
+
+def _as_tuple(value: Any) -> tuple:
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def _clone(inputs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _empty_outputs(work: _Workload) -> dict[str, torch.Tensor]:
+    # Poisoned with NaN (or the largest value) so that an element left unwritten fails.
+    out = {}
+    for name, expected in zip(work.output_names, work.expected):
+        buf = torch.empty_like(expected)
+        if buf.is_floating_point() and buf.element_size() > 1:
+            buf.fill_(float("nan"))
+        out[name] = buf
+    return out
+
+
+class Worker:
+    """The state of one worker process: its device and the current workload."""
+
+    def __init__(self, device: str) -> None:
+        self.device = torch.device(device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.work: _Workload | None = None
+
+    def prepare(self, definition: dict, workload: dict, root: str, hints: dict, seed: int):
+        """Make inputs and the reference outputs; time the reference."""
+        from fibgen.bench.timing import time_callable
+
+        inputs = _make_inputs(definition, workload, root, hints, seed, self.device)
+        namespace: dict[str, Any] = {"__name__": f"fibgen_reference_{definition['name']}"}
+        exec(
+            compile(definition["reference"], f"<reference of {definition['name']}>", "exec"),
+            namespace,
+        )
+        reference = namespace["run"]
+        expected = _as_tuple(reference(**_clone(inputs)))
+        _sync(self.device)
+        self.work = _Workload(definition, inputs, expected)
+        args = _clone(inputs)
+        ref_ms = time_callable(lambda: reference(**args), self.device, warmup=1, repeat=5)
+        return ("ready", ref_ms, _hardware(self.device), _libs())
+
+    def evaluate(self, solution: dict, tolerance: dict, warmup: int, repeat: int | None) -> dict:
+        """Run one solution on the current workload; the fields of its Evaluation."""
+        from fibgen.format.models import Solution
+        from fibgen.runtime import solutions
+        from fibgen.runtime.errors import SolutionError
+
+        work = self.work
+        assert work is not None, "a workload is prepared before solutions run"
+        model = Solution.model_validate(solution)
+        entry = solutions.Entry(model.definition, f"solution {model.name!r}", solution=model)
+        try:
+            loaded = solutions.load(entry, work.input_names, work.output_names)
+        except SolutionError as exc:
+            cause = exc.__cause__ or exc
+            return {"status": COMPILE_ERROR, "log": _tail(_format(cause))}
+        args = _clone(work.inputs)
+        try:
+            if loaded.dps:
+                outputs = _empty_outputs(work)
+                call = lambda: loaded.fn(**args, **outputs)  # noqa: E731
+                call()
+                actual = tuple(outputs.values())
+            else:
+                call = lambda: loaded.fn(**args)  # noqa: E731
+                actual = _as_tuple(call())
+            _sync(self.device)
+        except Exception as exc:
+            return self._failure(exc)
+        problem, errors = self._check(actual, tolerance)
+        if problem is not None:
+            return problem
+        from fibgen.bench.timing import time_callable
+
+        try:
+            latency = time_callable(call, self.device, warmup=warmup, repeat=repeat)
+        except Exception as exc:
+            return self._failure(exc)
+        return {"status": PASSED, "correctness": errors, "latency_ms": latency}
+
+    def _failure(self, exc: BaseException) -> dict:
+        status = COMPILE_ERROR if "CompilationError" in type(exc).__name__ else RUNTIME_ERROR
+        result = {"status": status, "log": _tail(_format(exc))}
+        if _is_cuda_error(exc):
+            result["fatal"] = True
+        return result
+
+    def _check(self, actual: tuple, tolerance: dict) -> tuple[dict | None, dict]:
+        from fibgen.runtime.compare import compare
+
+        work = self.work
+        names = work.output_names
+        if len(actual) != len(work.expected):
+            log = f"returned {len(actual)} output(s), expected {len(names)} ({', '.join(names)})"
+            return {"status": INCORRECT_SHAPE, "log": log}, {}
+        max_abs = max_rel = 0.0
+        numerical = []
+        for name, got, want in zip(names, actual, work.expected):
+            if not isinstance(got, torch.Tensor):
+                got = torch.as_tensor(got)
+            if tuple(got.shape) != tuple(want.shape):
+                log = f"output {name!r} has shape {list(got.shape)}, expected {list(want.shape)}"
+                return {"status": INCORRECT_SHAPE, "log": log}, {}
+            if got.dtype != want.dtype:
+                log = f"output {name!r} has dtype {got.dtype}, expected {want.dtype}"
+                return {"status": INCORRECT_DTYPE, "log": log}, {}
+            result = compare(got, want, **tolerance)
+            max_abs = max(max_abs, result.max_abs_err)
+            max_rel = max(max_rel, result.max_rel_err)
+            if not result.ok:
+                numerical.append(f"output {name!r}: {result}")
+        errors = {"max_absolute_error": max_abs, "max_relative_error": max_rel}
+        if numerical:
+            log = "\n".join(numerical)
+            return {"status": INCORRECT_NUMERICAL, "log": log, "correctness": errors}, errors
+        return None, errors
+
+
+def _format(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+def main(conn: Any, device: str) -> None:
+    """The worker's loop: answer requests until told to stop or the pipe closes."""
+    # A worker must not be stopped by the Ctrl-C meant for the runner: the runner stops it.
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    worker = Worker(device)
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:
+            return
+        kind = request[0]
+        if kind == "stop":
+            return
+        try:
+            if kind == "workload":
+                reply = worker.prepare(*request[1:])
+            else:
+                reply = ("result", worker.evaluate(*request[1:]))
+        except Exception as exc:
+            reply = ("error", _tail(_format(exc)))
+        conn.send(reply)
+        if reply[0] == "result" and reply[1].get("fatal"):
+            os._exit(1)
