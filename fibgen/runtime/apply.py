@@ -23,6 +23,10 @@ in straight-line code:
 
 The name of a key is computed on the slow path only: the generated table of known
 definitions first, then the family's name rule for const values that no instance declares.
+
+``Api.call_definition(name, inputs, outputs)`` takes the same routes, counters and errors
+entered by definition name with the definition's own inputs, for generated tests and tools
+that hold inputs rather than API arguments; it is not a dispatcher's path.
 """
 
 from __future__ import annotations
@@ -315,6 +319,46 @@ class Api:
             f"{label} for definition {name!r} raised {type(exc).__name__}: {exc}", name, label
         ) from exc
 
+    def call_definition(
+        self, name: str, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None = None
+    ) -> Any:
+        """Route a call given by definition name and inputs; returns what the reference returns.
+
+        ``outputs`` holds one buffer per output, needed when the route is destination-passing.
+        A fallback runs the reference: the original API takes its own arguments, not these.
+        """
+        if self.by_name:
+            key = name
+        else:
+            key = next((k for k, n in self.known.items() if n == name), _UNSET)
+            if key is _UNSET:
+                raise LookupError(f"{self.label} routes no definition named {name!r}")
+        route = self.routes.get(key)
+        if route is None:
+            route = self.resolve(key)
+        kind, fn, tick = route
+        if kind == ORIGINAL:
+            if tick is _DISCARD and _state.on:
+                # Handed to the next family of the API, which would count it; count it here.
+                with _state.lock:
+                    tick = self._tick("fallback_no_candidate", name)
+            fn = self._reference(name)
+            if fn is None:
+                fn = _no_fallback(self.label, name, "no reference to fall back to")
+            kind = RETURNS
+        if kind == DPS and outputs is None:
+            raise ValueError(f"{self.label}: the solution for {name!r} needs output buffers")
+        tick()
+        try:
+            if kind == RETURNS:
+                return fn(**inputs)
+            fn(**inputs, **outputs)
+        except Exception as exc:
+            self.failed(key, exc)
+            raise
+        values = tuple(outputs[o] for o in self.outputs)
+        return values[0] if len(values) == 1 else values
+
     def cannot_allocate(self, output: str) -> Any:
         """Raise for a destination-passing call whose output shape the call does not give."""
         raise ValueError(
@@ -417,11 +461,16 @@ def _import_packages(packages: Iterable[str] | None, names: Iterable[str], patch
 
 
 def _check_callables(entries: Mapping[str, solutions.Entry]) -> None:
-    tensors = {n: (a.inputs, a.outputs) for a in _state.apis for n in a.known_names}
+    # A name known to several registered packages with different tensors (two catalogues in
+    # one process) cannot be checked here; the check then happens when a call routes to it.
+    tensors: dict[str, set[tuple[tuple[str, ...], tuple[str, ...]]]] = {}
+    for a in _state.apis:
+        for n in a.known_names:
+            tensors.setdefault(n, set()).add((a.inputs, a.outputs))
     for name, entry in entries.items():
-        if entry.fn is None or name not in tensors:
+        if entry.fn is None or len(tensors.get(name, ())) != 1:
             continue
-        inputs, outputs = tensors[name]
+        ((inputs, outputs),) = tensors[name]
         _, problem = solutions.signature_problem(entry.fn, name, entry.label, inputs, outputs, None)
         if problem is not None:
             raise ApplyConfigError(problem)
