@@ -1,0 +1,326 @@
+"""Tracing through generated dispatchers: records, policies, the memory cap, flush on signals."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import fake_flashinfer
+import fibgen.runtime as rt
+from fake_flashinfer import CALLS
+from fake_flashinfer.catalogue import MODULE, generated_package
+from fibgen.format import load_workloads, write_definition
+
+generated_package()
+
+from fake_kernels import add_bias, gqa_paged_decode, rmsnorm  # noqa: E402
+
+tracing = importlib.import_module("fibgen.runtime.tracing")
+TESTS = Path(__file__).resolve().parent
+ORIGINAL_RMSNORM = fake_flashinfer.norm.rmsnorm
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    CALLS.clear()
+    yield
+    rt.disable_tracing()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rt.disable_apply()
+
+
+def _records(root: Path, definition: str) -> list:
+    return load_workloads(root).get(definition, [])
+
+
+def _decode_call(batch: int = 2):
+    wrapper = fake_flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper()
+    indptr = torch.arange(batch + 1, dtype=torch.int32)
+    indices = torch.arange(batch, dtype=torch.int32)
+    q = torch.randn(batch, 4, 8, dtype=torch.bfloat16)
+    cache = (torch.randn(3, 1, 2, 8, dtype=torch.bfloat16),) * 2
+    return wrapper, indptr, indices, q, cache
+
+
+def test_keep_all_records_equal_the_calls(tmp_path):
+    w = torch.randn(4096)
+    batches = [1, 3, 2, 3]
+    rt.enable_tracing(tmp_path)
+    for n in batches:
+        y = rmsnorm.rmsnorm(torch.randn(n, 4096), w)
+        assert y.shape == (n, 4096)
+    rmsnorm.rmsnorm(torch.randn(5, 2048), torch.randn(2048))
+    assert rt.is_tracing()
+    rt.disable_tracing()
+    assert CALLS == ["rmsnorm"] * 5  # the original API still ran every call
+    records = _records(tmp_path, "rmsnorm_h4096")
+    assert [r.axes for r in records] == [{"batch_size": n} for n in batches]
+    assert all(r.inputs["hidden_states"].type == "random" for r in records)
+    assert len({r.uuid for r in records}) == len(batches)
+    assert [r.axes for r in _records(tmp_path, "rmsnorm_h2048")] == [{"batch_size": 5}]
+    assert (tmp_path / "workloads" / "rmsnorm" / "rmsnorm_h4096.jsonl").is_file()
+    assert rt.tracing_stats() == {
+        "recorded": 5,
+        "filtered": 0,
+        "dropped": 0,
+        "written": 5,
+        "failed": 0,
+        "pending": 0,
+    }
+
+
+def test_tracing_off_restores_the_untraced_paths(tmp_path):
+    rmsnorm.rmsnorm(torch.randn(1, 4096), torch.randn(4096))
+    direct = rmsnorm._api.direct
+    assert direct is ORIGINAL_RMSNORM
+    rt.enable_tracing(tmp_path)
+    assert rmsnorm._api.direct is None
+    rmsnorm.rmsnorm(torch.randn(1, 4096), torch.randn(4096))
+    rt.disable_tracing()
+    assert rmsnorm._api.direct is direct and rmsnorm._routes == {}
+    rmsnorm.rmsnorm(torch.randn(1, 4096), torch.randn(4096))
+    assert len(_records(tmp_path, "rmsnorm_h4096")) == 1
+
+
+def test_dump_all_stores_a_snapshot_of_each_tensor(tmp_path):
+    x, w = torch.randn(2, 4096), torch.randn(4096)
+    rt.enable_tracing(tmp_path, dump="all")
+    rmsnorm.rmsnorm(x, w)
+    expected = x.clone()
+    x.add_(1)  # the call returned: later writes must not reach the record
+    rt.disable_tracing()
+    (record,) = _records(tmp_path, "rmsnorm_h4096")
+    spec = record.inputs["hidden_states"]
+    assert spec.type == "safetensors" and spec.tensor_key == "hidden_states"
+    assert spec.path == record.inputs["weight"].path
+    assert spec.path.endswith(f"rmsnorm_h4096/rmsnorm_h4096_{record.uuid}.safetensors")
+    blob = load_file(str(tmp_path / spec.path))
+    assert torch.equal(blob["hidden_states"], expected) and torch.equal(blob["weight"], w)
+
+
+@pytest.mark.parametrize(
+    "dump, stored",
+    [
+        ("none", set()),
+        ("int", {"kv_indptr", "kv_indices"}),
+        (["q", "kv_indices"], {"q", "kv_indices"}),
+        ("all", {"q", "k_cache", "v_cache", "kv_indptr", "kv_indices"}),
+    ],
+)
+def test_dump_policies_on_a_plan_run_api(tmp_path, dump, stored):
+    wrapper, indptr, indices, q, cache = _decode_call()
+    rt.enable_tracing(tmp_path, dump=dump)
+    # Tracing sees calls through the dispatchers: here apply patches them in and falls back.
+    with rt.enable_apply({}):
+        wrapper.plan(indptr, indices, None, 4, 2, 8, 1, sm_scale=0.5)
+        wrapper.run(q, cache)
+    rt.disable_tracing()
+    (record,) = _records(tmp_path, "gqa_paged_decode_h4_kv2_d8_ps1")
+    assert record.axes == {"batch_size": 2, "num_pages": 3, "len_indptr": 3, "num_kv_indices": 2}
+    kinds = {name: spec.type for name, spec in record.inputs.items()}
+    assert kinds.pop("sm_scale") == "scalar" and record.inputs["sm_scale"].value == 0.5
+    assert {n for n, k in kinds.items() if k == "safetensors"} == stored
+    assert {n for n, k in kinds.items() if k == "random"} == set(kinds) - stored
+    if stored:
+        blob = load_file(str(tmp_path / record.inputs[next(iter(stored))].path))
+        assert set(blob) == stored
+    if "kv_indptr" in stored:
+        assert torch.equal(blob["kv_indptr"], indptr)
+
+
+def test_solution_routes_are_traced_too(tmp_path):
+    seen = []
+
+    def double(hidden_states, weight):
+        seen.append(hidden_states.shape[0])
+        return hidden_states * 2
+
+    rt.enable_tracing(tmp_path)
+    with rt.enable_apply({"rmsnorm_h4096": double}):
+        x = torch.randn(3, 4096)
+        assert torch.equal(fake_flashinfer.norm.rmsnorm(x, torch.randn(4096)), x * 2)
+    # A family without an API: the call runs the reference.
+    y = add_bias.add_bias(torch.ones(2, 16), torch.ones(16))
+    rt.disable_tracing()
+    assert seen == [3] and torch.equal(y, torch.full((2, 16), 2.0))
+    assert [r.axes for r in _records(tmp_path, "rmsnorm_h4096")] == [{"batch_size": 3}]
+    assert [r.axes for r in _records(tmp_path, "add_bias_h16")] == [{"n": 2}]
+
+
+@pytest.mark.parametrize(
+    "dedup, kept",
+    [
+        ("all", [1, 2, 1, 3, 2]),
+        ("axes", [1, 2, 3]),
+        (("first", 2), [1, 2]),
+        (("axes", 2), [1, 2, 1, 3, 2]),
+        (lambda definition, axes, inputs: axes["batch_size"] % 2, [1, 2]),
+    ],
+)
+def test_dedup_policies(tmp_path, dedup, kept):
+    w = torch.randn(4096)
+    rt.enable_tracing(tmp_path, dedup=dedup)
+    for n in (1, 2, 1, 3, 2):
+        rmsnorm.rmsnorm(torch.randn(n, 4096), w)
+    rt.disable_tracing()
+    assert [r.axes["batch_size"] for r in _records(tmp_path, "rmsnorm_h4096")] == kept
+    assert rt.tracing_stats()["filtered"] == 5 - len(kept)
+
+
+def test_bad_options_are_refused_with_a_reason(tmp_path):
+    with pytest.raises(rt.TracingConfigError, match="dump='some'"):
+        rt.enable_tracing(tmp_path, dump="some")
+    with pytest.raises(rt.TracingConfigError, match="count must be a positive integer"):
+        rt.enable_tracing(tmp_path, dedup=("first", 0))
+    with pytest.raises(rt.TracingConfigError, match="dedup='newest'"):
+        rt.enable_tracing(tmp_path, dedup="newest")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(rt.TracingConfigError, match="is not a folder"):
+        rt.enable_tracing(tmp_path / "file")
+    assert not rt.is_tracing()
+
+
+@pytest.mark.parametrize(
+    "options, why",
+    [
+        ({"max_pending_bytes": 1000}, "bytes of pending tensors"),
+        ({"max_pending_records": 0}, "0 pending records"),
+    ],
+)
+def test_past_the_cap_records_are_dropped_counted_and_warned_once(tmp_path, options, why):
+    rt.enable_tracing(tmp_path, dump="all", **options)
+    with pytest.warns(RuntimeWarning, match=why) as caught:
+        for _ in range(3):
+            rmsnorm.rmsnorm(torch.randn(2, 4096), torch.randn(4096))
+    assert len(caught) == 1
+    # A small tensor still fits under the byte cap.
+    add_bias.add_bias(torch.ones(2, 16), torch.ones(16))
+    rt.disable_tracing()
+    stats = rt.tracing_stats()
+    assert stats["dropped"] == 3 + ("records" in why)
+    assert stats["recorded"] == stats["written"] == (0 if "records" in why else 1)
+    assert _records(tmp_path, "rmsnorm_h4096") == []
+
+
+def test_flashinfer_bench_loads_the_records(tmp_path):
+    fib = pytest.importorskip(
+        "flashinfer_bench",
+        reason="flashinfer-bench 0.1.2 is not installed (pip install --no-deps "
+        "flashinfer-bench==0.1.2 apache-tvm-ffi docstring-parser)",
+    )
+    from fibgen.codegen.definition_json import definition_dict
+    from fibgen.format import Definition
+
+    for defn in MODULE.definitions:
+        write_definition(tmp_path, Definition.model_validate(definition_dict(defn)))
+    wrapper, indptr, indices, q, cache = _decode_call()
+    rt.enable_tracing(tmp_path, dump="int")
+    with rt.enable_apply({}):
+        rmsnorm.rmsnorm(torch.randn(2, 4096), torch.randn(4096))
+        wrapper.plan(indptr, indices, None, 4, 2, 8, 1, sm_scale=0.5)
+        wrapper.run(q, cache)
+    rt.disable_tracing()
+    trace_set = fib.TraceSet.from_path(str(tmp_path))
+    loaded = {name: len(ws) for name, ws in trace_set.workloads.items() if ws}
+    assert loaded == {"rmsnorm_h4096": 1, "gqa_paged_decode_h4_kv2_d8_ps1": 1}
+
+
+_CHILD = """
+import os, signal, sys, time
+import torch
+from fake_flashinfer.catalogue import generated_package
+generated_package()
+import fibgen.runtime as rt
+from fake_kernels import rmsnorm
+if sys.argv[2] == "custom":
+    def handler(signum, frame):
+        open(os.path.join(sys.argv[1], "handled"), "w").close()
+        sys.exit(3)
+    signal.signal(signal.SIGTERM, handler)
+rt.enable_tracing(sys.argv[1], dump="all")
+for n in range(1, 41):
+    rmsnorm.rmsnorm(torch.full((n % 5 + 1, 4096), float(n)), torch.ones(4096))
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("previous", ["default", "custom"])
+def test_sigterm_flushes_every_record(tmp_path, previous):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), *sys.path]))
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(_CHILD), str(tmp_path), previous],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready", child.stderr.read()
+        child.send_signal(signal.SIGTERM)
+        child.wait(timeout=60)
+    finally:
+        child.kill()
+    # Our handler flushed, then chained: to the default action, or to the one it replaced.
+    if previous == "default":
+        assert child.returncode == -signal.SIGTERM
+    else:
+        assert child.returncode == 3 and (tmp_path / "handled").exists()
+    records = _records(tmp_path, "rmsnorm_h4096")
+    assert [r.axes["batch_size"] for r in records] == [n % 5 + 1 for n in range(1, 41)]
+    for n, record in enumerate(records, start=1):
+        blob = load_file(str(tmp_path / record.inputs["hidden_states"].path))
+        assert torch.equal(blob["hidden_states"], torch.full((n % 5 + 1, 4096), float(n)))
+
+
+def _import_runtime(env: dict[str, str]) -> subprocess.CompletedProcess:
+    code = "import fibgen.runtime as rt; print(rt.is_tracing())"
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, **env),
+        timeout=120,
+    )
+
+
+def test_environment_enables_tracing_or_warns(tmp_path):
+    ok = _import_runtime({"FIBGEN_TRACE": "1", "FIBGEN_DATASET_PATH": str(tmp_path)})
+    assert ok.stdout.strip() == "True", ok.stderr
+    missing = _import_runtime({"FIBGEN_TRACE": "1", "FIBGEN_DATASET_PATH": ""})
+    assert missing.stdout.strip() == "False"
+    assert "FIBGEN_TRACE=1 needs FIBGEN_DATASET_PATH" in missing.stderr
+    bad = _import_runtime(
+        {"FIBGEN_TRACE": "1", "FIBGEN_DATASET_PATH": str(tmp_path), "FIBGEN_TRACE_DUMP": "x,"}
+    )
+    assert bad.stdout.strip() == "True"  # a list of names: "x"
+    wrong = _import_runtime(
+        {"FIBGEN_TRACE": "1", "FIBGEN_DATASET_PATH": str(tmp_path), "FIBGEN_TRACE_DEDUP": "zz"}
+    )
+    assert wrong.stdout.strip() == "False" and "tracing stays off" in wrong.stderr
+
+
+def test_records_are_plain_json_lines(tmp_path):
+    rt.enable_tracing(tmp_path)
+    rmsnorm.rmsnorm(torch.randn(1, 4096), torch.randn(4096))
+    rt.flush_tracing()
+    line = (tmp_path / "workloads" / "rmsnorm" / "rmsnorm_h4096.jsonl").read_text()
+    obj = json.loads(line)
+    assert obj["solution"] is None and obj["evaluation"] is None
+    assert obj["definition"] == "rmsnorm_h4096"
+    assert obj["workload"]["inputs"] == {
+        "hidden_states": {"type": "random"},
+        "weight": {"type": "random"},
+    }
