@@ -59,7 +59,13 @@ def _build(args: argparse.Namespace, digest: str | None) -> int:
     if not result.module.definitions and not result.module.files:
         _eprint(f"error: no .fidef files found in {', '.join(args.paths)}")
         return EXIT_FAIL
-    files = generate(result.module, package=args.package)
+    from fibgen.codegen.files import GenerateError
+
+    try:
+        files = generate(result.module, package=args.package)
+    except GenerateError as exc:
+        _eprint(f"error: {exc}\n  = note: nothing was written")
+        return EXIT_FAIL
     try:
         report = write_files(Path(args.output), files, check=args.check, inputs=digest)
     except (WriteError, OSError) as exc:

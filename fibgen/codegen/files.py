@@ -6,6 +6,10 @@ import hashlib
 from dataclasses import dataclass
 
 
+class GenerateError(ValueError):
+    """An input the emitters cannot generate code for; the message names what and where."""
+
+
 @dataclass(frozen=True)
 class GeneratedFile:
     path: str  # relative to the output folder, '/'-separated

@@ -18,7 +18,7 @@ from functools import lru_cache
 
 import jinja2
 
-from fibgen.codegen.files import GeneratedFile, with_python_header
+from fibgen.codegen.files import GeneratedFile, GenerateError, with_python_header
 from fibgen.codegen.pyformat import format_python
 from fibgen.compiler import ir
 from fibgen.paths import templates_dir
@@ -27,7 +27,7 @@ from fibgen.paths import templates_dir
 _TORCH_DTYPE = {d: f"torch.{d}" for d in ir.DTYPES} | {"float4_e2m1": "torch.float4_e2m1fn_x2"}
 
 
-class DispatchGenError(ValueError):
+class DispatchGenError(GenerateError):
     """A family that cannot get a dispatcher; the message names the family and the reason."""
 
 

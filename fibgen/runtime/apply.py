@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from fibgen.runtime import patching, solutions
+from fibgen.runtime import patching, select, solutions
 from fibgen.runtime.errors import ApplyConfigError, SolutionError
 
 # Route kinds: how a dispatcher calls the callable of a route.
@@ -488,16 +488,25 @@ class Applied:
 
 def enable_apply(
     solutions_or_path: Mapping[str, Any] | str | Any,
+    config: Any = None,
     *,
     patch: bool = True,
     packages: Iterable[str] | None = None,
 ) -> Applied:
     """Route calls to solutions: a mapping {definition name: solution} or a dataset folder.
 
-    Enabling again replaces the mapping and resets the counters. With ``patch``, the APIs of
-    imported dispatchers and of the generated packages are replaced by their dispatchers.
+    A dataset folder with ``traces/`` routes each definition to the solution its traces rank
+    best, per var-axis key where that differs; ``config`` is the selection policy
+    (``fibgen.runtime.select``). Enabling again replaces the mapping and resets the counters.
+    With ``patch``, the APIs of imported dispatchers and of the generated packages are
+    replaced by their dispatchers.
     """
-    entries = solutions.collect(solutions_or_path)
+    if select.is_traced_dataset(solutions_or_path):
+        entries = select.entries(solutions_or_path, config)
+    elif config is not None:
+        raise ApplyConfigError("a selection config needs a dataset folder that holds traces/")
+    else:
+        entries = solutions.collect(solutions_or_path)
     _import_packages(packages, entries, patch)
     _check_callables(entries)
     with _state.lock:

@@ -25,8 +25,9 @@ from typing import Any
 
 from fibgen.runtime.errors import ApplyConfigError, SolutionError
 
-# Languages whose sources are imported as Python; cpp/cuda need a builder.
+# Languages whose sources are imported as Python, and those compiled by runtime.builders.
 IMPORTED_LANGUAGES = ("python", "triton")
+BUILT_LANGUAGES = ("cpp", "cuda")
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,12 @@ def load(entry: Entry, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> Loa
     else:
         fn = _import_solution(entry)
         dps = entry.solution.spec.destination_passing_style
+        if entry.solution.spec.language in BUILT_LANGUAGES and (inputs or outputs):
+            from fibgen.runtime.builders import by_name
+
+            # Like Trace Apply, built solutions are called positionally; the dispatcher
+            # passes keywords, so the wrapper takes the definition's names.
+            fn = by_name(fn, inputs + outputs if dps else inputs)
     # Without the definition's tensors (hand-written apply) there is nothing to check against.
     if not inputs and not outputs:
         return Loaded(fn, bool(dps), entry.label)
@@ -226,10 +233,15 @@ def _import_solution(entry: Entry) -> Callable[..., Any]:
     solution = entry.solution
     spec = solution.spec
     try:
+        if spec.language in BUILT_LANGUAGES:
+            from fibgen.runtime.builders import build_solution
+
+            return build_solution(solution)[0]
         if spec.language not in IMPORTED_LANGUAGES:
             raise ValueError(
-                f"language {spec.language!r} needs a builder; this runtime imports "
-                f"{' and '.join(IMPORTED_LANGUAGES)} solutions"
+                f"language {spec.language!r} has no builder; this runtime imports "
+                f"{' and '.join(IMPORTED_LANGUAGES)} solutions and builds "
+                f"{' and '.join(BUILT_LANGUAGES)} ones"
             )
         entry_file, symbol = spec.entry_point.split("::")
         if not entry_file.endswith(".py"):

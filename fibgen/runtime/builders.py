@@ -1,0 +1,237 @@
+"""Builders: compile cpp/cuda sources into a Python extension through torch's C++ extension API.
+
+A build is keyed by a content hash of everything that changes its result: the sources, the
+language, the binding, the entry point, the destination-passing flag (flashinfer-bench leaves
+it out, so two solutions that differ only in it would share a build) and the torch it is
+built against. Builds live in ``$FIBGEN_CACHE_DIR/builds/<hash>/`` (default
+``~/.cache/fibgen``) and are made under a file lock, so processes that ask at once build once
+and the others load the result. This module never imports the compiler, lark or jinja2.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import json
+import keyword
+import os
+import re
+import shutil
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+# Bump when the layout of a build folder or the flags change: older builds are then ignored.
+_FORMAT = 1
+BUILT_LANGUAGES = ("cpp", "cuda")
+COMPILED_SUFFIXES = (".cu", ".cpp", ".cc", ".cxx", ".c")
+_DONE = "BUILT"  # written last: a folder without it is an interrupted build
+# Lines of compiler output kept in a BuildError; the first errors are the ones that matter.
+_MAX_LOG_LINES = 60
+
+_loaded: dict[str, ModuleType] = {}
+_loaded_lock = threading.Lock()
+
+
+class BuildError(RuntimeError):
+    """Sources that did not compile or load; the message holds the compiler's own."""
+
+
+def build_root() -> Path:
+    """Where builds are kept: ``$FIBGEN_CACHE_DIR/builds`` or ``~/.cache/fibgen/builds``."""
+    base = os.environ.get("FIBGEN_CACHE_DIR") or Path.home() / ".cache" / "fibgen"
+    return Path(base) / "builds"
+
+
+def _torch_fingerprint() -> list[str]:
+    import torch
+
+    return [torch.__version__, str(torch.version.cuda)]
+
+
+def _digest(payload: list[Any]) -> str:
+    text = json.dumps([_FORMAT, *_torch_fingerprint(), *payload], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _compiler_log(error: BaseException, folder: Path) -> str:
+    """The compiler's messages from a failed torch build, without ninja's command lines."""
+    text = str(error)
+    _, sep, output = text.partition(": ")
+    lines, skip_command = [], False
+    for line in (output if sep else text).splitlines():
+        if skip_command:  # the line after FAILED: is the full command, long and unhelpful
+            skip_command = False
+            continue
+        if line.startswith("FAILED:"):
+            skip_command = True
+            continue
+        if re.match(r"\[\d+/\d+\] ", line) or line.startswith("ninja: "):
+            continue
+        lines.append(line.replace(f"{folder}{os.sep}", ""))
+    if len(lines) > _MAX_LOG_LINES:
+        lines = lines[:_MAX_LOG_LINES] + [f"... ({len(lines) - _MAX_LOG_LINES} more lines)"]
+    return "\n".join(lines).strip() or text
+
+
+def _import_extension(name: str, path: Path) -> ModuleType:
+    import torch  # noqa: F401  (loads libtorch, which the extension links against)
+
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, str(path), loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def _build(
+    what: str,
+    digest: str,
+    files: dict[str, str],
+    compiled: Sequence[str],
+    include_dirs: Sequence[Path],
+    cuda: bool,
+) -> tuple[ModuleType, bool]:
+    """Build (or load) one extension; returns it and whether this call compiled it."""
+    with _loaded_lock:
+        if digest in _loaded:
+            return _loaded[digest], False
+    from filelock import FileLock
+
+    name = f"fibgen_ext_{digest}"
+    folder = build_root() / digest
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    built = False
+    with FileLock(str(folder) + ".lock"):
+        if not (folder / _DONE).is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            for rel, text in files.items():
+                path = folder / rel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text, encoding="utf-8")
+            module = _compile(what, name, folder, compiled, include_dirs, cuda)
+            (folder / _DONE).write_text(f"{name}.so\n", encoding="utf-8")
+            built = True
+        else:
+            try:
+                module = _import_extension(name, folder / f"{name}.so")
+            except ImportError as exc:
+                raise BuildError(f"{what} was built but does not load: {exc}") from None
+    with _loaded_lock:
+        module = _loaded.setdefault(digest, module)
+    return module, built
+
+
+def _compile(
+    what: str,
+    name: str,
+    folder: Path,
+    compiled: Sequence[str],
+    include_dirs: Sequence[Path],
+    cuda: bool,
+) -> ModuleType:
+    from torch.utils.cpp_extension import load
+
+    if not compiled:
+        raise BuildError(f"{what} has no source to compile (one of {', '.join(COMPILED_SUFFIXES)})")
+    try:
+        return load(
+            name=name,
+            sources=[str(folder / rel) for rel in compiled],
+            extra_include_paths=[str(folder)] + [str(p) for p in include_dirs],
+            build_directory=str(folder),
+            with_cuda=cuda,
+            verbose=False,
+        )
+    except Exception as exc:  # torch reports a failed compile as a bare RuntimeError
+        raise BuildError(f"{what} failed to compile:\n{_compiler_log(exc, folder)}") from None
+
+
+def solution_digest(solution: Any) -> str:
+    """The cache key of a Solution's build, destination-passing flag included."""
+    spec = solution.spec
+    return _digest(
+        [
+            spec.language,
+            spec.binding,
+            spec.entry_point,
+            spec.destination_passing_style,
+            sorted((s.path, s.content) for s in solution.sources),
+        ]
+    )
+
+
+def build_solution(solution: Any) -> tuple[Callable[..., Any], bool]:
+    """Build a cpp/cuda Solution; return its entry symbol and whether this call compiled it."""
+    spec = solution.spec
+    what = f"solution {solution.name!r}"
+    if spec.language not in BUILT_LANGUAGES:
+        raise BuildError(f"{what}: language {spec.language!r} is not built (only cpp and cuda)")
+    if spec.binding != "torch":
+        raise BuildError(
+            f"{what} asks for the {spec.binding or 'tvm-ffi'} binding (the default when "
+            "spec.binding is null); this runtime builds through torch: set "
+            '"binding": "torch" and export the entry with PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)'
+        )
+    entry_file, symbol = spec.entry_point.split("::")
+    if not entry_file.endswith(COMPILED_SUFFIXES):
+        raise BuildError(
+            f"{what}: entry file {entry_file!r} is not a C++/CUDA source "
+            f"({', '.join(COMPILED_SUFFIXES)})"
+        )
+    files = {s.path: s.content for s in solution.sources}
+    compiled = sorted(p for p in files if p.endswith(COMPILED_SUFFIXES))
+    digest = solution_digest(solution)
+    module, built = _build(what, digest, files, compiled, (), spec.language == "cuda")
+    fn = getattr(module, symbol, None)
+    if not callable(fn):
+        exported = sorted(n for n in vars(module) if not n.startswith("_"))
+        raise BuildError(
+            f"{what}: the built extension exports no {symbol!r} "
+            f"(it exports {', '.join(exported) or 'nothing'}); check m.def in {entry_file}"
+        )
+    return fn, built
+
+
+def build_extension(
+    name: str,
+    sources: Sequence[Path],
+    *,
+    include_dirs: Sequence[Path] = (),
+    cuda: bool = True,
+) -> ModuleType:
+    """Build (or load from the cache) an extension from source files on disk."""
+    files = {Path(p).name: Path(p).read_text(encoding="utf-8") for p in sources}
+    # Include folders are hashed by content, not by path, so a moved checkout reuses builds.
+    headers = [
+        sorted((h.name, h.read_text(encoding="utf-8")) for h in Path(d).glob("*.h*"))
+        for d in include_dirs
+    ]
+    payload = ["extension", name, cuda, sorted(files.items()), headers]
+    module, _ = _build(
+        f"extension {name!r}", _digest(payload), files, sorted(files), include_dirs, cuda
+    )
+    return module
+
+
+def by_name(fn: Callable[..., Any], names: Sequence[str]) -> Callable[..., Any]:
+    """Wrap an extension function so it takes ``names`` by keyword, and calls it positionally.
+
+    The runtime calls solutions with the definition's tensors by keyword; an extension
+    function exported without ``pybind11::arg`` names accepts them only by position.
+    """
+    if not all(n.isidentifier() and not keyword.iskeyword(n) for n in names) or len(
+        set(names)
+    ) != len(names):
+        return fn
+    params = ", ".join(names)
+    namespace: dict[str, Any] = {"_fn": fn}
+    exec(f"def run({params}):\n    return _fn({params})\n", namespace)
+    run = namespace["run"]
+    run.__doc__ = getattr(fn, "__doc__", None)
+    return run

@@ -1,0 +1,448 @@
+"""The best-solution table: from benchmark traces, which solution serves each call.
+
+Per definition, a solution is a candidate when it has passing traces and no failing ones
+(a solution wrong on one workload is not trusted on another), and each passing trace meets
+the policy's tolerances. The table holds, per definition:
+
+- ``ranking``: candidates by the geometric mean of their speedup over the reference, best
+  first; the first is the definition's best;
+- ``keys``: per var-axis key (the workload's var-axis values in declaration order), the
+  candidate with the lowest median latency at that key.
+
+``entries(root, config)`` turns the table into apply entries. A definition whose keys all
+pick its best gets a plain entry: its calls cost what any solution's do. Only a definition
+with per-key choices gets a keyed entry, which reads the var axes off the inputs and calls
+the solution chosen for them; on a key that no trace covers it follows the policy's
+``on_miss``: the definition's best (``"best"``), the solution of the nearest traced key by
+the sum of |log2| ratios of the axis values (``"nearest"``), or the reference
+(``"reference"``).
+
+The table is cached in ``$FIBGEN_CACHE_DIR/select/`` under a digest of its inputs (paths,
+sizes and mtimes of the trace, solution and definition files, and the configuration), and
+rebuilt when they change. Nothing is imported or built at enable except the ``prebuild``
+top solutions a policy asks for. This module imports neither pydantic nor the compiler.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import statistics
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from fibgen.runtime import solutions
+from fibgen.runtime.errors import ApplyConfigError
+
+__all__ = ["Policy", "build_table", "entries", "load_table", "normalize_config"]
+
+# Bumped when the table's layout changes, so that old cache files are not read.
+TABLE_VERSION = 1
+ON_MISS = ("best", "nearest", "reference")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How one definition's solution is chosen from its traces.
+
+    ``atol``/``rtol``: the largest max_absolute_error / max_relative_error a passing trace may
+    report (None: any); ``on_miss``: what a keyed definition does on an untraced key;
+    ``prebuild``: how many of its top solutions are loaded when apply is enabled.
+    """
+
+    atol: float | None = None
+    rtol: float | None = None
+    on_miss: str = "best"
+    prebuild: int = 0
+
+    def __post_init__(self) -> None:
+        if self.on_miss not in ON_MISS:
+            raise ApplyConfigError(
+                f"on_miss must be one of {', '.join(ON_MISS)}, not {self.on_miss!r}"
+            )
+        if self.prebuild < 0:
+            raise ApplyConfigError(f"prebuild must be 0 or more, not {self.prebuild}")
+
+
+def normalize_config(config: Mapping[str, Any] | Policy | None) -> dict[str, Policy]:
+    """``{definition name or "*": Policy}`` from a Policy, a mapping of Policies or dicts."""
+    if config is None:
+        return {"*": Policy()}
+    if isinstance(config, Policy):
+        return {"*": config}
+    if not isinstance(config, Mapping):
+        raise ApplyConfigError(
+            f"the selection config must be a Policy or a mapping, not {type(config).__name__}"
+        )
+    out: dict[str, Policy] = {}
+    for name, policy in config.items():
+        if isinstance(policy, Mapping):
+            try:
+                policy = Policy(**policy)
+            except TypeError as exc:
+                raise ApplyConfigError(f"config for {name!r}: {exc}") from None
+        if not isinstance(policy, Policy):
+            raise ApplyConfigError(f"config for {name!r} must be a Policy or a dict")
+        out[str(name)] = policy
+    out.setdefault("*", Policy())
+    return out
+
+
+def _policy(config: dict[str, Policy], name: str) -> Policy:
+    return config.get(name) or config["*"]
+
+
+# ---------------------------------------------------------------------------------------
+# Inputs of the table and their digest
+
+
+def _scan(base: str, depth: int, suffix: str, out: list[tuple[str, int, int]]) -> None:
+    # os.scandir, not pathlib: the warm path stats every file and must stay in milliseconds.
+    try:
+        it = os.scandir(base)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    with it:
+        for entry in it:
+            if depth > 0:
+                if entry.is_dir():
+                    _scan(entry.path, depth - 1, suffix, out)
+            elif entry.name.endswith(suffix) and entry.is_file():
+                st = entry.stat()
+                out.append((entry.path, st.st_size, st.st_mtime_ns))
+
+
+def _inputs(root: Path) -> dict[str, list[tuple[str, int, int]]]:
+    found: dict[str, list[tuple[str, int, int]]] = {}
+    for kind, depth, suffix in (
+        ("traces", 2, ".jsonl"),
+        ("solutions", 3, ".json"),
+        ("definitions", 1, ".json"),
+    ):
+        files: list[tuple[str, int, int]] = []
+        _scan(str(root / kind), depth, suffix, files)
+        found[kind] = sorted(files)
+    return found
+
+
+def _digest(root: Path, inputs: dict, config: dict[str, Policy]) -> str:
+    payload = {
+        "version": TABLE_VERSION,
+        "root": str(root),
+        "inputs": inputs,
+        "config": {k: asdict(v) for k, v in sorted(config.items())},
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _cache_file(root: Path) -> Path:
+    return (
+        solutions.cache_root().parent
+        / "select"
+        / f"{hashlib.sha256(str(root).encode()).hexdigest()[:24]}.json"
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Building the table
+
+
+def _meets(evaluation: dict, policy: Policy) -> bool:
+    correctness = evaluation.get("correctness") or {}
+    if policy.atol is not None and correctness.get("max_absolute_error", 0.0) > policy.atol:
+        return False
+    return policy.rtol is None or correctness.get("max_relative_error", 0.0) <= policy.rtol
+
+
+def _var_axes(definition: dict) -> list[str]:
+    return [a for a, spec in definition.get("axes", {}).items() if spec.get("type") == "var"]
+
+
+def _bindings(definition: dict) -> list[tuple[str, int]] | None:
+    # Where each var axis can be read at call time: the first input whose shape names it.
+    out = []
+    for axis in _var_axes(definition):
+        for name, tensor in definition["inputs"].items():
+            shape = tensor.get("shape") or []
+            if axis in shape:
+                out.append((name, shape.index(axis)))
+                break
+        else:
+            return None
+    return out
+
+
+def build_table(root: str | os.PathLike[str], config: Any = None) -> dict:
+    """Build the table from the traces under ``root`` (no cache)."""
+    root = Path(root).resolve()
+    return _build(root, _inputs(root), normalize_config(config))
+
+
+def _build(root: Path, inputs: dict, config: dict[str, Policy]) -> dict:
+    # definition -> solution -> {"ok": [(key, latency, speedup)], "failed": bool}
+    stats: dict[str, dict[str, dict[str, Any]]] = {}
+    axes_of: dict[str, list[str]] = {}
+    for path, _, _ in inputs["traces"]:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                try:
+                    trace = json.loads(line)
+                    name, solution = trace["definition"], trace["solution"]
+                    evaluation = trace["evaluation"]
+                    axes = trace["workload"]["axes"]
+                except (ValueError, KeyError, TypeError):
+                    continue  # a damaged line tells nothing about speed
+                if solution is None or not evaluation:
+                    continue
+                record = stats.setdefault(name, {}).setdefault(
+                    solution, {"ok": [], "failed": False}
+                )
+                policy = _policy(config, name)
+                if evaluation.get("status") != "PASSED" or not _meets(evaluation, policy):
+                    record["failed"] = True
+                    continue
+                perf = evaluation.get("performance") or {}
+                order = axes_of.setdefault(name, list(axes))
+                key = tuple(axes.get(a) for a in order)
+                record["ok"].append(
+                    (key, perf.get("latency_ms", math.inf), perf.get("speedup_factor", 0.0))
+                )
+    paths: dict[str, dict[str, str]] = {}
+    for path, _, _ in inputs["solutions"]:
+        p = Path(path)
+        paths.setdefault(p.parent.name, {})[p.stem] = os.path.relpath(path, root)
+    definition_files = {Path(p).stem: p for p, _, _ in inputs["definitions"]}
+    table: dict[str, Any] = {}
+    for name, by_solution in sorted(stats.items()):
+        known = paths.get(name, {})
+        good = {
+            s: r["ok"] for s, r in by_solution.items() if r["ok"] and not r["failed"] and s in known
+        }
+        if not good:
+            continue
+        ranking = sorted(
+            good,
+            key=lambda s: (-statistics.fmean(math.log(max(x[2], 1e-12)) for x in good[s]), s),
+        )
+        per_key: dict[tuple, dict[str, list[float]]] = {}
+        for s, rows in good.items():
+            for key, latency, _ in rows:
+                per_key.setdefault(key, {}).setdefault(s, []).append(latency)
+        keys = {
+            key: min(sorted(c), key=lambda s: statistics.median(c[s])) for key, c in per_key.items()
+        }
+        entry: dict[str, Any] = {
+            "ranking": ranking,
+            "solutions": {s: known[s] for s in ranking},
+        }
+        if any(s != ranking[0] for s in keys.values()) and name in definition_files:
+            definition = json.loads(Path(definition_files[name]).read_text(encoding="utf-8"))
+            bind = _bindings(definition)
+            axes = _var_axes(definition)
+            if bind is not None and sorted(axes) == sorted(axes_of[name]):
+                # Keys in the definition's var-axis order, as the keyed entry reads them.
+                position = [axes_of[name].index(a) for a in axes]
+                entry["keyed"] = {
+                    "bind": bind,
+                    "inputs": list(definition["inputs"]),
+                    "outputs": list(definition["outputs"]),
+                    "reference": definition["reference"],
+                    "keys": [[[k[i] for i in position], s] for k, s in sorted(keys.items())],
+                }
+        table[name] = entry
+    return {"root": str(root), "definitions": table}
+
+
+def load_table(root: str | os.PathLike[str], config: Any = None) -> tuple[dict, bool]:
+    """The table for ``root`` and ``config``, from the cache when current; (table, from_cache)."""
+    root = Path(root).resolve()
+    config = normalize_config(config)
+    inputs = _inputs(root)
+    digest = _digest(root, inputs, config)
+    cache = _cache_file(root)
+    try:
+        cached = json.loads(cache.read_text(encoding="utf-8"))
+        if cached.get("digest") == digest:
+            return cached["table"], True
+    except (OSError, ValueError):
+        pass
+    table = _build(root, inputs, config)
+    _write_cache(cache, {"digest": digest, "table": table})
+    return table, False
+
+
+def _write_cache(path: Path, data: dict) -> None:
+    # A cache that cannot be written (read-only home) only costs the next enable a rebuild.
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, separators=(",", ":"))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------------------------------
+# Entries for apply
+
+
+class _LazySolution:
+    """A Solution JSON read and validated on first use (enabling reads no solution file)."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._model: Any = None
+
+    def __getattr__(self, attr: str) -> Any:
+        if self._model is None:
+            from fibgen.format.jsonio import load_solution
+
+            self._model = load_solution(self._path)
+        return getattr(self._model, attr)
+
+
+def _entry(root: Path, name: str, solution: str, relpath: str) -> solutions.Entry:
+    path = root / relpath
+    return solutions.Entry(name, f"solution {solution!r} ({path})", solution=_LazySolution(path))
+
+
+def _log_distance(a: list[int], b: list[int]) -> float:
+    return sum(abs(math.log2(max(x, 1) / max(y, 1))) for x, y in zip(a, b))
+
+
+def _keyed(root: Path, name: str, info: dict, policy: Policy) -> solutions.Entry:
+    keyed = info["keyed"]
+    inputs, outputs = tuple(keyed["inputs"]), tuple(keyed["outputs"])
+    loaded: dict[str, solutions.Loaded] = {}
+
+    def load(solution: str) -> solutions.Loaded:
+        found = loaded.get(solution)
+        if found is None:
+            entry = _entry(root, name, solution, info["solutions"][solution])
+            found = loaded[solution] = solutions.load(entry, inputs, outputs)
+        return found
+
+    # The keyed entry is destination-passing when any of its choices is: value-returning
+    # choices then copy into the buffers, so no choice needs outputs allocated for it.
+    chosen = {s for _, s in keyed["keys"]} | {info["ranking"][0]}
+    dps = any(
+        _LazySolution(root / info["solutions"][s]).spec.destination_passing_style for s in chosen
+    )
+
+    def adapt(fn: Callable[..., Any], fn_dps: bool) -> Callable[..., Any]:
+        if fn_dps == dps:
+            return fn
+
+        def returns_into(**kwargs: Any) -> None:
+            values = fn(**{k: kwargs[k] for k in inputs})
+            values = values if isinstance(values, (tuple, list)) else (values,)
+            for o, v in zip(outputs, values):
+                kwargs[o].copy_(v)
+
+        return returns_into
+
+    # choices: key -> callable. A solution starts as a stub that loads it on its first call
+    # and then puts the loaded callable in place of every occurrence of the stub.
+    current: dict[str, Callable[..., Any]] = {}
+    choices: dict[Any, Callable[..., Any]] = {}
+
+    def install(solution: str) -> Callable[..., Any]:
+        found = load(solution)
+        fn = adapt(found.fn, found.dps)
+        stub = current.get(solution)
+        current[solution] = fn
+        for k, v in list(choices.items()):
+            if v is stub:
+                choices[k] = fn
+        return fn
+
+    def stub_for(solution: str) -> Callable[..., Any]:
+        if solution not in current:
+
+            def first_call(**kwargs: Any) -> Any:
+                return install(solution)(**kwargs)
+
+            current[solution] = first_call
+        return current[solution]
+
+    traced: list[tuple[list[int], str]] = []
+    single = len(keyed["bind"]) == 1
+    for values, solution in keyed["keys"]:
+        choices[values[0] if single else tuple(values)] = stub_for(solution)
+        traced.append((values, solution))
+    best = info["ranking"][0]
+    stub_for(best)
+    for solution in info["ranking"][: policy.prebuild]:
+        if solution in chosen:
+            install(solution)
+
+    reference_fn: list[Callable[..., Any]] = []
+
+    def miss(key: Any) -> Callable[..., Any]:
+        if policy.on_miss == "nearest":
+            values = [key] if single else list(key)
+            _, solution = min(traced, key=lambda t: (_log_distance(t[0], values), t[1]))
+            fn = current[solution]
+        elif policy.on_miss == "reference":
+            if not reference_fn:
+                namespace: dict[str, Any] = {"__name__": f"fibgen_reference_{name}"}
+                exec(compile(keyed["reference"], f"<reference of {name}>", "exec"), namespace)
+                reference_fn.append(adapt(namespace["run"], False))
+            fn = reference_fn[0]
+        else:
+            fn = current[best]
+        if len(choices) < 4096:  # remembered, within reason: keys are batch sizes
+            choices[key] = fn
+        return fn
+
+    # Generated with the exact parameters, so that apply checks and calls it like any
+    # solution and the key is read without building a dict or a signature per call.
+    params = list(inputs) + (list(outputs) if dps else [])
+    reads = [f"{i}.shape[{d}]" for i, d in keyed["bind"]]
+    key_expr = reads[0] if single else f"({', '.join(reads)},)"
+    call_args = ", ".join(f"{p}={p}" for p in params)
+    source = (
+        f"def run({', '.join(params)}):\n"
+        f"    key = {key_expr}\n"
+        f"    fn = choices.get(key)\n"
+        f"    if fn is None:\n"
+        f"        fn = miss(key)\n"
+        f"    return fn({call_args})\n"
+    )
+    namespace = {"choices": choices, "miss": miss}
+    exec(compile(source, f"<keyed selection of {name}>", "exec"), namespace)
+    label = f"keyed selection of {len(chosen)} solutions for {name!r} from {root}/traces"
+    return solutions.Entry(name, label, fn=namespace["run"])
+
+
+def entries(root: str | os.PathLike[str], config: Any = None) -> dict[str, solutions.Entry]:
+    """Apply entries for every definition the traces under ``root`` rank a solution for."""
+    root = Path(root).resolve()
+    config = normalize_config(config)
+    table, _ = load_table(root, config)
+    out: dict[str, solutions.Entry] = {}
+    for name, info in table["definitions"].items():
+        policy = _policy(config, name)
+        if "keyed" in info:
+            out[name] = _keyed(root, name, info, policy)
+            continue
+        best = info["ranking"][0]
+        entry = _entry(root, name, best, info["solutions"][best])
+        if policy.prebuild:
+            # Imported now (materialized and in sys.modules): the first call only binds it.
+            solutions.load(entry, (), ())
+        out[name] = entry
+    return out
+
+
+def is_traced_dataset(target: Any) -> bool:
+    """Whether ``enable_apply``'s argument is a dataset folder with benchmark traces."""
+    return isinstance(target, (str, os.PathLike)) and os.path.isdir(os.path.join(target, "traces"))
