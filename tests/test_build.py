@@ -251,3 +251,10 @@ def test_import_rebuilds_the_whole_dataset(tmp_path: Path):
         assert semantic_equal(load_definition(built), original), src.name
         assert load_definition(built).reference == original.reference
     assert cli("fmt", "--check", str(tmp_path / "fidef"))[0] == 0
+
+
+def test_bad_package_name_is_an_error_and_writes_nothing(project: Path):
+    code, _, err = cli("build", "defs", "-o", "gen", "--package", "not-a-name", cwd=project)
+    assert code == 1
+    assert "not-a-name" in err and "Traceback" not in err
+    assert not (project / "gen").exists()
