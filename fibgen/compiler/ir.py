@@ -19,20 +19,8 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# The dtypes of the FlashInfer Trace format, in the order the format lists them.
-DTYPES: tuple[str, ...] = (
-    "float32",
-    "float16",
-    "bfloat16",
-    "float8_e4m3fn",
-    "float8_e5m2",
-    "float4_e2m1",
-    "int64",
-    "int32",
-    "int16",
-    "int8",
-    "bool",
-)
+# The dtypes of the FlashInfer Trace format: one list for the format and the compiler.
+from fibgen.format.models import DTYPES
 
 # Short spellings used as the dtype part of a definition name for dtype-generic families.
 DTYPE_NAME_PART: dict[str, str] = {
