@@ -163,14 +163,14 @@ def _var_axes(definition: dict) -> list[str]:
     return [a for a, spec in definition.get("axes", {}).items() if spec.get("type") == "var"]
 
 
-def _bindings(definition: dict) -> list[tuple[str, int]] | None:
+def _bindings(definition: dict) -> list[list] | None:
     # Where each var axis can be read at call time: the first input whose shape names it.
     out = []
     for axis in _var_axes(definition):
         for name, tensor in definition["inputs"].items():
             shape = tensor.get("shape") or []
             if axis in shape:
-                out.append((name, shape.index(axis)))
+                out.append([name, shape.index(axis)])
                 break
         else:
             return None

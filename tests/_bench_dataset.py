@@ -1,0 +1,90 @@
+"""A small dataset for the benchmark tests: one definition, python solutions good and bad."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fibgen.format import (
+    Definition,
+    Solution,
+    Workload,
+    write_definition,
+    write_solution,
+    write_workloads,
+)
+
+REFERENCE = """
+import torch
+
+def run(x, w):
+    return (x.float() * w.float()).to(x.dtype)
+"""
+
+DEFINITION = {
+    "name": "scale_h64",
+    "op_type": "scale",
+    "tags": [],
+    "axes": {"n": {"type": "var"}, "h": {"type": "const", "value": 64}},
+    "inputs": {
+        "x": {"shape": ["n", "h"], "dtype": "float32"},
+        "w": {"shape": ["h"], "dtype": "float32"},
+    },
+    "outputs": {"y": {"shape": ["n", "h"], "dtype": "float32"}},
+    "reference": REFERENCE,
+}
+
+# name -> (entry source, destination-passing)
+SOLUTIONS = {
+    "good_returns": ("def run(x, w):\n    return x * w\n", False),
+    "good_dps": ("def run(x, w, y):\n    y.copy_(x)\n    y.mul_(w)\n", True),
+    "slow_returns": (
+        "import time\n\ndef run(x, w):\n    time.sleep(0.002)\n    return x * w\n",
+        False,
+    ),
+    "aborts": ("import os\n\ndef run(x, w):\n    os.abort()\n", False),
+    "hangs": ("import time\n\ndef run(x, w):\n    while True:\n        time.sleep(1)\n", False),
+    "wrong_numbers": ("def run(x, w):\n    return x * w + 1\n", False),
+    "wrong_shape": ("def run(x, w):\n    return (x * w)[:, :-1]\n", False),
+    "wrong_dtype": ("def run(x, w):\n    return (x * w).double()\n", False),
+    "raises": ("def run(x, w):\n    raise ValueError('not today')\n", False),
+    "bad_import": ("import no_such_module_here\n\ndef run(x, w):\n    return x\n", False),
+}
+
+
+def solution(name: str, author: str = "tester") -> Solution:
+    """One of the test solutions as a Solution model."""
+    source, dps = SOLUTIONS[name]
+    return Solution.model_validate(
+        {
+            "name": name,
+            "definition": DEFINITION["name"],
+            "author": author,
+            "spec": {
+                "language": "python",
+                "target_hardware": ["cpu"],
+                "entry_point": "main.py::run",
+                "destination_passing_style": dps,
+            },
+            "sources": [{"path": "main.py", "content": source}],
+        }
+    )
+
+
+def make_dataset(root: Path, names: list[str], sizes: tuple[int, ...] = (3, 17)) -> Path:
+    """Write the definition, workloads of the given row counts and the named solutions."""
+    definition = Definition.model_validate(DEFINITION)
+    write_definition(root, definition)
+    workloads = [
+        Workload.model_validate(
+            {
+                "uuid": f"n{n}",
+                "axes": {"n": n},
+                "inputs": {"x": {"type": "random"}, "w": {"type": "random"}},
+            }
+        )
+        for n in sizes
+    ]
+    write_workloads(root, definition.op_type, definition.name, workloads)
+    for name in names:
+        write_solution(root, solution(name), definition.op_type)
+    return root

@@ -1,0 +1,192 @@
+"""The best-solution table: ranking, per-key choices, miss policies, cache, and apply."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from fibgen.format import Solution, Trace, append_traces
+from fibgen.runtime import apply, disable_apply, enable_apply
+from fibgen.runtime.errors import ApplyConfigError
+from fibgen.runtime.select import Policy, build_table, entries, load_table
+
+from _bench_dataset import DEFINITION, make_dataset
+
+# Each solution fills its output with its own constant, so a test sees which one ran.
+FILLS = {"small_fast": 1.0, "large_fast": 2.0, "broken_fast": 3.0, "steady": 4.0}
+
+
+def _solution(name: str) -> Solution:
+    source = f"import torch\n\ndef run(x, w):\n    return torch.full_like(x, {FILLS[name]})\n"
+    return Solution.model_validate(
+        {
+            "name": name,
+            "definition": DEFINITION["name"],
+            "author": "tester",
+            "spec": {
+                "language": "python",
+                "target_hardware": ["cpu"],
+                "entry_point": "main.py::run",
+                "destination_passing_style": False,
+            },
+            "sources": [{"path": "main.py", "content": source}],
+        }
+    )
+
+
+def _trace(solution: str, n: int, latency: float, status: str = "PASSED", abs_err=1e-3):
+    evaluation = {
+        "status": status,
+        "environment": {"hardware": "cpu"},
+        "timestamp": "2026-01-01T00:00:00",
+    }
+    if status in ("PASSED", "INCORRECT_NUMERICAL"):
+        evaluation["correctness"] = {"max_absolute_error": abs_err, "max_relative_error": abs_err}
+    if status == "PASSED":
+        evaluation["performance"] = {
+            "latency_ms": latency,
+            "reference_latency_ms": 10.0,
+            "speedup_factor": 10.0 / latency,
+        }
+    return Trace.model_validate(
+        {
+            "definition": DEFINITION["name"],
+            "workload": {"uuid": f"n{n}", "axes": {"n": n}, "inputs": {}},
+            "solution": solution,
+            "evaluation": evaluation,
+        }
+    )
+
+
+@pytest.fixture()
+def dataset(tmp_path, monkeypatch):
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    root = make_dataset(tmp_path / "ds", [])
+    from fibgen.format import write_solution
+
+    for name in FILLS:
+        write_solution(root, _solution(name), "scale")
+    append_traces(
+        root,
+        "tester",
+        "scale",
+        [
+            _trace("small_fast", 3, 1.0),
+            _trace("small_fast", 17, 8.0),
+            _trace("large_fast", 3, 2.0),
+            _trace("large_fast", 17, 4.0),
+            _trace("steady", 3, 1.5),
+            _trace("steady", 17, 4.5),
+            # Fastest of all where it passes, but wrong on one workload: never chosen.
+            _trace("broken_fast", 3, 0.1),
+            _trace("broken_fast", 17, 0.1, status="INCORRECT_NUMERICAL"),
+        ],
+    )
+    yield root
+    disable_apply()
+
+
+def test_table_ranks_passing_solutions_and_picks_per_key(dataset):
+    table = build_table(dataset)["definitions"][DEFINITION["name"]]
+    # Geometric mean speedup: steady (10/1.5, 10/4.5) beats small_fast and large_fast.
+    assert table["ranking"] == ["steady", "large_fast", "small_fast"]
+    assert table["keyed"]["keys"] == [[[3], "small_fast"], [[17], "large_fast"]]
+
+
+def test_tolerance_policy_excludes_traces_with_large_errors(dataset):
+    append_traces(dataset, "tester", "scale", [_trace("large_fast", 5, 1.0, abs_err=0.5)])
+    table = build_table(dataset, {"*": {"atol": 0.1}})["definitions"][DEFINITION["name"]]
+    assert "large_fast" not in table["ranking"]
+    loose = build_table(dataset, {"*": {"atol": 1.0}})["definitions"][DEFINITION["name"]]
+    assert "large_fast" in loose["ranking"]
+
+
+def test_table_is_cached_and_rebuilt_when_traces_change(dataset):
+    first, cached = load_table(dataset)
+    assert not cached
+    again, cached = load_table(dataset)
+    assert cached and again == first
+    # A different config is a different table.
+    _, cached = load_table(dataset, Policy(on_miss="nearest"))
+    assert not cached
+    append_traces(dataset, "tester", "scale", [_trace("steady", 17, 0.5)])
+    rebuilt, cached = load_table(dataset)
+    assert not cached
+    assert rebuilt["definitions"][DEFINITION["name"]]["ranking"][0] == "steady"
+
+
+def _call(n: int) -> float:
+    @apply(DEFINITION["name"])
+    def scale(x, w):
+        return x * w
+
+    x = torch.randn(n, 64)
+    return float(scale(x=x, w=torch.ones(64))[0, 0])
+
+
+@pytest.mark.parametrize(
+    "policy, expected",
+    [
+        ("best", {3: 1.0, 17: 2.0, 4: 4.0, 100: 4.0}),
+        ("nearest", {3: 1.0, 17: 2.0, 4: 1.0, 100: 2.0}),
+    ],
+)
+def test_enable_apply_routes_by_var_axis_key(dataset, policy, expected):
+    enable_apply(dataset, {"*": {"on_miss": policy}})
+    assert {n: _call(n) for n in expected} == expected
+
+
+def test_reference_on_miss_runs_the_reference(dataset):
+    enable_apply(dataset, Policy(on_miss="reference"))
+    x = torch.randn(5, 64)
+
+    @apply(DEFINITION["name"])
+    def scale(x, w):
+        return x * w
+
+    assert torch.equal(scale(x=x, w=torch.full((64,), 2.0)), x * 2)
+
+
+def test_enabling_builds_nothing_until_called(dataset, tmp_path):
+    # Damage a solution that is chosen: enabling still succeeds, the first call reports it.
+    path = next((dataset / "solutions").rglob("small_fast.json"))
+    doc = json.loads(path.read_text())
+    doc["sources"][0]["content"] = "import no_such_module\n\ndef run(x, w):\n    return x\n"
+    path.write_text(json.dumps(doc))
+    found = entries(dataset)
+    assert set(found) == {DEFINITION["name"]}
+    enable_apply(dataset)
+    assert _call(17) == 2.0
+    with pytest.raises(Exception, match="no_such_module"):
+        _call(3)
+
+
+def test_prebuild_loads_the_top_solutions_at_enable(dataset):
+    path = next((dataset / "solutions").rglob("large_fast.json"))
+    doc = json.loads(path.read_text())
+    doc["sources"][0]["content"] = "import no_such_module\n\ndef run(x, w):\n    return x\n"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(Exception, match="no_such_module"):
+        enable_apply(dataset, {"*": {"prebuild": 2}})
+
+
+def test_bad_config_is_reported(dataset):
+    with pytest.raises(ApplyConfigError, match="on_miss"):
+        enable_apply(dataset, {"*": {"on_miss": "sometimes"}})
+    with pytest.raises(ApplyConfigError, match="traces/"):
+        enable_apply({}, Policy())
+
+
+def test_select_imports_no_pydantic_or_compiler():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, fibgen.runtime.select\n"
+        "bad = [m for m in ('pydantic', 'lark', 'jinja2', 'fibgen.compiler') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})
