@@ -37,6 +37,7 @@ from fibgen.format import (
 )
 from fibgen.format import load_workloads as _load_dataset_workloads
 from fibgen.format.dataset import blob_relpath, workload_path, write_workloads
+from fibgen.format.hints import HINT_SIGNATURES, bind_hint
 from fibgen.format.jsonio import definition_to_json
 from fibgen.runtime.inputs import (
     InputGenerationError,
@@ -115,6 +116,7 @@ def materialize(
             problems.append(f"{', '.join(extra)} are not var axes")
         raise WorkloadError(f"{_where(spec, workload)}: {'; '.join(problems)}")
     axes = {a: workload.axes[a] for a in var_axes}
+    random = {n for n, s in workload.inputs.items() if isinstance(s, RandomInput)}
     out: dict[str, Any] = {}
     generated: dict[str, Any] | None = None
     known = {name: value for name, kind, value in spec.axes if kind == "const"} | axes
@@ -131,11 +133,36 @@ def materialize(
         else:
             if generated is None:
                 try:
-                    generated = generate_inputs(spec, axes, device=device, seed=seed)
+                    generated = generate_inputs(
+                        _random_part(spec, random), axes, device=device, seed=seed
+                    )
                 except InputGenerationError as exc:
                     raise WorkloadError(f"{_where(spec, workload)}: {exc}") from None
             out[name] = generated[name]
     return out
+
+
+def _random_part(spec: InputSpec, random: set[str]) -> InputSpec:
+    """The spec of the random inputs only, when others are stored or scalars.
+
+    Stored values come from the call that was traced: constraints that relate them to the
+    generated ones cannot be made to hold, so they are left out, and so are hints that read
+    a stored tensor (``indptr(over=kv_indices)`` when ``kv_indices`` is stored).
+    """
+    tensors = {name for name, _, shape, _, _ in spec.inputs if shape is not None}
+    if tensors <= random:
+        return spec
+    kept = []
+    for name, dtype, shape, optional, hint in spec.inputs:
+        if name not in random:
+            continue
+        if hint is not None:
+            bound = bind_hint(*hint)
+            reads = {bound[p] for p in HINT_SIGNATURES[hint[0]].tensor_params if p in bound}
+            if not reads <= random:
+                hint = None
+        kept.append((name, dtype, shape, optional, hint))
+    return InputSpec(spec.name, spec.axes, tuple(kept), (), spec.params)
 
 
 def _load_tensor(
