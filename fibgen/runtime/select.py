@@ -42,7 +42,7 @@ from fibgen.runtime.errors import ApplyConfigError
 __all__ = ["Policy", "build_table", "entries", "load_table", "normalize_config"]
 
 # Bumped when the table's layout changes, so that old cache files are not read.
-TABLE_VERSION = 1
+TABLE_VERSION = 2
 ON_MISS = ("best", "nearest", "reference")
 
 
@@ -177,6 +177,14 @@ def _bindings(definition: dict) -> list[list] | None:
     return out
 
 
+def _is_dps(path: Path) -> bool:
+    try:
+        spec = json.loads(path.read_text(encoding="utf-8")).get("spec", {})
+    except (OSError, ValueError, AttributeError):
+        return False  # reported with the file named when the solution is loaded
+    return bool(spec.get("destination_passing_style", True))
+
+
 def build_table(root: str | os.PathLike[str], config: Any = None) -> dict:
     """Build the table from the traces under ``root`` (no cache)."""
     root = Path(root).resolve()
@@ -249,7 +257,9 @@ def _build(root: Path, inputs: dict, config: dict[str, Policy]) -> dict:
             if bind is not None and sorted(axes) == sorted(axes_of[name]):
                 # Keys in the definition's var-axis order, as the keyed entry reads them.
                 position = [axes_of[name].index(a) for a in axes]
+                chosen = set(keys.values()) | {ranking[0]}
                 entry["keyed"] = {
+                    "dps": any(_is_dps(root / known[s]) for s in chosen),
                     "bind": bind,
                     "inputs": list(definition["inputs"]),
                     "outputs": list(definition["outputs"]),
@@ -333,9 +343,7 @@ def _keyed(root: Path, name: str, info: dict, policy: Policy) -> solutions.Entry
     # The keyed entry is destination-passing when any of its choices is: value-returning
     # choices then copy into the buffers, so no choice needs outputs allocated for it.
     chosen = {s for _, s in keyed["keys"]} | {info["ranking"][0]}
-    dps = any(
-        _LazySolution(root / info["solutions"][s]).spec.destination_passing_style for s in chosen
-    )
+    dps = keyed["dps"]
 
     def adapt(fn: Callable[..., Any], fn_dps: bool) -> Callable[..., Any]:
         if fn_dps == dps:
