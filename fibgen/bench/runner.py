@@ -41,8 +41,8 @@ from fibgen.format import (
     load_definitions,
     load_solution,
     load_solutions,
-    load_workloads,
 )
+from fibgen.runtime.workloads import load_workloads
 
 # Suffix of the sidecar beside a definition JSON that holds what flashinfer-bench's format
 # has no field for: the `.fidef` tolerance and input generation hints. Not `.json`, so that

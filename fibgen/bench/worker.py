@@ -77,21 +77,12 @@ class _Workload:
 def _make_inputs(
     definition: dict, workload: dict, root: str, hints: dict, seed: int, device: torch.device
 ) -> dict[str, Any]:
-    from fibgen.format.dataset import load_safetensors_input
-    from fibgen.format.models import SafetensorsInput
-    from fibgen.runtime.inputs import InputSpec, generate_inputs
+    from fibgen.format.models import Workload
+    from fibgen.runtime.inputs import InputSpec
+    from fibgen.runtime.workloads import materialize
 
     spec = InputSpec.from_definition_json(definition, hints)
-    # Every input is made valid first (hints give index tensors their structure); the
-    # workload's stored tensors and scalar values then replace the generated ones.
-    values = generate_inputs(spec, dict(workload["axes"]), device=device, seed=seed)
-    for name, given in workload["inputs"].items():
-        if given["type"] == "scalar":
-            values[name] = given["value"]
-        elif given["type"] == "safetensors":
-            tensor = load_safetensors_input(root, SafetensorsInput.model_validate(given))
-            values[name] = tensor.to(device)
-    return values
+    return materialize(spec, Workload.model_validate(workload), root, device=device, seed=seed)
 
 
 def _as_tuple(value: Any) -> tuple:

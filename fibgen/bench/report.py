@@ -1,0 +1,197 @@
+"""Reports over a dataset's traces: per definition, how each solution did and which was best.
+
+``summarize(root)`` reads ``traces/`` and returns plain data; ``render(summary, fmt)`` prints
+it as text, Markdown or JSON; ``plot(summary, path)`` draws speedup per workload and
+solution (needs matplotlib, the ``plot`` extra).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from fibgen.format import load_traces
+
+FORMATS = ("text", "md", "json")
+
+
+class ReportError(Exception):
+    """A report that cannot be made: no traces, or no matplotlib for a plot."""
+
+
+def _stats(values: list[float]) -> dict[str, float] | None:
+    values = [v for v in values if v > 0]
+    if not values:
+        return None
+    return {
+        "geomean": math.exp(sum(math.log(v) for v in values) / len(values)),
+        "min": min(values),
+        "max": max(values),
+    }
+
+
+def _axes_text(axes: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in axes.items()) or "-"
+
+
+def summarize(root: str | os.PathLike[str]) -> dict[str, Any]:
+    """Per definition: each solution's status counts and speedups, and the best per workload."""
+    root = Path(root)
+    traces = [t for t in load_traces(root) if t.solution is not None and t.evaluation]
+    if not traces:
+        raise ReportError(f"no benchmark traces under {root}/traces; run `fibgen bench` first")
+    definitions: dict[str, Any] = {}
+    for trace in traces:
+        d = definitions.setdefault(trace.definition, {"solutions": {}, "workloads": {}})
+        evaluation = trace.evaluation
+        status = evaluation.status.value
+        s = d["solutions"].setdefault(
+            trace.solution, {"passed": 0, "failed": 0, "statuses": {}, "speedups": []}
+        )
+        s["statuses"][status] = s["statuses"].get(status, 0) + 1
+        w = d["workloads"].setdefault(
+            trace.workload.uuid, {"uuid": trace.workload.uuid, "axes": trace.workload.axes}
+        )
+        if status != "PASSED":
+            s["failed"] += 1
+            continue
+        s["passed"] += 1
+        perf = evaluation.performance
+        s["speedups"].append(perf.speedup_factor)
+        w.setdefault("speedups", {})[trace.solution] = perf.speedup_factor
+        if "best" not in w or perf.latency_ms < w["latency_ms"]:
+            w.update(best=trace.solution, latency_ms=perf.latency_ms, speedup=perf.speedup_factor)
+    out: dict[str, Any] = {}
+    for name in sorted(definitions):
+        d = definitions[name]
+        solutions = {}
+        for sol in sorted(d["solutions"]):
+            s = d["solutions"][sol]
+            solutions[sol] = {
+                "passed": s["passed"],
+                "failed": s["failed"],
+                "statuses": dict(sorted(s["statuses"].items())),
+                "speedup": _stats(s["speedups"]),
+            }
+        workloads = sorted(
+            d["workloads"].values(), key=lambda w: (sorted(w["axes"].items()), w["uuid"])
+        )
+        out[name] = {"solutions": solutions, "workloads": workloads}
+    return {"definitions": out}
+
+
+def _speedup(stats: dict[str, float] | None) -> tuple[str, str, str]:
+    if stats is None:
+        return ("-", "-", "-")
+    return tuple(f"{stats[k]:.2f}x" for k in ("geomean", "min", "max"))  # type: ignore[return-value]
+
+
+def _failures(statuses: dict[str, int]) -> str:
+    failed = {k: v for k, v in statuses.items() if k != "PASSED"}
+    return ", ".join(f"{k} {v}" for k, v in failed.items()) or "-"
+
+
+def _tables(
+    summary: dict[str, Any],
+) -> list[tuple[str, list[str], list[list[str]], list[list[str]]]]:
+    out = []
+    for name, d in summary["definitions"].items():
+        rows = [
+            [
+                sol,
+                str(s["passed"]),
+                str(s["failed"]),
+                _failures(s["statuses"]),
+                *_speedup(s["speedup"]),
+            ]
+            for sol, s in d["solutions"].items()
+        ]
+        best = [
+            [
+                w["uuid"],
+                _axes_text(w["axes"]),
+                w.get("best", "(none passed)"),
+                f"{w['latency_ms']:.4g}" if "best" in w else "-",
+                f"{w['speedup']:.2f}x" if "best" in w else "-",
+            ]
+            for w in d["workloads"]
+        ]
+        out.append(
+            (
+                name,
+                ["solution", "passed", "failed", "failures", "speedup geomean", "min", "max"],
+                rows,
+                best,
+            )
+        )
+    return out
+
+
+BEST_HEADER = ["workload", "axes", "best solution", "latency ms", "speedup"]
+
+
+def _text_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+    return [line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(r) + " |" for r in rows),
+    ]
+
+
+def render(summary: dict[str, Any], fmt: str = "text") -> str:
+    """The summary as ``text``, ``md`` (Markdown) or ``json``."""
+    if fmt == "json":
+        return json.dumps(summary, indent=2, sort_keys=True) + "\n"
+    if fmt not in FORMATS:
+        raise ReportError(f"unknown report format {fmt!r}; use one of {', '.join(FORMATS)}")
+    lines: list[str] = []
+    for name, header, rows, best in _tables(summary):
+        if fmt == "md":
+            lines += [
+                f"## {name}",
+                "",
+                *_md_table(header, rows),
+                "",
+                *_md_table(BEST_HEADER, best),
+                "",
+            ]
+        else:
+            lines += [name, "", *_text_table(header, rows), "", *_text_table(BEST_HEADER, best), ""]
+    return "\n".join(lines)
+
+
+def plot(summary: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """Draw speedup over the reference per workload, one line per solution, one panel per definition."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ReportError(
+            "--plot needs matplotlib; install it with `pip install 'fibgen[plot]'`"
+        ) from None
+    definitions = summary["definitions"]
+    fig, axes = plt.subplots(len(definitions), 1, figsize=(8, 3 * len(definitions)), squeeze=False)
+    for ax, (name, d) in zip(axes[:, 0], definitions.items()):
+        labels = [_axes_text(w["axes"]) for w in d["workloads"]]
+        for sol in d["solutions"]:
+            ys = [w.get("speedups", {}).get(sol, math.nan) for w in d["workloads"]]
+            ax.plot(range(len(labels)), ys, marker="o", label=sol)
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_title(name)
+        ax.set_ylabel("speedup over reference")
+        ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=7)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

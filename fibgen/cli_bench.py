@@ -1,0 +1,130 @@
+"""The `bench` and `report` commands: benchmark solutions on a dataset, and report on it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+EXIT_OK, EXIT_FAIL = 0, 1
+
+
+def _eprint(text: str) -> None:
+    sys.stderr.write(text if text.endswith("\n") else text + "\n")
+
+
+def _list(values: list[str]) -> tuple[str, ...]:
+    # Accept both `--definitions a b` and `--definitions a,b`.
+    return tuple(p for v in values for p in v.split(",") if p)
+
+
+def _default_devices() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return ",".join(f"cuda:{i}" for i in range(torch.cuda.device_count()))
+    return "cpu"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `bench` and `report` subcommands."""
+    p = subparsers.add_parser(
+        "bench",
+        help="run every solution on every workload of a dataset and append traces",
+        description=(
+            "For every definition × workload × solution of DATASET: run the solution in a "
+            "worker process, compare it with the reference, time it, and append a Trace line "
+            "to traces/<author>/<op_type>/<definition>.jsonl. A crash or hang marks that "
+            "solution RUNTIME_ERROR or TIMEOUT and the run goes on."
+        ),
+    )
+    p.add_argument("dataset", metavar="DATASET", help="dataset folder (definitions/, workloads/)")
+    p.add_argument(
+        "--definitions",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="only these definitions (names or glob patterns)",
+    )
+    p.add_argument(
+        "--solutions",
+        nargs="+",
+        default=[],
+        metavar="NAME_OR_PATH",
+        help="solution names or patterns to run, and/or solution JSON files or folders to add",
+    )
+    p.add_argument(
+        "--devices",
+        default=None,
+        help="comma-separated devices, one worker each: cuda:0,cuda:1 or cpu "
+        "(default: every CUDA device, else cpu)",
+    )
+    p.add_argument("--resume", action="store_true", help="skip runs already in traces/")
+    p.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds per solution and workload (120)"
+    )
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls before timing (3)")
+    p.add_argument(
+        "--repeat", type=int, default=None, help="timed calls (default: as many as fit in 100 ms)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of generated inputs (0)")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.set_defaults(func=cmd_bench)
+
+    r = subparsers.add_parser(
+        "report",
+        help="per definition: solutions, pass/fail counts, speedups, best per workload",
+    )
+    r.add_argument("dataset", metavar="DATASET", help="dataset folder holding traces/")
+    r.add_argument("--format", choices=("text", "md", "json"), default="text")
+    r.add_argument("--plot", metavar="FILE.png", help="also draw speedup per workload (matplotlib)")
+    r.set_defaults(func=cmd_report)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run the benchmark; exit 1 when it could not run or a workload could not be prepared."""
+    from fibgen.bench.runner import BenchError, BenchOptions, run_bench
+    from fibgen.format import FormatError
+
+    devices = tuple(d.strip() for d in (args.devices or _default_devices()).split(",") if d.strip())
+    if args.timeout <= 0 or args.warmup < 0 or (args.repeat is not None and args.repeat < 1):
+        _eprint("error: --timeout must be positive, --warmup 0 or more, --repeat 1 or more")
+        return 2
+    options = BenchOptions(
+        devices=devices,
+        definitions=_list(args.definitions),
+        solutions=_list(args.solutions),
+        resume=args.resume,
+        timeout=args.timeout,
+        warmup=args.warmup,
+        repeat=args.repeat,
+        seed=args.seed,
+    )
+    try:
+        summary = run_bench(args.dataset, options, progress=not args.quiet)
+    except (BenchError, FormatError) as exc:
+        _eprint(f"error: {exc}")
+        return EXIT_FAIL
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(summary.statuses.items())) or "none"
+    print(f"{summary.traces} traces written ({counts}); {summary.skipped} already traced, skipped")
+    for path in sorted(summary.trace_files):
+        print(f"  {path}")
+    for problem in summary.problems:
+        _eprint(f"error: {problem}")
+    return EXIT_FAIL if summary.problems else EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Print the report; draw the plot when asked."""
+    from fibgen.bench.report import ReportError, plot, render, summarize
+    from fibgen.format import FormatError
+
+    try:
+        summary = summarize(args.dataset)
+        sys.stdout.write(render(summary, args.format))
+        if args.plot:
+            plot(summary, args.plot)
+            _eprint(f"wrote {args.plot}")
+    except (ReportError, FormatError) as exc:
+        _eprint(f"error: {exc}")
+        return EXIT_FAIL
+    return EXIT_OK

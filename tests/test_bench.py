@@ -1,0 +1,126 @@
+"""The benchmark runner and reports: statuses of bad solutions, timing of good ones, resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fibgen.bench.report import ReportError, render, summarize
+from fibgen.bench.runner import BenchOptions, run_bench
+from fibgen.cli import main
+
+from _bench_dataset import make_dataset
+
+EXPECTED = {
+    "good_returns": "PASSED",
+    "good_dps": "PASSED",
+    "aborts": "RUNTIME_ERROR",
+    "hangs": "TIMEOUT",
+    "wrong_numbers": "INCORRECT_NUMERICAL",
+    "wrong_shape": "INCORRECT_SHAPE",
+    "wrong_dtype": "INCORRECT_DTYPE",
+    "raises": "RUNTIME_ERROR",
+    "bad_import": "COMPILE_ERROR",
+}
+
+
+@pytest.fixture(scope="module")
+def benched(tmp_path_factory):
+    """One run over every kind of solution (spawning workers is the slow part: share it)."""
+    root = tmp_path_factory.mktemp("bench")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("FIBGEN_CACHE_DIR", str(root / "cache"))
+    make_dataset(root / "ds", list(EXPECTED), sizes=(3, 17))
+    summary = run_bench(root / "ds", BenchOptions(timeout=4, warmup=1, repeat=5), progress=False)
+    yield root / "ds", summary
+    mp.undo()
+
+
+def _traces(root):
+    lines = (root / "traces" / "tester" / "scale" / "scale_h64.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_every_status_comes_out_and_good_solutions_are_timed(benched):
+    root, summary = benched
+    traces = _traces(root)
+    assert len(traces) == 2 * len(EXPECTED) == summary.traces
+    got = {(t["workload"]["uuid"], t["solution"]): t["evaluation"]["status"] for t in traces}
+    assert got == {(w, s): status for w in ("n3", "n17") for s, status in EXPECTED.items()}
+    for t in traces:
+        evaluation = t["evaluation"]
+        if evaluation["status"] == "PASSED":
+            perf = evaluation["performance"]
+            assert perf["latency_ms"] > 0 and perf["reference_latency_ms"] > 0
+            assert perf["speedup_factor"] == pytest.approx(
+                perf["reference_latency_ms"] / perf["latency_ms"]
+            )
+        else:
+            assert "performance" not in evaluation and evaluation["log"]
+    logs = {t["solution"]: t["evaluation"]["log"] for t in traces}
+    assert "SIGABRT" in logs["aborts"]
+    assert "not today" in logs["raises"]
+    assert "no_such_module_here" in logs["bad_import"]
+    assert "[3, 63]" in logs["wrong_shape"] or "[17, 63]" in logs["wrong_shape"]
+
+
+def test_traces_load_with_the_format_and_flashinfer_bench(benched):
+    root, _ = benched
+    from fibgen.format import load_traces
+
+    assert len(load_traces(root)) == 2 * len(EXPECTED)
+    fib = pytest.importorskip(
+        "flashinfer_bench", reason="flashinfer-bench 0.1.2 is not installed (optional check)"
+    )
+    trace_set = fib.TraceSet.from_path(str(root))
+    loaded = [t for traces in trace_set.traces.values() for t in traces]
+    assert len(loaded) == 2 * len(EXPECTED)
+
+
+def test_resume_skips_what_is_traced(benched, tmp_path):
+    root, _ = benched
+    summary = run_bench(root, BenchOptions(resume=True, timeout=4), progress=False)
+    assert summary.traces == 0 and summary.skipped == 2 * len(EXPECTED)
+
+
+def test_report_text_md_json(benched, tmp_path):
+    root, _ = benched
+    summary = summarize(root)
+    sols = summary["definitions"]["scale_h64"]["solutions"]
+    assert sols["good_dps"]["passed"] == 2 and sols["hangs"]["statuses"] == {"TIMEOUT": 2}
+    assert sols["aborts"]["speedup"] is None and sols["good_returns"]["speedup"]["min"] > 0
+    workloads = summary["definitions"]["scale_h64"]["workloads"]
+    assert [w["uuid"] for w in workloads] == ["n3", "n17"]
+    assert all(w["best"] in ("good_returns", "good_dps") for w in workloads)
+    text = render(summary, "text")
+    assert "scale_h64" in text and "TIMEOUT 2" in text and "best solution" in text
+    md = render(summary, "md")
+    assert "## scale_h64" in md and "| good_dps | 2 | 0 | - |" in md
+    assert json.loads(render(summary, "json")) == json.loads(json.dumps(summary))
+
+
+def test_report_and_bench_cli(benched, tmp_path, capsys):
+    root, _ = benched
+    assert main(["report", str(root), "--format", "md"]) == 0
+    assert "## scale_h64" in capsys.readouterr().out
+    assert main(["report", str(tmp_path)]) == 1
+    assert "no benchmark traces" in capsys.readouterr().err
+    assert main(["bench", str(root), "--resume", "--devices", "cpu", "--quiet"]) == 0
+    assert "0 traces written" in capsys.readouterr().out
+    assert main(["bench", str(tmp_path / "missing"), "--devices", "cpu"]) == 1
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_plot_needs_matplotlib_or_draws(benched, tmp_path):
+    root, _ = benched
+    from fibgen.bench.report import plot
+
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        with pytest.raises(ReportError, match="pip install"):
+            plot(summarize(root), tmp_path / "p.png")
+        return
+    plot(summarize(root), tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 0
