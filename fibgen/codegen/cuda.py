@@ -22,7 +22,12 @@ from functools import lru_cache
 
 import jinja2
 
-from fibgen.codegen.files import GeneratedFile, with_c_header, with_python_header
+from fibgen.codegen.files import (
+    GenerateError,
+    GeneratedFile,
+    with_c_header,
+    with_python_header,
+)
 from fibgen.codegen.pyformat import format_python
 from fibgen.compiler import ir
 from fibgen.paths import templates_dir
@@ -70,7 +75,7 @@ _CPP_KEYWORDS = frozenset(
 )
 
 
-class CudaGenError(ValueError):
+class CudaGenError(GenerateError):
     """A definition the CUDA target cannot express; the message names it and the reason."""
 
 
