@@ -257,12 +257,11 @@ def _counts(label: str) -> dict[str, int]:
 
 def _dispatcher(case: Case) -> Api:
     package = case.dispatch_module.partition(".")[0]
-    if package not in sys.modules and str(case.dispatch_path) not in sys.path:
-        try:
-            importlib.import_module(package)
-        except ImportError:
-            # Not installed: use the package generated beside this test.
-            sys.path.insert(0, str(case.dispatch_path))
+    beside = str(case.dispatch_path)
+    if package not in sys.modules and (case.dispatch_path / package).is_dir():
+        # The dispatchers generated beside this test are the ones it holds to the definitions.
+        if beside not in sys.path:
+            sys.path.insert(0, beside)
     try:
         module = importlib.import_module(case.dispatch_module)
     except Exception as exc:
