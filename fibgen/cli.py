@@ -178,7 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Commands that live beside the library they drive; each module has `register(subparsers)`
 # adding its subcommand(s) with `set_defaults(func=...)` (the function returns an exit code).
-_COMMAND_MODULES: tuple[str, ...] = ("fibgen.cli_workloads", "fibgen.cli_bench")
+_COMMAND_MODULES: tuple[str, ...] = (
+    "fibgen.cli_workloads",
+    "fibgen.cli_scaffold",
+    "fibgen.cli_bench",
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,10 +23,6 @@ LANGUAGES = ("python", "triton", "cuda")
 ENTRY_SYMBOL = "run"
 _ENTRY_FILES = {"python": "main.py", "triton": "main.py"}
 
-# Families that get a real triton kernel, by name → template. Others get a triton file whose
-# entry runs the reference's math in torch, marked as the place to write the kernel.
-_TRITON_KERNELS = {"rmsnorm": "scaffold_triton_rmsnorm.py.j2"}
-
 
 class ScaffoldError(Exception):
     """A scaffold that cannot be written; the message says why, for the command line."""
@@ -76,9 +72,7 @@ def find_definition(module: ir.Module, name: str) -> tuple[ir.Definition, ir.Fam
 def _reference_as(reference: str, new_name: str) -> str:
     """The reference with its top-level ``run`` renamed, so the entry can be called ``run``."""
     tree = ast.parse(reference)
-    node = next(
-        n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == ENTRY_SYMBOL
-    )
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == ENTRY_SYMBOL)
     lines = reference.splitlines()
     lines[node.lineno - 1] = lines[node.lineno - 1].replace(
         f"def {ENTRY_SYMBOL}(", f"def {new_name}(", 1
@@ -87,7 +81,7 @@ def _reference_as(reference: str, new_name: str) -> str:
 
 
 def _tensor_doc(t: ir.DefTensor) -> str:
-    shape = "scalar" if t.shape is None else f"[{', '.join(t.shape)}]"
+    shape = " scalar" if t.shape is None else f"[{', '.join(t.shape)}]"
     return f"{t.name}: {t.dtype}{shape}"
 
 
@@ -103,24 +97,54 @@ def _eps(reference: str | None) -> float:
     return 1e-6
 
 
+def _reference_call(defn: ir.Definition, dps: bool) -> list[str]:
+    """Entry body lines that compute the outputs with the reference's math."""
+    call = f"_reference({', '.join(t.name for t in defn.inputs)})"
+    if not dps:
+        return [f"return {call}"]
+    outputs = [t.name for t in defn.outputs]
+    lines = [f"{', '.join(f'_{o}' for o in outputs)} = {call}"]
+    lines += [f"{t.name}.copy_(_{t.name})" for t in defn.outputs if t.shape is not None]
+    return lines
+
+
+def _rmsnorm_call(defn: ir.Definition, dps: bool) -> list[str]:
+    """Entry body lines that launch the row-wise RMS norm kernel."""
+    x, w = (t.name for t in defn.inputs)
+    out = defn.outputs[0].name
+    lines = [f"{x} = {x}.contiguous()"]
+    lines += [] if dps else [f"{out} = torch.empty_like({x})"]
+    lines += [
+        f"rows = {x}.numel() // {x}.shape[-1]",
+        f"_rmsnorm_kernel[(rows,)](",
+        f"    {x}, {w}, {out}, {x}.shape[-1], EPS, BLOCK=triton.next_power_of_2({x}.shape[-1])",
+        ")",
+    ]
+    return lines if dps else [*lines, f"return {out}"]
+
+
+def _doc_lines(defn: ir.Definition) -> list[str]:
+    lines = ["Inputs:", *(f"    {_tensor_doc(t)}" for t in defn.inputs)]
+    lines += ["Outputs:", *(f"    {_tensor_doc(t)}" for t in defn.outputs)]
+    if defn.constraints:
+        lines += ["Constraints:", *(f"    {c}" for c in defn.constraints)]
+    return lines
+
+
+# Families that get a real triton kernel: template and entry body. Others get a triton file
+# whose entry runs the reference's math in torch, marked as the place to write the kernel.
+_TRITON_KERNELS = {"rmsnorm": ("scaffold_triton_rmsnorm.py.j2", _rmsnorm_call)}
+
+
 def _context(defn: ir.Definition, name: str, dps: bool) -> dict[str, object]:
     inputs = [t.name for t in defn.inputs]
     outputs = [t.name for t in defn.outputs]
-    tensor_outputs = [t.name for t in defn.outputs if t.shape is not None]
     return {
         "name": name,
         "definition": defn.name,
         "params": ", ".join(inputs + outputs if dps else inputs),
-        "inputs": ", ".join(inputs),
-        "input_docs": [_tensor_doc(t) for t in defn.inputs],
-        "output_docs": [_tensor_doc(t) for t in defn.outputs],
-        "constraints": list(defn.constraints),
-        "dps": dps,
-        "outputs": outputs,
-        "outputs_tuple": ", ".join(outputs) + ("," if len(outputs) == 1 else ""),
-        "copies": [f"{o}.copy_(_{o})" for o in tensor_outputs],
-        "returned": ", ".join(outputs),
-        "underscored": ", ".join(f"_{o}" for o in outputs) + ("," if len(outputs) == 1 else ""),
+        "doc": _doc_lines(defn),
+        "style": "writes into the output buffers" if dps else "returns the outputs",
     }
 
 
@@ -133,33 +157,30 @@ def _python_sources(defn: ir.Definition, name: str, dps: bool, language: str) ->
             "reference's math; write the reference in the .fidef first"
         )
     context = _context(defn, name, dps)
-    template = "scaffold_python.py.j2"
-    if language == "triton":
-        template = _TRITON_KERNELS.get(defn.family, "scaffold_triton_torch.py.j2")
-        context["eps"] = repr(_eps(defn.reference))
+    template = {"python": "scaffold_python.py.j2", "triton": "scaffold_triton_torch.py.j2"}
+    context["body"] = _reference_call(defn, dps)
     context["reference"] = _reference_as(defn.reference, "_reference")
-    return {_ENTRY_FILES[language]: _render(template, **context)}
+    if language == "triton" and defn.family in _TRITON_KERNELS:
+        template[language], body = _TRITON_KERNELS[defn.family]
+        context["body"] = body(defn, dps)
+        context["eps"] = repr(_eps(defn.reference))
+    return {_ENTRY_FILES[language]: _render(template[language], **context)}
 
 
-def _cuda_sources(defn: ir.Definition, family: ir.Family, dps: bool) -> dict[str, str]:
+def _cuda_sources(defn: ir.Definition, family: ir.Family, dps: bool) -> tuple[dict, str, str]:
+    """The CUDA target's scaffold: (sources, entry file, binding)."""
     try:
-        from fibgen.codegen.cuda import scaffold_sources
+        from fibgen.codegen.cuda import BINDING, ENTRY_FILE, CudaGenError, scaffold_sources
     except ImportError:
         raise ScaffoldError(
             "--language cuda is not available in this fibgen: the CUDA target has no "
             "scaffold_sources yet; use --language python or triton"
         ) from None
-    return scaffold_sources(defn, family, entry=ENTRY_SYMBOL, dps=dps)
-
-
-def _entry_file(sources: dict[str, str], language: str) -> str:
-    if language in _ENTRY_FILES:
-        return _ENTRY_FILES[language]
-    # The CUDA target names its files; the binding is the one that exports the entry.
-    for path in sorted(sources):
-        if path.endswith((".cu", ".cpp")) and "binding" in Path(path).stem:
-            return path
-    return next(p for p in sorted(sources) if p.endswith((".cu", ".cpp")))
+    try:
+        sources = scaffold_sources(defn, family, entry=ENTRY_SYMBOL, dps=dps)
+    except CudaGenError as exc:
+        raise ScaffoldError(f"cannot scaffold a cuda solution for {defn.name}: {exc}") from None
+    return sources, ENTRY_FILE, BINDING
 
 
 def scaffold_solution(
@@ -187,12 +208,13 @@ def scaffold_solution(
             raise ScaffoldError(f"--{what} {value!r} must be a plain folder name")
     defn, family = find_definition(_compile(definitions), definition)
 
+    binding = None
     if language == "cuda":
-        sources = _cuda_sources(defn, family, dps)
+        sources, entry_file, binding = _cuda_sources(defn, family, dps)
     else:
         sources = _python_sources(defn, name, dps, language)
         sources = dict(zip(sources, format_python(list(sources.values()))))
-    entry_file = _entry_file(sources, language)
+        entry_file = _ENTRY_FILES[language]
     solution = Solution(
         name=name,
         definition=defn.name,
@@ -203,6 +225,7 @@ def scaffold_solution(
             target_hardware=["cuda"] if language == "cuda" else ["cuda", "cpu"],
             entry_point=f"{entry_file}::{ENTRY_SYMBOL}",
             destination_passing_style=dps,
+            binding=binding,
         ),
         sources=[SourceFile(path=p, content=sources[p]) for p in sorted(sources)],
     )

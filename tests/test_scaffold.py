@@ -1,0 +1,146 @@
+"""`fibgen scaffold-solution`: fresh scaffolds pass their generated test; bad input is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fibgen.cli import main
+from fibgen.format.jsonio import load_solution
+from fibgen.scaffold import ScaffoldError, scaffold_solution
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFINITIONS = str(ROOT / "definitions")
+NORM = str(ROOT / "definitions" / "norm.fidef")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("gen")
+    assert main(["build", NORM, "-o", str(out), "--package", "fibgen_sc_kernels"]) == 0
+    return out
+
+
+def _run_generated_test(built: Path, solutions: Path, definition: str) -> str:
+    env = {
+        **os.environ,
+        "FIBGEN_SOLUTIONS": str(solutions),
+        "FIBGEN_CACHE_DIR": str(solutions.parent / "cache"),
+        "TRITON_INTERPRET": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs"]
+        + ["tests/test_rmsnorm.py", "-k", definition],
+        cwd=built,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "skipped" not in proc.stdout, proc.stdout
+    return proc.stdout
+
+
+@pytest.mark.parametrize(
+    "language, dps", [("triton", True), ("triton", False), ("python", True), ("python", False)]
+)
+def test_fresh_scaffold_passes_its_generated_test(built, tmp_path, language, dps):
+    solutions = tmp_path / "solutions"
+    result = scaffold_solution(
+        "rmsnorm_h4096",
+        language=language,
+        author="me",
+        dps=dps,
+        output=solutions,
+        definitions=DEFINITIONS,
+    )
+    name = f"{language}_rmsnorm_h4096"
+    assert result.folder == solutions / "me" / "rmsnorm" / "rmsnorm_h4096" / name
+    solution = load_solution(result.solution_json)
+    assert solution.spec.entry_point == "main.py::run"
+    assert solution.spec.destination_passing_style is dps
+    assert [s.path for s in solution.sources] == ["main.py"]
+    main_py = (result.folder / "main.py").read_text()
+    assert solution.sources[0].content == main_py
+    signature = "hidden_states, weight, output" if dps else "hidden_states, weight"
+    assert f"def run({signature}):" in main_py
+    if language == "triton":
+        assert "@triton.jit" in main_py
+    _run_generated_test(built, solutions, "rmsnorm_h4096")
+
+
+def test_triton_scaffold_without_a_kernel_says_so(tmp_path):
+    result = scaffold_solution(
+        "fused_add_rmsnorm_h4096",
+        language="triton",
+        author="me",
+        output=tmp_path,
+        definitions=DEFINITIONS,
+    )
+    text = (result.folder / "main.py").read_text()
+    assert "TODO: launch a @triton.jit kernel" in text
+    assert "def run(hidden_states, residual, weight, output):" in text
+
+
+def test_cli_writes_and_refuses_to_overwrite(tmp_path, capsys):
+    args = ["scaffold-solution", "rmsnorm_h128", "--language", "python", "--author", "me"]
+    args += ["-o", str(tmp_path), "--definitions", DEFINITIONS, "--name", "mine"]
+    assert main(args) == 0
+    folder = tmp_path / "me" / "rmsnorm" / "rmsnorm_h128" / "mine"
+    assert sorted(p.name for p in folder.iterdir()) == ["main.py", "mine.json"]
+    (folder / "main.py").write_text("# edited\n")
+    capsys.readouterr()
+
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err == f"error: {folder} already exists; pass --force to replace it\n"
+    assert (folder / "main.py").read_text() == "# edited\n"
+
+    assert main([*args, "--no-dps", "--force"]) == 0
+    assert (folder / "main.py").read_text() != "# edited\n"
+    assert (
+        json.loads((folder / "mine.json").read_text())["spec"]["destination_passing_style"] is False
+    )
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["mine"]  # no leftovers
+
+
+def test_unknown_definition_lists_the_closest_names(tmp_path, capsys):
+    args = ["scaffold-solution", "rmsnorm_h4069", "--language", "python"]
+    assert main([*args, "-o", str(tmp_path), "--definitions", DEFINITIONS]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown definition 'rmsnorm_h4069'; did you mean rmsnorm_h4096")
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"language": "rust"}, "unknown language 'rust'"),
+        ({"language": "python", "author": "../x"}, "--author '../x' must be a plain folder name"),
+        ({"language": "python", "definitions": "/no/such/dir"}, "does not exist"),
+    ],
+)
+def test_bad_arguments_are_clean_errors(tmp_path, kwargs, message):
+    kwargs = {"definitions": DEFINITIONS, "output": tmp_path, **kwargs}
+    with pytest.raises(ScaffoldError, match=message):
+        scaffold_solution("rmsnorm_h128", **kwargs)
+    assert not any(tmp_path.iterdir())
+
+
+def test_cuda_scaffold_lists_every_source(tmp_path):
+    pytest.importorskip("fibgen.codegen.cuda").scaffold_sources  # the CUDA target's entry
+    result = scaffold_solution(
+        "rmsnorm_h4096", language="cuda", author="me", output=tmp_path, definitions=DEFINITIONS
+    )
+    solution = load_solution(result.solution_json)
+    on_disk = sorted(
+        str(p.relative_to(result.folder)) for p in result.folder.rglob("*") if p.is_file()
+    )
+    assert sorted([s.path for s in solution.sources] + [result.solution_json.name]) == on_disk
+    entry_file, symbol = solution.spec.entry_point.split("::")
+    assert entry_file in on_disk and symbol == "run"
