@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,8 @@ from fibgen.bench.runner import BenchOptions, run_bench
 from fibgen.cli import main
 
 from _bench_dataset import make_dataset
+
+REPO_DEFS = Path(__file__).resolve().parent.parent / "definitions"
 
 EXPECTED = {
     "good_returns": "PASSED",
@@ -124,3 +127,31 @@ def test_plot_needs_matplotlib_or_draws(benched, tmp_path):
         return
     plot(summarize(root), tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_sidecar_tolerance_and_hints_reach_the_runner(tmp_path):
+    from fibgen.bench.runner import plan
+
+    root = make_dataset(tmp_path / "ds", ["good_returns"], sizes=(3,))
+    sidecar = root / "definitions" / "scale" / "scale_h64.fibgen"
+    sidecar.write_text(json.dumps({"tolerance": {"atol": 0.5}, "hints": {"w": "prob()"}}))
+    (group,) = plan(root, BenchOptions())[0]
+    assert group.tolerance == {"atol": 0.5, "rtol": None, "matched": None}
+    assert group.hints == {"w": "prob()"}
+
+
+def test_generated_sidecar_carries_the_fidef_tolerance(tmp_path):
+    src = tmp_path / "defs"
+    src.mkdir()
+    text = (REPO_DEFS / "norm.fidef").read_text()
+    text = text.replace(
+        "family rmsnorm {\n  op_type rmsnorm\n",
+        "family rmsnorm {\n  op_type rmsnorm\n  tolerance(atol=2e-2, rtol=3e-2, matched=0.99)\n",
+        1,
+    )
+    (src / "norm.fidef").write_text(text)
+    assert main(["build", str(src), "-o", str(tmp_path / "out")]) == 0
+    sidecar = tmp_path / "out" / "definitions" / "rmsnorm" / "rmsnorm_h4096.fibgen"
+    assert json.loads(sidecar.read_text()) == {
+        "tolerance": {"atol": 2e-2, "rtol": 3e-2, "matched": 0.99}
+    }

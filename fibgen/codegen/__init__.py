@@ -14,6 +14,7 @@ DEFAULT_PACKAGE = "fibgen_kernels"
 
 def generate(module: ir.Module, package: str = DEFAULT_PACKAGE) -> list[GeneratedFile]:
     """Run every emitter over the module; each returns its files, the writer writes them."""
+    from fibgen.codegen.bench_extras import emit_bench_extras
     from fibgen.codegen.cuda import emit_cuda
     from fibgen.codegen.definition_json import emit_definition_json
     from fibgen.codegen.python_dispatch import emit_python_dispatch
@@ -21,6 +22,7 @@ def generate(module: ir.Module, package: str = DEFAULT_PACKAGE) -> list[Generate
     from fibgen.codegen.tests_target import emit_tests
 
     files = list(emit_definition_json(module))
+    files.extend(emit_bench_extras(module))
     files.extend(emit_reference_modules(module, package))
     files.extend(emit_python_dispatch(module, package))
     files.extend(emit_tests(module, package))
