@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import keyword
 import math
 import os
 import pickle
@@ -666,7 +667,10 @@ def test_var_and_const_axes() -> None:
 # ---------------------------------------------------------------------------------------
 # Property: any well-formed definition survives dump -> parse.
 
-_names = st.from_regex(r"[a-z][a-z0-9_]{0,8}", fullmatch=True)
+# Names become Python identifiers in constraints and references: keywords are not names.
+_names = st.from_regex(r"[a-z][a-z0-9_]{0,8}", fullmatch=True).filter(
+    lambda n: not keyword.iskeyword(n) and not keyword.issoftkeyword(n)
+)
 
 
 @st.composite

@@ -112,8 +112,18 @@ def _signature(params: Iterable[ir.ApiParam]) -> str:
             if p.kind == "keyword_only" and not star:
                 parts.append("*")
                 star = True
-            parts.append(p.name if p.default is None else f"{p.name}={p.default}")
+            parts.append(p.name if p.default is None else f"{p.name}={_default(p.default)}")
     return ", ".join(parts)
+
+
+def _default(text: str) -> str:
+    # A default that is not a literal (``ActivationType.Swiglu.value``) names something of the
+    # API's module; the runtime puts in the real value once it finds the API.
+    try:
+        ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return f"ApiDefault({text!r})"
+    return text
 
 
 def _forward(params: Iterable[ir.ApiParam]) -> str:
@@ -637,7 +647,15 @@ class _Family:
 # Modules
 # ---------------------------------------------------------------------------------------
 
-_RUNTIME_IMPORT = "from fibgen.runtime.apply import ORIGINAL, RETURNS, register_api"
+_RUNTIME_NAMES = ("ORIGINAL", "RETURNS", "register_api")
+
+
+def _runtime_import(names: tuple[str, ...], signatures: Iterable[ir.ApiSignature | None]) -> str:
+    """The runtime import line, with ApiDefault when a signature needs its placeholder."""
+    params = [p for sig in signatures if sig is not None for p in sig.params]
+    if any(p.default is not None and _default(p.default) != p.default for p in params):
+        names = names + ("ApiDefault",)
+    return f"from fibgen.runtime.apply import {', '.join(sorted(names))}"
 
 
 def _dict_lines(name: str, rows: Iterable[tuple[str, str]]) -> list[str]:
@@ -678,7 +696,7 @@ def _family_module(
         "_REFERENCES",
         ((repr(d.name), texts[d.reference]) for d in view.defs if d.reference is not None),
     )
-    imports = ["import torch", "", _RUNTIME_IMPORT]
+    imports = ["import torch", "", _runtime_import(_RUNTIME_NAMES, (family.api, family.plan))]
     options = [
         f"path={family.api.path if family.api else None!r}",
         f"patch={patch}",
@@ -758,7 +776,7 @@ def _group_module(group: ir.DispatchGroup, families: dict[str, ir.Family]) -> Mo
     )
     names = sorted({f.name for _, f in members})
     imports = (
-        "from fibgen.runtime.apply import register_api",
+        _runtime_import(("register_api",), (api,)),
         "",
         *(f"from . import {n} as _{n}" for n in names),
     )

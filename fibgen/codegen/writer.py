@@ -73,6 +73,12 @@ def _manifest_text(files: dict[str, str], inputs: str | None) -> str:
     return "".join(lines)
 
 
+def _without_inputs(text: str | None) -> str | None:
+    if text is None:
+        return None
+    return "".join(line for line in text.splitlines(True) if not line.startswith("# inputs: "))
+
+
 def inputs_digest(sources: list[tuple[str, str]], options: str) -> str:
     """A digest of everything a build's output depends on: sources, options and fibgen itself."""
     h = hashlib.sha256()
@@ -90,7 +96,14 @@ def _generator_fingerprint() -> str:
     from fibgen.paths import grammars_dir, templates_dir
 
     h = hashlib.sha256()
-    roots = [Path(__file__).resolve().parents[1], templates_dir(), grammars_dir()]
+    package = Path(__file__).resolve().parents[1]
+    roots = [
+        package / "compiler",
+        package / "codegen",
+        package / "format",
+        templates_dir(),
+        grammars_dir(),
+    ]
     for root in roots:
         for f in sorted(root.rglob("*")):
             if f.is_file() and f.suffix in (".py", ".j2", ".lark", ".json"):
@@ -199,9 +212,12 @@ def write_files(
             target.unlink()
             _prune_empty_dirs(out, target.parent)
     manifest = _manifest_text(new, inputs)
-    if _current(out / MANIFEST) != manifest:
+    current = _current(out / MANIFEST)
+    if current != manifest:
         if check:
-            if not report.changed:
+            # The inputs digest only makes no-op builds fast: a manifest that differs in it
+            # alone describes the same output, which is therefore not stale.
+            if not report.changed and _without_inputs(current) != _without_inputs(manifest):
                 report.written.append(MANIFEST)
                 diffs.append(f"--- a/{MANIFEST}\n+++ b/{MANIFEST}\n(manifest out of date)\n")
         else:

@@ -43,6 +43,9 @@ from typing import Any
 import torch
 
 from fibgen.runtime import patching, select, solutions
+
+# Generated modules import ApiDefault from here, with the other names of the contract.
+from fibgen.runtime.patching import ApiDefault  # noqa: F401
 from fibgen.runtime.errors import ApplyConfigError, SolutionError
 
 # Route kinds: how a dispatcher calls the callable of a route.
@@ -204,6 +207,8 @@ class Api:
                 self._original = _state.originals[self.path]
             else:
                 self._original = patching.original(self.path)
+            if self._original is not None:
+                patching.adopt_defaults(self.function, self._original)
         return self._original
 
     def call_plan(self, *args: Any, **kwargs: Any) -> Any:
@@ -413,6 +418,7 @@ def _patch(api: Api, taken: set[str]) -> None:
     found = patching.patch(api.path, api.function, _state.patches)
     if found is not None:
         _state.originals[api.path] = api._original = found
+        patching.adopt_defaults(api.function, found)
     if api.plan_path is not None and api.plan_function is not None:
         found = patching.patch(api.plan_path, api.plan_function, _state.patches)
         if found is not None:

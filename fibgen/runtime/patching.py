@@ -95,6 +95,52 @@ def _patch_aliases(top: str, old: Any, wrapper: Callable[..., Any], done: list[P
             setattr(module, attr, wrapper)
 
 
+class ApiDefault:
+    """A parameter default that is an expression of the API's own module (an enum member).
+
+    A generated wrapper cannot evaluate ``ActivationType.Swiglu.value`` without importing the
+    API; it carries this placeholder, and `adopt_defaults` replaces it by the original's value
+    when the API is found.
+    """
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def adopt_defaults(wrapper: Callable[..., Any], found: Callable[..., Any]) -> None:
+    """Give ``wrapper`` the original's values for its placeholder defaults."""
+    import inspect
+
+    code = getattr(wrapper, "__code__", None)
+    if code is None:
+        return
+    try:
+        real = {
+            n: p.default
+            for n, p in inspect.signature(found).parameters.items()
+            if p.default is not inspect.Parameter.empty
+        }
+    except (TypeError, ValueError):  # a builtin without a signature: keep the placeholders
+        return
+    defaults = list(wrapper.__defaults__ or ())
+    positional = code.co_varnames[: code.co_argcount]
+    first = len(positional) - len(defaults)
+    for i, value in enumerate(defaults):
+        if isinstance(value, ApiDefault) and positional[first + i] in real:
+            defaults[i] = real[positional[first + i]]
+    wrapper.__defaults__ = tuple(defaults) or None
+    kw = dict(wrapper.__kwdefaults__ or {})
+    for name, value in kw.items():
+        if isinstance(value, ApiDefault) and name in real:
+            kw[name] = real[name]
+    wrapper.__kwdefaults__ = kw or None
+
+
 def restore(done: list[Patch]) -> None:
     """Undo patches, last first, and empty the list."""
     while done:
