@@ -1,6 +1,6 @@
 """Time enable_apply on a traced dataset: 200 definitions × 5 solutions × 10,000 traces.
 
-    python benchmarks/select.py
+    python benchmarks/selection.py
 
 Half of the definitions have a different winner per var-axis key (keyed entries), half one
 winner throughout. Cold: the table cache is removed first; warm: it is current. Nothing is
