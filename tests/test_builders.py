@@ -241,3 +241,24 @@ def test_builders_import_no_compiler_lark_or_jinja():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env=_environ())
+
+
+TINY = """
+#include <pybind11/pybind11.h>
+#include "tiny.h"
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("answer", [] { return ANSWER; }); }
+"""
+
+
+def test_build_extension_hashes_its_headers(tmp_path):
+    (tmp_path / "tiny.cpp").write_text(TINY, encoding="utf-8")
+    header = tmp_path / "tiny.h"
+    header.write_text("#define ANSWER 41\n", encoding="utf-8")
+    first = builders.build_extension(
+        "tiny", [tmp_path / "tiny.cpp"], include_dirs=[tmp_path], cuda=False
+    )
+    header.write_text("#define ANSWER 42\n", encoding="utf-8")
+    second = builders.build_extension(
+        "tiny", [tmp_path / "tiny.cpp"], include_dirs=[tmp_path], cuda=False
+    )
+    assert (first.answer(), second.answer()) == (41, 42)

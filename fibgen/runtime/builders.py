@@ -28,6 +28,7 @@ from typing import Any
 _FORMAT = 1
 BUILT_LANGUAGES = ("cpp", "cuda")
 COMPILED_SUFFIXES = (".cu", ".cpp", ".cc", ".cxx", ".c")
+HEADER_SUFFIXES = (".h", ".hh", ".hpp", ".cuh", ".inc")
 _DONE = "BUILT"  # written last: a folder without it is an interrupted build
 # Lines of compiler output kept in a BuildError; the first errors are the ones that matter.
 _MAX_LOG_LINES = 60
@@ -207,9 +208,13 @@ def build_extension(
 ) -> ModuleType:
     """Build (or load from the cache) an extension from source files on disk."""
     files = {Path(p).name: Path(p).read_text(encoding="utf-8") for p in sources}
-    # Include folders are hashed by content, not by path, so a moved checkout reuses builds.
+    # Headers are hashed by content, not by path, so a moved checkout reuses its builds.
     headers = [
-        sorted((h.name, h.read_text(encoding="utf-8")) for h in Path(d).glob("*.h*"))
+        sorted(
+            (h.name, h.read_text(encoding="utf-8"))
+            for h in Path(d).iterdir()
+            if h.suffix in HEADER_SUFFIXES and h.is_file()
+        )
         for d in include_dirs
     ]
     payload = ["extension", name, cuda, sorted(files.items()), headers]
