@@ -267,6 +267,50 @@ def test_fp8_paged_with_scales_decodes_to_finite_values():
     assert bool(((scales > 0) & (scales < 1)).all()) and bool(values.isfinite().all())
 
 
+def test_random_fp8_values_are_finite_normal_numbers_of_both_signs():
+    spec = InputSpec(
+        name="fp8",
+        axes=(("n", "var", None), ("v", "const", 1000)),
+        inputs=(
+            ("a", "float8_e4m3fn", ("n", "v"), False, None),
+            ("b", "float8_e5m2", ("n", "v"), False, None),
+        ),
+    )
+    x = generate_inputs(spec, {"n": 3})
+    for name in ("a", "b"):
+        values = x[name].float()
+        assert values.shape == (3, 1000) and bool(values.isfinite().all())
+        magnitude = values.abs()
+        assert bool(((magnitude >= 0.125) & (magnitude < 2)).all())
+        assert 0.4 < float((values > 0).float().mean()) < 0.6
+    again = generate_inputs(spec, {"n": 3})
+    assert torch.equal(x["a"].view(torch.uint8), again["a"].view(torch.uint8))
+
+
+def test_packed_topk_rows_name_distinct_experts_with_weights_summing_to_one():
+    spec = InputSpec(
+        name="routed",
+        axes=(("t", "var", None), ("k", "const", 8), ("e", "const", 10)),
+        inputs=(("topk_ids", "int32", ("t", "k"), False, "packed_topk(e)"),),
+    )
+    packed = generate_inputs(spec, {"t": 6})["topk_ids"]
+    assert packed.dtype == torch.int32 and packed.shape == (6, 8)
+    # Decoded the way the kernels' references do it.
+    experts = (packed >> 16).to(torch.int64)
+    weights = (packed & 0xFFFF).to(torch.int16).view(torch.bfloat16).float()
+    for row in experts.tolist():
+        assert len(set(row)) == 8 and 0 <= min(row) and max(row) < 10
+    assert bool((weights > 0).all())
+    assert torch.allclose(weights.sum(-1), torch.ones(6), atol=1e-2)
+    too_many = InputSpec(
+        name="routed",
+        axes=(("t", "var", None), ("k", "const", 8)),
+        inputs=(("topk_ids", "int32", ("t", "k"), False, "packed_topk(4)"),),
+    )
+    with pytest.raises(InputGenerationError, match="needs 8 distinct experts per row"):
+        generate_inputs(too_many, {"t": 2})
+
+
 def test_hint_errors():
     with pytest.raises(InputGenerationError, match="unknown generation hint `indptrs`"):
         InputSpec("x", (("n", "var", None),), (("a", "int32", ("n",), False, "indptrs(a)"),))
@@ -287,9 +331,17 @@ def test_hint_errors():
 
 
 def test_hint_signatures_and_binding():
-    assert {"indptr", "indices", "value", "prob", "range", "normal", "zeros", "ones"} <= set(
-        HINT_SIGNATURES
-    )
+    assert {
+        "indptr",
+        "indices",
+        "value",
+        "prob",
+        "range",
+        "normal",
+        "zeros",
+        "ones",
+        "packed_topk",
+    } <= set(HINT_SIGNATURES)
     for sig in HINT_SIGNATURES.values():
         assert sig.meaning and set(sig.required) <= set(sig.params())
     assert bind_hint("indptr", ("kv_indices",), (("max_len", "4"),)) == {

@@ -116,6 +116,16 @@ HINT_SIGNATURES: dict[str, HintSignature] = {
             "page_size positive float32 scales"
         ),
     ),
+    "packed_topk": HintSignature(
+        positional=("num_experts",),
+        keywords=(),
+        required=("num_experts",),
+        meaning=(
+            "int32 rows of pre-computed MoE routing, one entry per chosen expert: "
+            "(expert id << 16) | bfloat16 bits of its weight; the ids of a row are distinct "
+            "and in [0, num_experts), the weights positive and summing to 1"
+        ),
+    ),
     "none": HintSignature(
         (), (), (), "pass None (for optional inputs that a test leaves out)", scalar_ok=True
     ),

@@ -16,6 +16,12 @@ Note [fp4]: ``float4_e2m1`` tensors are ``torch.float4_e2m1fn_x2`` when torch ha
 element is one byte holding two FP4 values, so the declared last axis counts bytes), else
 ``uint8`` with the same packing. Random bytes are always valid: e2m1 has no NaN or Inf.
 
+Note [fp8 from bits]: random float8 fills are built from random bytes, not by rounding
+``randn`` (drawing normals dominates the time of multi-GiB MoE weights, ~5x slower). Each
+byte keeps a random sign and the low exponent and mantissa bits; the high exponent bits are
+fixed so that every value is a normal number of magnitude in [1/8, 2): never NaN, Inf, zero
+or subnormal, with a spread close to a unit normal's.
+
 Note [generator on CPU]: values are drawn on the CPU from one ``torch.Generator`` and then
 moved to ``device``, so the same seed gives the same inputs on every device.
 """
@@ -68,6 +74,11 @@ _TORCH_DTYPES: dict[str, torch.dtype] = {
     "int8": torch.int8,
     "bool": torch.bool,
 }
+
+# Note [fp8 from bits]: (bits kept from a random byte, bits set) per float8 format. e4m3fn:
+# s.eeee.mmm with the exponent forced to 0b01xx (2^-3..2^0); e5m2: s.eeeee.mm with the
+# exponent forced to 0b011xx (2^-3..2^0).
+_FP8_BITS = {"float8_e4m3fn": (0x9F, 0x20), "float8_e5m2": (0x8F, 0x30)}
 
 # What hint and constraint expressions may call besides axes, parameters and inputs.
 _FUNCS: dict[str, Any] = {
@@ -559,6 +570,8 @@ class _Generator:
             return self._make_sparse_indices(name, dtype, shape)
         if kind == "fp8_paged_with_scales":
             return self._make_fp8_paged(name, dtype, shape)
+        if kind == "packed_topk":
+            return self._make_packed_topk(name, dtype, shape)
         return self._make_plain(name, dtype, shape, kind)
 
     def _make_scalar(self, name: str, dtype: str, kind: str | None) -> Any:
@@ -586,12 +599,26 @@ class _Generator:
             raise InputGenerationError("float4_e2m1 tensors take only random or zero fills")
         return x.to(torch_dtype(dtype))
 
+    def _random_bytes(self, shape: tuple) -> torch.Tensor:
+        # 64-bit draws give eight bytes each: far cheaper than a draw per byte.
+        n = math.prod(shape)
+        words = torch.randint(
+            -(2**63), 2**63 - 1, (-(-n // 8),), dtype=torch.int64, generator=self.rng
+        )
+        return words.view(torch.uint8)[:n].reshape(shape)
+
     def _make_plain(self, name: str, dtype: str, shape: tuple, kind: str | None) -> torch.Tensor:
         rng = self.rng
-        if dtype == "float4_e2m1" and kind in (None, "zeros"):
+        if dtype == "float4_e2m1" and kind == "zeros":
+            return torch.zeros(shape, dtype=torch.uint8).view(torch_dtype(dtype))
+        if dtype == "float4_e2m1" and kind is None:
             # Note [fp4]: any byte is two valid e2m1 values.
-            hi = 1 if kind == "zeros" else 256
-            raw = torch.randint(0, hi, shape, dtype=torch.uint8, generator=rng)
+            return self._random_bytes(shape).view(torch_dtype(dtype))
+        if dtype in _FP8_BITS and kind is None:
+            keep, fixed = _FP8_BITS[dtype]  # Note [fp8 from bits]
+            raw = self._random_bytes(shape)
+            raw &= keep
+            raw |= fixed
             return raw.view(torch_dtype(dtype))
         if kind is None:
             if dtype == "bool":
@@ -773,3 +800,23 @@ class _Generator:
         scale_bytes = scales.to(torch.float32).view(torch.uint8)
         raw = torch.cat([fp8, scale_bytes], dim=1).reshape(shape)
         return raw.view(torch_dtype(dtype))
+
+    def _make_packed_topk(self, name: str, dtype: str, shape: tuple) -> torch.Tensor:
+        experts = int(self._arg(name, "num_experts"))
+        if dtype != "int32" or not shape:
+            raise InputGenerationError(
+                f"{self.spec.name}: packed_topk wants an int32 tensor [..., top_k], got "
+                f"{dtype}{list(shape)} for `{name}`"
+            )
+        k = shape[-1]
+        if k > experts:
+            raise InputGenerationError(
+                f"{self.spec.name}: `{name}` needs {k} distinct experts per row but there are "
+                f"only {experts}"
+            )
+        rows = math.prod(shape[:-1])
+        ids = torch.rand((rows, experts), generator=self.rng).argsort(dim=-1)[:, :k]
+        weights = torch.softmax(torch.randn((rows, k), generator=self.rng), dim=-1)
+        # A positive bfloat16 has its sign bit clear, so its bits fill the low half exactly.
+        bits = weights.to(torch.bfloat16).view(torch.int16).to(torch.int32)
+        return ((ids.to(torch.int32) << 16) | bits).reshape(shape)
