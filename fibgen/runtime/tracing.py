@@ -65,6 +65,7 @@ DEFAULT_MAX_PENDING_BYTES = 256 << 20
 DEFAULT_MAX_PENDING_RECORDS = 65536
 # How long the writer sleeps when nobody wakes it: bounds the delay before a record is on disk.
 _WRITER_PERIOD_S = 0.05
+_INPUTS_JSON_CACHE = 4096
 
 _INT_DTYPES = frozenset(
     (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool)
@@ -193,6 +194,7 @@ class _Tracer:
         self.drainer: int | None = None
         self.pending_signal: tuple[int, Any] | None = None
         self.warned: set[str] = set()
+        self.inputs_json: dict[tuple[str, tuple[tuple[str, Any], ...]], str] = {}
         self.wake = threading.Event()
         self.stopping = False
         self.thread = threading.Thread(target=self._run, name="fibgen-tracing", daemon=True)
@@ -327,40 +329,37 @@ class _Tracer:
 
     def _serialize(self, record: _Record) -> str:
         """The workload line of a record, after saving its blob (so a line's blob exists)."""
-        from fibgen.format.dataset import save_blob
-
         workload_uuid = str(uuid.uuid4())
-        inputs: dict[str, Any] = {}
         tensors = {n: v for n, (kind, v) in record.inputs.items() if kind == "tensor"}
-        relpath = None
         if tensors:
             if record.event is not None:
                 record.event.synchronize()
-            relpath = save_blob(
+            relpath = _save_blob(
                 self.root, record.op_type, record.definition, workload_uuid, tensors
             )
-        for input_name, (kind, value) in record.inputs.items():
-            if kind == "tensor":
-                inputs[input_name] = {
-                    "type": "safetensors",
-                    "path": relpath,
-                    "tensor_key": input_name,
-                }
-            elif kind == "scalar":
-                inputs[input_name] = {"type": "scalar", "value": _scalar(value)}
-            else:
-                inputs[input_name] = {"type": "random"}
-        line = {
-            "definition": record.definition,
-            "solution": None,
-            "workload": {
-                "uuid": workload_uuid,
-                "axes": {k: int(v) for k, v in record.axes.items() if v is not None},
-                "inputs": inputs,
-            },
-            "evaluation": None,
-        }
-        return json.dumps(line, separators=(",", ":"), allow_nan=False)
+            inputs = _inputs_json(record.inputs, relpath)
+        else:
+            # Calls of one definition mostly repeat their inputs' kinds and scalars: the
+            # writer keeps pace with fast callers by reusing their JSON text.
+            key = (record.definition, tuple(record.inputs.items()))
+            try:
+                inputs = self.inputs_json.get(key)
+            except TypeError:  # a scalar of an unhashable type
+                key, inputs = None, None
+            if inputs is None:
+                inputs = _inputs_json(record.inputs, None)
+                if key is not None:
+                    if len(self.inputs_json) >= _INPUTS_JSON_CACHE:
+                        # Scalars that change on every call: reuse would not pay.
+                        self.inputs_json.clear()
+                    self.inputs_json[key] = inputs
+        # Axis names are Python identifiers: nothing in them needs escaping.
+        axes = ",".join(f'"{k}":{int(v)}' for k, v in record.axes.items() if v is not None)
+        return (
+            f'{{"definition":{json.dumps(record.definition)},"solution":null,'
+            f'"workload":{{"uuid":"{workload_uuid}","axes":{{{axes}}},"inputs":{inputs}}},'
+            '"evaluation":null}'
+        )
 
     def _failed(self, record: _Record, exc: Exception) -> None:
         next(self.failed)
@@ -399,6 +398,37 @@ class _Tracer:
             "failed": read(self.failed),
             "pending": len(self.queue),
         }
+
+
+def _save_blob(
+    root: Path, op_type: str, definition: str, workload_uuid: str, tensors: dict[str, Any]
+) -> str:
+    """Write a record's blob; return its path relative to the dataset root."""
+    from safetensors.torch import save
+
+    from fibgen.format.dataset import blob_relpath
+
+    relpath = blob_relpath(op_type, definition, workload_uuid)
+    path = root / relpath
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A new name per record, renamed into place: a reader never sees half a blob. No fsync:
+    # losing recent records to a power cut is acceptable, a writer that lags is not.
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(save({n: t.contiguous() for n, t in tensors.items()}))
+    os.replace(tmp, path)
+    return relpath
+
+
+def _inputs_json(inputs: Mapping[str, tuple[str, Any]], relpath: str | None) -> str:
+    specs: dict[str, Any] = {}
+    for input_name, (kind, value) in inputs.items():
+        if kind == "tensor":
+            specs[input_name] = {"type": "safetensors", "path": relpath, "tensor_key": input_name}
+        elif kind == "scalar":
+            specs[input_name] = {"type": "scalar", "value": _scalar(value)}
+        else:
+            specs[input_name] = {"type": "random"}
+    return json.dumps(specs, separators=(",", ":"), allow_nan=False)
 
 
 def _scalar(value: Any) -> Any:
