@@ -272,10 +272,30 @@ def _dispatcher(case: Case) -> Api:
     return module._api
 
 
-def _call(api: Api, prepared: Prepared) -> Any:
+def _call(api: Api, prepared: Prepared, device: str = "cpu") -> Any:
     inputs, buffers = prepared.fresh_inputs(), prepared.output_buffers()
+    if device != "cpu":
+        # Inputs are made on the CPU (the same values everywhere); a GPU solution gets copies
+        # on its device and its outputs come back for the comparison with the reference.
+        inputs = {k: _to(v, device) for k, v in inputs.items()}
+        buffers = {k: _to(v, device) for k, v in buffers.items()}
     _seed()
-    return api.call_definition(prepared.case.name, inputs, buffers)
+    result = api.call_definition(prepared.case.name, inputs, buffers)
+    if device == "cpu":
+        return result
+    if isinstance(result, tuple):
+        return tuple(_to(v, "cpu") for v in result)
+    return _to(result, "cpu")
+
+
+def _to(value: Any, device: str) -> Any:
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
+
+def _device_for(solution: Any) -> str:
+    """Where a solution's inputs live: its GPU when one is present, else the CPU."""
+    gpu = solution.spec.language in ("cuda", "cpp", "tilelang", "triton")
+    return "cuda" if gpu and torch.cuda.is_available() else "cpu"
 
 
 def _disable() -> None:
@@ -388,7 +408,7 @@ def check_solutions(prepared: Prepared) -> None:
             continue
         try:
             enable_apply({case.name: solution}, patch=False, packages=())
-            result = _call(api, prepared)
+            result = _call(api, prepared, _device_for(solution))
             counts = _counts(api.label)
             if counts["hit"] != 1:
                 problems.append(f"{path}: the dispatcher did not route to it ({counts})")
