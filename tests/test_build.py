@@ -258,3 +258,18 @@ def test_bad_package_name_is_an_error_and_writes_nothing(project: Path):
     assert code == 1
     assert "not-a-name" in err and "Traceback" not in err
     assert not (project / "gen").exists()
+
+
+def test_generated_python_is_black_formatted():
+    """Every generated Python file is as black writes it (references are kept as written)."""
+    import black
+
+    mode = black.Mode(line_length=100)
+    checked = 0
+    for path in sorted((ROOT / "generated").rglob("*.py")):
+        if "reference" in path.relative_to(ROOT / "generated").parts[:1]:
+            continue
+        body = path.read_text().split("\n", 2)[2]  # after the two header lines
+        assert black.format_str(body, mode=mode) == body, path
+        checked += 1
+    assert checked > 100

@@ -502,7 +502,7 @@ def emit_cuda(module: ir.Module) -> list[GeneratedFile]:
     ]
     definitions = sorted(module.definitions, key=lambda x: x.name)
     views = [_view(defn) for defn in definitions]
-    modules = format_python([_python_module(d) for d in views])
+    modules = format_python([_python_module(d) for d in views], written_in_black_style=True)
     for d, py in zip(views, modules):
         family = families[d.defn.family]
         source = d.defn.source_file
