@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -144,11 +145,11 @@ def _fibgen_rows(kernel: str, dispatch, direct, args, miss_args, value, dps) -> 
     rows.append(("fibgen wrapper, apply off", per_call_us(lambda: dispatch(*args))))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with rt.enable_apply({name: value}, patch=False):
+        with rt.enable_apply({name: value}, patch=False, packages=()):
             rows.append(("fibgen hit", per_call_us(lambda: dispatch(*args))))
             rows.append(("fibgen miss", per_call_us(lambda: dispatch(*miss_args))))
             rows.append(("fibgen hit with out=", per_call_us(lambda: dispatch(*args, out=out))))
-        with rt.enable_apply({name: dps}, patch=False):
+        with rt.enable_apply({name: dps}, patch=False, packages=()):
             rows.append(("fibgen DPS hit", per_call_us(lambda: dispatch(*args))))
             rows.append(("fibgen DPS hit with out=", per_call_us(lambda: dispatch(*args, out=out))))
     return rows
@@ -291,6 +292,39 @@ def main() -> None:
             print(f"{kernel:<20} {case:<40} {us:>9.3f} {us - base:>+9.3f}")
         if isinstance(theirs, str):
             print(f"{kernel:<20} {theirs}")
+    print(
+        f"import of fibgen.runtime + fibgen_kernels.rmsnorm on top of torch: "
+        f"{_import_cost_ms():.1f} ms (median of 7 fresh interpreters; target <= 50 ms)"
+    )
+
+
+_IMPORT_PROBE = """
+import time, torch
+start = time.perf_counter()
+import fibgen.runtime, fibgen_kernels.rmsnorm
+print(time.perf_counter() - start)
+"""
+
+
+def _import_cost_ms() -> float:
+    """Time to import the runtime and a generated module in a fresh process, torch loaded."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{root}:{root / 'generated' / 'python'}"}
+    runs = [
+        float(
+            subprocess.run(
+                [sys.executable, "-c", _IMPORT_PROBE],
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+        )
+        for _ in range(7)
+    ]
+    return statistics.median(runs) * 1e3
 
 
 if __name__ == "__main__":

@@ -855,7 +855,10 @@ def emit_python_dispatch(module: ir.Module, package: str) -> list[GeneratedFile]
     views["__init__"] = _package_module(apis, by_definition)
     sources["__init__"] = ""
     names = sorted(views)
-    texts = format_python([_render("python_dispatch.py.j2", view=views[n]) for n in names])
+    texts = format_python(
+        [_render("python_dispatch.py.j2", view=views[n]) for n in names],
+        written_in_black_style=True,
+    )
     files = [
         GeneratedFile(
             f"python/{package}/{name}.py",

@@ -13,6 +13,7 @@ import math
 
 from fibgen.codegen.files import GeneratedFile, with_python_header
 from fibgen.codegen.pyformat import format_python
+from fibgen.codegen.pyliteral import inline_dict, literal, string
 from fibgen.codegen.python_dispatch import _display, _render
 from fibgen.compiler import ir
 
@@ -114,16 +115,15 @@ def _axis_sets(family: ir.Family, defn: ir.Definition) -> list[dict[str, int]]:
     return sets
 
 
-def _literal(value: object) -> str:
-    return repr(value)
-
-
 def _entry(defn: ir.Definition, family: ir.Family) -> str:
+    # Exploded with trailing commas, as black writes a call too long for one line.
     path = f"../definitions/{defn.op_type}/{defn.name}.json"
-    parts = [repr(defn.name), repr(path), f"axes={_literal(tuple(_axis_sets(family, defn)))}"]
+    axes = "(" + ", ".join(inline_dict(a) for a in _axis_sets(family, defn))
+    axes += ",)" if len(_axis_sets(family, defn)) == 1 else ")"
+    parts = [string(defn.name), string(path), f"axes={axes}"]
     if defn.param_values:
-        parts.append(f"params={_literal(dict(defn.param_values))}")
-    return f"testing.Entry({', '.join(parts)}),"
+        parts.append(f"params={inline_dict(dict(defn.param_values))}")
+    return "testing.Entry(\n" + "".join(f"        {p},\n" for p in parts) + "    ),"
 
 
 def _tolerance(family: ir.Family) -> dict[str, float]:
@@ -149,15 +149,15 @@ def emit_tests(module: ir.Module, package: str) -> list[GeneratedFile]:
             _render(
                 "test_family.py.j2",
                 family=family.name,
-                family_literal=_literal(family.name),
-                package=_literal(package),
-                hints=_literal(hints),
-                tolerance=_literal(_tolerance(family)),
+                family_literal=string(family.name),
+                package=string(package),
+                hints=literal(hints),
+                tolerance=literal(_tolerance(family)),
                 entries=[_entry(d, family) for d in defns],
             )
         )
     files = []
-    for family, text in zip(families, format_python(texts)):
+    for family, text in zip(families, format_python(texts, written_in_black_style=True)):
         source = _display(sources[family.name])
         files.append(GeneratedFile(test_path(family), with_python_header(text, source), source))
     return files

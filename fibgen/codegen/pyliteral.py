@@ -1,0 +1,41 @@
+"""Python literals spelled as black spells them, so templates can be black-clean as written.
+
+Strings take double quotes unless that needs more escapes (black's rule); a non-empty dict
+is exploded one entry per line with a trailing comma, which black keeps as it is.
+"""
+
+from __future__ import annotations
+
+
+def string(text: str) -> str:
+    """A string literal in black's quotes."""
+    single = repr(text)
+    if single.startswith('"'):
+        return single  # repr chose double quotes: the text holds a single quote
+    body = single[1:-1].replace("\\'", "'")
+    if body.count('"') > single.count("\\'"):
+        return single  # double quotes would need more escapes than the single ones
+    return '"' + body.replace('"', '\\"') + '"'
+
+
+def literal(value: object, indent: str = "") -> str:
+    """A literal of str, number, bool, None, tuple, list or dict (dicts exploded)."""
+    if isinstance(value, str):
+        return string(value)
+    if isinstance(value, tuple):
+        items = [literal(v, indent) for v in value]
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    if isinstance(value, list):
+        return "[" + ", ".join(literal(v, indent) for v in value) + "]"
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        inner = indent + "    "
+        rows = "".join(f"{inner}{literal(k)}: {literal(v, inner)},\n" for k, v in value.items())
+        return "{\n" + rows + indent + "}"
+    return repr(value)
+
+
+def inline_dict(value: dict) -> str:
+    """A short dict on one line, as black leaves one without a trailing comma."""
+    return "{" + ", ".join(f"{literal(k)}: {literal(v)}" for k, v in value.items()) + "}"
