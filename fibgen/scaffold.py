@@ -116,7 +116,7 @@ def _rmsnorm_call(defn: ir.Definition, dps: bool) -> list[str]:
     lines += [] if dps else [f"{out} = torch.empty_like({x})"]
     lines += [
         f"rows = {x}.numel() // {x}.shape[-1]",
-        f"_rmsnorm_kernel[(rows,)](",
+        "_rmsnorm_kernel[(rows,)](",
         f"    {x}, {w}, {out}, {x}.shape[-1], EPS, BLOCK=triton.next_power_of_2({x}.shape[-1])",
         ")",
     ]
@@ -149,7 +149,7 @@ def _context(defn: ir.Definition, name: str, dps: bool) -> dict[str, object]:
 
 
 def _python_sources(defn: ir.Definition, name: str, dps: bool, language: str) -> dict[str, str]:
-    from fibgen.codegen.python_dispatch import _render
+    from fibgen.codegen.templates import render
 
     if defn.reference is None:
         raise ScaffoldError(
@@ -164,7 +164,7 @@ def _python_sources(defn: ir.Definition, name: str, dps: bool, language: str) ->
         template[language], body = _TRITON_KERNELS[defn.family]
         context["body"] = body(defn, dps)
         context["eps"] = repr(_eps(defn.reference))
-    return {_ENTRY_FILES[language]: _render(template[language], **context)}
+    return {_ENTRY_FILES[language]: render(template[language], **context)}
 
 
 def _cuda_sources(defn: ir.Definition, family: ir.Family, dps: bool) -> tuple[dict, str, str]:

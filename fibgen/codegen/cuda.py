@@ -18,9 +18,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 
-import jinja2
 
 from fibgen.codegen.files import (
     GenerateError,
@@ -29,8 +27,8 @@ from fibgen.codegen.files import (
     with_python_header,
 )
 from fibgen.codegen.pyformat import format_python
+from fibgen.codegen.templates import render
 from fibgen.compiler import ir
-from fibgen.paths import templates_dir
 
 # The binding every generated and scaffolded CUDA source is written for (see the README).
 BINDING = "torch"
@@ -93,22 +91,6 @@ _ROW_NORMS = {
     "fused_add_rmsnorm": RowNorm(residual=True, weight_offset=0.0),
     "gemma_rmsnorm": RowNorm(residual=False, weight_offset=1.0),
 }
-
-
-@lru_cache(maxsize=1)
-def _environment() -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir())),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        autoescape=False,
-    )
-
-
-def _render(template: str, **context: object) -> str:
-    return _environment().get_template(template).render(**context)
 
 
 def _ident(name: str) -> str:
@@ -239,7 +221,7 @@ def _row_norm_body(d: _Def, family: ir.Family) -> str | None:
     if recipe.weight_offset:
         scale = f"({recipe.weight_offset!r}f + {scale})"
     params = _kernel_params(d)
-    return _render(
+    return render(
         "cuda_body_rmsnorm.j2",
         family=family.name,
         eps=f"{eps!r}f",
@@ -260,7 +242,7 @@ def _kernel_header(d: _Def, family: ir.Family) -> str:
     if body is None:
         summary = "kernel skeleton"
         params = _kernel_params(d)
-        body = _render(
+        body = render(
             "cuda_body_skeleton.j2",
             family=family.name,
             contract=_contract(d),
@@ -270,7 +252,7 @@ def _kernel_header(d: _Def, family: ir.Family) -> str:
     constants = [
         f"constexpr int64_t {_const_name(a)} = {v};  // const axis {a}" for a, v in d.consts.items()
     ]
-    return _render(
+    return render(
         "cuda_kernel.cuh.j2",
         name=d.name,
         summary=summary,
@@ -393,7 +375,7 @@ def _launcher(d: _Def, family: ir.Family) -> str:
         if first_input is not None
         else "at::TensorOptions().device(at::kCUDA)"
     )
-    return _render(
+    return render(
         "cuda_launcher.cu.j2",
         name=d.name,
         ns=d.ns,
@@ -459,7 +441,7 @@ def _binding(d: _Def, exports: list[tuple[str, bool]]) -> str:
                 "args": _py_args(inputs + outputs if dps else inputs),
             }
         )
-    return _render(
+    return render(
         "cuda_binding.cpp.j2",
         name=d.name,
         ns=d.ns,
@@ -474,7 +456,7 @@ def _binding(d: _Def, exports: list[tuple[str, bool]]) -> str:
 def _python_module(d: _Def) -> str:
     inputs = ", ".join(t.name for t in d.defn.inputs)
     outputs = ", ".join(t.name for t in d.defn.outputs)
-    return _render(
+    return render(
         "cuda_module.py.j2",
         name=d.name,
         inputs=inputs,
@@ -488,8 +470,8 @@ def _python_module(d: _Def) -> str:
 
 def _shared_headers() -> dict[str, str]:
     return {
-        "fibgen_launch.h": _render("cuda_launch.h.j2"),
-        "fibgen_kernel.h": _render("cuda_kernel.h.j2"),
+        "fibgen_launch.h": render("cuda_launch.h.j2"),
+        "fibgen_kernel.h": render("cuda_kernel.h.j2"),
     }
 
 

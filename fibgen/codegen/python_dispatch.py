@@ -10,18 +10,15 @@ into the caller's buffers. The generated code follows Note [the dispatch contrac
 from __future__ import annotations
 
 import ast
-import os
 import string
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import lru_cache
 
-import jinja2
 
 from fibgen.codegen.files import GeneratedFile, GenerateError, with_python_header
 from fibgen.codegen.pyformat import format_python
+from fibgen.codegen.templates import render, source_label
 from fibgen.compiler import ir
-from fibgen.paths import templates_dir
 
 # torch spells every format dtype by its own name except fp4, which it only has packed in pairs.
 _TORCH_DTYPE = {d: f"torch.{d}" for d in ir.DTYPES} | {"float4_e2m1": "torch.float4_e2m1fn_x2"}
@@ -50,32 +47,6 @@ class ModuleView:
     tables: tuple[str, ...]
     functions: tuple[FunctionView, ...]
     registration: tuple[str, ...]
-
-
-@lru_cache(maxsize=1)
-def _environment() -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir())),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        autoescape=False,
-    )
-
-
-def _render(template: str, **context: object) -> str:
-    return _environment().get_template(template).render(**context)
-
-
-def _display(path: str) -> str:
-    # Generated text never holds an absolute path: it must not depend on the checkout's place.
-    if os.path.isabs(path):
-        try:
-            return os.path.relpath(path)
-        except ValueError:
-            return os.path.basename(path)
-    return path.replace(os.sep, "/")
 
 
 # ---------------------------------------------------------------------------------------
@@ -856,14 +827,14 @@ def emit_python_dispatch(module: ir.Module, package: str) -> list[GeneratedFile]
     sources["__init__"] = ""
     names = sorted(views)
     texts = format_python(
-        [_render("python_dispatch.py.j2", view=views[n]) for n in names],
+        [render("python_dispatch.py.j2", view=views[n]) for n in names],
         written_in_black_style=True,
     )
     files = [
         GeneratedFile(
             f"python/{package}/{name}.py",
-            with_python_header(text, _display(sources[name])),
-            _display(sources[name]),
+            with_python_header(text, source_label(sources[name])),
+            source_label(sources[name]),
         )
         for name, text in zip(names, texts)
     ]

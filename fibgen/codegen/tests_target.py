@@ -14,7 +14,7 @@ import math
 from fibgen.codegen.files import GeneratedFile, with_python_header
 from fibgen.codegen.pyformat import format_python
 from fibgen.codegen.pyliteral import inline_dict, literal, string
-from fibgen.codegen.python_dispatch import _display, _render
+from fibgen.codegen.templates import render, source_label
 from fibgen.compiler import ir
 
 # Note [test axis values]
@@ -146,7 +146,7 @@ def emit_tests(module: ir.Module, package: str) -> list[GeneratedFile]:
         defns = sorted(by_family[family.name], key=lambda d: d.name)
         hints = {t.name: _hint_text(t.gen) for t in family.inputs if t.gen is not None}
         texts.append(
-            _render(
+            render(
                 "test_family.py.j2",
                 family=family.name,
                 family_literal=string(family.name),
@@ -158,6 +158,6 @@ def emit_tests(module: ir.Module, package: str) -> list[GeneratedFile]:
         )
     files = []
     for family, text in zip(families, format_python(texts, written_in_black_style=True)):
-        source = _display(sources[family.name])
+        source = source_label(sources[family.name])
         files.append(GeneratedFile(test_path(family), with_python_header(text, source), source))
     return files

@@ -20,7 +20,7 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 # The dtypes of the FlashInfer Trace format: one list for the format and the compiler.
-from fibgen.format.models import DTYPES
+from fibgen.format.models import DTYPES  # noqa: F401  (ir.DTYPES is the compiler's name for it)
 
 # Short spellings used as the dtype part of a definition name for dtype-generic families.
 DTYPE_NAME_PART: dict[str, str] = {
