@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import os
-import tempfile
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
 from fibgen.codegen.files import GeneratedFile, content_hash
+from fibgen.fsutil import replace_atomically
 
 MANIFEST = ".fibgen-manifest"
 
@@ -133,18 +132,7 @@ def _safe_relative(path: str) -> bool:
 
 def atomic_write(target: Path, text: str) -> None:
     """Replace target's content atomically; readers see the old or the new file, never half."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    replace_atomically(target, text.encode("utf-8"))
 
 
 def _plan(out: Path, files: list[GeneratedFile]) -> tuple[dict[str, str], list[str]]:

@@ -16,13 +16,12 @@ sees half a file. torch and safetensors are imported only by the blob functions.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
 from fibgen.format.errors import FormatError
+from fibgen.fsutil import replace_atomically
 from fibgen.format.jsonio import (
     dump_definition,
     dump_solution,
@@ -236,20 +235,7 @@ def write_bytes_atomic(path: PathLike, data: bytes) -> bool:
             return False
     except FileNotFoundError:
         pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    replace_atomically(path, data, durable=True)
     return True
 
 
