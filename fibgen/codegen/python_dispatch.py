@@ -826,10 +826,8 @@ def emit_python_dispatch(module: ir.Module, package: str) -> list[GeneratedFile]
     views["__init__"] = _package_module(apis, by_definition)
     sources["__init__"] = ""
     names = sorted(views)
-    texts = format_python(
-        [render("python_dispatch.py.j2", view=views[n]) for n in names],
-        written_in_black_style=True,
-    )
+    # Dispatchers are not written in black's style (reprs, long calls): black formats them all.
+    texts = format_python([render("python_dispatch.py.j2", view=views[n]) for n in names])
     files = [
         GeneratedFile(
             f"python/{package}/{name}.py",
