@@ -10,8 +10,6 @@ This package never imports the compiler, lark or jinja2.
 
 from __future__ import annotations
 
-import os
-import warnings
 
 from fibgen.runtime.apply import (
     Applied,
@@ -23,6 +21,7 @@ from fibgen.runtime.apply import (
     register_package,
     stats,
 )
+from fibgen.runtime.env import enable_from_env
 from fibgen.runtime.errors import ApplyConfigError, SolutionError
 from fibgen.runtime.tracing import enable_from_environment as _enable_tracing_from_environment
 from fibgen.runtime.tracing import (
@@ -55,23 +54,14 @@ __all__ = [
 
 
 def _enable_from_environment() -> None:
-    flag = os.environ.get("FIBGEN_APPLY", "").strip()
-    if flag in ("", "0"):
-        return
-    path = os.environ.get("FIBGEN_APPLY_PATH", "").strip()
-    problem = None
-    if flag != "1":
-        problem = f"FIBGEN_APPLY={flag!r} must be 0 or 1"
-    elif not path:
-        problem = "FIBGEN_APPLY=1 needs FIBGEN_APPLY_PATH=<folder holding solutions/>"
-    else:
-        try:
-            enable_apply(path)
-        except ApplyConfigError as exc:
-            problem = f"FIBGEN_APPLY_PATH={path}: {exc}"
-    if problem is not None:
-        # A serving process must keep running on its original kernels: warn, do not raise.
-        warnings.warn(f"fibgen: {problem}; apply stays off", RuntimeWarning, stacklevel=2)
+    enable_from_env(
+        "FIBGEN_APPLY",
+        "FIBGEN_APPLY_PATH",
+        "folder holding solutions/",
+        "apply",
+        enable_apply,
+        (ApplyConfigError,),
+    )
 
 
 # Last, so that generated packages imported while enabling find every name above.

@@ -46,6 +46,7 @@ from typing import Any, Union
 
 import torch
 
+from fibgen.runtime.env import enable_from_env
 from fibgen.runtime.apply import ORIGINAL, Api, set_tracer
 
 __all__ = [
@@ -660,24 +661,19 @@ def _parse_dedup(text: str) -> DedupPolicy:
 
 def enable_from_environment() -> None:
     """Enable tracing from FIBGEN_TRACE / FIBGEN_DATASET_PATH; warn and stay off when wrong."""
-    flag = os.environ.get("FIBGEN_TRACE", "").strip()
-    if flag in ("", "0"):
-        return
-    path = os.environ.get("FIBGEN_DATASET_PATH", "").strip()
-    problem = None
-    if flag != "1":
-        problem = f"FIBGEN_TRACE={flag!r} must be 0 or 1"
-    elif not path:
-        problem = "FIBGEN_TRACE=1 needs FIBGEN_DATASET_PATH=<dataset folder>"
-    else:
-        try:
-            enable_tracing(
-                path,
-                dump=_parse_dump(os.environ.get("FIBGEN_TRACE_DUMP", "none")),
-                dedup=_parse_dedup(os.environ.get("FIBGEN_TRACE_DEDUP", "all")),
-            )
-        except TracingConfigError as exc:
-            problem = str(exc)
-    if problem is not None:
-        # A serving process must keep running: warn, do not raise.
-        warnings.warn(f"fibgen: {problem}; tracing stays off", RuntimeWarning, stacklevel=3)
+
+    def enable(path: str) -> None:
+        enable_tracing(
+            path,
+            dump=_parse_dump(os.environ.get("FIBGEN_TRACE_DUMP", "none")),
+            dedup=_parse_dedup(os.environ.get("FIBGEN_TRACE_DEDUP", "all")),
+        )
+
+    enable_from_env(
+        "FIBGEN_TRACE",
+        "FIBGEN_DATASET_PATH",
+        "dataset folder",
+        "tracing",
+        enable,
+        (TracingConfigError,),
+    )
