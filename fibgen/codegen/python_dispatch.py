@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from fibgen.codegen.files import GeneratedFile, GenerateError, with_python_header
 from fibgen.codegen.pyformat import format_python
+from fibgen.codegen.pyliteral import literal
 from fibgen.codegen.templates import render, source_label
 from fibgen.compiler import ir
 
@@ -93,7 +94,7 @@ def _default(text: str) -> str:
     try:
         ast.literal_eval(text)
     except (ValueError, SyntaxError):
-        return f"ApiDefault({text!r})"
+        return f"ApiDefault({literal(text)})"
     return text
 
 
@@ -113,7 +114,7 @@ def _forward(params: Iterable[ir.ApiParam]) -> str:
 
 
 def _literal(value: object) -> str:
-    return repr(value)
+    return literal(value)
 
 
 def _tuple(items: list[str]) -> str:
@@ -404,7 +405,7 @@ class _Family:
             if f in self.dtype_params:
                 body.append(f"{f} = _DTYPE_PARTS[{f}]")
         spelled = ", ".join(f"{f}={f}" for f in rule.fields)
-        body.append(f"return {rule.template!r}.format({spelled})")
+        body.append(f"return {literal(rule.template)}.format({spelled})")
         return FunctionView("_name", "key", "The definition name of a key.", tuple(body))
 
     # -------------------------------------------------------------- dispatcher
@@ -509,7 +510,7 @@ class _Family:
             if o.shape is None:
                 alloc = "None"
             elif dims is None:
-                alloc = f"_api.cannot_allocate({o.name!r})"
+                alloc = f"_api.cannot_allocate({literal(o.name)})"
             else:
                 alloc = f"torch.empty({dims}, dtype={self._dtype(o)}, device={device})"
             if target is not None and target[0] == "buffer":
@@ -588,7 +589,7 @@ class _Family:
             for expr, optional in reversed(carriers):
                 base = expr.partition(".")[0]
                 chain = f"({expr} if {base} is not None else {chain})" if optional else expr
-            readers.append(f"{axis.name!r}: {chain}")
+            readers.append(f"{literal(axis.name)}: {chain}")
         names = [t.name for t in self.f.inputs]
         axes = FunctionView(
             "_var_axes",
@@ -630,6 +631,10 @@ def _runtime_import(names: tuple[str, ...], signatures: Iterable[ir.ApiSignature
 
 
 def _dict_lines(name: str, rows: Iterable[tuple[str, str]]) -> list[str]:
+    # One entry per line with a trailing comma, which black keeps; an empty one as black has it.
+    rows = list(rows)
+    if not rows:
+        return [f"{name} = {{}}"]
     return [f"{name} = {{", *(f"    {k}: {v}," for k, v in rows), "}"]
 
 
@@ -648,10 +653,10 @@ def _family_module(
         rule = None
     dispatcher = view.dispatcher(fields)
     functions = []
-    tables = _dict_lines("_KNOWN", ((k, repr(n)) for k, n in view.known(fields)))
+    tables = _dict_lines("_KNOWN", ((k, literal(n)) for k, n in view.known(fields)))
     if family.dtype_params:
         choices = sorted({c for d in family.dtype_params for c in d.choices})
-        parts = ((_TORCH_DTYPE[c], repr(ir.DTYPE_NAME_PART[c])) for c in choices)
+        parts = ((_TORCH_DTYPE[c], literal(ir.DTYPE_NAME_PART[c])) for c in choices)
         tables += _dict_lines("_DTYPE_PARTS", parts)
     if rule is not None:
         functions.append(view.name_function(rule, fields))
@@ -662,29 +667,29 @@ def _family_module(
             texts.setdefault(d.reference, f"_REFERENCE_{len(texts)}")
     if family.reference is not None:
         texts.setdefault(family.reference, f"_REFERENCE_{len(texts)}")
-    tables += [f"{const} = {text!r}" for text, const in texts.items()]
+    tables += [f"{const} = {literal(text)}" for text, const in texts.items()]
     tables += _dict_lines(
         "_REFERENCES",
-        ((repr(d.name), texts[d.reference]) for d in view.defs if d.reference is not None),
+        ((literal(d.name), texts[d.reference]) for d in view.defs if d.reference is not None),
     )
     imports = ["import torch", "", _runtime_import(_RUNTIME_NAMES, (family.api, family.plan))]
     options = [
-        f"path={family.api.path if family.api else None!r}",
+        f"path={literal(family.api.path if family.api else None)}",
         f"patch={patch}",
         "known=_KNOWN",
         f"name_rule={'_name' if rule is not None else None}",
-        f"inputs={tuple(t.name for t in family.inputs)!r}",
-        f"outputs={tuple(t.name for t in family.outputs)!r}",
+        f"inputs={literal(tuple(t.name for t in family.inputs))}",
+        f"outputs={literal(tuple(t.name for t in family.outputs))}",
         "references=_REFERENCES",
         f"family_reference={texts.get(family.reference) if family.reference else None}",
     ]
     registration = [
-        f"_api = register_api({label!r}, {family.name}, {{options}})",
+        f"_api = register_api({literal(label)}, {family.name}, {{options}})",
         "_routes = _api.routes",
     ]
     if family.plan is not None:
         functions.append(view.plan_function())
-        options += [f"plan_path={family.plan.path!r}", f"plan_function={family.name}_plan"]
+        options += [f"plan_path={literal(family.plan.path)}", f"plan_function={family.name}_plan"]
         # Plan-time arguments per wrapper instance, kept by the runtime under weak keys.
         registration.append("_plans = _api.plans")
     if then is not None:
@@ -693,7 +698,7 @@ def _family_module(
         options.append(f"then=_then.{then}")
     functions += view.trace_functions()
     options += [
-        f"op_type={family.op_type!r}",
+        f"op_type={literal(family.op_type)}",
         "trace_inputs=_inputs",
         "trace_axes=_var_axes",
     ]
@@ -751,20 +756,22 @@ def _group_module(group: ir.DispatchGroup, families: dict[str, ir.Family]) -> Mo
         "",
         *(f"from . import {n} as _{n}" for n in names),
     )
-    rows = ((repr(c.value), f"_{f.name}.{f.name}") for c, f in members)
+    rows = ((literal(c.value), f"_{f.name}.{f.name}") for c, f in members)
     return ModuleView(
         f"Dispatcher of {api.path}: {group.selector} picks the family, which routes the call.",
         imports,
         tuple(_dict_lines("_FAMILIES", rows)),
         (dispatcher,),
-        (f"_api = register_api({api.path!r}, {group.name}, path={api.path!r})",),
+        (f"_api = register_api({literal(api.path)}, {group.name}, path={literal(api.path)})",),
     )
 
 
 def _package_module(apis: dict[str, str], definitions: dict[str, str]) -> ModuleView:
     tables = (
-        *_dict_lines("APIS", ((repr(p), repr(m)) for p, m in sorted(apis.items()))),
-        *_dict_lines("DEFINITIONS", ((repr(d), repr(m)) for d, m in sorted(definitions.items()))),
+        *_dict_lines("APIS", ((literal(p), literal(m)) for p, m in sorted(apis.items()))),
+        *_dict_lines(
+            "DEFINITIONS", ((literal(d), literal(m)) for d, m in sorted(definitions.items()))
+        ),
         "",
         "register_package(__name__, APIS, DEFINITIONS)",
     )
@@ -826,8 +833,11 @@ def emit_python_dispatch(module: ir.Module, package: str) -> list[GeneratedFile]
     views["__init__"] = _package_module(apis, by_definition)
     sources["__init__"] = ""
     names = sorted(views)
-    # Dispatchers are not written in black's style (reprs, long calls): black formats them all.
-    texts = format_python([render("python_dispatch.py.j2", view=views[n]) for n in names])
+    # Written as black writes but for long statements, which format_python hands to black.
+    texts = format_python(
+        [render("python_dispatch.py.j2", view=views[n]) for n in names],
+        written_in_black_style=True,
+    )
     files = [
         GeneratedFile(
             f"python/{package}/{name}.py",
