@@ -100,7 +100,9 @@ def main() -> None:
     parser.add_argument("--dataset", default=str(ROOT.parent / "shared" / "flashinfer-trace"))
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="fibgen-bench-"))
+    # On the checkout's file system (build/ is ignored): where a user's generated/ lives.
+    (ROOT / "build").mkdir(exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="fibgen-bench-", dir=ROOT / "build"))
     try:
         imported = work / "imported"
         proc = subprocess.run(

@@ -16,8 +16,10 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fibgen.compiler import ir
+if TYPE_CHECKING:  # the CLI imports this module to list languages; the IR loads on use
+    from fibgen.compiler import ir
 
 LANGUAGES = ("python", "triton", "cuda")
 ENTRY_SYMBOL = "run"

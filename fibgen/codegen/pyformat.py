@@ -31,7 +31,9 @@ def _format_one(text: str) -> str:
 
 
 # Lines black leaves long: a one-line docstring, and a name bound to one string literal.
-_UNSPLITTABLE = re.compile(r'^\s*("""[^\n]*"""|[A-Za-z_][A-Za-z0-9_]* = "(?:[^"\\]|\\.)*")$')
+_UNSPLITTABLE = re.compile(
+    r'^\s*("""[^\n]*"""|[A-Za-z_][A-Za-z0-9_]* = ("(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'))$'
+)
 
 
 def _fits(text: str) -> bool:
@@ -93,6 +95,74 @@ def _format_statement(line: str) -> str:
     return "".join(indent + row if row.strip() else row for row in out.splitlines(True))
 
 
+# `[targets = ][return ]name.attr(`, `def name(`, `return "...".format(` or `[...] = {`: the
+# head of a statement that black splits at its one trailing bracket pair (its right-hand
+# split), with nothing else to consider.
+_CALL_HEAD = re.compile(
+    r"^(?:def |return |(?:[A-Za-z_][\w.]*, )*[A-Za-z_][\w.]* = )?"
+    r'(?:[A-Za-z_][\w.]*\(|"[^"\\]*"\.format\(|\{)$'
+)
+
+
+def _top_level_args(text: str) -> list[str] | None:
+    """Split at top-level commas; None when brackets or quotes do not balance simply."""
+    args, depth, start, quote = [], 0, 0, None
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth < 0:
+                return None
+        elif ch == "," and depth == 0:
+            args.append(text[start:i].strip())
+            start = i + 1
+        i += 1
+    if depth or quote:
+        return None
+    args.append(text[start:].strip())
+    return args
+
+
+def _split_call(line: str) -> str | None:
+    """black's split of a too-long simple call or def, or None when black must decide."""
+    body = line.lstrip(" ")
+    indent = line[: len(line) - len(body)]
+    tail = ":" if body.endswith("):") else ""
+    closer = "}" if body.endswith("}") else ")"
+    if not body.endswith(closer + tail):
+        return None
+    open_at = body.find("{" if closer == "}" else "(")
+    head = body[: open_at + 1]
+    if not _CALL_HEAD.match(head):
+        return None
+    args = _top_level_args(body[open_at + 1 : len(body) - len(tail) - 1])
+    if not args or any(not a for a in args) or any(a.startswith("*") and a != "*" for a in args):
+        return None  # *args, **kwargs: black's trailing comma after them depends on versions
+    inner = indent + "    "
+    one_line = inner + ", ".join(args)
+    if len(indent + head) > LINE_LENGTH:
+        return None
+    if len(one_line) <= LINE_LENGTH:
+        return f"{indent}{head}\n{one_line}\n{indent}{closer}{tail}\n"
+    rows = [inner + a + "," for a in args]
+    if "*" in args:
+        # After a bare `*`, black adds no magic trailing comma (the versions it infers).
+        rows[-1] = rows[-1][:-1]
+    if any(len(r) > LINE_LENGTH for r in rows):
+        return None
+    return f"{indent}{head}\n" + "\n".join(rows) + f"\n{indent}{closer}{tail}\n"
+
+
 def format_long_lines(text: str) -> str:
     """black only the statements longer than black's limit; the rest is taken as written.
 
@@ -103,8 +173,9 @@ def format_long_lines(text: str) -> str:
     """
     out = []
     for line in text.splitlines(True):
-        if len(line.rstrip("\n")) > LINE_LENGTH and not _UNSPLITTABLE.match(line.rstrip("\n")):
-            out.append(_format_statement(line.rstrip("\n")))
+        stripped = line.rstrip("\n")
+        if len(stripped) > LINE_LENGTH and not _UNSPLITTABLE.match(stripped):
+            out.append(_split_call(stripped) or _format_statement(stripped))
         else:
             out.append(line)
     return "".join(out).rstrip("\n") + "\n"  # black ends a module with one newline

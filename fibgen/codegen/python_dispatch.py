@@ -514,8 +514,15 @@ class _Family:
             else:
                 alloc = f"torch.empty({dims}, dtype={self._dtype(o)}, device={device})"
             if target is not None and target[0] == "buffer":
-                alloc = f"{target[1]} if {target[1]} is not None else {alloc}"
-            body.append(f"        _o_{o.name} = {alloc}")
+                # The caller's buffer, else a new one; as statements, which black leaves as
+                # they are where it would split a long conditional expression.
+                body += [
+                    f"        _o_{o.name} = {target[1]}",
+                    f"        if _o_{o.name} is None:",
+                    f"            _o_{o.name} = {alloc}",
+                ]
+            else:
+                body.append(f"        _o_{o.name} = {alloc}")
         buffers = "".join(f", {o.name}=_o_{o.name}" for o in self.f.outputs)
         body += [
             f"        _fn({inputs}{buffers})",
