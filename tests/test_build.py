@@ -279,3 +279,13 @@ def assert_black_clean(out: Path) -> int:
 def test_generated_python_is_black_formatted():
     """Emitters write most of black's format themselves; black must find nothing to change."""
     assert assert_black_clean(ROOT / "generated") > 100
+
+
+def test_generated_definitions_are_what_the_format_model_writes():
+    """Each generated definition loads with the format's model and re-dumps to the same bytes."""
+    from fibgen.format.jsonio import dump_definition, load_definition
+
+    paths = sorted((ROOT / "generated" / "definitions").glob("*/*.json"))
+    assert len(paths) > 150
+    for path in paths:
+        assert dump_definition(load_definition(path)) == path.read_text(), path

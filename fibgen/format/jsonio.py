@@ -183,6 +183,11 @@ def _dump_file(obj: Any) -> str:
     return json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
 
 
+def dump_json_file(obj: Mapping[str, Any]) -> str:
+    """The file text of a JSON object already in canonical key order (2-space indent)."""
+    return _dump_file(obj)
+
+
 def _dump_line(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
