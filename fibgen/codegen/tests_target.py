@@ -16,6 +16,8 @@ from fibgen.codegen.pyformat import format_python
 from fibgen.codegen.pyliteral import inline_dict, literal, string
 from fibgen.codegen.templates import render, source_label
 from fibgen.compiler import ir
+from fibgen.format.hints import DEFAULT_VAR_AXIS
+from fibgen.format.models import DTYPE_BYTES
 
 # Note [test axis values]
 # One var axis stands for the batch and is tried at 1 (the edge) and 7 (several rows, not a
@@ -26,22 +28,6 @@ from fibgen.compiler import ir
 # whose inputs are large at batch 1 are tried at batch 1 only: they dominate the run time.
 BATCHES = (1, 7)
 LARGE_INPUTS = 32 << 20
-
-_DTYPE_BYTES = {
-    "float32": 4,
-    "float16": 2,
-    "bfloat16": 2,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-    "float4_e2m1": 1,  # declared shapes of fp4 count packed bytes
-    "int64": 8,
-    "int32": 4,
-    "int16": 2,
-    "int8": 1,
-    "bool": 1,
-}
-# What input generation uses for a var axis it is not given (fibgen.runtime.inputs).
-_DEFAULT_VAR_AXIS = 4
 
 
 def test_path(family: ir.Family) -> str:
@@ -99,7 +85,7 @@ def _batch_axis(family: ir.Family) -> tuple[str | None, int]:
 def _input_bytes(defn: ir.Definition, axes: dict[str, int]) -> int:
     known = {a.name: a.value for a in defn.axes if a.kind == "const"} | axes
     return sum(
-        math.prod(known.get(d) or _DEFAULT_VAR_AXIS for d in t.shape) * _DTYPE_BYTES[t.dtype]
+        math.prod(known.get(d) or DEFAULT_VAR_AXIS for d in t.shape) * DTYPE_BYTES[t.dtype]
         for t in defn.inputs
         if t.shape is not None
     )

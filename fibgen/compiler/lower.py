@@ -102,6 +102,12 @@ class Lower(Transformer):
             end_column=tok.end_column,
         )
 
+    def _at(self, line: int, column: int, width: int = 1) -> ir.Span:
+        """A span on one line of this file."""
+        return ir.Span(
+            file=self.path, line=line, column=column, end_line=line, end_column=column + width
+        )
+
     def _error(self, message: str, span: ir.Span, help: str | None = None) -> None:
         self.diagnostics.append(error(message, span, help))
 
@@ -113,10 +119,9 @@ class Lower(Transformer):
             ast.parse(text, mode="eval")
         except SyntaxError as exc:
             col = span.column + max(0, (exc.offset or 1) - 1)
-            at = ir.Span(
-                file=self.path, line=span.line, column=col, end_line=span.line, end_column=col + 1
+            self._error(
+                f"not a Python expression: {exc.msg}", self._at(span.line, col), help=f"in `{text}`"
             )
-            self._error(f"not a Python expression: {exc.msg}", at, help=f"in `{text}`")
         return ir.Expr(text=text, span=span)
 
     def _call_args(self, tok: Token, what: str) -> ast.Call | None:
@@ -125,12 +130,7 @@ class Lower(Transformer):
             node = ast.parse("f" + text, mode="eval").body
         except SyntaxError as exc:
             col = tok.column + max(0, (exc.offset or 2) - 2)
-            self._error(
-                f"{what} is not valid Python: {exc.msg}",
-                ir.Span(
-                    file=self.path, line=tok.line, column=col, end_line=tok.line, end_column=col + 1
-                ),
-            )
+            self._error(f"{what} is not valid Python: {exc.msg}", self._at(tok.line, col))
             return None
         assert isinstance(node, ast.Call)
         return node
@@ -140,7 +140,7 @@ class Lower(Transformer):
         line = tok.line + node.lineno - 1
         col = (tok.column + node.col_offset - 1) if node.lineno == 1 else node.col_offset + 1
         end = col + max(1, (node.end_col_offset or node.col_offset + 1) - node.col_offset)
-        return ir.Span(file=self.path, line=line, column=col, end_line=line, end_column=end)
+        return self._at(line, col, end - col)
 
     # ------------------------------------------------------------------ top level
     def start(self, meta: Meta, items: list) -> ir.SourceFile:
@@ -232,9 +232,7 @@ class Lower(Transformer):
             col = tok.column + max(0, (exc.offset or 6) - 6)
             self._error(
                 f"not a Python parameter list: {exc.msg}",
-                ir.Span(
-                    file=self.path, line=tok.line, column=col, end_line=tok.line, end_column=col + 1
-                ),
+                self._at(tok.line, col),
                 help="write it as in a `def`, e.g. `(input, weight, eps=1e-6, out=None)`",
             )
             return ()
@@ -256,11 +254,8 @@ class Lower(Transformer):
     def _param(
         self, tok: Token, source: str, arg: ast.arg, kind: str, default: ast.expr | None
     ) -> ir.ApiParam:
-        line = tok.line
         col = tok.column + arg.col_offset - 5  # 'def f' prefix
-        span = ir.Span(
-            file=self.path, line=line, column=col, end_line=line, end_column=col + len(arg.arg)
-        )
+        span = self._at(tok.line, col, len(arg.arg))
         return ir.ApiParam(
             name=arg.arg,
             kind=kind,

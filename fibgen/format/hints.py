@@ -14,6 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The size input generation gives a var axis that neither the caller, a constraint nor a hint
+# sets; test generation sizes its cases with the same number.
+DEFAULT_VAR_AXIS = 4
+
 
 @dataclass(frozen=True)
 class HintSignature:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 import typing
 from enum import Enum
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union, get_args
 
 from pydantic import (
     BaseModel,
@@ -31,21 +31,6 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from fibgen.format.errors import PROBLEMS_ERROR_TYPE
-
-# The dtypes of the format, in the order flashinfer-bench lists them.
-DTYPES: tuple[str, ...] = (
-    "float32",
-    "float16",
-    "bfloat16",
-    "float8_e4m3fn",
-    "float8_e5m2",
-    "float4_e2m1",
-    "int64",
-    "int32",
-    "int16",
-    "int8",
-    "bool",
-)
 
 DType = Literal[
     "float32",
@@ -60,6 +45,24 @@ DType = Literal[
     "int8",
     "bool",
 ]
+
+# The dtypes of the format, in the order flashinfer-bench lists them.
+DTYPES: tuple[str, ...] = get_args(DType)
+
+# Bytes per element as declared shapes count them (fp4 shapes count packed bytes).
+DTYPE_BYTES: dict[str, int] = {
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "float4_e2m1": 1,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "bool": 1,
+}
 
 LANGUAGES: tuple[str, ...] = ("python", "triton", "cpp", "cuda", "tilelang")
 Language = Literal["python", "triton", "cpp", "cuda", "tilelang"]

@@ -35,7 +35,8 @@ from typing import Any
 
 import torch
 
-from fibgen.format.hints import HINT_SIGNATURES, HintError, bind_hint
+from fibgen.format.hints import DEFAULT_VAR_AXIS, HINT_SIGNATURES, HintError, bind_hint
+from fibgen.format.models import DTYPE_BYTES
 
 __all__ = [
     "DEFAULT_VAR_AXIS",
@@ -50,7 +51,6 @@ __all__ = [
 ]
 
 # Small enough for a CPU reference on any definition, large enough to exercise batching.
-DEFAULT_VAR_AXIS = 4
 # Segment lengths of an indptr when the total is free: "a few tokens per sequence".
 DEFAULT_MIN_LEN = 1
 DEFAULT_MAX_LEN = 8
@@ -234,7 +234,7 @@ def estimate_nbytes(spec: InputSpec, axes: dict[str, int] | None = None) -> int:
         if shape is None:
             continue
         numel = math.prod(known.get(dim, DEFAULT_VAR_AXIS) for dim in shape)
-        total += numel * torch.empty((), dtype=torch_dtype(dtype)).element_size()
+        total += numel * DTYPE_BYTES[dtype]
     return total
 
 
