@@ -66,6 +66,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--repeat", type=int, default=None, help="timed calls (default: as many as fit in 100 ms)"
     )
+    p.add_argument(
+        "--flush",
+        choices=("read", "zero", "none"),
+        default="read",
+        help="how L2 is flushed before each timed call on a GPU: read a large buffer (default), "
+        "zero it as triton.testing.do_bench does, or not at all",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of generated inputs (0)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=cmd_bench)
@@ -98,6 +105,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         repeat=args.repeat,
         seed=args.seed,
+        flush=args.flush,
     )
     try:
         summary = run_bench(args.dataset, options, progress=not args.quiet)

@@ -113,6 +113,46 @@ def test_report_and_bench_cli(benched, tmp_path, capsys):
     assert "0 traces written" in capsys.readouterr().out
     assert main(["bench", str(tmp_path / "missing"), "--devices", "cpu"]) == 1
     assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # argparse's usage error
+        main(["bench", str(root), "--devices", "cpu", "--flush", "sideways"])
+    assert exc.value.code == 2
+    assert "--flush: invalid choice: 'sideways'" in capsys.readouterr().err
+
+
+def test_flush_option_is_checked_before_anything_runs(tmp_path):
+    from fibgen.bench.runner import BenchError
+
+    root = make_dataset(tmp_path / "ds", ["good_returns"], sizes=(3,))
+    with pytest.raises(BenchError, match="flush must be one of read, zero, none, not 'cold'"):
+        run_bench(root, BenchOptions(flush="cold"), progress=False)
+    assert not (root / "traces").exists()
+
+
+def test_each_flush_runs_and_leaves_its_buffer_as_it_was(monkeypatch):
+    # The flushers are torch calls that run on any device; a small buffer on the CPU
+    # exercises the same calls a GPU run makes.
+    import torch
+
+    from fibgen.bench import timing
+
+    monkeypatch.setattr(timing, "L2_FLUSH_BYTES", 4096)
+    monkeypatch.setattr(timing, "_flush_buffers", {})
+    cpu = torch.device("cpu")
+    assert timing._flusher(cpu, "none") is None
+    for flush in ("read", "zero"):
+        timing._flusher(cpu, flush)()
+    buf, sink = timing._flush_buffers[cpu]
+    assert buf.numel() == 1024 and not buf.any() and sink.item() == 0
+
+
+def test_timer_takes_the_flush_and_refuses_an_unknown_one():
+    from fibgen.bench.timing import time_callable
+
+    calls = []
+    ms = time_callable(lambda: calls.append(1), "cpu", warmup=2, repeat=7, flush="zero")
+    assert ms >= 0 and len(calls) == 9
+    with pytest.raises(ValueError, match="flush must be one of read, zero, none"):
+        time_callable(lambda: None, "cpu", warmup=1, repeat=1, flush="cold")
 
 
 def test_plot_needs_matplotlib_or_draws(benched, tmp_path):

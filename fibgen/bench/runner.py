@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fibgen.bench import worker as w
+from fibgen.bench.timing import FLUSHES
 from fibgen.format import (
     Definition,
     FormatError,
@@ -69,6 +70,8 @@ class BenchOptions:
     warmup: int = 3
     repeat: int | None = None
     seed: int = 0
+    # How L2 is flushed before each timed call on a GPU (Note [flushing L2] in timing.py).
+    flush: str = "read"
 
 
 @dataclass
@@ -162,6 +165,8 @@ def traced_triples(root: Path) -> set[tuple[str, str, str]]:
 
 def plan(root: Path, options: BenchOptions) -> tuple[list[_Group], int]:
     """The work of a run, grouped by (definition, workload); and how many triples it skips."""
+    if options.flush not in FLUSHES:
+        raise BenchError(f"flush must be one of {', '.join(FLUSHES)}, not {options.flush!r}")
     if not root.is_dir():
         raise BenchError(f"dataset {root} does not exist")
     definitions = load_definitions(root)
@@ -336,6 +341,7 @@ def _run_group(handle: _Handle, group: _Group, root: Path, options: BenchOptions
         str(root),
         group.hints,
         options.seed,
+        options.flush,
     )
     prepare_timeout = options.timeout * PREPARE_TIMEOUTS
     reply = handle.ask(request, prepare_timeout)
@@ -352,6 +358,7 @@ def _run_group(handle: _Handle, group: _Group, root: Path, options: BenchOptions
                 group.tolerance,
                 options.warmup,
                 options.repeat,
+                options.flush,
             ),
             options.timeout,
         )

@@ -5,12 +5,26 @@ Only torch is needed, so this module also runs where the rest of fibgen's depend
 not installed (a bare GPU machine).
 
 Note [flushing L2]
-Before each timed call a buffer larger than the L2 cache is either zeroed (``"zero"``, what
-``triton.testing.do_bench`` does) or read (``"read"``). Zeroing leaves the cache full of dirty
-lines, and the timed kernel pays for writing them back as it brings in its own data: on an
-H100, a 32 MB copy measures 28 µs after a zeroing flush and 22.6 µs after a reading one. The
-default follows do_bench, so that the two agree; ``"read"`` charges a kernel only for its own
-traffic.
+Before each timed call, a buffer larger than the L2 cache is read (``"read"``, the default)
+or zeroed (``"zero"``, what ``triton.testing.do_bench`` does). Either way the timed kernel
+finds none of its data in L2. Zeroing also leaves the cache full of dirty lines, and the
+timed kernel pays for writing them back while it brings in its own data. Measured on an H100
+by ``benchmarks/l2_flush.py`` (results in ``benchmarks/gpu.md``):
+
+- A copy moving 64 MiB takes 28.2 µs after a zeroing flush and 21.6 µs after a reading one.
+  Under zeroing it reaches 79% of a large copy's bandwidth, and every variant of the
+  rmsnorm kernel 78 to 81%, whatever cache hints its loads and stores carry.
+- For kernels of a few µs, zeroing makes the median jump between levels from one run to the
+  next: rmsnorm at 16 rows measured 4.90 to 5.54 µs over twelve runs (13%), while a
+  compute-bound kernel timed between them stayed within 0.7%, so the SM clock is not the
+  cause. After a reading flush the same twelve runs stay within 5.09 to 5.12 µs.
+
+So fibgen charges a kernel for its own traffic. The one thing a reading flush lets through
+is the write-back of the kernel's own last outputs, which may still sit in L2 when its end
+event fires: a large kernel that writes much can measure slightly above copy bandwidth.
+``"zero"`` is there to reproduce do_bench's numbers. With the same flush, this timer and
+do_bench measure the same thing the same way (events around each call, the flush outside
+them, the median), and agree within 1% (``benchmarks/gpu.py``).
 """
 
 from __future__ import annotations
@@ -18,34 +32,38 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 
-# Larger than the L2 cache of any current GPU (H100: 50 MB, H200: 60 MB, B200: 126 MB).
-L2_FLUSH_BYTES = 256 * 1024 * 1024
+# do_bench's flush buffer: larger than the L2 cache of current GPUs (H100: 50 MB, H200:
+# 60 MB, B200: 126 MB).
+L2_FLUSH_BYTES = 256_000_000
 # With no repeat count given, time as many calls as fit in this many milliseconds.
 TARGET_MS = 100.0
 MIN_REPEAT, MAX_REPEAT = 10, 10_000
 
-Flush = Literal["zero", "read", "none"]
+Flush = Literal["read", "zero", "none"]
+FLUSHES: tuple[str, ...] = get_args(Flush)
+DEFAULT_FLUSH: Flush = "read"
 
-_flush_buffers: dict[torch.device, torch.Tensor] = {}
+_flush_buffers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _flusher(device: torch.device, flush: Flush) -> Callable[[], Any] | None:
+def _flusher(device: torch.device, flush: str) -> Callable[[], Any] | None:
+    if flush not in FLUSHES:
+        raise ValueError(f"flush must be one of {', '.join(FLUSHES)}, not {flush!r}")
     if flush == "none":
         return None
-    buf = _flush_buffers.get(device)
-    if buf is None:
-        buf = _flush_buffers[device] = torch.empty(
-            L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device
-        )
+    buffers = _flush_buffers.get(device)
+    if buffers is None:
+        buf = torch.zeros(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+        sink = torch.empty((), dtype=torch.int64, device=device)
+        buffers = _flush_buffers[device] = (buf, sink)
+    buf, sink = buffers
     if flush == "zero":
         return buf.zero_
-    if flush == "read":
-        return buf.sum
-    raise ValueError(f"flush must be 'zero', 'read' or 'none', not {flush!r}")
+    return lambda: torch.sum(buf, dim=0, dtype=torch.int64, out=sink)
 
 
 def _repeat_for(estimate_ms: float, repeat: int | None) -> int:
@@ -68,15 +86,15 @@ def time_cpu(fn: Callable[[], Any], *, warmup: int = 3, repeat: int | None = Non
     return statistics.median(times)
 
 
-def time_cuda(
+def cuda_samples(
     fn: Callable[[], Any],
     *,
     warmup: int = 10,
     repeat: int | None = None,
     device: torch.device | str | None = None,
-    flush: Flush = "zero",
-) -> float:
-    """Median device time of ``fn()`` in milliseconds, L2 flushed before each call.
+    flush: Flush = DEFAULT_FLUSH,
+) -> list[float]:
+    """Device times of single calls of ``fn()`` in milliseconds, L2 flushed before each.
 
     Each call is bracketed by its own pair of CUDA events, so the flush is not counted (but
     see Note [flushing L2]). Without ``repeat``, as many calls as fit in ``TARGET_MS``.
@@ -104,14 +122,37 @@ def time_cuda(
             fn()
             ends[i].record()
         torch.cuda.synchronize()
-        return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+        return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def time_cuda(
+    fn: Callable[[], Any],
+    *,
+    warmup: int = 10,
+    repeat: int | None = None,
+    device: torch.device | str | None = None,
+    flush: Flush = DEFAULT_FLUSH,
+) -> float:
+    """Median device time of ``fn()`` in milliseconds (see ``cuda_samples``)."""
+    samples = cuda_samples(fn, warmup=warmup, repeat=repeat, device=device, flush=flush)
+    return statistics.median(samples)
 
 
 def time_callable(
-    fn: Callable[[], Any], device: torch.device | str, *, warmup: int, repeat: int | None
+    fn: Callable[[], Any],
+    device: torch.device | str,
+    *,
+    warmup: int,
+    repeat: int | None,
+    flush: Flush = DEFAULT_FLUSH,
 ) -> float:
-    """Median time of ``fn()`` in milliseconds on ``device`` (CUDA events, or a CPU clock)."""
+    """Median time of ``fn()`` in milliseconds on ``device`` (CUDA events, or a CPU clock).
+
+    ``flush`` applies to CUDA devices only; a CPU has no cache fibgen can flush this way.
+    """
     device = torch.device(device)
     if device.type == "cuda":
-        return time_cuda(fn, warmup=warmup, repeat=repeat, device=device)
+        return time_cuda(fn, warmup=warmup, repeat=repeat, device=device, flush=flush)
+    if flush not in FLUSHES:
+        raise ValueError(f"flush must be one of {', '.join(FLUSHES)}, not {flush!r}")
     return time_cpu(fn, warmup=warmup, repeat=repeat)

@@ -2,10 +2,10 @@
 
 The runner starts one worker per device (multiprocessing, spawn) and talks to it over a pipe:
 
-- ``("workload", definition, workload, root, hints, seed)``: make the workload's inputs on
-  the device, run the reference on them and time it; replies ``("ready", ref_ms, hardware,
+- ``("workload", definition, workload, root, hints, seed, flush)``: make the workload's inputs
+  on the device, run the reference on them and time it; replies ``("ready", ref_ms, hardware,
   libs)`` or ``("error", message)``.
-- ``("solution", solution, tolerance, warmup, repeat)``: load the solution, run it once on a
+- ``("solution", solution, tolerance, warmup, repeat, flush)``: load the solution, run it once on a
   copy of the inputs, compare with the reference, and time it when it passed; replies
   ``("result", evaluation fields)``.
 
@@ -118,7 +118,9 @@ class Worker:
             torch.cuda.set_device(self.device)
         self.work: _Workload | None = None
 
-    def prepare(self, definition: dict, workload: dict, root: str, hints: dict, seed: int):
+    def prepare(
+        self, definition: dict, workload: dict, root: str, hints: dict, seed: int, flush: str
+    ):
         """Make inputs and the reference outputs; time the reference."""
         from fibgen.bench.timing import time_callable
 
@@ -133,10 +135,14 @@ class Worker:
         _sync(self.device)
         self.work = _Workload(definition, inputs, expected)
         args = _clone(inputs)
-        ref_ms = time_callable(lambda: reference(**args), self.device, warmup=1, repeat=5)
+        ref_ms = time_callable(
+            lambda: reference(**args), self.device, warmup=1, repeat=5, flush=flush
+        )
         return ("ready", ref_ms, _hardware(self.device), _libs())
 
-    def evaluate(self, solution: dict, tolerance: dict, warmup: int, repeat: int | None) -> dict:
+    def evaluate(
+        self, solution: dict, tolerance: dict, warmup: int, repeat: int | None, flush: str
+    ) -> dict:
         """Run one solution on the current workload; the fields of its Evaluation."""
         from fibgen.format.models import Solution
         from fibgen.runtime import solutions
@@ -170,7 +176,7 @@ class Worker:
         from fibgen.bench.timing import time_callable
 
         try:
-            latency = time_callable(call, self.device, warmup=warmup, repeat=repeat)
+            latency = time_callable(call, self.device, warmup=warmup, repeat=repeat, flush=flush)
         except Exception as exc:
             return self._failure(exc)
         return {"status": PASSED, "correctness": errors, "latency_ms": latency}
