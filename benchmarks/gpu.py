@@ -6,9 +6,12 @@ For rmsnorm and fused_add_rmsnorm (hidden 4096, bf16) and silu_and_mul (hidden 1
 at 1..65536 rows: the solution's latency (fibgen's CUDA-event timer, L2 flushed, median),
 its achieved bandwidth as a share of a large device-to-device copy measured in the same run,
 and its speedup over the definition's reference and over ``torch.nn.functional.rms_norm``.
-The last table compares fibgen's timer with ``triton.testing.do_bench`` on the same kernels.
-``--tune`` first sweeps rows per program and warps for the norm kernels and prints the best
-variant per size next to the one the solution picks.
+Every latency is the median of the calls of three rounds that alternate between the things
+compared, so a slow spell of the GPU falls on all of them alike. The norm tables also time
+the kernel under do_bench's zeroing flush (Note [flushing L2] in ``fibgen/bench/timing.py``).
+The last table compares fibgen's timer with ``triton.testing.do_bench``, both flushing the
+same way. ``--tune`` first sweeps rows per program and warps for the norm kernels and prints
+the best variant per size next to the one the solution picks.
 
 Needs only torch and triton (no pydantic): solution and definition JSON are read as JSON.
 """
@@ -16,11 +19,14 @@ Needs only torch and triton (no pydantic): solution and definition JSON are read
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
+import statistics
 import sys
 import tempfile
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -29,9 +35,11 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fibgen.bench.timing import time_cuda  # noqa: E402
+from fibgen.bench.timing import cuda_samples, time_cuda  # noqa: E402
 
 ROWS = [1 << i for i in range(17)]  # 1 .. 65536
+ROUNDS = 3
+TIMER_ROWS = (1, 16, 64, 1024, 4096, 16384, 65536)
 
 
 def load_solution(op_type: str, definition: str, name: str) -> types.ModuleType:
@@ -67,9 +75,58 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / ms / 1e6
 
 
-def bench(fn, repeat: int | None, flush: str = "zero") -> float:
+def bench(fn, repeat: int | None, flush: str = "read") -> float:
     """fibgen's timing: median of CUDA-event-timed calls with L2 flushed, milliseconds."""
     return time_cuda(fn, warmup=10, repeat=repeat, flush=flush)
+
+
+Sampler = Callable[[], list[float]]
+
+
+def sampler(fn, repeat: int | None, flush: str = "read") -> Sampler:
+    """fibgen's timer over ``fn``: one round of single-call times."""
+    return lambda: cuda_samples(fn, warmup=10, repeat=repeat, flush=flush)
+
+
+def pooled(samplers: dict[str, Sampler], rounds: int = ROUNDS) -> dict[str, float]:
+    """Median over ``rounds`` alternating rounds of every sampler, pooled per sampler."""
+    samples: dict[str, list[float]] = {name: [] for name in samplers}
+    for _ in range(rounds):
+        for name, take in samplers.items():
+            samples[name] += take()
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+@contextlib.contextmanager
+def do_bench_flushing(flush: str):
+    """Make ``triton.testing.do_bench`` flush L2 the way fibgen's ``flush`` does.
+
+    do_bench zeroes its buffer through the active driver's ``clear_cache``; for ``"read"``
+    that method is shadowed on the driver object for the duration, then restored.
+    """
+    from triton.runtime import driver
+
+    active = driver.active
+    if flush == "zero":
+        yield
+        return
+    sink = torch.empty((), dtype=torch.int64, device="cuda")
+    active.clear_cache = lambda cache: torch.sum(cache, dim=0, dtype=torch.int64, out=sink)
+    try:
+        yield
+    finally:
+        del active.clear_cache
+
+
+def do_bench_sampler(fn, flush: str) -> Sampler:
+    """``triton.testing.do_bench`` over ``fn`` (its defaults), one round of its samples."""
+    import triton.testing
+
+    def take() -> list[float]:
+        with do_bench_flushing(flush):
+            return list(triton.testing.do_bench(fn, return_mode="all"))
+
+    return take
 
 
 def norm_case(kind: str, rows: int, hidden: int):
@@ -124,13 +181,14 @@ def main() -> None:
     args = parser.parse_args()
     # None: as many calls as fit in 100 ms, as do_bench does.
     repeat = 20 if args.quick else None
+    rounds = 1 if args.quick else ROUNDS
     torch.manual_seed(0)
 
     import triton
-    import triton.testing
 
     print(
-        f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}"
+        f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+        f"triton {triton.__version__}"
     )
     copy_gbs = copy_bandwidth()
     print(f"device-to-device copy (1 GiB, read + write): {copy_gbs:.0f} GB/s")
@@ -144,7 +202,7 @@ def main() -> None:
     if args.tune:
         tune(norm_mod, (128, 512, 2048, 4096, 7168), (1, 256, 4096, 16384, 65536), 30)
 
-    timer_rows = []
+    timer_cases = []
     for kind, hidden, module in (
         ("rmsnorm", 4096, rms),
         ("fused_add_rmsnorm", 4096, fadd),
@@ -153,8 +211,8 @@ def main() -> None:
         print(f"\n## {kind}, hidden {hidden}, bf16\n")
         print(
             "| rows | µs | GB/s | % of copy | same-size copy µs | % of same-size copy "
-            "| µs, read flush | % of copy, read flush | reference µs | speedup vs reference "
-            "| torch rms_norm µs | speedup vs torch | max abs err |"
+            "| µs, zeroing flush | % of copy, zeroing flush | reference µs "
+            "| speedup vs reference | torch µs | speedup vs torch | max abs err |"
         )
         print("|" + "---|" * 13)
         for rows in ROWS:
@@ -169,30 +227,35 @@ def main() -> None:
                 ref = lambda: reference(x, r, w)  # noqa: E731
                 # The fair torch baseline for the fused kernel adds, then normalizes.
                 torch_fn = lambda: F.rms_norm(x + r, (hidden,), w, 1e-6)  # noqa: E731
-            call()
-            err = (out.float() - ref().float()).abs().max().item()
-            t = bench(call, repeat)
-            t_read = bench(call, repeat, flush="read")
-            t_ref = bench(ref, repeat)
-            t_torch = bench(torch_fn, repeat)
-            # A copy of as many bytes as the kernel moves, timed the same way: the ceiling
-            # that includes what the timed region pays for the flush (Note [flushing L2]).
+            # A copy of as many bytes as the kernel moves: the ceiling under the same flush.
             src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
             dst = torch.empty_like(src)
-            t_copy = bench(lambda: dst.copy_(src), repeat)
+            out.fill_(float("nan"))
+            call()
+            err = (out.float() - ref().float()).abs().max().item()
+            times = pooled(
+                {
+                    "fibgen": sampler(call, repeat),
+                    "zero": sampler(call, repeat, flush="zero"),
+                    "reference": sampler(ref, repeat),
+                    "torch": sampler(torch_fn, repeat),
+                    "copy": sampler(lambda: dst.copy_(src), repeat),
+                },
+                rounds,
+            )
             del src, dst
+            t = times["fibgen"]
             gbs = nbytes / t / 1e6
-            gbs_read = nbytes / t_read / 1e6
+            gbs_zero = nbytes / times["zero"] / 1e6
             print(
                 f"| {rows} | {t * 1e3:.2f} | {gbs:.0f} | {100 * gbs / copy_gbs:.1f}% "
-                f"| {t_copy * 1e3:.2f} | {100 * t_copy / t:.1f}% "
-                f"| {t_read * 1e3:.2f} | {100 * gbs_read / copy_gbs:.1f}% "
-                f"| {t_ref * 1e3:.2f} | {t_ref / t:.2f}× | {t_torch * 1e3:.2f} "
-                f"| {t_torch / t:.2f}× | {err:.3g} |"
+                f"| {times['copy'] * 1e3:.2f} | {100 * times['copy'] / t:.1f}% "
+                f"| {times['zero'] * 1e3:.2f} | {100 * gbs_zero / copy_gbs:.1f}% "
+                f"| {times['reference'] * 1e3:.2f} | {times['reference'] / t:.2f}× "
+                f"| {times['torch'] * 1e3:.2f} | {times['torch'] / t:.2f}× | {err:.3g} |"
             )
-            if rows in (1, 64, 1024, 4096, 16384, 65536):
-                d = triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median")
-                timer_rows.append((kind, rows, t, d))
+            if rows in TIMER_ROWS:
+                timer_cases.append((kind, rows, timer_check(call, repeat, rounds)))
             del x, r, w, out
 
     reference = load_reference("activation", "silu_and_mul_h14336_bf16")
@@ -205,28 +268,61 @@ def main() -> None:
         if rows > 16384:
             break
         x = torch.randn(rows, 2 * 14336, device="cuda", dtype=torch.bfloat16)
-        out = torch.empty(rows, 14336, device="cuda", dtype=torch.bfloat16)
+        out = torch.full((rows, 14336), float("nan"), device="cuda", dtype=torch.bfloat16)
         call = lambda: silu.run(x, out)  # noqa: E731
         ref = lambda: reference(x)  # noqa: E731
         call()
         err = (out.float() - ref().float()).abs().max().item()
-        t = bench(call, repeat)
-        t_ref = bench(ref, repeat)
+        times = pooled({"fibgen": sampler(call, repeat), "reference": sampler(ref, repeat)}, rounds)
+        t = times["fibgen"]
         gbs = (x.numel() + out.numel()) * 2 / t / 1e6
         print(
             f"| {rows} | {t * 1e3:.2f} | {gbs:.0f} | {100 * gbs / copy_gbs:.1f}% "
-            f"| {t_ref * 1e3:.2f} | {t_ref / t:.2f}× | {err:.3g} |"
+            f"| {times['reference'] * 1e3:.2f} | {times['reference'] / t:.2f}× | {err:.3g} |"
         )
         if rows in (1, 1024, 16384):
-            d = triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median")
-            timer_rows.append(("silu_and_mul", rows, t, d))
+            timer_cases.append(("silu_and_mul", rows, timer_check(call, repeat, rounds)))
         del x, out
 
-    print("\n## fibgen's timer vs triton.testing.do_bench (both median, L2 zeroed)\n")
-    print("| kernel | rows | fibgen µs | do_bench µs | difference |")
-    print("|---|---|---|---|---|")
-    for kind, rows, t, d in timer_rows:
-        print(f"| {kind} | {rows} | {t * 1e3:.2f} | {d * 1e3:.2f} | {100 * (t - d) / d:+.1f}% |")
+    print("\n## fibgen's timer vs triton.testing.do_bench, flushing L2 the same way\n")
+    print(
+        "| kernel | rows | fibgen µs | do_bench µs (reading flush) | difference "
+        "| fibgen µs, zeroing flush | do_bench µs (its own zeroing flush) | difference "
+        "| do_bench's own spread over rounds, zeroing |"
+    )
+    print("|" + "---|" * 9)
+    for kind, rows, c in timer_cases:
+        print(
+            f"| {kind} | {rows} | {c['read'] * 1e3:.2f} | {c['db_read'] * 1e3:.2f} "
+            f"| {100 * (c['read'] - c['db_read']) / c['db_read']:+.1f}% "
+            f"| {c['zero'] * 1e3:.2f} | {c['db_zero'] * 1e3:.2f} "
+            f"| {100 * (c['zero'] - c['db_zero']) / c['db_zero']:+.1f}% "
+            f"| {100 * c['db_zero_spread']:.1f}% |"
+        )
+
+
+def timer_check(call, repeat: int | None, rounds: int) -> dict[str, float]:
+    """fibgen's timer and do_bench on ``call`` under both flushes, in alternating rounds."""
+    # do_bench's spread: the medians of its rounds, largest over smallest.
+    medians: list[float] = []
+    db_zero = do_bench_sampler(call, "zero")
+
+    def db_zero_round() -> list[float]:
+        samples = db_zero()
+        medians.append(statistics.median(samples))
+        return samples
+
+    times = pooled(
+        {
+            "read": sampler(call, repeat),
+            "db_read": do_bench_sampler(call, "read"),
+            "zero": sampler(call, repeat, flush="zero"),
+            "db_zero": db_zero_round,
+        },
+        rounds,
+    )
+    times["db_zero_spread"] = max(medians) / min(medians) - 1
+    return times
 
 
 if __name__ == "__main__":
