@@ -6,6 +6,7 @@ repository checkout. Tests that need it call ``require_shared()`` and are skippe
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 
@@ -27,3 +28,26 @@ def require_shared(*parts: str) -> Path:
             "set FIBGEN_SHARED to the directory holding flashinfer-trace/ and reference/"
         )
     return path
+
+
+# .ci/run sets this: there, a check that needs an optional package fails instead of skipping.
+REQUIRE_OPTIONAL = os.environ.get("FIBGEN_REQUIRE_OPTIONAL") == "1"
+
+FLASHINFER_BENCH_INSTALL = (
+    "pip install --no-deps flashinfer-bench==0.1.2 && pip install apache-tvm-ffi docstring-parser"
+)
+
+
+def require_module(name: str, why: str):
+    """Import ``name``; the calling test is skipped without it, or fails under CI."""
+    if REQUIRE_OPTIONAL:
+        return importlib.import_module(name)
+    return pytest.importorskip(name, reason=why)
+
+
+def require_flashinfer_bench():
+    """flashinfer-bench 0.1.2's module (see ``require_module``)."""
+    return require_module(
+        "flashinfer_bench",
+        f"flashinfer-bench 0.1.2 is not installed ({FLASHINFER_BENCH_INSTALL})",
+    )

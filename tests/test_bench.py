@@ -12,6 +12,7 @@ from fibgen.bench.runner import BenchOptions, run_bench
 from fibgen.cli import main
 
 from _bench_dataset import make_dataset
+from _shared import require_flashinfer_bench
 
 REPO_DEFS = Path(__file__).resolve().parent.parent / "definitions"
 
@@ -73,9 +74,7 @@ def test_traces_load_with_the_format_and_flashinfer_bench(benched):
     from fibgen.format import load_traces
 
     assert len(load_traces(root)) == 2 * len(EXPECTED)
-    fib = pytest.importorskip(
-        "flashinfer_bench", reason="flashinfer-bench 0.1.2 is not installed (optional check)"
-    )
+    fib = require_flashinfer_bench()
     trace_set = fib.TraceSet.from_path(str(root))
     loaded = [t for traces in trace_set.traces.values() for t in traces]
     assert len(loaded) == 2 * len(EXPECTED)

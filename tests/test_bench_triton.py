@@ -8,16 +8,16 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
-
 from fibgen.bench.runner import BenchOptions, run_bench
 from fibgen.cli import main
 from fibgen.format import Workload, write_workloads
 
+from _shared import require_module
+
 REPO = Path(__file__).resolve().parent.parent
 
-pytest.importorskip("triton", reason="triton is not installed")
-pytest.importorskip("numpy", reason="Triton's interpreter needs numpy")
+require_module("triton", "triton is not installed")
+require_module("numpy", "Triton's interpreter needs numpy")
 
 # definition -> row counts (small: the interpreter runs each program in Python)
 CASES = {

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 import fake_flashinfer
 import fibgen.runtime as rt
 from fake_flashinfer import CALLS
+from _shared import require_flashinfer_bench
 from fake_flashinfer.catalogue import MODULE, generated_package
 from fibgen.format import load_workloads, write_definition
 
@@ -215,11 +216,7 @@ def test_past_the_cap_records_are_dropped_counted_and_warned_once(tmp_path, opti
 
 
 def test_flashinfer_bench_loads_the_records(tmp_path):
-    fib = pytest.importorskip(
-        "flashinfer_bench",
-        reason="flashinfer-bench 0.1.2 is not installed (pip install --no-deps "
-        "flashinfer-bench==0.1.2 apache-tvm-ffi docstring-parser)",
-    )
+    fib = require_flashinfer_bench()
     from fibgen.codegen.definition_json import definition_dict
     from fibgen.format import Definition
 
