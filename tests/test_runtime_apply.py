@@ -355,3 +355,67 @@ def test_decorator_and_function_form_for_hand_written_code():
         ]
         == 1
     )
+
+
+def _fused_add_rmsnorm(hidden_states, residual, weight):
+    s = hidden_states.float() + residual.float()
+    rms = torch.rsqrt(s.square().mean(dim=-1, keepdim=True) + 1e-6)
+    return (s * rms * weight.float()).to(hidden_states.dtype)
+
+
+def test_effect_writes_what_the_definition_leaves_out():
+    # The catalogue's fused_add_rmsnorm has one output, the normalized rows, as the dataset's
+    # definition does; its `effect residual = hidden_states + residual` makes a routed call
+    # also leave the sum in `residual`, as FlashInfer's kernel does.
+    from fibgen_kernels.fused_add_rmsnorm import fused_add_rmsnorm as dispatcher
+
+    seen = []
+
+    def solution(hidden_states, residual, weight):
+        seen.append(residual.clone())
+        return _fused_add_rmsnorm(hidden_states, residual, weight)
+
+    def dps_solution(hidden_states, residual, weight, output):
+        output.copy_(solution(hidden_states, residual, weight))
+
+    for registered in (solution, dps_solution):
+        x, r, w = (torch.randn(*s, dtype=torch.bfloat16) for s in ((3, 4096), (3, 4096), (4096,)))
+        x0, r0 = x.clone(), r.clone()
+        with rt.enable_apply({"fused_add_rmsnorm_h4096": registered}):
+            assert dispatcher(x, r, w) is None
+        # The solution saw the residual as the caller passed it; the sum came after.
+        assert torch.equal(seen.pop(), r0)
+        assert torch.equal(r, x0 + r0)
+        assert torch.equal(x, _fused_add_rmsnorm(x0, r0, w))
+
+
+def test_output_written_into_an_element_of_a_tuple_argument():
+    # append_paged_kv_cache's outputs go back through the inputs they update (`-> k_cache`,
+    # with `k_cache <- paged_kv_cache[0]`): a routed call fills the caller's cache tuple in
+    # place and returns None, as FlashInfer's does.
+    from fibgen_kernels.append_paged_kv_cache import append_paged_kv_cache as dispatcher
+
+    def solution(append_key, append_value, batch_indices, positions, k_cache, v_cache, **_):
+        pages = batch_indices.long() * 2 + positions.long()  # kv_indices below: 0..3 in order
+        k_out, v_out = k_cache.clone(), v_cache.clone()
+        k_out[pages, 0], v_out[pages, 0] = append_key, append_value
+        return k_out, v_out
+
+    k = torch.randn(3, 8, 128, dtype=torch.bfloat16)
+    v = torch.randn(3, 8, 128, dtype=torch.bfloat16)
+    cache = (torch.zeros(4, 1, 8, 128, dtype=torch.bfloat16),) + (
+        torch.zeros(4, 1, 8, 128, dtype=torch.bfloat16),
+    )
+    args = (
+        torch.tensor([0, 1, 1], dtype=torch.int32),  # batch_indices
+        torch.tensor([0, 0, 1], dtype=torch.int32),  # positions
+        cache,
+        torch.arange(4, dtype=torch.int32),  # kv_indices
+        torch.tensor([0, 2, 4], dtype=torch.int32),  # kv_indptr
+        torch.tensor([1, 1], dtype=torch.int32),  # kv_last_page_len
+    )
+    with rt.enable_apply({"append_paged_kv_cache_kv8_d128_ps1": solution}):
+        assert dispatcher(k, v, *args) is None
+    for written, appended in zip(cache, (k, v)):
+        assert torch.equal(written[[0, 2, 3], 0], appended)
+        assert not written[1].any()

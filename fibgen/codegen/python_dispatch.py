@@ -5,6 +5,16 @@ const value is read from the arguments, the table of known definitions, the name
 the definition's inputs are spelled in terms of the API's parameters and how outputs go back
 into the caller's buffers. The generated code follows Note [the dispatch contract] in
 ``fibgen/runtime/apply.py``.
+
+Note [effects]
+Some APIs write more than their definition exposes: FlashInfer's ``fused_add_rmsnorm`` leaves
+``input + residual`` in ``residual`` and the normalized rows in ``input``, while the
+definition (and so every solution) produces only the normalized rows. A family says so with
+``effect residual = hidden_states + residual``. After a routed call the dispatcher evaluates
+each effect's expression on the call's inputs, before any output is written back (the
+write-back may overwrite an input the expression reads), then writes the outputs back and
+copies each effect's value into its target. The fallback to the original API needs none of
+this: the API does its own writes.
 """
 
 from __future__ import annotations
@@ -462,6 +472,22 @@ class _Family:
                 always.append(f"_o_{o.name}")
         return always, flagged
 
+    def _effect_expr(self, e: ir.Effect) -> str:
+        """An effect's expression with the definition's inputs spelled as the call's arguments."""
+        spelled = {
+            name: ast.parse(expr, mode="eval").body for name, expr in self.input_expr.items()
+        }
+
+        class Spell(ast.NodeTransformer):
+            def visit_Name(self, node: ast.Name) -> ast.AST:
+                return spelled.get(node.id, node)
+
+        tree = Spell().visit(ast.parse(e.expr.text, mode="eval"))
+        return ast.unparse(tree)
+
+    def _defaults_to_none(self, param: str) -> bool:
+        return any(p.name == param and p.default == "None" for p in self.params)
+
     def dispatcher(self, fields: tuple[str, ...]) -> FunctionView:
         """The family's function: the body of Note [the dispatch contract]."""
         forward = _forward(self.params)
@@ -530,6 +556,14 @@ class _Family:
             "    _api.failed(_key, _exc)",
             "    raise",
         ]
+        # Note [effects]: computed before any write-back, stored after it.
+        stores = []
+        for e in self.f.effects:
+            body.append(f"_e_{e.target} = {self._effect_expr(e)}")
+            if self._defaults_to_none(e.target):
+                stores += [f"if {e.target} is not None:", f"    {e.target}.copy_(_e_{e.target})"]
+            else:
+                stores.append(f"{e.target}.copy_(_e_{e.target})")
         for o in self.f.outputs:
             target = self.targets[o.name]
             if target is None:
@@ -547,6 +581,7 @@ class _Family:
                     f"if {local} is not {target[1]}{produced}:",
                     f"    {target[1]}.copy_({local})",
                 ]
+        body += stores
         always, flagged = self._returned()
         if flagged:
             extra = " + ".join(f"(({local},) if {flag} else ())" for local, flag in flagged)

@@ -147,6 +147,7 @@ class Checker:
         self._var_axes_bound(view)
         self._constraints(view)
         self._api(view)
+        self._effects(view)
         self._reference(view)
         self._name_template(view)
         self._requires(fam)
@@ -411,14 +412,60 @@ class Checker:
         for t in fam.outputs:
             if t.target is None:
                 continue
-            targets = api if api is not None else set(v.inputs)
+            # An API parameter, or an input: the tensor that input reads (an element of a
+            # tuple parameter, say) is written in place.
+            targets = (api or set()) | set(v.inputs)
             if t.target not in targets:
-                where = f"a parameter of `{fam.api.path}`" if api is not None else "an input"
+                where = f"a parameter of `{fam.api.path}` or an input" if api else "an input"
                 self.err(
                     f"write-back target `{t.target}` of `{t.name}` is not {where}",
                     t.span,
                     help=_did_you_mean(t.target, targets, "names"),
                 )
+
+    def _effects(self, v: _FamilyView) -> None:
+        fam = v.family
+        # The API parameters outputs are written into, also through an input that reads one.
+        reads = {t.name: t.source.param if t.source else t.name for t in fam.inputs}
+        written = {reads.get(t.target, t.target) for t in fam.outputs if t.target is not None}
+        seen: dict[str, ir.Effect] = {}
+        for e in fam.effects:
+            if fam.api is None:
+                self.err(
+                    "`effect` needs an `api`: it says what a routed call of it also writes",
+                    e.span,
+                    help="declare the API first: `api pkg.mod.func(...)`",
+                )
+                continue
+            params = fam.api.param_names()
+            if e.target not in params:
+                self.err(
+                    f"effect target `{e.target}` is not a parameter of `{fam.api.path}`",
+                    e.target_span,
+                    help=_did_you_mean(e.target, params, "parameters"),
+                )
+            elif e.target in written:
+                self.err(
+                    f"`{e.target}` is already written back by an output",
+                    e.target_span,
+                    help="an output's write-back and an effect cannot share a target",
+                )
+            elif e.target in seen:
+                self.err(
+                    f"two effects write `{e.target}`",
+                    e.target_span,
+                    help=f"the first is at {seen[e.target].span}",
+                )
+            seen.setdefault(e.target, e)
+            known = set(v.inputs) | {"torch"}
+            for name, offset in _names_in(e.expr.text):
+                if name not in known:
+                    self.err(
+                        f"unknown name `{name}` in effect",
+                        _sub_span(e.expr.span, offset, len(name)),
+                        help="an effect is computed from the definition's inputs (and `torch`); "
+                        + _did_you_mean(name, v.inputs, "inputs"),
+                    )
 
     def _tuple_reads(self, fam: ir.Family) -> None:
         # An API parameter is read whole or element by element, and each element by one input.

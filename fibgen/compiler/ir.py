@@ -195,6 +195,19 @@ class ApiSignature(Node):
         return tuple(p.name for p in self.params)
 
 
+class Effect(Node):
+    """``effect residual = hidden_states + residual``: what a routed call also writes.
+
+    The API argument ``target`` receives ``expr``, a Python expression over the definition's
+    inputs as they were before the call. For effects of the API that the definition does
+    not expose as outputs (see Note [effects] in ``fibgen/codegen/python_dispatch.py``).
+    """
+
+    target: str
+    target_span: Span = Field(default=NO_SPAN, repr=False)
+    expr: Expr
+
+
 class Tolerance(Node):
     atol: float | None = None
     rtol: float | None = None
@@ -228,6 +241,7 @@ class Family(Node):
     tags: tuple[str, ...] = ()
     name_template: str | None = None  # ``name "gdn_decode_qk{num_q_heads}_..._k_last"``
     api: ApiSignature | None = None
+    effects: tuple[Effect, ...] = ()
     plan: ApiSignature | None = None
     dtype_params: tuple[DtypeParam, ...] = ()
     params: tuple[Param, ...] = ()

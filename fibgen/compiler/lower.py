@@ -155,9 +155,9 @@ class Lower(Transformer):
         fields: dict[str, Any] = {}
         seen: dict[str, _Stmt] = {}
         for st in stmts:
-            if st.field == "dtype_params":
-                # Several `dtype` statements declare several parameters.
-                fields["dtype_params"] = fields.get("dtype_params", ()) + st.value
+            if st.field in ("dtype_params", "effects"):
+                # Several `dtype` statements declare several parameters; likewise `effect`.
+                fields[st.field] = fields.get(st.field, ()) + st.value
                 continue
             if st.field in seen:
                 self._error(
@@ -222,6 +222,17 @@ class Lower(Transformer):
 
     def plan_stmt(self, meta: Meta, c: list) -> _Stmt:
         return self._signature(meta, c, "plan")
+
+    def effect_stmt(self, meta: Meta, c: list) -> _Stmt:
+        target, expr = c
+        span = self._span(meta)
+        effect = ir.Effect(
+            target=str(target),
+            target_span=self._tok_span(target),
+            expr=self._expr(expr),
+            span=span,
+        )
+        return _Stmt("effects", (effect,), span, "effect")
 
     def _params(self, tok: Token) -> tuple[ir.ApiParam, ...]:
         text = str(tok)

@@ -136,6 +136,7 @@ def _anchors(sf: ir.SourceFile) -> list[tuple[int, int]]:
         for node in (fam.api, fam.plan, fam.tolerance):
             add(node)
         for seq in (
+            fam.effects,
             fam.dtype_params,
             fam.params,
             fam.axes,
@@ -205,6 +206,8 @@ class Printer:
             self.emit(i, f"name {quote(fam.name_template)}")
         if fam.api is not None:
             self.emit(i, f"api {fam.api.path}{_params(fam.api.params)}", fam.api.span)
+        for e in fam.effects:
+            self.emit(i, f"effect {e.target} = {e.expr.text}", e.span)
         if fam.plan is not None:
             self.emit(i, f"plan {fam.plan.path}{_params(fam.plan.params)}", fam.plan.span)
         for dp in fam.dtype_params:
