@@ -70,6 +70,7 @@ def test_hit_routes_to_the_solution_and_patches_aliases():
         "hit": 1,
         "fallback_no_candidate": 0,
         "fallback_unwarmed_in_capture": 0,
+        "fallback_declined": 0,
         "error": 0,
     }
 
@@ -200,6 +201,7 @@ def test_strict_error_names_definition_and_solution():
         "hit": 0,
         "fallback_no_candidate": 0,
         "fallback_unwarmed_in_capture": 0,
+        "fallback_declined": 0,
         "error": 1,
     }
 
@@ -419,3 +421,41 @@ def test_output_written_into_an_element_of_a_tuple_argument():
     for written, appended in zip(cache, (k, v)):
         assert torch.equal(written[[0, 2, 3], 0], appended)
         assert not written[1].any()
+
+
+def _picky(hidden_states, weight):
+    # Serves at most two rows; hands larger calls back.
+    if hidden_states.shape[0] > 2:
+        raise rt.Decline("more than two rows")
+    return hidden_states * 2
+
+
+def test_declining_solution_hands_the_call_to_the_original():
+    x1, x3, w = torch.randn(1, 4096), torch.randn(3, 4096), torch.randn(4096)
+    with rt.enable_apply({"rmsnorm_h4096": _picky}):
+        assert torch.equal(fake_flashinfer.rmsnorm(x1, w), x1 * 2)
+        out = torch.empty(3, 4096)
+        # The original gets the call's own arguments, the caller's buffer included.
+        assert fake_flashinfer.rmsnorm(x3, w, out=out) is out
+        assert torch.allclose(out, ORIGINAL_RMSNORM(x3, w))
+    assert CALLS == ["rmsnorm", "rmsnorm"]  # the declined call, then the check above
+    counts = rt.stats()[RMS]
+    assert (counts["hit"], counts["fallback_declined"], counts["error"]) == (1, 1, 0)
+
+
+def test_declining_without_an_original_is_an_error_naming_both():
+    def picky(x, bias):
+        raise rt.Decline("never")
+
+    with rt.enable_apply({"add_bias_h8": picky}):
+        with pytest.raises(rt.SolutionError, match="declined a call of 'add_bias_h8'.*no original"):
+            add_bias.add_bias(torch.randn(2, 8), torch.randn(8))
+
+
+def test_declined_call_by_definition_name_runs_the_reference():
+    api = next(a for a in apply_module._state.apis if a.label == RMS)
+    x, w = torch.randn(3, 4096), torch.randn(4096)
+    with rt.enable_apply({"rmsnorm_h4096": _picky}):
+        result = api.call_definition("rmsnorm_h4096", {"hidden_states": x, "weight": w})
+    assert torch.allclose(result, ORIGINAL_RMSNORM(x, w), atol=1e-5)
+    assert rt.stats()[RMS]["fallback_declined"] == 1

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fibgen.format import Solution, Trace, append_traces
-from fibgen.runtime import apply, disable_apply, enable_apply
+from fibgen.runtime import apply, disable_apply, enable_apply, stats
 from fibgen.runtime.errors import ApplyConfigError
 from fibgen.runtime.select import Policy, build_table, entries, load_table
 
@@ -148,6 +148,26 @@ def test_reference_on_miss_runs_the_reference(dataset):
         return x * w
 
     assert torch.equal(scale(x=x, w=torch.full((64,), 2.0)), x * 2)
+
+
+def test_fallback_on_miss_hands_untraced_keys_to_the_original(dataset):
+    enable_apply(dataset, {"*": {"on_miss": "fallback"}})
+    originals = []
+
+    @apply(DEFINITION["name"])
+    def scale(x, w):
+        originals.append(x.shape[0])
+        return x * w
+
+    w = torch.full((64,), 2.0)
+    for n, fill in ((3, 1.0), (17, 2.0)):
+        assert torch.equal(scale(x=torch.randn(n, 64), w=w), torch.full((n, 64), fill))
+    for n in (5, 5, 100):
+        x = torch.randn(n, 64)
+        assert torch.equal(scale(x=x, w=w), x * 2)
+    assert originals == [5, 5, 100]
+    (counts,) = [c for label, c in stats().items() if label.endswith("scale")]
+    assert (counts["hit"], counts["fallback_declined"]) == (2, 3)
 
 
 def test_enabling_builds_nothing_until_called(dataset, tmp_path):

@@ -553,8 +553,7 @@ class _Family:
         body += [
             f"        _fn({inputs}{buffers})",
             "except Exception as _exc:",
-            "    _api.failed(_key, _exc)",
-            "    raise",
+            f"    return _api.failed(_key, _exc, {forward})",
         ]
         # Note [effects]: computed before any write-back, stored after it.
         stores = []

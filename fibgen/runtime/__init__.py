@@ -22,7 +22,7 @@ from fibgen.runtime.apply import (
     stats,
 )
 from fibgen.runtime.env import enable_from_env
-from fibgen.runtime.errors import ApplyConfigError, SolutionError
+from fibgen.runtime.errors import ApplyConfigError, Decline, SolutionError
 from fibgen.runtime.tracing import enable_from_environment as _enable_tracing_from_environment
 from fibgen.runtime.tracing import (
     TracingConfigError,
@@ -36,6 +36,7 @@ from fibgen.runtime.tracing import (
 __all__ = [
     "Applied",
     "ApplyConfigError",
+    "Decline",
     "SolutionError",
     "TracingConfigError",
     "apply",

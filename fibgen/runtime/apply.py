@@ -16,9 +16,10 @@ in straight-line code:
    ``__next__``, atomic under the GIL, so counts are exact under threads without a lock).
 5. ``kind == ORIGINAL``: ``return fn(<the API's own arguments>)``. ``RETURNS``: call ``fn`` with
    the definition's inputs by keyword; it returns the outputs. ``DPS``: call ``fn`` with the
-   inputs and one buffer per output by keyword. An exception from ``fn`` goes through
-   ``_api.failed(key, exc)`` (which raises a SolutionError when ``fn`` was a solution) and is
-   re-raised unchanged otherwise.
+   inputs and one buffer per output by keyword. An exception from ``fn``: ``return
+   _api.failed(key, exc, <the API's own arguments>)``, from the except block. When ``fn``
+   was a solution, ``failed`` raises a SolutionError, or for a ``Decline`` returns what the
+   fallback returns; otherwise it re-raises the exception unchanged.
 6. Outputs are reconciled with the caller's buffers and returned.
 
 The name of a key is computed on the slow path only: the generated table of known
@@ -46,14 +47,20 @@ from fibgen.runtime import patching, select, solutions
 
 # Generated modules import ApiDefault from here, with the other names of the contract.
 from fibgen.runtime.patching import ApiDefault  # noqa: F401
-from fibgen.runtime.errors import ApplyConfigError, SolutionError
+from fibgen.runtime.errors import ApplyConfigError, Decline, SolutionError
 
 # Route kinds: how a dispatcher calls the callable of a route.
 ORIGINAL = 0  # with the API's own arguments: the original API, or what stands in for it
 RETURNS = 1  # with the definition's inputs by keyword; returns the outputs
 DPS = 2  # with the inputs and output buffers by keyword; writes the outputs
 
-OUTCOMES = ("hit", "fallback_no_candidate", "fallback_unwarmed_in_capture", "error")
+OUTCOMES = (
+    "hit",
+    "fallback_no_candidate",
+    "fallback_unwarmed_in_capture",
+    "fallback_declined",
+    "error",
+)
 
 # Packages of generated dispatchers that enable_apply looks for even when not imported yet.
 DEFAULT_PACKAGES = ("fibgen_kernels",)
@@ -311,18 +318,43 @@ class Api:
             _state.loaded[cache_key] = loaded
         return loaded
 
-    def failed(self, key: Any, exc: BaseException) -> None:
-        """Count a solution's exception and raise it with its names; ignore a fallback's."""
+    def failed(self, key: Any, exc: BaseException, *args: Any, **kwargs: Any) -> Any:
+        """Handle an exception of a route, from the dispatcher's except block.
+
+        A fallback's exception is re-raised unchanged. A solution's is counted and raised as
+        a SolutionError naming both, except a ``Decline``: then the call, given by the API's
+        own arguments, goes to the fallback, and its result is returned.
+        """
         resolved = self._resolved.get(key)
         if resolved is None:
-            return
+            # Called from an except block: a bare raise re-raises the exception it handles.
+            raise
         name, label = resolved
-        with _state.lock:
-            self._tick("error", name)()
-            self._tick("failed_hit", name)()
+        if isinstance(exc, Decline):
+            self._count_declined(name)
+            kind, fn, _ = self._fallback_route(name, _DISCARD)
+            if kind != ORIGINAL:
+                raise SolutionError(
+                    f"{label} declined a call of {name!r} and {self.label} has no original "
+                    "API to fall back to",
+                    name,
+                    label,
+                ) from exc
+            return fn(*args, **kwargs)
+        self._count_error(name)
         raise SolutionError(
             f"{label} for definition {name!r} raised {type(exc).__name__}: {exc}", name, label
         ) from exc
+
+    def _count_error(self, name: str) -> None:
+        with _state.lock:
+            self._tick("error", name)()
+            self._tick("failed_hit", name)()
+
+    def _count_declined(self, name: str) -> None:
+        with _state.lock:
+            self._tick("fallback_declined", name)()
+            self._tick("declined_hit", name)()
 
     def call_definition(
         self, name: str, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None = None
@@ -358,9 +390,18 @@ class Api:
             if kind == RETURNS:
                 return fn(**inputs)
             fn(**inputs, **outputs)
+        except Decline:
+            resolved = self._resolved.get(key)
+            if resolved is None:
+                raise
+            # As a fallback here: the reference, on the inputs this call holds.
+            self._count_declined(name)
+            reference = self._reference(name)
+            if reference is None:
+                reference = _no_fallback(self.label, name, "no reference to fall back to")
+            return reference(**inputs)
         except Exception as exc:
             self.failed(key, exc)
-            raise
         values = tuple(outputs[o] for o in self.outputs)
         return values[0] if len(values) == 1 else values
 
@@ -401,11 +442,12 @@ class Api:
 
     def counts(self) -> dict[str, int]:
         """Calls per outcome since apply was last enabled."""
-        totals = dict.fromkeys(OUTCOMES + ("failed_hit",), 0)
+        totals = dict.fromkeys(OUTCOMES + ("failed_hit", "declined_hit"), 0)
         for (outcome, _), counter in list(self._tallies.items()):
             # repr is "count(N)": reading it does not advance the counter.
             totals[outcome] += int(repr(counter)[6:-1])
-        totals["hit"] -= totals.pop("failed_hit")
+        # A hit is a call a solution served: not one it raised on or handed back.
+        totals["hit"] -= totals.pop("failed_hit") + totals.pop("declined_hit")
         return totals
 
 
@@ -567,7 +609,7 @@ def is_enabled() -> bool:
 
 
 def stats() -> dict[str, dict[str, int]]:
-    """Calls per API since apply was last enabled: hit, the two fallbacks, and error."""
+    """Calls per API since apply was last enabled: hit, the fallbacks, and error."""
     out: dict[str, dict[str, int]] = {}
     with _state.lock:
         for api in _state.apis:
@@ -606,8 +648,7 @@ def _route_handwritten(
         try:
             return fn(*args, **kwargs)
         except Exception as exc:
-            api.failed(key, exc)
-            raise
+            return api.failed(key, exc, *args, **kwargs)
 
     return routed
 

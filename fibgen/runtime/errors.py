@@ -1,10 +1,20 @@
-"""The runtime's error types: a bad apply configuration, and a solution that failed."""
+"""The runtime's error types: a bad apply configuration, a solution that failed or declined."""
 
 from __future__ import annotations
 
 
 class ApplyConfigError(ValueError):
     """``enable_apply`` was given something it cannot use (a mapping, a folder, a file)."""
+
+
+class Decline(Exception):
+    """Raised by a solution to hand a call back: the dispatcher then falls back as on a miss.
+
+    The call goes to the original API (or the next family of a dispatch group), and stats
+    count it under ``fallback_declined``, not ``hit``. Raise it before writing any output.
+    A best-solution entry with ``on_miss="fallback"`` raises it on a var-axis key that no
+    trace covers.
+    """
 
 
 class SolutionError(RuntimeError):

@@ -14,8 +14,9 @@ pick its best gets a plain entry: its calls cost what any solution's do. Only a 
 with per-key choices gets a keyed entry, which reads the var axes off the inputs and calls
 the solution chosen for them; on a key that no trace covers it follows the policy's
 ``on_miss``: the definition's best (``"best"``), the solution of the nearest traced key by
-the sum of |log2| ratios of the axis values (``"nearest"``), or the reference
-(``"reference"``).
+the sum of |log2| ratios of the axis values (``"nearest"``), the dispatcher's fallback, that
+is the original API (``"fallback"``, through ``Decline``), or the definition's reference
+(``"reference"``, slow: for checking).
 
 The table is cached in ``$FIBGEN_CACHE_DIR/select/`` under a digest of its inputs (paths,
 sizes and mtimes of the trace, solution and definition files, and the configuration), and
@@ -37,13 +38,13 @@ from pathlib import Path
 from typing import Any
 
 from fibgen.runtime import solutions
-from fibgen.runtime.errors import ApplyConfigError
+from fibgen.runtime.errors import ApplyConfigError, Decline
 
 __all__ = ["Policy", "build_table", "entries", "load_table", "normalize_config"]
 
 # Bumped when the table's layout changes, so that old cache files are not read.
 TABLE_VERSION = 2
-ON_MISS = ("best", "nearest", "reference")
+ON_MISS = ("best", "nearest", "fallback", "reference")
 
 
 @dataclass(frozen=True)
@@ -324,6 +325,15 @@ def _entry(root: Path, name: str, solution: str, relpath: str) -> solutions.Entr
     return solutions.Entry(name, f"solution {solution!r} ({path})", solution=_LazySolution(path))
 
 
+def _declining(name: str, key: Any) -> Callable[..., Any]:
+    """A solution that hands every call back: the dispatcher falls back (``on_miss="fallback"``)."""
+
+    def decline(**_: Any) -> Any:
+        raise Decline(f"{name}: no trace covers var-axis values {key!r}")
+
+    return decline
+
+
 def _log_distance(a: list[int], b: list[int]) -> float:
     return sum(abs(math.log2(max(x, 1) / max(y, 1))) for x, y in zip(a, b))
 
@@ -399,6 +409,8 @@ def _keyed(root: Path, name: str, info: dict, policy: Policy) -> solutions.Entry
             values = [key] if single else list(key)
             _, solution = min(traced, key=lambda t: (_log_distance(t[0], values), t[1]))
             fn = current[solution]
+        elif policy.on_miss == "fallback":
+            fn = _declining(name, key)
         elif policy.on_miss == "reference":
             if not reference_fn:
                 namespace: dict[str, Any] = {"__name__": f"fibgen_reference_{name}"}
