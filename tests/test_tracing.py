@@ -321,3 +321,29 @@ def test_records_are_plain_json_lines(tmp_path):
         "hidden_states": {"type": "random"},
         "weight": {"type": "random"},
     }
+
+
+def test_patching_traces_calls_that_bypass_fibgen(tmp_path):
+    original = fake_flashinfer.norm.rmsnorm
+    x, w = torch.randn(2, 4096), torch.randn(4096)
+    # Without patching, a program calling the API itself is not seen.
+    rt.enable_tracing(tmp_path / "plain")
+    fake_flashinfer.norm.rmsnorm(x, w)
+    rt.disable_tracing()
+    assert _records(tmp_path / "plain", "rmsnorm_h4096") == []
+
+    rt.enable_tracing(tmp_path / "patched", patch=True)
+    assert fake_flashinfer.norm.rmsnorm is rmsnorm.rmsnorm
+    y = fake_flashinfer.norm.rmsnorm(x, w)
+    assert torch.equal(y, original(x, w))  # the original API ran
+    # Apply turned on and off meanwhile: the API stays patched for tracing.
+    with rt.enable_apply({}):
+        pass
+    assert fake_flashinfer.norm.rmsnorm is rmsnorm.rmsnorm
+    fake_flashinfer.norm.rmsnorm(torch.randn(5, 4096), w)
+    rt.disable_tracing()
+    assert fake_flashinfer.norm.rmsnorm is original
+    # Unpatched call, patched call, the check's own call, patched call again.
+    assert CALLS == ["rmsnorm"] * 4
+    records = _records(tmp_path / "patched", "rmsnorm_h4096")
+    assert [r.axes for r in records] == [{"batch_size": 2}, {"batch_size": 5}]

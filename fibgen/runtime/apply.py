@@ -93,6 +93,7 @@ class _State:
         # While tracing is on: wraps each route as it is resolved (Note [tracing hooks] in
         # fibgen/runtime/tracing.py); every call then takes the routed path.
         self.tracer: Callable[[Api, str | None, Any], Any] | None = None
+        self.trace_patching = False  # whether tracing patches APIs (apply off or not)
 
 
 _state = _State()
@@ -467,6 +468,19 @@ def _patch(api: Api, taken: set[str]) -> None:
             _state.originals[api.plan_path] = api._plan_original = found
 
 
+def _patching_wanted() -> bool:
+    return (_state.on and _state.patching) or (_state.tracer is not None and _state.trace_patching)
+
+
+def _repatch() -> None:
+    """Restore every patched API, then patch again if apply or tracing wants it (under lock)."""
+    patching.restore(_state.patches)
+    if _patching_wanted():
+        taken: set[str] = set()
+        for api in reversed(_state.apis):
+            _patch(api, taken)
+
+
 def register_api(label: str, function: Callable[..., Any], **options: Any) -> Api:
     """Register a dispatcher (called by generated modules at import); see ``Api``."""
     api = Api(label, function, **options)
@@ -474,10 +488,10 @@ def register_api(label: str, function: Callable[..., Any], **options: Any) -> Ap
         _state.apis.append(api)
         if _state.on:
             api._turn_on()
-            if _state.patching:
-                _patch(api, {p.path for p in _state.apis[:-1] if p.patch and p.path})
         else:
             api._turn_off()
+        if _patching_wanted():
+            _patch(api, {p.path for p in _state.apis[:-1] if p.patch and p.path})
     return api
 
 
@@ -558,17 +572,14 @@ def enable_apply(
     _import_packages(packages, entries, patch)
     _check_callables(entries)
     with _state.lock:
-        patching.restore(_state.patches)
         _state.entries = entries
         _state.loaded = {}
         _state.matched = set()
         _state.on = True
         _state.patching = patch
-        taken: set[str] = set()
-        for api in reversed(_state.apis):
+        for api in _state.apis:
             api._turn_on()
-            if patch:
-                _patch(api, taken)
+        _repatch()
     return Applied()
 
 
@@ -576,10 +587,11 @@ def disable_apply() -> None:
     """Stop routing and restore patched APIs; warn about solutions that never matched."""
     with _state.lock:
         was_on = _state.on
-        patching.restore(_state.patches)
         _state.on = False
         for api in _state.apis:
             api._turn_off()
+        # Tracing with patching keeps the APIs patched; they call the originals again.
+        _repatch()
         unmatched = sorted(set(_state.entries) - _state.matched)
         _state.entries = {}
         _state.loaded = {}
@@ -592,15 +604,26 @@ def disable_apply() -> None:
         )
 
 
-def set_tracer(tracer: Callable[[Api, str | None, Any], Any] | None) -> None:
-    """Install (or with None remove) the route wrapper of tracing; routes resolve afresh."""
+def set_tracer(
+    tracer: Callable[[Api, str | None, Any], Any] | None, *, patch: bool = False
+) -> None:
+    """Install (or with None remove) the route wrapper of tracing; routes resolve afresh.
+
+    With ``patch``, the APIs of the generated dispatchers are patched while tracing is on,
+    also with apply off: calls that do not go through fibgen reach a dispatcher, which
+    records them and calls the original API.
+    """
+    if tracer is not None and patch:
+        _import_packages(None, (), True)
     with _state.lock:
         _state.tracer = tracer
+        _state.trace_patching = tracer is not None and patch
         for api in _state.apis:
             if _state.on:
                 api.routes.clear()
             else:
                 api._turn_off()
+        _repatch()
 
 
 def is_enabled() -> bool:

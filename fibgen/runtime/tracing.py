@@ -524,6 +524,7 @@ def enable_tracing(
     dedup: DedupPolicy = "all",
     max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
     max_pending_records: int = DEFAULT_MAX_PENDING_RECORDS,
+    patch: bool = False,
 ) -> None:
     """Record the workloads of calls through generated dispatchers into ``dataset_dir``.
 
@@ -531,7 +532,10 @@ def enable_tracing(
     tensors, or a list of input names); others are recorded as random. ``dedup``: which
     calls to keep per definition ("all", "axes" for the first per var-axis values,
     ("first", k), ("axes", k), or a function (definition, axes, inputs) -> key keeping the
-    first call per key). Enabling again flushes and replaces the previous configuration.
+    first call per key). ``patch``: also replace the real APIs (``flashinfer.norm.rmsnorm``)
+    by their dispatchers while tracing, so that a program calling FlashInfer directly is
+    recorded too; with apply off, each call still runs the original API. ``FIBGEN_TRACE=1``
+    patches. Enabling again flushes and replaces the previous configuration.
     """
     global _tracer, _atexit_registered
     dump_rule = _dump_rule(dump)
@@ -553,7 +557,7 @@ def enable_tracing(
         except OSError as exc:
             raise TracingConfigError(f"cannot create dataset folder {root}: {exc}") from None
         _tracer = tracer
-        set_tracer(_wrap(tracer))
+        set_tracer(_wrap(tracer), patch=patch)
         if not _atexit_registered:
             atexit.register(disable_tracing)
             _atexit_registered = True
@@ -667,6 +671,8 @@ def enable_from_environment() -> None:
             path,
             dump=_parse_dump(os.environ.get("FIBGEN_TRACE_DUMP", "none")),
             dedup=_parse_dedup(os.environ.get("FIBGEN_TRACE_DEDUP", "all")),
+            # The environment switch is for programs that call FlashInfer, not fibgen.
+            patch=True,
         )
 
     enable_from_env(
