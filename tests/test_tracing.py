@@ -347,3 +347,43 @@ def test_patching_traces_calls_that_bypass_fibgen(tmp_path):
     assert CALLS == ["rmsnorm"] * 4
     records = _records(tmp_path / "patched", "rmsnorm_h4096")
     assert [r.axes for r in records] == [{"batch_size": 2}, {"batch_size": 5}]
+
+
+_PROGRAM = """
+import flashinfer, torch
+import fibgen.runtime  # what FIBGEN_TRACE=1 needs: the program itself never calls fibgen
+x = torch.randn(3, 4096, dtype=torch.bfloat16)
+y = flashinfer.norm.rmsnorm(x, torch.ones(4096, dtype=torch.bfloat16))
+print(flashinfer.norm.rmsnorm.__module__, tuple(y.shape))
+"""
+
+_FLASHINFER_NORM = """
+import torch
+
+def rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
+    rms = torch.rsqrt(input.float().square().mean(-1, keepdim=True) + eps)
+    return (input.float() * rms * weight.float()).to(input.dtype)
+"""
+
+
+def test_environment_switch_traces_a_program_that_calls_flashinfer(tmp_path):
+    # A stand-in `flashinfer` package, reached by the catalogue's generated dispatchers.
+    package = tmp_path / "site" / "flashinfer"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("from . import norm\n")
+    (package / "norm.py").write_text(_FLASHINFER_NORM)
+    env = {
+        "FIBGEN_TRACE": "1",
+        "FIBGEN_DATASET_PATH": str(tmp_path / "ds"),
+        "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")]),
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", _PROGRAM],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, **env),
+        timeout=120,
+    )
+    assert run.stdout.split() == ["fibgen_kernels.rmsnorm", "(3,", "4096)"], run.stderr
+    records = _records(tmp_path / "ds", "rmsnorm_h4096")
+    assert [r.axes for r in records] == [{"batch_size": 3}]
