@@ -351,7 +351,7 @@ def test_patching_traces_calls_that_bypass_fibgen(tmp_path):
 
 _PROGRAM = """
 import flashinfer, torch
-import fibgen.runtime  # what FIBGEN_TRACE=1 needs: the program itself never calls fibgen
+import fibgen.runtime  # all that FIBGEN_TRACE=1 needs: the program never calls fibgen
 x = torch.randn(3, 4096, dtype=torch.bfloat16)
 y = flashinfer.norm.rmsnorm(x, torch.ones(4096, dtype=torch.bfloat16))
 print(flashinfer.norm.rmsnorm.__module__, tuple(y.shape))
