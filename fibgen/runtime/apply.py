@@ -347,6 +347,12 @@ class Api:
             f"{label} for definition {name!r} raised {type(exc).__name__}: {exc}", name, label
         ) from exc
 
+    def _reference_or_fail(self, name: str) -> Callable[..., Any]:
+        reference = self._reference(name)
+        if reference is None:
+            return _no_fallback(self.label, name, "no reference to fall back to")
+        return reference
+
     def _count_error(self, name: str) -> None:
         with _state.lock:
             self._tick("error", name)()
@@ -380,9 +386,7 @@ class Api:
                 # Handed to the next family of the API, which would count it; count it here.
                 with _state.lock:
                     tick = self._tick("fallback_no_candidate", name)
-            fn = self._reference(name)
-            if fn is None:
-                fn = _no_fallback(self.label, name, "no reference to fall back to")
+            fn = self._reference_or_fail(name)
             kind = RETURNS
         if kind == DPS and outputs is None:
             raise ValueError(f"{self.label}: the solution for {name!r} needs output buffers")
@@ -397,10 +401,7 @@ class Api:
                 raise
             # As a fallback here: the reference, on the inputs this call holds.
             self._count_declined(name)
-            reference = self._reference(name)
-            if reference is None:
-                reference = _no_fallback(self.label, name, "no reference to fall back to")
-            return reference(**inputs)
+            return self._reference_or_fail(name)(**inputs)
         except Exception as exc:
             self.failed(key, exc)
         values = tuple(outputs[o] for o in self.outputs)
