@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fibgen.bench import worker as w
-from fibgen.bench.timing import FLUSHES
+from fibgen.bench.timing import check_flush
 from fibgen.format import (
     Definition,
     FormatError,
@@ -165,8 +165,10 @@ def traced_triples(root: Path) -> set[tuple[str, str, str]]:
 
 def plan(root: Path, options: BenchOptions) -> tuple[list[_Group], int]:
     """The work of a run, grouped by (definition, workload); and how many triples it skips."""
-    if options.flush not in FLUSHES:
-        raise BenchError(f"flush must be one of {', '.join(FLUSHES)}, not {options.flush!r}")
+    try:
+        check_flush(options.flush)
+    except ValueError as exc:
+        raise BenchError(str(exc)) from None
     if not root.is_dir():
         raise BenchError(f"dataset {root} does not exist")
     definitions = load_definitions(root)

@@ -50,9 +50,14 @@ DEFAULT_FLUSH: Flush = "read"
 _flush_buffers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _flusher(device: torch.device, flush: str) -> Callable[[], Any] | None:
+def check_flush(flush: str) -> None:
+    """Raise ValueError unless ``flush`` is one of ``FLUSHES``."""
     if flush not in FLUSHES:
         raise ValueError(f"flush must be one of {', '.join(FLUSHES)}, not {flush!r}")
+
+
+def _flusher(device: torch.device, flush: str) -> Callable[[], Any] | None:
+    check_flush(flush)
     if flush == "none":
         return None
     buffers = _flush_buffers.get(device)
@@ -153,6 +158,5 @@ def time_callable(
     device = torch.device(device)
     if device.type == "cuda":
         return time_cuda(fn, warmup=warmup, repeat=repeat, device=device, flush=flush)
-    if flush not in FLUSHES:
-        raise ValueError(f"flush must be one of {', '.join(FLUSHES)}, not {flush!r}")
+    check_flush(flush)
     return time_cpu(fn, warmup=warmup, repeat=repeat)
