@@ -94,6 +94,16 @@ def cmd_check(args: argparse.Namespace) -> int:
     result = _compile(args.paths)
     if result.module is None:
         return EXIT_FAIL
+    # What the build would refuse to generate is an error of the check too.
+    from fibgen.codegen import DEFAULT_PACKAGE
+    from fibgen.codegen.files import GenerateError
+    from fibgen.codegen.python_dispatch import plan_dispatch
+
+    try:
+        plan_dispatch(result.module, DEFAULT_PACKAGE)
+    except GenerateError as exc:
+        _eprint(f"error: {exc}")
+        return EXIT_FAIL
     print(f"ok: {len(result.module.definitions)} definitions in {len(result.module.files)} files")
     return EXIT_OK
 

@@ -139,7 +139,7 @@ def test_destination_passing_flag_is_part_of_the_hash(checks_only):
 
 
 def _call(checks_only, *tensors):
-    with rt.enable_apply({NAME: str(checks_only)}):
+    with rt.enable_apply({NAME: str(checks_only)}, strict=True):
         return rmsnorm.rmsnorm(*tensors)
 
 
@@ -208,7 +208,7 @@ def test_compile_error_names_the_solution_and_is_counted(tmp_path):
     )
     path = tmp_path / "broken.json"
     path.write_text(json.dumps(broken), encoding="utf-8")
-    with rt.enable_apply({NAME: str(path)}):
+    with rt.enable_apply({NAME: str(path)}, strict=True):
         with pytest.raises(rt.SolutionError) as info:
             rmsnorm.rmsnorm(_bf16(1, 4096), _bf16(4096))
     message = str(info.value)

@@ -11,6 +11,7 @@ their inputs in another order than the definition lists them.
 
 from __future__ import annotations
 
+import ast
 import functools
 import gc
 import json
@@ -129,6 +130,75 @@ def test_every_dataset_definition_has_a_catalogue_instance(catalogue, dataset):
 def test_contracts_match_the_dataset(catalogue, dataset):
     for name, d in dataset.items():
         assert _contract(_ours_as_json(catalogue[name][0])) == _contract(d), name
+
+
+# Named constants of the dataset's references that are how its code works, not what it
+# computes, with why ours need not have them.
+IMPLEMENTATION_CONSTANTS = {
+    "CHUNK_Q": "the dataset's reference walks the queries in chunks of this size; ours does not",
+    "CHUNK": "likewise, in the references that call it CHUNK",
+}
+# Constants of the dataset's references that restate a const axis or parameter of the
+# definition (its MoE references check shapes against them): compared with our values.
+DEFINITION_CONSTANTS = {
+    "E": ("num_experts", "num_local_experts"),
+    "H": ("hidden_size",),
+    "I": ("intermediate_size",),
+    "TOP_K": ("top_k", "num_experts_per_tok"),
+    "N_GROUP": ("n_group",),
+    "TOPK_GROUP": ("topk_group",),
+}
+
+
+def _constants(source: str) -> dict[str, object]:
+    """UPPER_CASE names bound to a number anywhere in a reference (EPS = 1e-5, BLOCK = 128)."""
+    found: dict[str, object] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Name) and target.id.isupper():
+                try:
+                    value = ast.literal_eval(node.value)
+                except ValueError:
+                    continue
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    found[target.id] = value
+    return found
+
+
+def test_reference_constants_are_the_datasets(catalogue, dataset):
+    # Outputs agreeing within a bf16 tolerance can hide a different epsilon (1e-6 for 1e-5):
+    # every constant the dataset's reference names has the same value in ours, or is the
+    # value of the axis or parameter of our definition it restates.
+    problems = []
+    checked = 0
+    for name, doc in dataset.items():
+        theirs = _constants(doc["reference"])
+        definition = catalogue[name][0]
+        ours = _constants(definition.reference)
+        values = dict(definition.consts) | dict(definition.param_values)
+        for constant, value in theirs.items():
+            if constant in IMPLEMENTATION_CONSTANTS:
+                continue
+            checked += 1
+            if constant in ours:
+                same = ours[constant] == value
+            else:
+                named = [values[n] for n in DEFINITION_CONSTANTS.get(constant, ()) if n in values]
+                same = value in named
+            if not same:
+                problems.append(
+                    f"{name}: {constant} = {value!r} in the dataset's reference, "
+                    f"{ours.get(constant)!r} in ours"
+                )
+    assert not problems, "\n".join(problems)
+    assert checked >= 15  # the norms' EPS at least
+
+
+def test_constants_check_catches_a_different_epsilon():
+    theirs = _constants("def run(x):\n    EPS = 1e-5\n    return x + EPS\n")
+    ours = _constants("EPS = 1e-06\nimport torch\ndef run(x):\n    return x + EPS\n")
+    assert theirs == {"EPS": 1e-5} and ours == {"EPS": 1e-6} and theirs != ours
 
 
 @pytest.mark.parametrize(

@@ -81,7 +81,7 @@ def test_destination_passing_json_with_a_relative_import(tmp_path):
 
 def test_wrong_arity_is_a_strict_error_naming_the_expected_parameters(tmp_path):
     solution = _solution("rmsnorm_h4096", "bad", {"main.py": "def run(x):\n    return x\n"})
-    with rt.enable_apply({"rmsnorm_h4096": str(_write(tmp_path, solution))}):
+    with rt.enable_apply({"rmsnorm_h4096": str(_write(tmp_path, solution))}, strict=True):
         with pytest.raises(rt.SolutionError) as info:
             rmsnorm.rmsnorm(torch.randn(1, 4096), torch.randn(4096))
     message = str(info.value)
@@ -92,7 +92,7 @@ def test_wrong_arity_is_a_strict_error_naming_the_expected_parameters(tmp_path):
 
 def test_missing_entry_symbol_is_a_strict_error(tmp_path):
     solution = _solution("rmsnorm_h4096", "nosym", {"main.py": "def other():\n    pass\n"})
-    with rt.enable_apply({"rmsnorm_h4096": str(_write(tmp_path, solution))}):
+    with rt.enable_apply({"rmsnorm_h4096": str(_write(tmp_path, solution))}, strict=True):
         with pytest.raises(rt.SolutionError, match="defines no function 'run'"):
             rmsnorm.rmsnorm(torch.randn(1, 4096), torch.randn(4096))
 

@@ -180,6 +180,12 @@ def test_enabling_builds_nothing_until_called(dataset, tmp_path):
     assert set(found) == {DEFINITION["name"]}
     enable_apply(dataset)
     assert _call(17) == 2.0
+    # Not strict: the failure is reported once, counted, and the call falls back.
+    with pytest.warns(RuntimeWarning, match="no_such_module"):
+        _call(3)
+    (counts,) = [c for label, c in stats().items() if label.endswith("scale")]
+    assert counts["error"] == 1
+    enable_apply(dataset, strict=True)
     with pytest.raises(Exception, match="no_such_module"):
         _call(3)
 

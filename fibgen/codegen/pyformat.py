@@ -49,10 +49,14 @@ def cache_dir() -> Path | None:
     return (base if root else base / "fibgen") / "black"
 
 
+# Bumped when this module formats differently, so that cached results are not reused.
+_FORMAT_VERSION = 2
+
+
 def _key(text: str) -> str:
     import black
 
-    salt = f"{black.__version__}|{LINE_LENGTH}|"
+    salt = f"{black.__version__}|{LINE_LENGTH}|{_FORMAT_VERSION}|"
     return hashlib.sha256((salt + text).encode("utf-8")).hexdigest()
 
 
@@ -83,6 +87,10 @@ def _format_statement(line: str) -> str:
     body = line.lstrip(" ")
     indent = line[: len(line) - len(body)]
     header = body.endswith(":")  # a `def ...:` or `if ...:` line: give it a body to parse
+    # An `elif` cannot stand alone: black formats it as the `if` it continues.
+    elif_ = body.startswith("elif ")
+    if elif_:
+        body = body[2:]
     snippet = body + ("\n    pass\n" if header else "\n")
     mode = black.Mode(line_length=LINE_LENGTH - len(indent))
     try:
@@ -92,6 +100,8 @@ def _format_statement(line: str) -> str:
         return line + "\n"
     if header:
         out = out[: out.rindex("    pass\n")]
+    if elif_:
+        out = "el" + out
     return "".join(indent + row if row.strip() else row for row in out.splitlines(True))
 
 

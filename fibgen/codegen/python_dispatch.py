@@ -20,11 +20,13 @@ this: the API does its own writes.
 from __future__ import annotations
 
 import ast
+import re
 import string
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 
+from fibgen.codegen.dispatch_rules import RuleSpeller, captured_names, module_names, unparse
 from fibgen.codegen.files import GeneratedFile, GenerateError, with_python_header
 from fibgen.codegen.pyformat import format_python
 from fibgen.codegen.pyliteral import literal
@@ -160,10 +162,14 @@ class _Family:
         self.params = _params_of(family)
         self.run_names = {p.name for p in self.params}
         self.plan_params = family.plan.params if family.plan is not None else ()
-        # Every named plan parameter is kept, so that families sharing a plan share its store.
-        self.captured = [
-            p.name for p in self.plan_params[1:] if p.kind in ("positional", "keyword_only")
-        ]
+        self.captured = captured_names(family)
+        # Run-time names the rules rebind: `let` targets, keywords of a `**` parameter.
+        self.run_var: dict[str, str] = {}
+        for r in family.rules:
+            if isinstance(r, (ir.Let, ir.Default)) and not r.target.startswith("plan."):
+                self.run_var[r.target] = f"_l_{r.target}"
+            elif isinstance(r, ir.Keywords) and not r.target.startswith("plan."):
+                self.run_var.update((k.name, f"_w_{k.name}") for k in r.params)
         self.axes = {a.name: a for a in family.axes}
         self.dtype_params = {d.name for d in family.dtype_params}
         self.param_names = {p.name for p in family.params}
@@ -177,13 +183,16 @@ class _Family:
     def _plan_value(self, param: str) -> str:
         return f"_plan[{self.captured.index(param)}]"
 
+    def _run_value(self, name: str) -> str:
+        return self.run_var.get(name, name)
+
     def _source_expr(self, t: ir.Tensor) -> str:
         if self.f.api is None:
             return t.name
         src = t.source
         if src is None:
-            if t.name in self.run_names:
-                return t.name
+            if t.name in self.run_names or t.name in self.run_var:
+                return self._run_value(t.name)
             if t.name in self.captured:
                 return self._plan_value(t.name)
             raise self.error(f"input {t.name} is not a parameter of {self.f.api.path}; add `<-`")
@@ -191,8 +200,8 @@ class _Family:
             if src.param not in self.captured:
                 raise self.error(f"input {t.name} reads plan.{src.param}, which plan lacks")
             base = self._plan_value(src.param)
-        elif src.param in self.run_names:
-            base = src.param
+        elif src.param in self.run_names or src.param in self.run_var:
+            base = self._run_value(src.param)
         else:
             raise self.error(f"input {t.name} reads {src.param}, not a parameter of the API")
         return base if src.index is None else f"{base}[{src.index}]"
@@ -207,8 +216,10 @@ class _Family:
         inputs = {t.name: t for t in self.f.inputs}
         if o.target in self.run_names:
             written = sources.get(o.target) or inputs.get(o.target)
-            if written is not None and self.input_expr[written.name] == o.target:
-                return ("inplace", o.target)
+            if written is not None and (written.source is None or written.source.index is None):
+                # The input reads the whole argument (maybe through a view made by `let`):
+                # writing into what the input reads writes into the caller's tensor.
+                return ("inplace", self.input_expr[written.name])
             return ("buffer", o.target)
         if o.target in inputs:
             return ("inplace", self.input_expr[o.target])
@@ -225,8 +236,8 @@ class _Family:
         return found
 
     def _argument(self, name: str) -> str | None:
-        if name in self.run_names:
-            return name
+        if name in self.run_names or name in self.run_var:
+            return self._run_value(name)
         if name in self.captured:
             return self._plan_value(name)
         return None
@@ -483,12 +494,85 @@ class _Family:
                 return spelled.get(node.id, node)
 
         tree = Spell().visit(ast.parse(e.expr.text, mode="eval"))
-        return ast.unparse(tree)
+        return unparse(tree)
+
+    def _result_expr(self, r: ir.Result) -> str:
+        """A `result` rule's expression over the outputs, inputs and arguments of the call."""
+        spelled = {o.name: f"_o_{o.name}" for o in self.f.outputs}
+        for name, expr in self.input_expr.items():
+            spelled.setdefault(name, expr)
+        spelled.update((k, v) for k, v in self.run_var.items() if k not in spelled)
+        nodes = {k: ast.parse(v, mode="eval").body for k, v in spelled.items()}
+
+        class Spell(ast.NodeTransformer):
+            def visit_Name(self, node: ast.Name) -> ast.AST:
+                return nodes.get(node.id, node)
+
+        return unparse(Spell().visit(ast.parse(r.expr.text, mode="eval")))
 
     def _defaults_to_none(self, param: str) -> bool:
         return any(p.name == param and p.default == "None" for p in self.params)
 
-    def dispatcher(self, fields: tuple[str, ...]) -> FunctionView:
+    def _axis_reader(self, name: str) -> str | None:
+        """An axis read from the first required input tensor that carries it."""
+        for t, expr, req in self._tensors():
+            if req and t.shape is not None and name in t.shape and t in self.f.inputs:
+                return f"{expr}.shape[{t.shape.index(name) - len(t.shape)}]"
+        return None
+
+    def _tensor_dtype(self, t: ir.Tensor, fields: tuple[str, ...]) -> str | None:
+        ref = t.dtype
+        if ref.kind != "from" and ref.name in self.dtype_params:
+            return f"_k_{ref.name}" if ref.name in fields else None
+        if ref.kind == "concrete":
+            return _dtype_constant(ref.name)
+        return f"{self.input_expr[ref.name]}.dtype" if ref.name in self.input_expr else None
+
+    def rule_plan(self, fields: tuple[str, ...]) -> RulePlan:
+        """The checks of the family's rules and of its input tensors (Note [rules])."""
+        readers = {f: self._reader(f) for f in fields}
+        speller = RuleSpeller(self.f, fields, self._axis_reader, readers)
+        tensors = []
+        for t in self.f.inputs:
+            if t.shape is None:
+                continue
+            dtype = self._tensor_dtype(t, fields)
+            if dtype is not None:
+                tensors.append((t.name, self.input_expr[t.name], t.optional, dtype, len(t.shape)))
+        speller.tensor_checks(tensors)
+        return speller.plan
+
+    def _result_check(self, o: ir.Tensor, local: str, fields: tuple[str, ...]) -> str | None:
+        """The condition a value-returning solution's output meets, or None for a scalar."""
+        if o.shape is None:
+            return None
+        dtype = self._dtype(o)
+        if o.dtype.kind == "concrete" and o.dtype.name not in self.dtype_params:
+            dtype = _dtype_constant(o.dtype.name)
+        parts = [f"isinstance({local}, _Tensor)", f"{local}.dtype is {dtype}"]
+        # An input of the very same axes gives the expected shape in one comparison.
+        same = next(
+            (
+                self.input_expr[t.name]
+                for t in self.f.inputs
+                if t.shape == o.shape and not t.optional
+            ),
+            None,
+        )
+        if same is not None:
+            parts.append(f"{local}.shape == {same}.shape")
+        else:
+            dims = self._dims(o, fields)
+            parts.append(
+                f"{local}.shape == {dims}"
+                if dims is not None
+                else f"{local}.ndim == {len(o.shape)}"
+            )
+        parts.append(f"{local}.device == {self._device()}")
+        cond = " and ".join(parts)
+        return f"{local} is None or ({cond})" if o.optional else cond
+
+    def dispatcher(self, fields: tuple[str, ...], plan: RulePlan) -> FunctionView:
         """The family's function: the body of Note [the dispatch contract]."""
         forward = _forward(self.params)
         body = [
@@ -502,33 +586,101 @@ class _Family:
                 "if _plan is None:",
                 f"    return _api.miss({forward})",
             ]
+        # The lets the key needs, then the key: a call they fail on is a call not routed.
+        readers = {f: self._reader(f) for f in fields}
+        early, late = _split_lets(plan.call_lets, list(readers.values()))
+        body += ["_r = -3", "try:"]
+        body += _let_lines(early, "    ")
+        if early:
+            body.append("    _r = -3")
         for f in fields:
-            body.append(f"_k_{f} = {self._reader(f)}")
+            body.append(f"    _k_{f} = {readers[f]}")
+        if not fields:
+            body.append("    pass")
+        body += [
+            "except Exception:",
+            f"    return _api.refuse(None, _r, {forward})[1]({forward})",
+        ]
         if not fields:
             key = "None"
         elif len(fields) == 1:
             key = f"_k_{fields[0]}"
         else:
             key = "(" + ", ".join(f"_k_{f}" for f in fields) + ")"
-        inputs = ", ".join(f"{t.name}={self.input_expr[t.name]}" for t in self.f.inputs)
-        outs = [f"_o_{o.name}" for o in self.f.outputs]
-        received = ", ".join(outs) if len(outs) != 1 else outs[0]
-        if not outs:
-            received = "_"
         body += [
             f"_key = {key}",
             "_route = _routes.get(_key)",
             "if _route is None:",
             "    _route = _api.resolve(_key)",
-            "_kind, _fn, _tick = _route",
-            "_tick()",
+            "_kind, _fn, _tick, _v = _route",
             "if _kind == ORIGINAL:",
+            "    _tick()",
             f"    return _fn({forward})",
-            "try:",
-            "    if _kind == RETURNS:",
-            f"        {received} = _fn({inputs})",
-            "    else:",
         ]
+        body.append("_r = _plan[-1]" if self.f.plan is not None else "_r = -1")
+        if plan.call_checks or late:
+            # The other lets, then every check; a let that raises is refused by its own rule.
+            indent = "    " if self.f.plan is not None else ""
+            if self.f.plan is not None:
+                body.append("if _r == -1:")
+            body.append(f"{indent}try:")
+            body += _let_lines(late, indent + "    ")
+            if late:
+                body.append(f"{indent}    _r = -1")
+            for i, check in enumerate(plan.call_checks):
+                word = "if" if i == 0 else "elif"
+                body += [
+                    f"{indent}    {word} not ({check.condition}):",
+                    f"{indent}        _r = {check.index}",
+                ]
+            body += [f"{indent}except Exception:"]
+            if late:
+                body += [f"{indent}    if _r == -1:", f"{indent}        _r = -2"]
+            else:
+                body.append(f"{indent}    _r = -2")
+        body += [
+            "if _r != -1:",
+            f"    _kind, _fn, _tick = _api.refuse(_key, _r, {forward})",
+            "    if _kind == ORIGINAL:",
+            f"        return _fn({forward})",
+            "_tick()",
+        ]
+        body += self._call_solution(fields, forward)
+        return FunctionView(self.f.name, _signature(self.params), self._doc(), tuple(body))
+
+    def _doc(self) -> str:
+        if self.f.api is not None:
+            return f"Route ``{self.f.api.path}`` to the solution registered for its definition."
+        return f"Run family ``{self.f.name}``: a registered solution, else the reference."
+
+    def _call_solution(self, fields: tuple[str, ...], forward: str) -> list[str]:
+        """Call the route's solution, check what it returns, write the outputs back.
+
+        A solution that raises or returns what the definition does not declare hands the
+        call to ``_api.failed``, which gives the route of the fallback: the original API,
+        whose result is returned, or the reference, which runs here in its place.
+        """
+        inputs = ", ".join(f"{t.name}={self.input_expr[t.name]}" for t in self.f.inputs)
+        outs = [f"_o_{o.name}" for o in self.f.outputs]
+        call = ["if _kind == RETURNS:"]
+        if len(outs) == 1:
+            call.append(f"    {outs[0]} = _fn({inputs})")
+        else:
+            call += [
+                f"    _res = _fn({inputs})",
+                f"    if not (isinstance(_res, tuple) and len(_res) == {len(outs)}):",
+                "        _api.bad_result(_key, None, _res)",
+            ]
+            if outs:
+                call.append(f"    {', '.join(outs)} = _res")
+        for o in self.f.outputs:
+            cond = self._result_check(o, f"_o_{o.name}", fields)
+            if cond is not None:
+                call += [
+                    f"    if not ({cond}):",
+                    f"        _api.bad_result(_key, {literal(o.name)}, _o_{o.name})",
+                ]
+        call.append("else:")
         device = self._device() if any(o.shape is not None for o in self.f.outputs) else ""
         for o in self.f.outputs:
             target = self.targets[o.name]
@@ -542,19 +694,28 @@ class _Family:
             if target is not None and target[0] == "buffer":
                 # The caller's buffer, else a new one; as statements, which black leaves as
                 # they are where it would split a long conditional expression.
-                body += [
-                    f"        _o_{o.name} = {target[1]}",
-                    f"        if _o_{o.name} is None:",
-                    f"            _o_{o.name} = {alloc}",
+                call += [
+                    f"    _o_{o.name} = {target[1]}",
+                    f"    if _o_{o.name} is None:",
+                    f"        _o_{o.name} = {alloc}",
                 ]
             else:
-                body.append(f"        _o_{o.name} = {alloc}")
+                call.append(f"    _o_{o.name} = {alloc}")
         buffers = "".join(f", {o.name}=_o_{o.name}" for o in self.f.outputs)
+        call.append(f"    _fn({inputs}{buffers})")
+        body = ["while True:", "    try:"]
+        body += [f"        {line}" for line in call]
         body += [
-            f"        _fn({inputs}{buffers})",
-            "except Exception as _exc:",
-            f"    return _api.failed(_key, _exc, {forward})",
+            "        break",
+            "    except Exception as _exc:",
+            f"        _kind, _fn, _ = _api.failed(_key, _fn, _exc, {forward})",
+            "        if _kind == ORIGINAL:",
+            f"            return _fn({forward})",
         ]
+        # `result` rules: outputs as the API returns them (Note [rules]).
+        for r in self.f.rules:
+            if isinstance(r, ir.Result):
+                body.append(f"_o_{r.target} = {self._result_expr(r)}")
         # Note [effects]: computed before any write-back, stored after it.
         stores = []
         for e in self.f.effects:
@@ -592,19 +753,16 @@ class _Family:
             body.append(f"return {', '.join(always)}")
         else:
             body.append("return None")
-        if self.f.api is not None:
-            doc = f"Route ``{self.f.api.path}`` to the solution registered for its definition."
-        else:
-            doc = f"Run family ``{self.f.name}``: a registered solution, else the reference."
-        return FunctionView(self.f.name, _signature(self.params), doc, tuple(body))
+        return body
 
-    def trace_functions(self) -> tuple[FunctionView, FunctionView]:
+    def trace_functions(self, plan: RulePlan) -> tuple[FunctionView, FunctionView]:
         """``_inputs`` and ``_var_axes``: what tracing records of a call.
 
         See Note [tracing hooks] in ``fibgen/runtime/tracing.py``.
         """
         instance = self.params[0].name if self.f.plan is not None else None
         body = [f"_plan = _plans[{instance}]"] if instance is not None else []
+        body += [statement for _, statement in plan.call_lets]
         body.append(f"return {_tuple([self.input_expr[t.name] for t in self.f.inputs])}")
         inputs = FunctionView(
             "_inputs",
@@ -640,20 +798,85 @@ class _Family:
         )
         return inputs, axes
 
-    def plan_function(self) -> FunctionView:
-        """``<family>_plan``: keep the plan-time inputs per instance, then plan as before."""
+    def capture_function(self, plan: RulePlan) -> FunctionView:
+        """``_capture``: keep what ``plan()`` received, and the first plan rule it fails.
+
+        The runtime calls it after each successful ``plan()`` of a wrapper
+        (Note [the dispatch contract]).
+        """
         instance = self.plan_params[0].name
-        body = (
-            f"_plans[{instance}] = {_tuple(self.captured)}",
-            f"return _api.call_plan({_forward(self.plan_params)})",
-        )
+        values = [expr for _, expr in plan.captured]
+        body = ["try:"]
+        body += [f"    {line}" for line in plan.capture_lets]
+        body.append("    _r = -1")
+        for i, check in enumerate(plan.capture_checks):
+            word = "if" if i == 0 else "elif"
+            body += [f"    {word} not ({check.condition}):", f"        _r = {check.index}"]
+        body += [
+            f"    _plans[{instance}] = {_tuple(values + ['_r'])}",
+            "except Exception:",
+            "    # A plan rule that cannot be evaluated: runs after this plan are not routed.",
+            f"    _plans[{instance}] = {_tuple(['None'] * len(values) + ['-2'])}",
+        ]
         path = self.f.plan.path
         return FunctionView(
-            f"{self.f.name}_plan",
+            "_capture",
             _signature(self.plan_params),
-            f"Keep the inputs that ``{path}`` receives for this instance, then plan.",
-            body,
+            f"Keep what ``{path}`` received for this wrapper, and the first plan rule it fails.",
+            tuple(body),
         )
+
+    def const_function(self, fields: tuple[str, ...], plan: RulePlan) -> FunctionView:
+        """``_const_check(key, values)``: the first rule a definition fails, or -1."""
+        body = []
+        if len(fields) == 1:
+            body.append(f"_k_{fields[0]} = _key")
+        elif fields:
+            body.append(f"{', '.join(f'_k_{f}' for f in fields)} = _key")
+        for check in plan.const_checks:
+            body += [f"if not ({check.condition}):", f"    return {check.index}"]
+        body.append("return -1")
+        return FunctionView(
+            "_const_check",
+            "_key, _v",
+            "The first rule over the definition's values that fails, or -1.",
+            tuple(body),
+        )
+
+
+def _split_lets(
+    lets: list[tuple[int, str]], needed_by: list[str]
+) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    """The lets the key reads (and those they read), and the rest, which wait for a route."""
+    needed = set(_LOCAL.findall(" ".join(needed_by)))
+    early: list[tuple[int, str]] = []
+    for index, statement in reversed(lets):
+        target, _, value = statement.partition(" = ")
+        if target in needed:
+            early.append((index, statement))
+            needed |= set(_LOCAL.findall(value))
+    early.reverse()
+    late = [item for item in lets if item not in early]
+    return early, late
+
+
+def _let_lines(lets: list[tuple[int, str]], indent: str) -> list[str]:
+    lines = []
+    last = None
+    for index, statement in lets:
+        if index != last:
+            lines.append(f"{indent}_r = {index}")
+            last = index
+        lines.append(f"{indent}{statement}")
+    return lines
+
+
+_LOCAL = re.compile(r"\b_[lw]_[A-Za-z0-9_]+")
+
+
+def _dtype_constant(name: str) -> str:
+    """A module-level name for a torch dtype: the hot path reads no attribute of torch."""
+    return f"_{name.upper()}"
 
 
 # ---------------------------------------------------------------------------------------
@@ -685,6 +908,7 @@ def _family_module(
     label: str,
     patch: bool,
     then: str | None,
+    foreign: frozenset[str] = frozenset(),
 ) -> ModuleView:
     view = _Family(family, definitions, label)
     rule = view.name_rule()
@@ -692,7 +916,8 @@ def _family_module(
     if replaced:
         # Routed by a derived size: only the instances' own values have names.
         rule = None
-    dispatcher = view.dispatcher(fields)
+    plan = view.rule_plan(fields)
+    dispatcher = view.dispatcher(fields, plan)
     functions = []
     tables = _dict_lines("_KNOWN", ((k, literal(n)) for k, n in view.known(fields)))
     if family.dtype_params:
@@ -713,7 +938,39 @@ def _family_module(
         "_REFERENCES",
         ((literal(d.name), texts[d.reference]) for d in view.defs if d.reference is not None),
     )
+    # Note [rules]: what the checks are called, and the definition values they read.
+    tables.append(f"_RULES = {literal(tuple(plan.names))}")
+    if plan.values:
+        rows = []
+        for d in view.defs:
+            given = dict(d.param_values)
+            rows.append((literal(d.name), literal(tuple(given[p] for p in plan.values))))
+        tables += _dict_lines("_VALUES", rows)
+        declared = {p.name: p.default for p in family.params}
+        defaults = tuple(declared.get(p) for p in plan.values)
+        tables.append(f"_DEFAULTS = {literal(defaults) if None not in defaults else None}")
+    if family.params:
+        # Parameter values of a name no instance declares: its name's fields, else defaults.
+        tables.append(
+            "_PARAM_DEFAULTS = "
+            + literal({p.name: p.default for p in family.params if p.default is not None})
+        )
+    if foreign:
+        tables.append(f"_FOREIGN = frozenset({literal(tuple(sorted(foreign)))})")
+    tables += _constants(family)
     imports = ["import torch", "", _runtime_import(_RUNTIME_NAMES, (family.api, family.plan))]
+    # The math the rules use: `math.sqrt`, or a bare `sqrt` as in constraints.
+    spelled = [line for fn in functions + [dispatcher] for line in fn.body]
+    spelled += [c.condition for c in plan.capture_checks + plan.call_checks + plan.const_checks]
+    spelled += plan.capture_lets + [line for _, line in plan.call_lets]
+    maths = module_names([line.strip() for line in spelled])
+    if "math" in maths:
+        imports.insert(0, "import math")
+    bare = sorted(maths - {"math"})
+    if bare:
+        imports.insert(imports.index("import torch") + 1, f"from math import {', '.join(bare)}")
+    if plan.helpers:
+        imports.append(f"from fibgen.runtime.rulefns import {', '.join(sorted(plan.helpers))}")
     options = [
         f"path={literal(family.api.path if family.api else None)}",
         f"patch={patch}",
@@ -723,21 +980,35 @@ def _family_module(
         f"outputs={literal(tuple(t.name for t in family.outputs))}",
         "references=_REFERENCES",
         f"family_reference={texts.get(family.reference) if family.reference else None}",
+        "rules=_RULES",
     ]
+    if plan.values:
+        options += ["values=_VALUES", "defaults=_DEFAULTS"]
+    if family.params:
+        options += [
+            f"params={literal(tuple(p.name for p in family.params))}",
+            "param_defaults=_PARAM_DEFAULTS",
+            f"key_fields={literal(tuple(fields))}",
+        ]
+    if foreign:
+        options.append("foreign=_FOREIGN")
+    if plan.const_checks:
+        functions.append(view.const_function(fields, plan))
+        options.append("const_check=_const_check")
     registration = [
         f"_api = register_api({literal(label)}, {family.name}, {{options}})",
         "_routes = _api.routes",
     ]
     if family.plan is not None:
-        functions.append(view.plan_function())
-        options += [f"plan_path={literal(family.plan.path)}", f"plan_function={family.name}_plan"]
+        functions.append(view.capture_function(plan))
+        options += [f"plan_path={literal(family.plan.path)}", "capture=_capture"]
         # Plan-time arguments per wrapper instance, kept by the runtime under weak keys.
         registration.append("_plans = _api.plans")
     if then is not None:
         # Another family stands for the same API: a call this one cannot route goes there.
         imports.append(f"from . import {then} as _then")
         options.append(f"then=_then.{then}")
-    functions += view.trace_functions()
+    functions += view.trace_functions(plan)
     options += [
         f"op_type={literal(family.op_type)}",
         "trace_inputs=_inputs",
@@ -752,17 +1023,31 @@ def _family_module(
     return ModuleView(doc, tuple(imports), tuple(tables), tuple(functions), tuple(registration))
 
 
+def _constants(family: ir.Family) -> list[str]:
+    """Module-level names of the torch objects the hot path compares against."""
+    names = sorted(
+        {
+            t.dtype.name
+            for t in family.inputs + family.outputs
+            if t.dtype.kind == "concrete"
+            and t.dtype.name not in {d.name for d in family.dtype_params}
+        }
+    )
+    return ["_Tensor = torch.Tensor"] + [f"{_dtype_constant(n)} = {_TORCH_DTYPE[n]}" for n in names]
+
+
 def _group_module(group: ir.DispatchGroup, families: dict[str, ir.Family]) -> ModuleView:
     members = []
     for case in group.cases:
-        family = families.get(case.family)
-        if family is None:
-            raise DispatchGenError(f"{group.span}: dispatch {group.name}: no family {case.family}")
-        if family.api is None:
-            raise DispatchGenError(
-                f"{group.span}: dispatch {group.name}: family {family.name} declares no api"
-            )
-        members.append((case, family))
+        for name in case.families:
+            family = families.get(name)
+            if family is None:
+                raise DispatchGenError(f"{group.span}: dispatch {group.name}: no family {name}")
+            if family.api is None:
+                raise DispatchGenError(
+                    f"{group.span}: dispatch {group.name}: family {family.name} declares no api"
+                )
+        members.append((case, families[case.family]))
     first = members[0][1]
     api = first.api
     for _, family in members[1:]:
@@ -827,12 +1112,35 @@ def _package_module(apis: dict[str, str], definitions: dict[str, str]) -> Module
 
 def emit_python_dispatch(module: ir.Module, package: str) -> list[GeneratedFile]:
     """Generate ``python/<package>/`` for a compiled module: one file per family and group."""
+    views, sources = plan_dispatch(module, package)
+    names = sorted(views)
+    # Written as black writes but for long statements, which format_python hands to black.
+    texts = format_python(
+        [render("python_dispatch.py.j2", view=views[n]) for n in names],
+        written_in_black_style=True,
+    )
+    files = [
+        GeneratedFile(
+            f"python/{package}/{name}.py",
+            with_python_header(text, source_label(sources[name])),
+            source_label(sources[name]),
+        )
+        for name, text in zip(names, texts)
+    ]
+    return sorted(files, key=lambda f: f.path)
+
+
+def plan_dispatch(module: ir.Module, package: str) -> tuple[dict[str, ModuleView], dict[str, str]]:
+    """Decide every dispatcher module (raising DispatchGenError), without printing them.
+
+    ``fibgen check`` runs this too, so that it reports what ``fibgen build`` would.
+    """
     if not package.isidentifier():
         raise DispatchGenError(f"package name {package!r} is not a Python identifier")
     sources = {f.name: sf.path for sf in module.files for f in sf.families}
     sources |= {g.name: sf.path for sf in module.files for g in sf.dispatches}
     families = {f.name: f for f in module.families()}
-    grouped = {case.family for g in module.dispatches() for case in g.cases}
+    grouped = {name for g in module.dispatches() for case in g.cases for name in case.families}
     definitions: dict[str, list[ir.Definition]] = {name: [] for name in families}
     for d in module.definitions:
         definitions.setdefault(d.family, []).append(d)
@@ -854,13 +1162,33 @@ def emit_python_dispatch(module: ir.Module, package: str) -> list[GeneratedFile]
     for family in module.families():
         if family.api is not None and family.name not in grouped:
             chains.setdefault(family.api.path, []).append(family.name)
-    then = {a: b for chain in chains.values() for a, b in zip(chain, chain[1:])}
+    # A dispatch case of several families chains them likewise; only its first is entered.
+    case_chains = [
+        list(case.families)
+        for g in module.dispatches()
+        for case in g.cases
+        if len(case.families) > 1
+    ]
+    all_chains = list(chains.values()) + case_chains
+    then = {a: b for chain in all_chains for a, b in zip(chain, chain[1:])}
     heads = {chain[0] for chain in chains.values()}
+    # Names another family of the same API declares: a name rule never claims them.
+    foreign: dict[str, frozenset[str]] = {}
+    for chain in all_chains:
+        for member in chain:
+            foreign[member] = frozenset(
+                d.name for other in chain if other != member for d in definitions[other]
+            )
     for name in sorted(families):
         family = families[name]
         label = family.api.path if family.api is not None else f"{package}.{name}"
         views[name] = _family_module(
-            family, definitions[name], label, name in heads, then.get(name)
+            family,
+            definitions[name],
+            label,
+            name in heads,
+            then.get(name),
+            foreign.get(name, frozenset()),
         )
         if name in heads:
             claim(family.api.path, name)
@@ -873,18 +1201,4 @@ def emit_python_dispatch(module: ir.Module, package: str) -> list[GeneratedFile]
     # The package index gathers every file: an aggregate, whose source is left empty.
     views["__init__"] = _package_module(apis, by_definition)
     sources["__init__"] = ""
-    names = sorted(views)
-    # Written as black writes but for long statements, which format_python hands to black.
-    texts = format_python(
-        [render("python_dispatch.py.j2", view=views[n]) for n in names],
-        written_in_black_style=True,
-    )
-    files = [
-        GeneratedFile(
-            f"python/{package}/{name}.py",
-            with_python_header(text, source_label(sources[name])),
-            source_label(sources[name]),
-        )
-        for name, text in zip(names, texts)
-    ]
-    return sorted(files, key=lambda f: f.path)
+    return views, sources

@@ -14,8 +14,10 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
-from fibgen.compiler import ir
+from fibgen.compiler import ir, rules
+from fibgen.compiler.check_rules import RuleChecker
 from fibgen.compiler.diagnostics import Diagnostic, error, warning
+from fibgen.compiler.variants import check_variants
 
 # Names a constraint or hint expression may use besides axes, params and tensors.
 EXPR_BUILTINS = frozenset(
@@ -98,6 +100,14 @@ class Checker:
         """Check all files together; return the definitions of the families without errors."""
         definitions: list[ir.Definition] = []
         families: dict[str, ir.Family] = {}
+        # The selector of a dispatch group is a parameter its families account for.
+        self.selectors: dict[str, frozenset[str]] = {}
+        for sf in files:
+            for group in sf.dispatches:
+                for case in group.cases:
+                    for name in case.families:
+                        known = self.selectors.get(name, frozenset())
+                        self.selectors[name] = known | {group.selector}
         for sf in files:
             for fam in sf.families:
                 if fam.name in families:
@@ -121,6 +131,7 @@ class Checker:
                     )
                 dispatch_names[group.name] = group
                 self.dispatch(group, families)
+        check_variants(families, list(dispatch_names.values()), self.err)
         return definitions
 
     def _check_unique_names(
@@ -147,6 +158,7 @@ class Checker:
         self._var_axes_bound(view)
         self._constraints(view)
         self._api(view)
+        RuleChecker(fam, EXPR_BUILTINS, self.err).run(self.selectors.get(fam.name, frozenset()))
         self._effects(view)
         self._reference(view)
         self._name_template(view)
@@ -360,8 +372,12 @@ class Checker:
 
     def _api(self, v: _FamilyView) -> None:
         fam = v.family
-        api = {p.name for p in fam.api.params} if fam.api else None
-        plan = {p.name for p in fam.plan.params} if fam.plan else None
+        # Parameters, the keywords a `**` parameter carries, and names made by `let`.
+        sc = rules.scope(fam, EXPR_BUILTINS)
+        api = set(sc.run) | {n for n in sc.lets if "." not in n} if fam.api else None
+        plan = (
+            set(sc.plan) | {n[5:] for n in sc.lets if n.startswith("plan.")} if fam.plan else None
+        )
         for sig in (fam.api, fam.plan):
             if sig is None:
                 continue
@@ -694,15 +710,17 @@ class Checker:
         params: dict[str, int | float | str | bool] = {}
         ok = True
         for p in fam.params:
-            if p.name not in values:
+            if p.name in values:
+                params[p.name] = values[p.name].value
+            elif p.default is not None:
+                params[p.name] = p.default
+            else:
                 ok = False
                 self.err(
                     f"parameter `{p.name}` has no value in this instance",
                     inst.span,
-                    help=f"add `{p.name} = VALUE`",
+                    help=f"add `{p.name} = VALUE`, or give the parameter a default",
                 )
-            else:
-                params[p.name] = values[p.name].value
         consts = self._const_values(v, inst, values, params)
         if consts is None or not ok or not build:
             return None
@@ -853,24 +871,25 @@ class Checker:
                     help=f"the first is at {seen_values[case.value].span}",
                 )
             seen_values[case.value] = case
-            fam = families.get(case.family)
-            if fam is None:
-                self.err(
-                    f"unknown family `{case.family}` in dispatch `{group.name}`",
-                    case.span,
-                    help=_did_you_mean(case.family, families, "families"),
-                )
-                continue
-            if fam.api is None:
-                self.err(f"family `{fam.name}` declares no `api` to dispatch on", case.span)
-                continue
-            apis.add(fam.api.path)
-            if group.selector not in fam.api.param_names():
-                self.err(
-                    f"selector `{group.selector}` is not a parameter of `{fam.api.path}`",
-                    group.span,
-                    help=_did_you_mean(group.selector, fam.api.param_names(), "parameters"),
-                )
+            for name in case.families:
+                fam = families.get(name)
+                if fam is None:
+                    self.err(
+                        f"unknown family `{name}` in dispatch `{group.name}`",
+                        case.span,
+                        help=_did_you_mean(name, families, "families"),
+                    )
+                    continue
+                if fam.api is None:
+                    self.err(f"family `{fam.name}` declares no `api` to dispatch on", case.span)
+                    continue
+                apis.add(fam.api.path)
+                if group.selector not in fam.api.param_names():
+                    self.err(
+                        f"selector `{group.selector}` is not a parameter of `{fam.api.path}`",
+                        group.span,
+                        help=_did_you_mean(group.selector, fam.api.param_names(), "parameters"),
+                    )
         if len(apis) > 1:
             self.err(
                 f"the families of dispatch `{group.name}` declare different APIs",

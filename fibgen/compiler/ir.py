@@ -117,11 +117,13 @@ class Param(Node):
     """A family parameter: a per-instance Python constant that is not an axis.
 
     Parameters may appear in name templates and are defined as module-level constants at
-    the top of the instance's reference (e.g. MoE ``top_k``).
+    the top of the instance's reference (e.g. MoE ``top_k``). ``default`` is the value of
+    instances that give none (``params { EPS = 1e-6 }``).
     """
 
     name: str
     abbrev: str | None = None
+    default: int | float | str | bool | None = None
     description: str | None = None
 
 
@@ -195,6 +197,101 @@ class ApiSignature(Node):
         return tuple(p.name for p in self.params)
 
 
+# ---------------------------------------------------------------------------------------
+# Rules: how a call of the API is held to the definition (Note [rules])
+# ---------------------------------------------------------------------------------------
+#
+# Note [rules]
+# Every parameter of an `api` or `plan` line is accounted for: read by an input, written by
+# an output or an effect, the selector of a dispatch group, the flag that asks for an
+# output (`return_lse`), named like a const axis or parameter of the family (the call must
+# then agree with the definition), or covered by a rule. A rule is one line of a family's
+# `rules { ... }` block:
+#
+#   eps == EPS                           Require: route only when the expression is true.
+#   ignore enable_pdl "launch option"    Ignore: the parameter cannot change the results.
+#   default plan.sm_scale = 1 / sqrt(plan.head_dim)
+#                                        Default: the value a None stands for.
+#   let paged_kv_cache = kv_pair(...)    Let: the value the definition reads instead of the
+#                                        argument (a layout converted by a view), or a new
+#                                        name that an input may read.
+#   result samples = samples.to(torch.int32)
+#                                        Result: what a routed call returns for an output
+#                                        where the API's convention differs from the
+#                                        definition's (FlashInfer samples are int32).
+#   keywords plan.kwargs = pkg.Cls._plan_impl(window_left=-1, ...)
+#                                        Keywords: what a `**kwargs` parameter may carry,
+#                                        with the defaults of the function it forwards to;
+#                                        each becomes a parameter to account for, and a
+#                                        keyword outside the list is a call not routed.
+#
+# Names in rule expressions: API parameters as they are; `plan.x` for a parameter of the
+# plan method; `self` for the wrapper; const axes and family parameters (the definition's
+# values); `torch`, `math` and the expression builtins. When an API parameter and an axis or
+# parameter share a name, the name means the API parameter. A call that fails a rule goes to
+# the original API (counted as `fallback_guard` with the rule's name), or raises in strict
+# mode. Rules over plan parameters alone are checked once, at plan; rules over const values
+# alone once per key; the rest on every routed call.
+
+
+class Require(Node):
+    """A condition a call must meet to be routed: ``eps == EPS``."""
+
+    kind: Literal["require"] = "require"
+    expr: Expr
+
+
+class Ignore(Node):
+    """Parameters that cannot change the results: ``ignore enable_pdl "launch option"``."""
+
+    kind: Literal["ignore"] = "ignore"
+    names: tuple[str, ...]
+    name_spans: tuple[Span, ...] = Field(default=(), repr=False)
+    reason: str | None = None
+
+
+class Default(Node):
+    """The value a None argument stands for: ``default plan.sm_scale = 1 / sqrt(...)``."""
+
+    kind: Literal["default"] = "default"
+    target: str
+    target_span: Span = Field(default=NO_SPAN, repr=False)
+    expr: Expr
+
+
+class Let(Node):
+    """What the definition reads instead of an argument, or a new name inputs may read."""
+
+    kind: Literal["let"] = "let"
+    target: str
+    target_span: Span = Field(default=NO_SPAN, repr=False)
+    expr: Expr
+
+
+class Result(Node):
+    """An output as the API returns it: ``result samples = samples.to(torch.int32)``."""
+
+    kind: Literal["result"] = "result"
+    target: str
+    target_span: Span = Field(default=NO_SPAN, repr=False)
+    expr: Expr
+
+
+class Keywords(Node):
+    """What a ``**kwargs`` parameter may carry: ``keywords plan.kwargs = path(a=1, ...)``."""
+
+    kind: Literal["keywords"] = "keywords"
+    target: str
+    target_span: Span = Field(default=NO_SPAN, repr=False)
+    path: str  # the function the keywords are forwarded to (checked against the package)
+    params: tuple["ApiParam", ...]
+
+
+Rule = Annotated[
+    Union[Require, Ignore, Default, Let, Result, Keywords], Field(discriminator="kind")
+]
+
+
 class Effect(Node):
     """``effect residual = hidden_states + residual``: what a routed call also writes.
 
@@ -243,6 +340,7 @@ class Family(Node):
     api: ApiSignature | None = None
     effects: tuple[Effect, ...] = ()
     plan: ApiSignature | None = None
+    rules: tuple[Rule, ...] = ()
     dtype_params: tuple[DtypeParam, ...] = ()
     params: tuple[Param, ...] = ()
     axes: tuple[Axis, ...] = ()
@@ -257,8 +355,15 @@ class Family(Node):
 
 
 class DispatchCase(Node):
+    """``2 -> fam_a, fam_b``: the selector value and its families, tried in order."""
+
     value: int | str
     family: str
+    also: tuple[str, ...] = ()
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        return (self.family,) + self.also
 
 
 class DispatchGroup(Node):

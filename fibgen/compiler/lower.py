@@ -7,6 +7,7 @@ expressions and parameter lists, duplicate statements); semantic checks live in 
 from __future__ import annotations
 
 import ast
+import re
 import textwrap
 from typing import Any
 
@@ -118,9 +119,11 @@ class Lower(Transformer):
         try:
             ast.parse(text, mode="eval")
         except SyntaxError as exc:
-            col = span.column + max(0, (exc.offset or 1) - 1)
+            line, col = span.line, span.column + max(0, (exc.offset or 1) - 1)
+            if (exc.lineno or 1) > 1:  # a statement over several lines
+                line, col = span.line + exc.lineno - 1, max(1, exc.offset or 1)
             self._error(
-                f"not a Python expression: {exc.msg}", self._at(span.line, col), help=f"in `{text}`"
+                f"not a Python expression: {exc.msg}", self._at(line, col), help=f"in `{text}`"
             )
         return ir.Expr(text=text, span=span)
 
@@ -325,13 +328,18 @@ class Lower(Transformer):
     def param(self, meta: Meta, c: list) -> ir.Param:
         name, *rest = c
         abbrev = next((x for x in rest if isinstance(x, _Abbrev)), None)
-        desc = next((x for x in rest if isinstance(x, str) and not isinstance(x, _Abbrev)), None)
+        default = next((x for x in rest if isinstance(x, _ParamDefault)), None)
+        desc = next((x for x in rest if isinstance(x, str)), None)
         return ir.Param(
             name=str(name),
             abbrev=abbrev.text if abbrev else None,
+            default=default.value if default else None,
             description=desc,
             span=self._span(meta),
         )
+
+    def param_default(self, meta: Meta, c: list) -> "_ParamDefault":
+        return _ParamDefault(c[0])
 
     def abbrev(self, meta: Meta, c: list) -> "_Abbrev":
         return _Abbrev(str(c[0]))
@@ -368,32 +376,149 @@ class Lower(Transformer):
         return _Stmt("constraints", self._constraints(c[0]), self._span(meta), "constraints")
 
     def _constraints(self, block: Token) -> tuple[ir.Expr, ...]:
-        # The block token is `{ ... }`: one expression per line or per ';'. Comments are cut
-        # off here and kept for `fibgen fmt`.
-        out: list[ir.Expr] = []
+        return tuple(self._expr(tok) for tok in self._block_lines(block))
+
+    def _block_lines(self, block: Token) -> list[Token]:
+        """The statements of a `{ ... }` block token: one per line or per ';'.
+
+        Comments are cut off here and kept for `fibgen fmt`. A statement whose brackets are
+        still open at the end of a line goes on over the next lines.
+        """
+        out: list[Token] = []
         text = str(block)[1:-1]
+        pending: tuple[int, int, str] | None = None  # (line, column, text) of an open statement
         for n, line in enumerate(text.split("\n")):
             lineno = block.line + n
             base = (block.column + 1) if n == 0 else 1
             code, hash_at = _split_comment(line)
             if hash_at is not None:
                 self.comments.append((lineno, base + hash_at, line[hash_at:].rstrip()))
+            if pending is not None:
+                start_line, start_col, so_far = pending
+                joined = so_far + "\n" + code.rstrip()
+                if _open_brackets(joined) > 0:
+                    pending = (start_line, start_col, joined)
+                    continue
+                pending = None
+                out.append(_token(joined, start_line, start_col))
+                continue
             offset = 0
-            for piece in code.split(";"):
+            pieces = _split_statements(code)
+            for i, piece in enumerate(pieces):
                 stripped = piece.strip()
                 if stripped:
                     col = base + offset + (len(piece) - len(piece.lstrip()))
-                    tok = Token(
-                        "EXPR",
-                        stripped,
-                        line=lineno,
-                        column=col,
-                        end_line=lineno,
-                        end_column=col + len(stripped),
-                    )
-                    out.append(self._expr(tok))
+                    if i == len(pieces) - 1 and _open_brackets(stripped) > 0:
+                        pending = (lineno, col, piece.strip())
+                    else:
+                        out.append(_token(stripped, lineno, col))
                 offset += len(piece) + 1
-        return tuple(out)
+        if pending is not None:
+            out.append(_token(pending[2], pending[0], pending[1]))
+        return out
+
+    # ------------------------------------------------------------------ rules
+    def rules_block(self, meta: Meta, c: list) -> _Stmt:
+        rules = tuple(r for r in map(self._rule, self._block_lines(c[0])) if r is not None)
+        return _Stmt("rules", rules, self._span(meta), "rules")
+
+    def _rule(self, tok: Token) -> ir.Rule | None:
+        text = str(tok)
+        span = self._at(tok.line, tok.column, len(text.split("\n")[0]))
+        m = _RULE_KEYWORD.match(text)
+        if m is None:
+            assignment = _RULE_TARGET.match(text)
+            if assignment is not None and assignment.end() < len(text):
+                self._error(
+                    "a rule is a condition, not an assignment",
+                    span,
+                    help=f"compare with `==`: `{assignment.group(1)} == "
+                    f"{text[assignment.end():].strip()}`; or write `let` to set a value",
+                )
+                return None
+            return ir.Require(expr=self._expr(tok), span=span)
+        keyword, rest = m.group(1), m.group(2)
+        rest_tok = _token(rest, tok.line, tok.column + m.start(2))
+        if keyword == "ignore":
+            return self._ignore(rest_tok, span)
+        if keyword in ("default", "let", "result"):
+            target = _RULE_TARGET.match(rest)
+            if target is None:
+                self._error(
+                    f"`{keyword}` needs a name and a value",
+                    span,
+                    help=f"write `{keyword} NAME = EXPRESSION`, e.g. "
+                    "`default plan.sm_scale = 1 / sqrt(plan.head_dim)`",
+                )
+                return None
+            name_span = self._at(rest_tok.line, rest_tok.column, len(target.group(1)))
+            expr_tok = _token(rest[target.end() :], rest_tok.line, rest_tok.column + target.end())
+            cls = {"default": ir.Default, "let": ir.Let, "result": ir.Result}[keyword]
+            return cls(
+                target=target.group(1),
+                target_span=name_span,
+                expr=self._expr(expr_tok),
+                span=span,
+            )
+        found = _KEYWORDS_RULE.match(rest)
+        if found is None:
+            self._error(
+                "`keywords` needs a `**` parameter, the function it forwards to and its "
+                "keyword parameters",
+                span,
+                help="write `keywords plan.kwargs = pkg.Class._impl(window_left=-1, ...)`",
+            )
+            return None
+        params_tok = Token(
+            "PARAMS",
+            found.group(3),
+            line=rest_tok.line,
+            column=rest_tok.column + found.start(3),
+            end_line=rest_tok.line,
+            end_column=rest_tok.column + found.end(3),
+        )
+        return ir.Keywords(
+            target=found.group(1),
+            target_span=self._at(rest_tok.line, rest_tok.column, len(found.group(1))),
+            path=found.group(2),
+            params=self._params(params_tok),
+            span=span,
+        )
+
+    def _ignore(self, tok: Token, span: ir.Span) -> ir.Ignore | None:
+        text = str(tok)
+        quote_at = text.find('"')
+        names_text = text if quote_at < 0 else text[:quote_at]
+        reason = None
+        if quote_at >= 0:
+            try:
+                reason = ast.literal_eval(text[quote_at:].strip())
+            except (ValueError, SyntaxError):
+                reason = None
+            if not isinstance(reason, str):
+                self._error(
+                    "the reason of `ignore` must be one string",
+                    self._at(tok.line, tok.column + quote_at, len(text) - quote_at),
+                    help='write `ignore enable_pdl "a launch option"`',
+                )
+                return None
+        names: list[str] = []
+        spans: list[ir.Span] = []
+        offset = 0
+        for part in names_text.split(","):
+            name = part.strip()
+            col = tok.column + offset + (len(part) - len(part.lstrip()))
+            offset += len(part) + 1
+            if not _RULE_NAME.fullmatch(name):
+                self._error(
+                    f"`{name}` is not a parameter name" if name else "`ignore` names nothing",
+                    self._at(tok.line, col, max(1, len(name))),
+                    help='write `ignore NAME, plan.NAME ... "why"`',
+                )
+                return None
+            names.append(name)
+            spans.append(self._at(tok.line, col, len(name)))
+        return ir.Ignore(names=tuple(names), name_spans=tuple(spans), reason=reason, span=span)
 
     # ------------------------------------------------------------------ tensors
     def inputs_block(self, meta: Meta, c: list) -> _Stmt:
@@ -524,13 +649,25 @@ class Lower(Transformer):
         )
 
     def case(self, meta: Meta, c: list) -> ir.DispatchCase:
-        value, family = c
-        return ir.DispatchCase(value=value, family=str(family), span=self._span(meta))
+        value, family, *also = c
+        return ir.DispatchCase(
+            value=value,
+            family=str(family),
+            also=tuple(str(f) for f in also),
+            span=self._span(meta),
+        )
 
 
 def _segment(source: str, node: ast.expr) -> str:
     # Keep a default as written (`1e-6`, not `1e-06`): it is shown to users in generated code.
     return ast.get_source_segment(source, node) or ast.unparse(node)
+
+
+class _ParamDefault:
+    __slots__ = ("value",)
+
+    def __init__(self, value: int | float | str | bool) -> None:
+        self.value = value
 
 
 class _Abbrev:
@@ -561,6 +698,61 @@ class _Target:
 
     def __init__(self, name: str) -> None:
         self.name = name
+
+
+_RULE_KEYWORD = re.compile(r"(ignore|default|let|result|keywords)\b\s*(.*)\Z", re.S)
+_RULE_NAME = re.compile(r"(?:plan\.)?[A-Za-z_][A-Za-z0-9_]*")
+_RULE_TARGET = re.compile(r"((?:plan\.)?[A-Za-z_][A-Za-z0-9_]*)\s*=(?!=)\s*")
+_KEYWORDS_RULE = re.compile(
+    r"((?:plan\.)?[A-Za-z_][A-Za-z0-9_]*)\s*=\s*([A-Za-z_][A-Za-z0-9_.]*)\s*(\(.*\))\s*\Z", re.S
+)
+
+
+def _token(text: str, line: int, column: int) -> Token:
+    first = text.split("\n")[0]
+    return Token(
+        "EXPR", text, line=line, column=column, end_line=line, end_column=column + len(first)
+    )
+
+
+def _open_brackets(text: str) -> int:
+    """How many brackets are open at the end of ``text`` (outside string literals)."""
+    depth = 0
+    quote = None
+    for ch in text:
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+    return depth
+
+
+def _split_statements(code: str) -> list[str]:
+    """Split a line at the ';' that are outside string literals and brackets."""
+    pieces: list[str] = []
+    depth = 0
+    quote = None
+    start = 0
+    for i, ch in enumerate(code):
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        elif ch == ";" and depth <= 0:
+            pieces.append(code[start:i])
+            start = i + 1
+    pieces.append(code[start:])
+    return pieces
 
 
 def _split_comment(line: str) -> tuple[str, int | None]:

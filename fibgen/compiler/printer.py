@@ -80,6 +80,16 @@ def _source(s: ir.Source) -> str:
     return f"<- {text}" + (f"[{s.index}]" if s.index is not None else "")
 
 
+def _rule(r: ir.Rule) -> str:
+    if isinstance(r, ir.Require):
+        return r.expr.text
+    if isinstance(r, ir.Ignore):
+        return f"ignore {', '.join(r.names)}" + (f" {quote(r.reason)}" if r.reason else "")
+    if isinstance(r, (ir.Default, ir.Let, ir.Result)):
+        return f"{r.kind} {r.target} = {r.expr.text}"
+    return f"keywords {r.target} = {r.path}{_params(r.params)}"
+
+
 def long_string(text: str, indent: str) -> str:
     """A triple-quoted block that `lower.dedent_block` reads back to exactly `text`."""
     quote3 = '"""' if '"""' not in text else "'''"
@@ -137,6 +147,7 @@ def _anchors(sf: ir.SourceFile) -> list[tuple[int, int]]:
             add(node)
         for seq in (
             fam.effects,
+            fam.rules,
             fam.dtype_params,
             fam.params,
             fam.axes,
@@ -222,6 +233,12 @@ class Printer:
                 if getattr(t, k) is not None
             ]
             self.emit(i, f"tolerance({', '.join(args)})", t.span)
+        if fam.rules:
+            self.blank()
+            self.emit(i, "rules {")
+            for r in fam.rules:
+                self.emit(i + "  ", _rule(r), r.span)
+            self.emit(i, "}")
         if fam.params:
             self.blank()
             self.block(
@@ -253,7 +270,9 @@ class Printer:
         self.emit("", "}")
 
     def _param_cols(self, p: ir.Param) -> list[str]:
-        return [p.name, p.abbrev or "", quote(p.description) if p.description else ""]
+        default = f"= {_value(p.default)}" if p.default is not None else ""
+        middle = " ".join(part for part in (p.abbrev or "", default) if part)
+        return [p.name, middle, quote(p.description) if p.description else ""]
 
     def _axis_cols(self, a: ir.VarAxis | ir.ConstAxis) -> list[str]:
         if isinstance(a, ir.VarAxis):
@@ -305,7 +324,11 @@ class Printer:
     def dispatch(self, group: ir.DispatchGroup) -> None:
         self.emit("", f"dispatch {group.name} on {group.selector} {{", group.span)
         rows = [
-            [_value(c.value) if not isinstance(c.value, str) else quote(c.value), "->", c.family]
+            [
+                _value(c.value) if not isinstance(c.value, str) else quote(c.value),
+                "->",
+                ", ".join(c.families),
+            ]
             for c in group.cases
         ]
         for line, case in zip(_align(rows), group.cases):

@@ -22,7 +22,7 @@ from fibgen.runtime.apply import (
     stats,
 )
 from fibgen.runtime.env import enable_from_env
-from fibgen.runtime.errors import ApplyConfigError, Decline, SolutionError
+from fibgen.runtime.errors import ApplyConfigError, Decline, FallbackError, SolutionError
 from fibgen.runtime.tracing import enable_from_environment as _enable_tracing_from_environment
 from fibgen.runtime.tracing import (
     TracingConfigError,
@@ -37,6 +37,7 @@ __all__ = [
     "Applied",
     "ApplyConfigError",
     "Decline",
+    "FallbackError",
     "SolutionError",
     "TracingConfigError",
     "apply",

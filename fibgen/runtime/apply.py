@@ -2,28 +2,40 @@
 
 Note [the dispatch contract]
 A generated dispatcher module calls ``register_api`` once, at the end of its import, and
-keeps the returned ``Api`` as ``_api`` and ``_api.routes`` as ``_routes``. Its function does,
-in straight-line code:
+keeps the returned ``Api`` as ``_api``, ``_api.routes`` as ``_routes`` and, for a plan/run
+wrapper, ``_api.plans`` as ``_plans``. Its function does, in straight-line code:
 
 1. ``if _api.direct is not None: return _api.direct(<the API's own arguments>)``. The runtime
    sets ``direct`` to the original API while apply is off (resolved lazily on the first
    call), and to None while apply is on or when there is no original to call.
-2. ``key = <const values read from the arguments>`` (one value, or a tuple in key order).
-3. ``route = _routes.get(key)``; when None, ``route = _api.resolve(key)``. The runtime owns
+2. For a wrapper: ``_plan = _plans.get(self)``; a wrapper whose ``plan()`` fibgen did not see
+   is not routed (``_api.miss``). The runtime calls the module's ``_capture`` after every
+   successful ``plan()``; it keeps the plan's arguments and the first plan rule they fail.
+3. The `let` rules and the key (const values read from the arguments), in a ``try``: a call
+   they cannot be computed for is refused (``_api.refuse(None, ...)``).
+4. ``route = _routes.get(key)``; when None, ``route = _api.resolve(key)``. The runtime owns
    ``routes`` and empties it in place on enable and disable; ``resolve`` fills it once per
-   key, except while a CUDA graph is being captured (see ``resolve``).
-4. ``kind, fn, tick = route``; ``tick()`` counts the call (a bound ``itertools.count``
+   key (checking the rules over the definition's values, ``_const_check``), except while a
+   CUDA graph is being captured (see ``resolve``).
+5. ``kind, fn, tick, values = route``. ``kind == ORIGINAL``: ``tick()`` and ``return
+   fn(<the API's own arguments>)``. ``tick`` counts the call (a bound ``itertools.count``
    ``__next__``, atomic under the GIL, so counts are exact under threads without a lock).
-5. ``kind == ORIGINAL``: ``return fn(<the API's own arguments>)``. ``RETURNS``: call ``fn`` with
-   the definition's inputs by keyword; it returns the outputs. ``DPS``: call ``fn`` with the
-   inputs and one buffer per output by keyword. An exception from ``fn``: ``return
-   _api.failed(key, exc, <the API's own arguments>)``, from the except block. When ``fn``
-   was a solution, ``failed`` raises a SolutionError, or for a ``Decline`` returns what the
-   fallback returns; otherwise it re-raises the exception unchanged.
-6. Outputs are reconciled with the caller's buffers and returned.
+6. The call's rules (Note [rules] in ``fibgen/compiler/ir.py``): the plan's verdict, then the
+   dtype and rank of each input tensor and every call-time rule, in a ``try``. The first that
+   fails gives ``_api.refuse(key, index, <arguments>)``, which counts it and returns the
+   route to take instead: ``ORIGINAL`` (the original API, or the next family of the API),
+   whose result the dispatcher returns, or the reference, which it runs as a solution.
+7. ``tick()``; ``RETURNS``: call ``fn`` with the definition's inputs by keyword and check
+   each output it returns (type, dtype, shape, device; ``_api.bad_result``). ``DPS``: call
+   ``fn`` with the inputs and one buffer per output by keyword. An exception:
+   ``_api.failed(key, fn, exc, <arguments>)`` from the except block. A fallback's exception
+   is re-raised unchanged; a solution's is counted as an error (or a ``Decline``), and
+   ``failed`` returns the route of the fallback, taken as in 6, or raises in strict mode.
+8. Outputs are reconciled with the caller's buffers and returned.
 
 The name of a key is computed on the slow path only: the generated table of known
-definitions first, then the family's name rule for const values that no instance declares.
+definitions first, then the family's name rule for const values that no instance declares
+(never a name another family of the same API declares).
 
 ``Api.call_definition(name, inputs, outputs)`` takes the same routes, counters and errors
 entered by definition name with the definition's own inputs, for generated tests and tools
@@ -47,7 +59,7 @@ from fibgen.runtime import patching, select, solutions
 
 # Generated modules import ApiDefault from here, with the other names of the contract.
 from fibgen.runtime.patching import ApiDefault  # noqa: F401
-from fibgen.runtime.errors import ApplyConfigError, Decline, SolutionError
+from fibgen.runtime.errors import ApplyConfigError, Decline, FallbackError, SolutionError
 
 # Route kinds: how a dispatcher calls the callable of a route.
 ORIGINAL = 0  # with the API's own arguments: the original API, or what stands in for it
@@ -57,6 +69,7 @@ DPS = 2  # with the inputs and output buffers by keyword; writes the outputs
 OUTCOMES = (
     "hit",
     "fallback_no_candidate",
+    "fallback_guard",
     "fallback_unwarmed_in_capture",
     "fallback_declined",
     "error",
@@ -64,6 +77,10 @@ OUTCOMES = (
 
 # Packages of generated dispatchers that enable_apply looks for even when not imported yet.
 DEFAULT_PACKAGES = ("fibgen_kernels",)
+
+# Rule indices of checks that are not rules of the family (Note [the dispatch contract]).
+_UNEVALUABLE = -2  # a rule raised while it was checked
+_NO_KEY = -3  # the key (or a `let` before it) could not be computed
 
 _UNSET: Any = object()
 # Ticked by routes taken while apply is off: nothing is counted then.
@@ -76,6 +93,7 @@ class _State:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.on = False
+        self.strict = False
         self.patching = False  # whether this enable patches APIs
         self.entries: dict[str, solutions.Entry] = {}
         self.loaded: dict[tuple[str, tuple[str, ...], tuple[str, ...]], solutions.Loaded] = {}
@@ -87,9 +105,9 @@ class _State:
         # that every dispatcher of a path (a dispatch group's families too) falls back to it.
         self.originals: dict[str, Callable[..., Any]] = {}
         self.references: dict[str, Callable[..., Any]] = {}
-        # Plan path → arguments of plan() per wrapper instance (weak keys: a dropped wrapper
-        # is freed), shared by every family that stands for that wrapper.
-        self.plans: dict[str, weakref.WeakKeyDictionary[Any, tuple[Any, ...]]] = {}
+        # Paths left unpatched, and (definition, solution) pairs whose failure was reported:
+        # each is warned about once per process.
+        self.warned: set[Any] = set()
         # While tracing is on: wraps each route as it is resolved (Note [tracing hooks] in
         # fibgen/runtime/tracing.py); every call then takes the routed path.
         self.tracer: Callable[[Api, str | None, Any], Any] | None = None
@@ -121,8 +139,23 @@ def _no_fallback(label: str, name: str | None, why: str) -> Callable[..., Any]:
     return fail
 
 
+def _strict_failure(label: str, name: str | None, why: str) -> Callable[..., Any]:
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise FallbackError(f"{label}: {name or 'this call'} is not routed: {why} (strict)")
+
+    return fail
+
+
+def _warn_once(key: Any, message: str) -> None:
+    with _state.lock:
+        if key in _state.warned:
+            return
+        _state.warned.add(key)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
 class Api:
-    """What one dispatcher routes through: its routes, counters and fallback."""
+    """What one dispatcher routes through: its routes, counters, rules and fallback."""
 
     __slots__ = (
         "direct",
@@ -133,21 +166,29 @@ class Api:
         "function",
         "path",
         "plan_path",
-        "plan_function",
+        "capture",
         "patch",
         "known",
         "known_names",
+        "foreign",
         "name_rule",
         "by_name",
         "inputs",
         "outputs",
         "references",
         "family_reference",
+        "rules",
+        "values",
+        "defaults",
+        "params",
+        "param_defaults",
+        "key_fields",
+        "const_check",
         "op_type",
         "trace_inputs",
         "trace_axes",
         "_original",
-        "_plan_original",
+        "_fixed_original",
         "_tallies",
         "_resolved",
     )
@@ -159,15 +200,23 @@ class Api:
         *,
         path: str | None = None,
         plan_path: str | None = None,
-        plan_function: Callable[..., Any] | None = None,
+        capture: Callable[..., Any] | None = None,
         patch: bool = True,
         known: Mapping[Any, str] | None = None,
+        foreign: frozenset[str] = frozenset(),
         name_rule: Callable[[Any], str | None] | None = None,
         by_name: bool = False,
         inputs: tuple[str, ...] = (),
         outputs: tuple[str, ...] = (),
         references: Mapping[str, str] | None = None,
         family_reference: str | None = None,
+        rules: tuple[str, ...] = (),
+        values: Mapping[str, tuple[Any, ...]] | None = None,
+        defaults: tuple[Any, ...] | None = (),
+        params: tuple[str, ...] = (),
+        param_defaults: Mapping[str, Any] | None = None,
+        key_fields: tuple[str, ...] = (),
+        const_check: Callable[[Any, Any], int] | None = None,
         original: Callable[..., Any] | None = None,
         then: Callable[..., Any] | None = None,
         op_type: str | None = None,
@@ -175,35 +224,43 @@ class Api:
         trace_axes: Callable[..., dict[str, Any]] | None = None,
     ) -> None:
         self.direct: Callable[..., Any] | None = None
-        self.plans = (
-            None
-            if plan_path is None
-            else _state.plans.setdefault(plan_path, weakref.WeakKeyDictionary())
+        # Plan-time arguments per wrapper instance (weak keys: a dropped wrapper is freed).
+        self.plans: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] | None = (
+            None if plan_path is None else weakref.WeakKeyDictionary()
         )
         # The next dispatcher standing for the same API: it gets the calls this one misses.
         self.then = then
-        self.routes: dict[Any, tuple[int, Callable[..., Any], Callable[[], int]]] = {}
+        self.routes: dict[Any, tuple[int, Callable[..., Any], Callable[[], int], Any]] = {}
         self.label = label
         self.function = function
         self.path = path
         self.plan_path = plan_path
-        self.plan_function = plan_function
+        self.capture = capture
         self.patch = patch
         self.known = dict(known or {})
         self.known_names = frozenset(self.known.values())
+        self.foreign = foreign
         self.name_rule = name_rule
         self.by_name = by_name
         self.inputs = inputs
         self.outputs = outputs
         self.references = dict(references or {})
         self.family_reference = family_reference
+        self.rules = rules
+        self.values = None if values is None else dict(values)
+        self.defaults = defaults
+        self.params = params
+        self.param_defaults = dict(param_defaults or {})
+        self.key_fields = key_fields
+        self.const_check = const_check
         self.op_type = op_type
         self.trace_inputs = trace_inputs
         self.trace_axes = trace_axes
         self._original = _UNSET if original is None else original
-        self._plan_original = _UNSET
+        self._fixed_original = original is not None
         self._tallies: dict[tuple[str, str | None], itertools.count] = {}
-        self._resolved: dict[Any, tuple[str, str]] = {}
+        # key → (definition, solution label, the solution's callable)
+        self._resolved: dict[Any, tuple[str, str, Callable[..., Any]]] = {}
 
     # ----------------------------------------------------------------- fallbacks
     def original(self) -> Callable[..., Any] | None:
@@ -219,16 +276,6 @@ class Api:
                 patching.adopt_defaults(self.function, self._original)
         return self._original
 
-    def call_plan(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the original ``plan`` (after the dispatcher captured its inputs)."""
-        if self._plan_original is _UNSET:
-            path = self.plan_path
-            if path is None:
-                self._plan_original = None
-            else:
-                self._plan_original = _state.originals.get(path) or patching.original(path)
-        return None if self._plan_original is None else self._plan_original(*args, **kwargs)
-
     def _first_direct(self, *args: Any, **kwargs: Any) -> Any:
         original = self.original()
         with _state.lock:
@@ -238,25 +285,47 @@ class Api:
             return self.function(*args, **kwargs)
         return original(*args, **kwargs)
 
-    def _reference(self, name: str | None) -> Callable[..., Any] | None:
-        text = self.references.get(name) if name in self.known_names else None
-        text = text or self.family_reference
+    def _reference_text(self, key: Any, name: str | None) -> str | None:
+        if name in self.known_names:
+            return self.references.get(name) or self.family_reference
+        if self.family_reference is None:
+            return None
+        # A name no instance declares: its parameters come from the key, else the defaults.
+        values = dict(self.param_defaults)
+        if key is not _UNSET and self.params:
+            fields = key if isinstance(key, tuple) else (key,)
+            values.update((f, v) for f, v in zip(self.key_fields, fields) if f in self.params)
+        if any(p not in values for p in self.params):
+            return None
+        prelude = "".join(f"{p} = {values[p]!r}\n" for p in self.params)
+        return prelude + self.family_reference
+
+    def _reference(self, key: Any, name: str | None) -> Callable[..., Any] | None:
+        text = self._reference_text(key, name)
         return None if text is None else _compile_reference(text, name or self.label)
 
     def _fallback_route(
-        self, name: str | None, tick: Callable[[], int]
-    ) -> tuple[int, Callable[..., Any], Callable[[], int]]:
-        if self.then is not None:
+        self,
+        key: Any,
+        name: str | None,
+        tick: Callable[[], int],
+        why: str,
+        *,
+        next_family: bool = True,
+    ) -> tuple[int, Callable[..., Any], Callable[[], int], Any]:
+        if self.then is not None and next_family:
             # The next family counts the call, as a hit or as its own fallback.
-            return (ORIGINAL, self.then, _DISCARD)
+            return (ORIGINAL, self.then, _DISCARD, None)
+        if _state.on and _state.strict:
+            return (ORIGINAL, _strict_failure(self.label, name, why), tick, None)
         original = self.original()
         if original is not None:
-            return (ORIGINAL, original, tick)
-        reference = self._reference(name)
+            return (ORIGINAL, original, tick, None)
+        reference = self._reference(key, name)
         if reference is not None:
-            return (RETURNS, reference, tick)
+            return (RETURNS, reference, tick, None)
         why = "no original API or reference to fall back to"
-        return (ORIGINAL, _no_fallback(self.label, name, why), tick)
+        return (ORIGINAL, _no_fallback(self.label, name, why), tick, None)
 
     # ------------------------------------------------------------------- routing
     def name_of(self, key: Any) -> str | None:
@@ -271,8 +340,11 @@ class Api:
         except Exception:
             # Values the rule cannot spell (a dtype with no name part, a None) name nothing.
             return None
-        # A known name reached with other values is not that definition.
-        return None if name in self.known_names else name
+        # A known name reached with other values is not that definition, and a name another
+        # family of the same API declares is that family's.
+        if name in self.known_names or name in self.foreign:
+            return None
+        return name
 
     def _tick(self, outcome: str, name: str | None) -> Callable[[], int]:
         counter = self._tallies.get((outcome, name))
@@ -280,7 +352,17 @@ class Api:
             counter = self._tallies[(outcome, name)] = itertools.count()
         return counter.__next__
 
-    def resolve(self, key: Any) -> tuple[int, Callable[..., Any], Callable[[], int]]:
+    def _guard_tick(self, rule: str) -> Callable[[], int]:
+        count_guard = self._tick("fallback_guard", None)
+        count_rule = self._tick("rule", rule)
+
+        def tick() -> None:
+            count_guard()
+            count_rule()
+
+        return tick
+
+    def resolve(self, key: Any) -> tuple[int, Callable[..., Any], Callable[[], int], Any]:
         """Decide the route of a key seen for the first time (the slow path)."""
         with _state.lock:
             route = self.routes.get(key)
@@ -289,22 +371,58 @@ class Api:
             name = self.name_of(key)
             entry = _state.entries.get(name) if _state.on and name is not None else None
             if not _state.on:
-                route = self._fallback_route(name, _DISCARD)
+                route = self._fallback_route(key, name, _DISCARD, "apply is off")
             elif entry is None:
-                route = self._fallback_route(name, self._tick("fallback_no_candidate", name))
+                why = "no solution is registered for it"
+                route = self._fallback_route(
+                    key, name, self._tick("fallback_no_candidate", name), why
+                )
             elif is_capturing():
                 # Loading may allocate or synchronize, which capture forbids. The route is
                 # not kept, so the name resolves normally on its first call after capture.
-                return self._fallback_route(name, self._tick("fallback_unwarmed_in_capture", name))
+                tick = self._tick("fallback_unwarmed_in_capture", name)
+                return self._fallback_route(key, name, tick, "it was first called during capture")
             else:
-                loaded = self._load(name, entry)
-                route = (DPS if loaded.dps else RETURNS, loaded.fn, self._tick("hit", name))
-                self._resolved[key] = (name, loaded.label)
-                _state.matched.add(name)
+                route = self._solution_route(key, name, entry)
             if _state.tracer is not None:
                 route = _state.tracer(self, name, route)
             self.routes[key] = route
             return route
+
+    def _solution_route(
+        self, key: Any, name: str, entry: solutions.Entry
+    ) -> tuple[int, Callable[..., Any], Callable[[], int], Any]:
+        values: Any = ()
+        if self.values is not None:
+            values = self.values.get(name, self.defaults)
+            if values is None:
+                why = f"no values of its parameters for {name}"
+                return self._fallback_route(key, name, self._guard_tick("params"), why)
+        if self.const_check is not None:
+            failed = self.const_check(key, values)
+            if failed >= 0:
+                rule = self.rules[failed]
+                return self._fallback_route(
+                    key, name, self._guard_tick(rule), f"it fails the rule on {rule}"
+                )
+        try:
+            loaded = self._load(name, entry)
+        except SolutionError as exc:
+            if name not in self.known_names and self.then is not None and exc.signature:
+                # A name this family's rule spells but a solution written for another family
+                # of the same API (another set of inputs): that family may serve it.
+                return (ORIGINAL, self.then, _DISCARD, None)
+            if _state.strict:
+                raise
+            self._tick("error", name)()
+            _warn_once(
+                ("load", name, entry.label),
+                f"fibgen: {exc}; calls of {name} fall back",
+            )
+            return self._fallback_route(key, name, _DISCARD, "its solution failed to load")
+        self._resolved[key] = (name, loaded.label, loaded.fn)
+        _state.matched.add(name)
+        return (DPS if loaded.dps else RETURNS, loaded.fn, self._tick("hit", name), values)
 
     def _load(self, name: str, entry: solutions.Entry) -> solutions.Loaded:
         cache_key = (name, self.inputs, self.outputs)
@@ -313,55 +431,134 @@ class Api:
             try:
                 loaded = solutions.load(entry, self.inputs, self.outputs)
             except SolutionError:
-                self._tick("error", name)()
                 _state.matched.add(name)
                 raise
             _state.loaded[cache_key] = loaded
         return loaded
 
-    def failed(self, key: Any, exc: BaseException, *args: Any, **kwargs: Any) -> Any:
+    def rule_text(self, index: int) -> str:
+        """How a failed check is called in stats and messages."""
+        if index == _UNEVALUABLE:
+            return "unevaluable"
+        if index == _NO_KEY:
+            return "key"
+        return self.rules[index]
+
+    def refuse(
+        self, key: Any, index: int, *args: Any, **kwargs: Any
+    ) -> tuple[int, Callable[..., Any], Callable[[], int]]:
+        """A call fails a check: count it, and give the route to take instead.
+
+        The next family of the API gets the call first (it counts it); strict mode raises.
+        """
+        if self.then is not None:
+            return (ORIGINAL, self.then, _DISCARD)
+        rule = self.rule_text(index)
+        name = None if key is None else self.name_of(key)
+        if _state.on:
+            with _state.lock:
+                self._guard_tick(rule)()
+            if _state.strict:
+                raise FallbackError(
+                    f"{self.label}: {name or 'the call'} is not routed: "
+                    f"{self._describe_failure(rule, args, kwargs)} (strict)"
+                )
+        kind, fn, _, _ = self._fallback_route(key, name, _DISCARD, rule)
+        if key is None and kind != ORIGINAL:
+            # Without a key the reference cannot run in the dispatcher's place.
+            why = "its key could not be read and there is no original API to fall back to"
+            return (ORIGINAL, _no_fallback(self.label, name, why), _DISCARD)
+        return (kind, fn, _DISCARD)
+
+    def _describe_failure(self, rule: str, args: tuple[Any, ...], kwargs: dict) -> str:
+        if rule == "unevaluable":
+            return "a rule could not be evaluated on its arguments"
+        if rule == "key":
+            return "its key could not be read from its arguments"
+        shown = []
+        try:
+            import inspect
+
+            bound = inspect.signature(self.function).bind(*args, **kwargs)
+            bound.apply_defaults()
+            for part in rule.split(","):
+                if part in bound.arguments:
+                    shown.append(f"{part}={_short(bound.arguments[part])}")
+        except (TypeError, ValueError):
+            pass
+        values = f" ({', '.join(shown)})" if shown else ""
+        return f"it fails the rule on {rule}{values}"
+
+    def failed(
+        self, key: Any, fn: Callable[..., Any], exc: BaseException, *args: Any, **kwargs: Any
+    ) -> tuple[int, Callable[..., Any], Callable[[], int]]:
         """Handle an exception of a route, from the dispatcher's except block.
 
-        A fallback's exception is re-raised unchanged. A solution's is counted and raised as
-        a SolutionError naming both, except a ``Decline``: then the call, given by the API's
-        own arguments, goes to the fallback, and its result is returned.
+        A fallback's exception is re-raised unchanged. A solution's is counted, as an error
+        or, for a ``Decline``, as declined; the route of the fallback is returned, except in
+        strict mode, where a SolutionError (or, for a ``Decline``, a FallbackError) is raised.
         """
         resolved = self._resolved.get(key)
-        if resolved is None:
+        if resolved is None or resolved[2] is not fn:
             # Called from an except block: a bare raise re-raises the exception it handles.
             raise
-        name, label = resolved
+        name, label, _ = resolved
         if isinstance(exc, Decline):
-            self._count_declined(name)
-            kind, fn, _ = self._fallback_route(name, _DISCARD)
-            if kind != ORIGINAL:
-                raise SolutionError(
-                    f"{label} declined a call of {name!r} and {self.label} has no original "
-                    "API to fall back to",
+            self._count("fallback_declined", "declined_hit", name)
+            if _state.strict:
+                raise FallbackError(
+                    f"{self.label}: {label} declined a call of {name!r}: {exc} (strict)"
+                ) from exc
+            why = f"{label} declined it"
+        else:
+            self._count("error", "failed_hit", name)
+            error = (
+                exc
+                if isinstance(exc, SolutionError)
+                else SolutionError(
+                    f"{label} for definition {name!r} raised {type(exc).__name__}: {exc}",
                     name,
                     label,
-                ) from exc
-            return fn(*args, **kwargs)
-        self._count_error(name)
-        raise SolutionError(
-            f"{label} for definition {name!r} raised {type(exc).__name__}: {exc}", name, label
-        ) from exc
+                )
+            )
+            if _state.strict:
+                if error is exc:
+                    raise
+                raise error from exc
+            _warn_once(("run", name, label), f"fibgen: {error}; such calls fall back")
+            why = f"{label} failed"
+        # Not the next family: the key is this family's. The API itself, else the reference.
+        kind, fallback, _, _ = self._fallback_route(key, name, _DISCARD, why, next_family=False)
+        return (kind, fallback, _DISCARD)
 
-    def _reference_or_fail(self, name: str) -> Callable[..., Any]:
-        reference = self._reference(name)
+    def bad_result(self, key: Any, output: str | None, got: Any) -> None:
+        """Raise the SolutionError of an output that is not what the definition declares."""
+        name, label, _ = self._resolved.get(key, (self.name_of(key), "the solution", None))
+        if output is None:
+            want = f"a tuple of its {len(self.outputs)} outputs ({', '.join(self.outputs)})"
+            raise SolutionError(
+                f"{label} for definition {name!r} returned {_describe(got)}, not {want}",
+                name,
+                label,
+            )
+        raise SolutionError(
+            f"{label} for definition {name!r} returned {_describe(got)} as output "
+            f"{output!r}, which does not match the definition (dtype, shape or device of the "
+            "call)",
+            name,
+            label,
+        )
+
+    def _reference_or_fail(self, key: Any, name: str) -> Callable[..., Any]:
+        reference = self._reference(key, name)
         if reference is None:
             return _no_fallback(self.label, name, "no reference to fall back to")
         return reference
 
-    def _count_error(self, name: str) -> None:
+    def _count(self, outcome: str, hit_correction: str, name: str) -> None:
         with _state.lock:
-            self._tick("error", name)()
-            self._tick("failed_hit", name)()
-
-    def _count_declined(self, name: str) -> None:
-        with _state.lock:
-            self._tick("fallback_declined", name)()
-            self._tick("declined_hit", name)()
+            self._tick(outcome, name)()
+            self._tick(hit_correction, name)()
 
     def call_definition(
         self, name: str, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None = None
@@ -370,6 +567,7 @@ class Api:
 
         ``outputs`` holds one buffer per output, needed when the route is destination-passing.
         A fallback runs the reference: the original API takes its own arguments, not these.
+        Rules over API arguments do not apply: a call by definition has none.
         """
         if self.by_name:
             key = name
@@ -380,13 +578,13 @@ class Api:
         route = self.routes.get(key)
         if route is None:
             route = self.resolve(key)
-        kind, fn, tick = route
+        kind, fn, tick, _ = route
         if kind == ORIGINAL:
             if tick is _DISCARD and _state.on:
                 # Handed to the next family of the API, which would count it; count it here.
                 with _state.lock:
                     tick = self._tick("fallback_no_candidate", name)
-            fn = self._reference_or_fail(name)
+            fn = self._reference_or_fail(key, name)
             kind = RETURNS
         if kind == DPS and outputs is None:
             raise ValueError(f"{self.label}: the solution for {name!r} needs output buffers")
@@ -395,15 +593,10 @@ class Api:
             if kind == RETURNS:
                 return fn(**inputs)
             fn(**inputs, **outputs)
-        except Decline:
-            resolved = self._resolved.get(key)
-            if resolved is None:
-                raise
-            # As a fallback here: the reference, on the inputs this call holds.
-            self._count_declined(name)
-            return self._reference_or_fail(name)(**inputs)
         except Exception as exc:
-            self.failed(key, exc)
+            self.failed(key, fn, exc)
+            # As a fallback here: the reference, on the inputs this call holds.
+            return self._reference_or_fail(key, name)(**inputs)
         values = tuple(outputs[o] for o in self.outputs)
         return values[0] if len(values) == 1 else values
 
@@ -421,6 +614,11 @@ class Api:
         if _state.on:
             with _state.lock:
                 self._tick("fallback_no_candidate", None)()
+            if _state.strict:
+                raise FallbackError(
+                    f"{self.label}: the call is not routed: it matches no definition "
+                    "(for a plan/run API: its plan() was not seen) (strict)"
+                )
         original = self.original()
         if original is None:
             why = "no original API to fall back to (for a plan/run API, call plan() first)"
@@ -446,11 +644,44 @@ class Api:
         """Calls per outcome since apply was last enabled."""
         totals = dict.fromkeys(OUTCOMES + ("failed_hit", "declined_hit"), 0)
         for (outcome, _), counter in list(self._tallies.items()):
-            # repr is "count(N)": reading it does not advance the counter.
-            totals[outcome] += int(repr(counter)[6:-1])
+            if outcome in totals:
+                totals[outcome] += _read(counter)
         # A hit is a call a solution served: not one it raised on or handed back.
         totals["hit"] -= totals.pop("failed_hit") + totals.pop("declined_hit")
         return totals
+
+    def rule_counts(self) -> dict[str, int]:
+        """Refused calls per rule since apply was last enabled."""
+        out: dict[str, int] = {}
+        for (outcome, rule), counter in list(self._tallies.items()):
+            if outcome == "rule" and rule is not None:
+                n = _read(counter)
+                if n:
+                    out[rule] = out.get(rule, 0) + n
+        return out
+
+
+def _read(counter: itertools.count) -> int:
+    # repr is "count(N)": reading it does not advance the counter.
+    return int(repr(counter)[6:-1])
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"Tensor{list(value.shape)}:{str(value.dtype).removeprefix('torch.')}"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return (
+            f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {list(value.shape)} "
+            f"on {value.device}"
+        )
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)}"
+    return "None" if value is None else f"a {type(value).__name__}"
 
 
 def _patch(api: Api, taken: set[str]) -> None:
@@ -459,14 +690,39 @@ def _patch(api: Api, taken: set[str]) -> None:
     if not api.patch or api.path is None or api.path in taken:
         return
     taken.add(api.path)
+    problem = patching.mismatch(api.path, api.function)
+    if problem is not None:
+        _warn_unpatched(api, problem)
+        return
+    if api.plan_path is not None and api.capture is not None:
+        problem = patching.mismatch(api.plan_path, api.capture)
+        if problem is not None:
+            _warn_unpatched(api, problem)
+            return
     found = patching.patch(api.path, api.function, _state.patches)
-    if found is not None:
-        _state.originals[api.path] = api._original = found
-        patching.adopt_defaults(api.function, found)
-    if api.plan_path is not None and api.plan_function is not None:
-        found = patching.patch(api.plan_path, api.plan_function, _state.patches)
+    if found is None:
+        return
+    _state.originals[api.path] = api._original = found
+    patching.adopt_defaults(api.function, found)
+    if api.plan_path is not None:
+        hooks = [
+            (a.plans, a.capture)
+            for a in _state.apis
+            if a.plan_path == api.plan_path and a.capture is not None and a.plans is not None
+        ]
+        found = patching.patch_plan(api.plan_path, hooks, _state.patches)
         if found is not None:
-            _state.originals[api.plan_path] = api._plan_original = found
+            _state.originals[api.plan_path] = found
+
+
+def _warn_unpatched(api: Api, problem: str) -> None:
+    names = sorted(api.known_names)
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    definitions = f"definitions {shown}" if names else f"{api.label}"
+    _warn_once(
+        ("unpatched", api.path, problem),
+        f"fibgen: {problem}; it is left unpatched, so {definitions} are not routed",
+    )
 
 
 def _patching_wanted() -> bool:
@@ -474,8 +730,19 @@ def _patching_wanted() -> bool:
 
 
 def _repatch() -> None:
-    """Restore every patched API, then patch again if apply or tracing wants it (under lock)."""
+    """Restore every patched API, then patch again if apply or tracing wants it (under lock).
+
+    Plans seen so far are forgotten: between the two, a ``plan()`` could run unseen, and a
+    ``run()`` after a plan fibgen did not see is never routed.
+    """
     patching.restore(_state.patches)
+    # What stands at each path now is the original: something may have replaced it since.
+    _state.originals.clear()
+    for api in _state.apis:
+        if not api._fixed_original:
+            api._original = _UNSET
+        if api.plans is not None:
+            api.plans.clear()
     if _patching_wanted():
         taken: set[str] = set()
         for api in reversed(_state.apis):
@@ -492,7 +759,11 @@ def register_api(label: str, function: Callable[..., Any], **options: Any) -> Ap
         else:
             api._turn_off()
         if _patching_wanted():
-            _patch(api, {p.path for p in _state.apis[:-1] if p.patch and p.path})
+            if api.plan_path is not None and api.path in _state.originals:
+                # Another family of the same wrapper is patched: its plan hooks this one too.
+                _repatch()
+            else:
+                _patch(api, {p.path for p in _state.apis[:-1] if p.patch and p.path})
     return api
 
 
@@ -554,6 +825,7 @@ def enable_apply(
     config: Any = None,
     *,
     patch: bool = True,
+    strict: bool | None = None,
     packages: Iterable[str] | None = None,
 ) -> Applied:
     """Route calls to solutions: a mapping {definition name: solution} or a dataset folder.
@@ -562,8 +834,12 @@ def enable_apply(
     best, per var-axis key where that differs; ``config`` is the selection policy
     (``fibgen.runtime.select``). Enabling again replaces the mapping and resets the counters.
     With ``patch``, the APIs of imported dispatchers and of the generated packages are
-    replaced by their dispatchers.
+    replaced by their dispatchers. ``strict`` (default: ``FIBGEN_APPLY_STRICT=1``) makes every
+    call that is not served by its solution raise with the reason: a miss, a failed rule, a
+    decline, a solution error.
     """
+    if strict is None:
+        strict = strict_from_env()
     if select.is_traced_dataset(solutions_or_path):
         entries = select.entries(solutions_or_path, config)
     elif config is not None:
@@ -577,6 +853,7 @@ def enable_apply(
         _state.loaded = {}
         _state.matched = set()
         _state.on = True
+        _state.strict = bool(strict)
         _state.patching = patch
         for api in _state.apis:
             api._turn_on()
@@ -584,15 +861,23 @@ def enable_apply(
     return Applied()
 
 
+def strict_from_env() -> bool:
+    """``FIBGEN_APPLY_STRICT=1``: apply raises instead of falling back."""
+    import os
+
+    return os.environ.get("FIBGEN_APPLY_STRICT", "").strip() == "1"
+
+
 def disable_apply() -> None:
     """Stop routing and restore patched APIs; warn about solutions that never matched."""
     with _state.lock:
         was_on = _state.on
         _state.on = False
-        for api in _state.apis:
-            api._turn_off()
+        _state.strict = False
         # Tracing with patching keeps the APIs patched; they call the originals again.
         _repatch()
+        for api in _state.apis:
+            api._turn_off()
         unmatched = sorted(set(_state.entries) - _state.matched)
         _state.entries = {}
         _state.loaded = {}
@@ -619,12 +904,12 @@ def set_tracer(
     with _state.lock:
         _state.tracer = tracer
         _state.trace_patching = tracer is not None and patch
+        _repatch()
         for api in _state.apis:
             if _state.on:
                 api.routes.clear()
             else:
                 api._turn_off()
-        _repatch()
 
 
 def is_enabled() -> bool:
@@ -632,9 +917,12 @@ def is_enabled() -> bool:
     return _state.on
 
 
-def stats() -> dict[str, dict[str, int]]:
-    """Calls per API since apply was last enabled: hit, the fallbacks, and error."""
-    out: dict[str, dict[str, int]] = {}
+def stats() -> dict[str, dict[str, Any]]:
+    """Calls per API since apply was last enabled: hit, the fallbacks, and error.
+
+    An API with refused calls also has ``rules``: the calls per failed rule.
+    """
+    out: dict[str, dict[str, Any]] = {}
     with _state.lock:
         for api in _state.apis:
             counts = api.counts()
@@ -643,6 +931,9 @@ def stats() -> dict[str, dict[str, int]]:
             total = out.setdefault(api.label, dict.fromkeys(OUTCOMES, 0))
             for outcome in OUTCOMES:
                 total[outcome] += counts[outcome]
+            for rule, n in api.rule_counts().items():
+                rules = total.setdefault("rules", {})
+                rules[rule] = rules.get(rule, 0) + n
     return out
 
 
@@ -667,12 +958,13 @@ def _route_handwritten(
         route = routes.get(key)
         if route is None:
             route = api.resolve(key)
-        _, fn, tick = route
+        _, fn, tick, _ = route
         tick()
         try:
             return fn(*args, **kwargs)
         except Exception as exc:
-            return api.failed(key, exc, *args, **kwargs)
+            _, fallback_fn, _ = api.failed(key, fn, exc, *args, **kwargs)
+        return fallback_fn(*args, **kwargs)
 
     return routed
 

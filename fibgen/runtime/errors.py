@@ -1,4 +1,5 @@
-"""The runtime's error types: a bad apply configuration, a solution that failed or declined."""
+"""The runtime's error types: a bad apply configuration, a solution that failed or declined,
+a call that strict mode refuses to fall back."""
 
 from __future__ import annotations
 
@@ -18,9 +19,20 @@ class Decline(Exception):
 
 
 class SolutionError(RuntimeError):
-    """A solution matched a call but could not be loaded or raised while running."""
+    """A solution matched a call but could not be loaded or raised while running.
 
-    def __init__(self, message: str, definition: str, solution: str) -> None:
+    ``signature`` is set when the solution does not take the definition's inputs and
+    outputs: for a name several families of one API could spell, another family's.
+    """
+
+    def __init__(
+        self, message: str, definition: str, solution: str, *, signature: bool = False
+    ) -> None:
         super().__init__(message)
         self.definition = definition
         self.solution = solution
+        self.signature = signature
+
+
+class FallbackError(RuntimeError):
+    """Strict mode: a call would have fallen back (a miss, a failed rule, a decline)."""

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
+import inspect
 import sys
+import types
 import warnings
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,11 +20,12 @@ INHERITED = object()
 
 @dataclass(frozen=True)
 class Patch:
-    """One attribute replaced: restoring sets ``owner.attr`` back to ``old``."""
+    """One attribute replaced by ``new``: restoring sets ``owner.attr`` back to ``old``."""
 
     owner: Any
     attr: str
     old: Any
+    new: Any = None
 
 
 def _locate(path: str) -> tuple[Any, str] | None:
@@ -71,15 +76,130 @@ def patch(path: str, wrapper: Callable[..., Any], done: list[Patch]) -> Callable
             warnings.warn(f"fibgen: {path} is a classmethod; it is not patched")
             return None
         if isinstance(raw, staticmethod):
-            done.append(Patch(owner, attr, raw))
-            setattr(owner, attr, staticmethod(wrapper))
+            new = staticmethod(wrapper)
+            done.append(Patch(owner, attr, raw, new))
+            setattr(owner, attr, new)
             return raw.__func__
     old = getattr(owner, attr)
-    done.append(Patch(owner, attr, vars(owner).get(attr, INHERITED)))
+    done.append(Patch(owner, attr, vars(owner).get(attr, INHERITED), wrapper))
     setattr(owner, attr, wrapper)
-    if not isinstance(owner, type):
+    if isinstance(owner, type):
+        # Methods bound under a second name (``begin_forward = plan``) are the same call.
+        for alias, value in list(vars(owner).items()):
+            if value is old and alias != attr:
+                done.append(Patch(owner, alias, value, wrapper))
+                setattr(owner, alias, wrapper)
+    else:
         _patch_aliases(path.split(".")[0], old, wrapper, done)
     return old
+
+
+def patch_plan(
+    path: str,
+    hooks: Sequence[tuple[weakref.WeakKeyDictionary, Callable[..., Any]]],
+    done: list[Patch],
+) -> Callable[..., Any] | None:
+    """Replace a wrapper's ``plan`` by one that runs it, then lets every family keep its plan.
+
+    Each hook is (store, capture): the store of a family's plans per wrapper, and the
+    generated ``_capture`` that fills it. A plan that raises leaves no plan kept, so the
+    runs after it are not routed; so does a hook that raises.
+    """
+    located = _locate(path)
+    if located is None:
+        return None
+    owner, attr = located
+    original_plan = getattr(owner, attr)
+
+    @functools.wraps(original_plan)
+    def plan(*args: Any, **kwargs: Any) -> Any:
+        instance = args[0] if args else kwargs.get("self")
+        for store, _ in hooks:
+            try:
+                store.pop(instance, None)
+            except TypeError:  # an instance that cannot be weakly referenced
+                pass
+        result = original_plan(*args, **kwargs)
+        for _, capture in hooks:
+            try:
+                capture(*args, **kwargs)
+            except Exception:
+                pass  # nothing kept: the runs after this plan take the original API
+        return result
+
+    return patch(path, plan, done)
+
+
+def mismatch(path: str, function: Callable[..., Any]) -> str | None:
+    """Why ``function`` cannot stand in for the API at ``path``; None when it can.
+
+    Nothing to say when the API's package is not installed (then there is nothing to patch).
+    The API's live signature must equal the generated one: names, kinds and defaults.
+    """
+    top = path.split(".")[0]
+    try:
+        installed = top in sys.modules or importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        installed = False
+    if not installed:
+        return None
+    located = _locate(path)
+    if located is None:
+        return f"{path} does not exist in the installed {top} {_version(top)}"
+    live = getattr(*located)
+    if isinstance(live, types.ModuleType) or not callable(live):
+        return f"{path} is a {type(live).__name__}, not a function"
+    try:
+        have, want = inspect.signature(live), inspect.signature(function)
+    except (TypeError, ValueError):
+        return None  # no signature to compare: trust the path
+    problems = signature_differences(have, want)
+    if problems:
+        return f"the signature of {path} differs from the definition's: {'; '.join(problems)}"
+    return None
+
+
+def signature_differences(have: inspect.Signature, want: inspect.Signature) -> list[str]:
+    """What differs between a live signature and a generated one (annotations aside)."""
+    out = []
+    live, gen = list(have.parameters.values()), list(want.parameters.values())
+    gen_names = {p.name for p in gen}
+    live_names = {p.name for p in live}
+    missing = [p.name for p in gen if p.name not in live_names]
+    extra = [p.name for p in live if p.name not in gen_names]
+    if missing:
+        out.append(f"gone: {', '.join(missing)}")
+    if extra:
+        out.append(f"new: {', '.join(extra)}")
+    if missing or extra:
+        return out
+    for a, b in zip(live, gen):
+        if a.name != b.name:
+            out.append(f"order: {a.name} where the definition has {b.name}")
+            break
+        if a.kind != b.kind:
+            out.append(f"{a.name} is {a.kind.description}, not {b.kind.description}")
+        elif not _same_default(a.default, b.default):
+            out.append(f"{a.name} defaults to {a.default!r}, not {b.default!r}")
+    return out
+
+
+def _same_default(a: Any, b: Any) -> bool:
+    if isinstance(a, ApiDefault) or isinstance(b, ApiDefault):
+        return True  # an expression of the API's module, filled in from the API itself
+    if a is b:
+        return True
+    try:
+        return bool(type(a) is type(b) and a == b) or (
+            isinstance(a, (int, float)) and isinstance(b, (int, float)) and a == b
+        )
+    except Exception:
+        return False
+
+
+def _version(package: str) -> str:
+    module = sys.modules.get(package)
+    return getattr(module, "__version__", "") if module is not None else ""
 
 
 def _patch_aliases(top: str, old: Any, wrapper: Callable[..., Any], done: list[Patch]) -> None:
@@ -91,7 +211,7 @@ def _patch_aliases(top: str, old: Any, wrapper: Callable[..., Any], done: list[P
             continue
         namespace = getattr(module, "__dict__", {})
         for attr in [a for a, v in namespace.items() if v is old]:
-            done.append(Patch(module, attr, old))
+            done.append(Patch(module, attr, old, wrapper))
             setattr(module, attr, wrapper)
 
 
@@ -142,9 +262,20 @@ def adopt_defaults(wrapper: Callable[..., Any], found: Callable[..., Any]) -> No
 
 
 def restore(done: list[Patch]) -> None:
-    """Undo patches, last first, and empty the list."""
+    """Undo patches, last first, and empty the list.
+
+    An attribute that something else replaced since it was patched is left as it is now:
+    putting the old value back would undo that other change.
+    """
     while done:
         p = done.pop()
+        current = (
+            vars(p.owner).get(p.attr, INHERITED)
+            if isinstance(p.owner, type)
+            else (getattr(p.owner, p.attr, INHERITED))
+        )
+        if current is not p.new:
+            continue
         if p.old is INHERITED:
             delattr(p.owner, p.attr)
         else:

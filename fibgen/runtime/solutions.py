@@ -180,7 +180,7 @@ def load(entry: Entry, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> Loa
         return Loaded(fn, bool(dps), entry.label)
     dps, problem = signature_problem(fn, entry.definition, entry.label, inputs, outputs, dps)
     if problem is not None:
-        raise SolutionError(problem, entry.definition, entry.label)
+        raise SolutionError(problem, entry.definition, entry.label, signature=True)
     return Loaded(fn, dps, entry.label)
 
 

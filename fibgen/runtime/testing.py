@@ -407,7 +407,8 @@ def check_solutions(prepared: Prepared) -> None:
             skipped.append(f"{path}: {why}")
             continue
         try:
-            enable_apply({case.name: solution}, patch=False, packages=())
+            # Strict: a solution that fails must fail its test, not fall back to the reference.
+            enable_apply({case.name: solution}, patch=False, packages=(), strict=True)
             result = _call(api, prepared, _device_for(solution))
             counts = _counts(api.label)
             if counts["hit"] != 1:

@@ -467,7 +467,7 @@ def _append(path: Path, lines: list[str]) -> None:
 
 def _wrap(tracer: _Tracer) -> Callable[[Api, str | None, Any], Any]:
     def wrap(api: Api, name: str | None, route: Any) -> Any:
-        kind, fn, tick = route
+        kind, fn, tick, values = route
         if api.trace_inputs is None or name is None or fn is api.then:
             # Hand-written routes, calls this family cannot name, and calls passed on to the
             # next family of the same API (which records them itself).
@@ -483,7 +483,7 @@ def _wrap(tracer: _Tracer) -> Callable[[Api, str | None, Any], Any]:
                     _record_failed(tracer, name, exc)
                 return fn(*args, **kwargs)
 
-            return (kind, traced_original, tick)
+            return (kind, traced_original, tick, values)
         names = api.inputs
 
         def traced(**kwargs: Any) -> Any:
@@ -493,7 +493,7 @@ def _wrap(tracer: _Tracer) -> Callable[[Api, str | None, Any], Any]:
                 _record_failed(tracer, name, exc)
             return fn(**kwargs)
 
-        return (kind, traced, tick)
+        return (kind, traced, tick, values)
 
     return wrap
 

@@ -1,0 +1,260 @@
+"""What a family's rules mean: names in rule expressions, when each rule is checked, and
+which API parameters the family accounts for (Note [rules] in ``fibgen/compiler/ir.py``).
+
+The checker reports from this; the dispatch generator spells the checks from it.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Literal
+
+from fibgen.compiler import ir
+
+# Functions a rule may call besides torch and math: fibgen/runtime/rulefns.py defines them.
+RULE_HELPERS = ("kv_pair",)
+# Names a rule expression may use besides the family's own (see checks.EXPR_BUILTINS).
+RULE_GLOBALS = frozenset({"torch", "math", "None", "True", "False", *RULE_HELPERS})
+
+RefKind = Literal["run", "plan", "self", "axis", "param", "let", "global", "unknown"]
+Stage = Literal["plan", "const", "call"]
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A name used by a rule expression: what it means and where it stands in the text."""
+
+    kind: RefKind
+    name: str  # "plan.x" for a plan parameter
+    line: int  # 1-based line within the expression text
+    column: int  # 0-based column within that line
+    width: int
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What names mean in one family's rule expressions."""
+
+    run: dict[str, ir.ApiParam]  # API parameters, and keywords its `**` parameter carries
+    plan: dict[str, ir.ApiParam]  # plan parameters, likewise
+    lets: frozenset[str]  # names introduced by `let` ("plan.x" for plan-time ones)
+    axes: dict[str, ir.VarAxis | ir.ConstAxis]
+    params: dict[str, ir.Param]
+    method: bool  # the API is a method: `self` is the wrapper
+    builtins: frozenset[str]
+
+
+def keywords_of(fam: ir.Family) -> dict[str, ir.Keywords]:
+    """The `keywords` rules by target ("kwargs" or "plan.kwargs")."""
+    return {r.target: r for r in fam.rules if isinstance(r, ir.Keywords)}
+
+
+def scope(fam: ir.Family, builtins: frozenset[str]) -> Scope:
+    """The names of one family's rule expressions."""
+    keywords = keywords_of(fam)
+    run: dict[str, ir.ApiParam] = {}
+    plan: dict[str, ir.ApiParam] = {}
+    for sig, table, prefix in ((fam.api, run, ""), (fam.plan, plan, "plan.")):
+        if sig is None:
+            continue
+        for p in sig.params:
+            table.setdefault(p.name, p)
+            if p.kind == "var_keyword" and prefix + p.name in keywords:
+                for k in keywords[prefix + p.name].params:
+                    table.setdefault(k.name, k)
+    existing = set(run) | {f"plan.{n}" for n in plan}
+    lets = frozenset(
+        r.target
+        for r in fam.rules
+        if isinstance(r, (ir.Let, ir.Default)) and r.target not in existing
+    )
+    method = bool(fam.api and fam.api.params and fam.api.params[0].name == "self")
+    return Scope(
+        run=run,
+        plan=plan,
+        lets=lets,
+        axes={a.name: a for a in fam.axes},
+        params={p.name: p for p in fam.params},
+        method=method,
+        builtins=builtins | RULE_GLOBALS,
+    )
+
+
+def parse(text: str) -> ast.expr | None:
+    """The expression of a rule, or None when it does not parse (lowering reported it)."""
+    try:
+        return ast.parse(text, mode="eval").body
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+
+
+def refs(text: str, sc: Scope) -> list[Ref]:
+    """Every name the expression uses, in order of appearance."""
+    tree = parse(text)
+    if tree is None:
+        return []
+    found: list[Ref] = []
+    plan_attrs: set[int] = set()
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "plan"
+        ):
+            plan_attrs.add(id(node.value))
+            name = f"plan.{node.attr}"
+            if node.attr in sc.plan:
+                kind: RefKind = "plan"
+            elif name in sc.lets:
+                kind = "let"
+            else:
+                kind = "unknown"
+            found.append(_ref(kind, name, node))
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Name) or id(node) in plan_attrs:
+            continue
+        found.append(_ref(_kind(node.id, sc), node.id, node))
+    # Comprehension variables are local to the expression.
+    bound = {
+        n.id
+        for comp in ast.walk(tree)
+        if isinstance(comp, ast.comprehension)
+        for n in ast.walk(comp.target)
+        if isinstance(n, ast.Name)
+    }
+    bound |= {a.arg for lam in ast.walk(tree) if isinstance(lam, ast.Lambda) for a in lam.args.args}
+    found = [r for r in found if not (r.kind == "unknown" and r.name in bound)]
+    return sorted(found, key=lambda r: (r.line, r.column))
+
+
+def _ref(kind: RefKind, name: str, node: ast.AST) -> Ref:
+    end = getattr(node, "end_col_offset", None)
+    start = node.col_offset
+    width = (end - start) if end is not None and node.end_lineno == node.lineno else len(name)
+    return Ref(kind, name, node.lineno, start, max(1, width))
+
+
+def _kind(name: str, sc: Scope) -> RefKind:
+    if name in sc.run:
+        return "run"
+    if name in sc.lets:
+        return "let"
+    if name == "self" and sc.method:
+        return "self"
+    if name in sc.axes:
+        return "axis"
+    if name in sc.params:
+        return "param"
+    if name in sc.builtins:
+        return "global"
+    return "unknown"
+
+
+def stage(used: list[Ref], sc: Scope) -> Stage:
+    """When a rule can be checked: at plan, once per definition, or on every call."""
+    kinds = {r.kind for r in used}
+    plan_lets = {r.name for r in used if r.kind == "let" and r.name.startswith("plan.")}
+    run_lets = {r.name for r in used if r.kind == "let" and not r.name.startswith("plan.")}
+    if not kinds - {"plan", "self", "global", "let"} and not run_lets:
+        return "plan" if ("plan" in kinds or plan_lets or "self" in kinds) else "const"
+    if not kinds - {"axis", "param", "global"}:
+        if all(r.kind != "axis" or isinstance(sc.axes[r.name], ir.ConstAxis) for r in used):
+            return "const"
+    return "call"
+
+
+def rule_name(rule: ir.Rule, sc: Scope) -> str:
+    """How a failed rule is reported: the parameters it names, or its text."""
+    if isinstance(rule, ir.Require):
+        names = [r.name for r in refs(rule.expr.text, sc) if r.kind in ("run", "plan", "self")]
+        names = list(dict.fromkeys(names))
+        return ",".join(names) if names else rule.expr.text
+    if isinstance(rule, (ir.Default, ir.Let, ir.Result, ir.Keywords)):
+        return rule.target
+    return ",".join(rule.names)
+
+
+# ---------------------------------------------------------------------------------------
+# Accounting
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Unaccounted:
+    """A parameter that nothing in the family accounts for."""
+
+    name: str  # "plan.x" for a plan parameter
+    param: ir.ApiParam
+    signature: str  # the path of the api/plan line, or of the keywords rule
+
+
+def _output_targets(fam: ir.Family) -> set[str]:
+    return {t.target for t in fam.outputs if t.target is not None}
+
+
+def accounted(fam: ir.Family, sc: Scope, selectors: frozenset[str]) -> set[str]:
+    """Every parameter name ("x", "plan.x") that the family accounts for."""
+    done: set[str] = set()
+    if sc.method:
+        done |= {"self", "plan.self"}
+    for t in fam.inputs:
+        src = t.source
+        if src is None:
+            if t.name in sc.run:
+                done.add(t.name)
+            elif t.name in sc.plan:
+                done.add(f"plan.{t.name}")
+        else:
+            done.add(("plan." if src.from_plan else "") + src.param)
+    targets = _output_targets(fam)
+    done |= targets
+    done |= {f"return_{t}" for t in targets}
+    done |= {e.target for e in fam.effects}
+    done |= selectors
+    names_like_definition = set(sc.axes) | set(sc.params)
+    done |= {n for n in sc.run if n in names_like_definition}
+    done |= {f"plan.{n}" for n in sc.plan if n in names_like_definition}
+    for rule in fam.rules:
+        if isinstance(rule, ir.Require):
+            done |= {r.name for r in refs(rule.expr.text, sc) if r.kind in ("run", "plan")}
+        elif isinstance(rule, ir.Ignore):
+            done |= set(rule.names)
+        elif isinstance(rule, ir.Result):
+            continue
+        else:
+            done.add(rule.target)
+            if not isinstance(rule, ir.Keywords):
+                done |= {r.name for r in refs(rule.expr.text, sc) if r.kind in ("run", "plan")}
+    return done
+
+
+def unaccounted(fam: ir.Family, sc: Scope, selectors: frozenset[str]) -> list[Unaccounted]:
+    """Parameters of the api/plan lines (and declared keywords) nothing accounts for."""
+    done = accounted(fam, sc, selectors)
+    keywords = keywords_of(fam)
+    out: list[Unaccounted] = []
+    for sig, prefix in ((fam.api, ""), (fam.plan, "plan.")):
+        if sig is None:
+            continue
+        for p in sig.params:
+            if prefix + p.name not in done:
+                out.append(Unaccounted(prefix + p.name, p, sig.path))
+            rule = keywords.get(prefix + p.name)
+            if p.kind == "var_keyword" and rule is not None:
+                for k in rule.params:
+                    if prefix + k.name not in done:
+                        out.append(Unaccounted(prefix + k.name, k, rule.path))
+    return out
+
+
+def definition_named(fam: ir.Family, sc: Scope) -> list[str]:
+    """API parameters named like an axis or parameter of the family ("x" or "plan.x").
+
+    A call's value must agree with the definition's; the dispatcher checks it unless the
+    parameter is what the call's key is read from.
+    """
+    like = set(sc.axes) | set(sc.params)
+    out = [n for n in sc.run if n in like]
+    out += [f"plan.{n}" for n in sc.plan if n in like]
+    return out

@@ -1,0 +1,86 @@
+"""Families that stand for one API: a call must be able to tell which of them it is for.
+
+Families outside dispatch groups that declare the same `api` form a chain in source order, as
+do the families of one dispatch case; the generated dispatchers offer a call to each in turn
+(Note [the dispatch contract] in ``fibgen/runtime/apply.py``). A family takes a call whose
+key its instances declare, or whose name its name rule spells when no other family declares
+that name. Two families that spell names alike can therefore both claim a call no instance
+declares; that is harmless when they take the same inputs and outputs, and an error when
+they do not, unless the earlier one has a rule the later one lacks (``page_size == 1``),
+which keeps the calls it cannot serve away from it.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable
+
+from fibgen.compiler import ir
+
+Report = Callable[[str, ir.Span | None, str | None], None]
+
+
+def _contract(fam: ir.Family) -> tuple:
+    """What a solution of the family takes and returns, descriptions aside."""
+
+    def tensor(t: ir.Tensor) -> tuple:
+        return (t.name, t.dtype.kind, t.dtype.name, t.shape, t.optional)
+
+    return (tuple(map(tensor, fam.inputs)), tuple(map(tensor, fam.outputs)))
+
+
+def _template(fam: ir.Family) -> str | None:
+    """The family's name template with its fields left blank, or None.
+
+    Without a `name` statement names start with the family's own name, which no other
+    family has, so only explicit templates can spell another family's names.
+    """
+    if fam.name_template is None:
+        return None
+    try:
+        parsed = list(string.Formatter().parse(fam.name_template))
+    except ValueError:
+        return None
+    return "".join(text + ("{}" if field else "") for text, field, _, _ in parsed)
+
+
+def _requirements(fam: ir.Family) -> set[str]:
+    return {" ".join(r.expr.text.split()) for r in fam.rules if isinstance(r, ir.Require)}
+
+
+def chains(module_families: list[ir.Family], groups: list[ir.DispatchGroup]) -> list[list[str]]:
+    """Families that one API offers a call to in turn, in order."""
+    grouped = {name for g in groups for case in g.cases for name in case.families}
+    by_api: dict[str, list[str]] = {}
+    for fam in module_families:
+        if fam.api is not None and fam.name not in grouped:
+            by_api.setdefault(fam.api.path, []).append(fam.name)
+    out = [c for c in by_api.values() if len(c) > 1]
+    out += [list(case.families) for g in groups for case in g.cases if len(case.families) > 1]
+    return out
+
+
+def check_variants(
+    families: dict[str, ir.Family], groups: list[ir.DispatchGroup], report: Report
+) -> None:
+    """Report families of one API that nothing tells apart."""
+    for chain in chains(list(families.values()), groups):
+        members = [families[n] for n in chain if n in families]
+        for i, earlier in enumerate(members):
+            for later in members[i + 1 :]:
+                if _contract(earlier) == _contract(later):
+                    continue
+                template = _template(earlier)
+                if template is None or template != _template(later):
+                    continue
+                if _requirements(earlier) - _requirements(later):
+                    continue
+                path = earlier.api.path if earlier.api else "its API"
+                report(
+                    f"families `{earlier.name}` and `{later.name}` both stand for `{path}` and "
+                    "spell their names alike, but take different inputs or outputs; nothing "
+                    f"keeps `{earlier.name}` from calls meant for `{later.name}`",
+                    earlier.span,
+                    f"give `{earlier.name}` a rule that its calls meet and `{later.name}`'s do "
+                    "not: a condition on the arguments, such as `page_size == 1`",
+                )

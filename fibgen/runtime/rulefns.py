@@ -1,0 +1,30 @@
+"""Functions that the rules of a `.fidef` family may call (Note [rules] in the compiler's IR).
+
+They convert an API's argument to what the definition reads, by views where they can.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def kv_pair(cache: Any, layout: str = "NHD") -> tuple[torch.Tensor, torch.Tensor]:
+    """(k, v) of a paged KV cache as views in NHD order: [pages, page_size, heads, dim].
+
+    FlashInfer takes the cache as one tensor [pages, 2, ...] or as a (k, v) tuple, each in
+    the layout its wrapper was built with: NHD [pages, page_size, heads, dim] or HND
+    [pages, heads, page_size, dim].
+    """
+    if isinstance(cache, torch.Tensor):
+        if cache.ndim != 5 or cache.shape[1] != 2:
+            raise ValueError(f"a paged KV cache tensor is [pages, 2, ...], not {list(cache.shape)}")
+        k, v = cache[:, 0], cache[:, 1]
+    else:
+        k, v = cache
+    if layout == "HND":
+        return k.transpose(-3, -2), v.transpose(-3, -2)
+    if layout != "NHD":
+        raise ValueError(f"unknown KV layout {layout!r}")
+    return k, v

@@ -1,0 +1,542 @@
+"""Trace Apply over the real FlashInfer 0.7.2 package, on the CPU.
+
+The catalogue's `api`/`plan` lines are compared with the installed package's signatures;
+every API of the catalogue is patched and restored, and passes every parameter of its real
+signature through unchanged; a live signature that differs is left unpatched with one
+warning; and the rules of the definitions are held on calls of FlashInfer's own norm
+functions and of its paged decode wrapper (see ``_flashinfer_cpu`` for how they run here).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import math
+import warnings
+
+import pytest
+import torch
+
+from _shared import require_module
+
+require_module("flashinfer", "flashinfer-python 0.7.2.post1 is not installed (see .ci/run)")
+
+import _flashinfer_cpu as cpu  # noqa: E402
+import flashinfer  # noqa: E402
+import fibgen.runtime as rt  # noqa: E402
+from fibgen.compiler import compile_paths  # noqa: E402
+from fibgen.runtime import patching  # noqa: E402
+
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning")
+
+
+@functools.cache
+def _module():
+    result = compile_paths([str(ROOT / "definitions")])
+    assert result.ok, "the catalogue does not compile"
+    return result.module
+
+
+def _families():
+    return [f for f in _module().families() if f.api is not None]
+
+
+def _live(path: str):
+    located = patching._locate(path)
+    assert located is not None, f"{path} does not exist in flashinfer {flashinfer.__version__}"
+    return getattr(*located)
+
+
+def _signature(params) -> inspect.Signature:
+    kinds = {
+        "positional": inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        "keyword_only": inspect.Parameter.KEYWORD_ONLY,
+        "var_positional": inspect.Parameter.VAR_POSITIONAL,
+        "var_keyword": inspect.Parameter.VAR_KEYWORD,
+    }
+    out = []
+    for p in params:
+        default = inspect.Parameter.empty
+        if p.default is not None:
+            try:
+                default = eval(p.default, {})
+            except Exception:
+                default = patching.ApiDefault(p.default)
+        out.append(inspect.Parameter(p.name, kinds[p.kind], default=default))
+    return inspect.Signature(out)
+
+
+@pytest.fixture(autouse=True)
+def _off():
+    yield
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rt.disable_apply()
+
+
+# ---------------------------------------------------------------------------------------
+# Signatures
+# ---------------------------------------------------------------------------------------
+
+
+def test_every_api_and_plan_line_is_the_installed_signature():
+    checked = []
+    for fam in _families():
+        for sig in (fam.api, fam.plan):
+            if sig is None:
+                continue
+            live = _live(sig.path)
+            assert inspect.isfunction(live), f"{sig.path} is a {type(live).__name__}"
+            problems = patching.signature_differences(
+                inspect.signature(live), _signature(sig.params)
+            )
+            assert not problems, f"{fam.name}: {sig.path}: {problems}"
+            checked.append(sig.path)
+        for rule in fam.rules:
+            if rule.kind != "keywords":
+                continue
+            real = inspect.signature(_live(rule.path)).parameters.values()
+            have = [(p.name, p.default) for p in real if p.kind is p.KEYWORD_ONLY]
+            want = [(p.name, eval(p.default, {})) for p in rule.params]
+            assert have == want, f"{fam.name}: keywords of {rule.path}"
+    assert len(set(checked)) >= 24
+
+
+def test_the_cpu_twins_keep_the_real_signatures():
+    for name, twin in cpu.TWINS.items():
+        real = getattr(flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper, name)
+        assert not patching.signature_differences(
+            inspect.signature(real), inspect.signature(twin)
+        ), name
+
+
+# ---------------------------------------------------------------------------------------
+# Patching
+# ---------------------------------------------------------------------------------------
+
+
+def _paths():
+    return sorted({f.api.path for f in _families()})
+
+
+def test_enable_patches_every_api_and_its_aliases_and_disable_restores_them():
+    before = {path: _live(path) for path in _paths()}
+    decode = flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper
+    assert decode.begin_forward is decode.plan
+    plan_before = decode.plan
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no API of the catalogue is left unpatched
+        rt.enable_apply({})
+    for path, original in before.items():
+        assert _live(path) is not original, f"{path} is not patched"
+    assert flashinfer.rmsnorm is flashinfer.norm.rmsnorm is not before["flashinfer.norm.rmsnorm"]
+    # begin_forward is plan under another name: a run after it must see that plan.
+    assert decode.begin_forward is decode.plan is not plan_before
+    rt.disable_apply()
+    for path, original in before.items():
+        assert _live(path) is original
+    assert flashinfer.rmsnorm is before["flashinfer.norm.rmsnorm"]
+    assert decode.begin_forward is decode.plan is plan_before
+
+
+def test_a_changed_signature_is_left_unpatched_with_one_warning(monkeypatch):
+    def rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None, new_flag=False):  # noqa: A002
+        return "the original"
+
+    monkeypatch.setattr(flashinfer.norm, "rmsnorm", rmsnorm)
+    with pytest.warns(RuntimeWarning) as caught:
+        rt.enable_apply({"rmsnorm_h4096": lambda hidden_states, weight: hidden_states})
+    messages = [str(w.message) for w in caught if "flashinfer.norm.rmsnorm" in str(w.message)]
+    assert len(messages) == 1
+    assert "new: new_flag" in messages[0] and "rmsnorm_h128" in messages[0]
+    assert flashinfer.norm.rmsnorm is rmsnorm
+    x, w = torch.randn(2, 4096, dtype=torch.bfloat16), torch.randn(4096, dtype=torch.bfloat16)
+    assert flashinfer.norm.rmsnorm(x, w) == "the original"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rt.enable_apply({})  # the same problem again: warned once per process
+
+
+def test_a_missing_target_is_left_unpatched_with_one_warning(monkeypatch):
+    monkeypatch.delattr(flashinfer.activation, "gelu_and_mul")
+    with pytest.warns(RuntimeWarning, match="flashinfer.activation.gelu_and_mul does not exist"):
+        rt.enable_apply({})
+
+
+def _sample(p: inspect.Parameter, i: int):
+    # Distinct values, so that a parameter passed to the wrong place shows.
+    if p.kind is p.VAR_POSITIONAL:
+        return (f"extra{i}",)
+    if p.kind is p.VAR_KEYWORD:
+        return {f"extra_keyword{i}": i}
+    return f"value-of-{p.name}"
+
+
+def _recorder(real, calls):
+    sig = inspect.signature(real)
+
+    def original(*args, **kwargs):
+        calls.append(sig.bind(*args, **kwargs).arguments)
+        return "original"
+
+    original.__signature__ = sig
+    return original
+
+
+@pytest.mark.parametrize("path", _paths())
+def test_a_patched_api_passes_every_parameter_of_its_real_signature(path, monkeypatch):
+    # Whatever a call gives, a patched API hands it to the original unchanged, when nothing
+    # is registered and when a solution is (its values fail the definition's checks).
+    owner, attr = patching._locate(path)
+    real = getattr(owner, attr)
+    calls: list = []
+    monkeypatch.setattr(owner, attr, _recorder(real, calls))
+    fam = next(f for f in _families() if f.api.path == path)
+    plan_calls: list = []
+    if fam.plan is not None:
+        powner, pattr = patching._locate(fam.plan.path)
+        real_plan = getattr(powner, pattr)
+        monkeypatch.setattr(powner, pattr, _recorder(real_plan, plan_calls))
+    params = list(inspect.signature(real).parameters.values())
+    for mapping in ({}, {name: (lambda **kw: None) for name in _names_of(fam)}):
+        calls.clear()
+        rt.enable_apply(mapping)
+        patched = getattr(owner, attr)
+        assert patched is not real
+        args, kwargs = [], {}
+        instance = None
+        for i, p in enumerate(params):
+            if p.name == "self":
+                instance = object.__new__(owner)
+                args.append(instance)
+            elif p.kind is p.VAR_POSITIONAL:
+                args.extend(_sample(p, i))
+            elif p.kind is p.VAR_KEYWORD:
+                kwargs.update(_sample(p, i))
+            elif p.kind is p.KEYWORD_ONLY:
+                kwargs[p.name] = _sample(p, i)
+            else:
+                args.append(_sample(p, i))
+        if instance is not None and fam.plan is not None:
+            # A plan first, so that the run is one fibgen may route.
+            plan_params = list(inspect.signature(real_plan).parameters.values())[1:]
+            required = [p for p in plan_params if p.kind is p.POSITIONAL_OR_KEYWORD]
+            getattr(powner, pattr)(instance, *(_sample(p, i) for i, p in enumerate(required)))
+            assert len(plan_calls) == 1
+            plan_calls.clear()
+        expected = inspect.signature(real).bind(*args, **kwargs).arguments
+        assert patched(*args, **kwargs) == "original"
+        assert calls == [expected]
+
+
+def _names_of(fam):
+    return [d.name for d in _module().definitions if d.family == fam.name]
+
+
+# ---------------------------------------------------------------------------------------
+# Rules, on FlashInfer's own norm functions
+# ---------------------------------------------------------------------------------------
+
+
+def _bf16(*shape):
+    return torch.randn(*shape).to(torch.bfloat16)
+
+
+def _norm_solution(seen):
+    def solution(hidden_states, weight):
+        seen.append(1)
+        return cpu.rms(hidden_states, weight, 1e-5)
+
+    return solution
+
+
+def test_eps_must_be_the_definitions(monkeypatch):
+    cpu.norm_kernels_on_cpu(monkeypatch)
+    x, w, seen = _bf16(4, 4096), _bf16(4096), []
+    with rt.enable_apply({"rmsnorm_h4096": _norm_solution(seen)}):
+        routed = flashinfer.norm.rmsnorm(x, w, eps=1e-5)  # Llama-3.1-8B's epsilon
+        other = flashinfer.norm.rmsnorm(x, w, eps=0.5)
+        default = flashinfer.rmsnorm(x, w)  # FlashInfer's default 1e-6 is not the model's
+    assert len(seen) == 1
+    assert torch.equal(routed, cpu.rms(x, w, 1e-5))
+    assert torch.equal(other, cpu.rms(x, w, 0.5))
+    assert torch.equal(default, cpu.rms(x, w, 1e-6))
+    counts = rt.stats()["flashinfer.norm.rmsnorm"]
+    assert (counts["hit"], counts["fallback_guard"]) == (1, 2)
+    assert counts["rules"] == {"eps": 2}
+
+
+def test_the_eps_of_each_instance_is_its_own(monkeypatch):
+    cpu.norm_kernels_on_cpu(monkeypatch)
+    seen = []
+    x, w = _bf16(2, 2048), _bf16(2048)
+    with rt.enable_apply({"rmsnorm_h2048": _norm_solution(seen)}):
+        flashinfer.norm.rmsnorm(x, w, eps=1e-5)  # not Qwen3's
+        flashinfer.norm.rmsnorm(x, w, eps=1e-6)
+    assert len(seen) == 1
+
+
+def test_an_ignored_parameter_never_breaks_a_call(monkeypatch):
+    cpu.norm_kernels_on_cpu(monkeypatch)
+    x, w, seen = _bf16(4, 4096), _bf16(4096), []
+    out = torch.empty_like(x)
+    with rt.enable_apply({"rmsnorm_h4096": _norm_solution(seen)}):
+        assert flashinfer.norm.rmsnorm(x, w, 1e-5, out, enable_pdl=False) is out
+        flashinfer.norm.rmsnorm(x, w, eps=1e-5, enable_pdl=True)
+    assert len(seen) == 2 and torch.equal(out, cpu.rms(x, w, 1e-5))
+
+
+@pytest.mark.parametrize(
+    ("x", "rule"),
+    [
+        (torch.randn(4, 4096), "tensor:hidden_states"),  # float32 into a bf16 definition
+        (torch.randn(4, 4096).half(), "tensor:hidden_states"),
+        (torch.randn(2, 3, 4096).to(torch.bfloat16), "tensor:hidden_states"),  # 3-D
+    ],
+)
+def test_inputs_the_definition_does_not_declare_fall_back(monkeypatch, x, rule):
+    cpu.norm_kernels_on_cpu(monkeypatch)
+    seen, w = [], torch.randn(4096).to(x.dtype)
+    with rt.enable_apply({"rmsnorm_h4096": _norm_solution(seen)}):
+        result = flashinfer.norm.rmsnorm(x, w, eps=1e-5)
+    assert not seen and torch.equal(result, cpu.rms(x, w, 1e-5))
+    assert rt.stats()["flashinfer.norm.rmsnorm"]["rules"] == {rule: 1}
+
+
+def test_strict_mode_raises_with_the_rule_and_the_value(monkeypatch):
+    cpu.norm_kernels_on_cpu(monkeypatch)
+    x, w = _bf16(4, 4096), _bf16(4096)
+    with rt.enable_apply({"rmsnorm_h4096": _norm_solution([])}, strict=True):
+        with pytest.raises(rt.FallbackError, match=r"rmsnorm_h4096.*rule on eps \(eps=0\.5\)"):
+            flashinfer.norm.rmsnorm(x, w, eps=0.5)
+
+
+def test_strict_mode_from_the_environment(monkeypatch):
+    cpu.norm_kernels_on_cpu(monkeypatch)
+    monkeypatch.setenv("FIBGEN_APPLY_STRICT", "1")
+    with rt.enable_apply({}):
+        with pytest.raises(rt.FallbackError, match="no solution is registered"):
+            flashinfer.norm.rmsnorm(_bf16(1, 4096), _bf16(4096), eps=1e-5)
+
+
+def test_fused_add_rmsnorm_routed_leaves_what_flashinfer_leaves(monkeypatch):
+    cpu.norm_kernels_on_cpu(monkeypatch)
+    x, r, w = _bf16(3, 4096), _bf16(3, 4096), _bf16(4096)
+    x2, r2 = x.clone(), r.clone()
+    flashinfer.norm.fused_add_rmsnorm(x2, r2, w, 1e-5)  # FlashInfer's own, apply off
+
+    def solution(hidden_states, residual, weight):
+        return cpu.rms(hidden_states + residual, weight, 1e-5)
+
+    with rt.enable_apply({"fused_add_rmsnorm_h4096": solution}):
+        assert flashinfer.norm.fused_add_rmsnorm(x, r, w, eps=1e-5, enable_pdl=True) is None
+    assert rt.stats()["flashinfer.norm.fused_add_rmsnorm"]["hit"] == 1
+    assert torch.equal(r, r2)
+    assert (x.float() - x2.float()).abs().max() <= 0.02
+
+
+# ---------------------------------------------------------------------------------------
+# Rules, on the paged decode wrapper
+# ---------------------------------------------------------------------------------------
+
+
+def _decode(monkeypatch, layout="NHD"):
+    cls = cpu.decode_wrapper_on_cpu(monkeypatch)
+    return cls(torch.empty(8, dtype=torch.uint8), kv_layout=layout)
+
+
+def _plan(wrapper, case, page_size, **kwargs):
+    wrapper.plan(
+        case["indptr"],
+        case["indices"],
+        case["last"],
+        32,
+        8,
+        128,
+        page_size,
+        q_data_type=torch.bfloat16,
+        **kwargs,
+    )
+
+
+def _general(seen):
+    def solution(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale):
+        seen.append({"last": kv_last_page_len, "sm_scale": sm_scale, "k": k_cache})
+        return _reference("gqa_paged_decode_h32_kv8_d128_ps64")(
+            q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale
+        )
+
+    return solution
+
+
+@functools.cache
+def _reference(name):
+    (d,) = [d for d in _module().definitions if d.name == name]
+    namespace: dict = {}
+    exec(d.reference, namespace)
+    return namespace["run"]
+
+
+def test_plan_time_rules_fall_back_and_count_the_rule(monkeypatch):
+    wrapper, case, seen = _decode(monkeypatch), cpu.decode_case(), []
+    name = "gqa_paged_decode_h32_kv8_d128_ps16"
+    with rt.enable_apply({name: _general(seen)}):
+        _plan(wrapper, case, 16, logits_soft_cap=30.0)
+        capped = wrapper.run(case["q"], (case["k"], case["v"]))
+        _plan(wrapper, case, 16)
+        plain = wrapper.run(case["q"], (case["k"], case["v"]))
+    assert len(seen) == 1
+    counts = rt.stats()["flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper.run"]
+    assert counts["rules"] == {"plan.logits_soft_cap": 1} and counts["hit"] == 1
+    # The fallback is FlashInfer's computation, soft cap included; the hit agrees with it.
+    wrapper2 = type(wrapper)(torch.empty(8), kv_layout="NHD")
+    _plan(wrapper2, case, 16, logits_soft_cap=30.0)
+    assert torch.equal(capped, wrapper2.run(case["q"], (case["k"], case["v"])))
+    _plan(wrapper2, case, 16)
+    assert (
+        plain.float() - wrapper2.run(case["q"], (case["k"], case["v"])).float()
+    ).abs().max() < 0.02
+
+
+def test_run_keywords_the_definition_ignores_never_break_a_call(monkeypatch):
+    wrapper, case, seen = _decode(monkeypatch), cpu.decode_case(), []
+    with rt.enable_apply({"gqa_paged_decode_h32_kv8_d128_ps16": _general(seen)}):
+        _plan(wrapper, case, 16)
+        out = wrapper.run(case["q"], (case["k"], case["v"]), enable_pdl=False)
+        both = wrapper.run(case["q"], (case["k"], case["v"]), return_lse=True, enable_pdl=True)
+        scaled = wrapper.run(case["q"], (case["k"], case["v"]), q_scale=2.0)
+    assert len(seen) == 2 and isinstance(both, tuple) and out.shape == case["q"].shape
+    counts = rt.stats()["flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper.run"]
+    assert counts["rules"] == {"q_scale": 1}
+    assert scaled.shape == case["q"].shape
+
+
+def test_sm_scale_none_is_resolved_before_the_solution_sees_it(monkeypatch):
+    wrapper, case, seen = _decode(monkeypatch), cpu.decode_case(), []
+    with rt.enable_apply({"gqa_paged_decode_h32_kv8_d128_ps16": _general(seen)}):
+        _plan(wrapper, case, 16, sm_scale=None)
+        wrapper.run(case["q"], (case["k"], case["v"]))
+        _plan(wrapper, case, 16, sm_scale=0.1)
+        wrapper.run(case["q"], (case["k"], case["v"]))
+    assert seen[0]["sm_scale"] == 1 / math.sqrt(128) and seen[1]["sm_scale"] == 0.1
+
+
+def test_partial_last_pages_reach_the_family_that_reads_them(monkeypatch):
+    # gqa_paged_decode_full_pages comes first for this API; it claims only plans whose pages
+    # are all full, and a solution written for the general family is not called without
+    # kv_last_page_len.
+    wrapper, seen = _decode(monkeypatch), []
+    with rt.enable_apply({"gqa_paged_decode_h32_kv8_d128_ps16": _general(seen)}):
+        for full in (False, True):
+            case = cpu.decode_case(full=full, seed=int(full))
+            _plan(wrapper, case, 16)
+            wrapper.run(case["q"], (case["k"], case["v"]))
+            assert torch.equal(seen[-1]["last"], case["last"])
+    assert len(seen) == 2
+    counts = rt.stats()["flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper.run"]
+    assert counts["hit"] == 2 and counts["error"] == 0
+
+
+def test_a_full_pages_solution_gets_only_full_pages(monkeypatch):
+    wrapper, seen = _decode(monkeypatch), []
+
+    def full_pages(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale):
+        seen.append(1)
+        return q.clone(), torch.zeros(q.shape[:2])
+
+    with rt.enable_apply({"gqa_paged_decode_h32_kv8_d128_ps16": full_pages}):
+        for full in (True, False):
+            case = cpu.decode_case(full=full, seed=3)
+            _plan(wrapper, case, 16)
+            wrapper.run(case["q"], (case["k"], case["v"]))
+    assert seen == [1]
+
+
+def test_begin_forward_is_seen_as_plan(monkeypatch):
+    wrapper, case, seen = _decode(monkeypatch), cpu.decode_case(), []
+    with rt.enable_apply({"gqa_paged_decode_h32_kv8_d128_ps16": _general(seen)}):
+        wrapper.begin_forward(
+            case["indptr"],
+            case["indices"],
+            case["last"],
+            32,
+            8,
+            128,
+            16,
+            q_data_type="bfloat16",
+        )
+        wrapper.run(case["q"], (case["k"], case["v"]))
+    assert len(seen) == 1
+
+
+def test_a_run_whose_plan_fibgen_did_not_see_is_not_routed(monkeypatch):
+    wrapper, case, seen = _decode(monkeypatch), cpu.decode_case(), []
+    _plan(wrapper, case, 16)  # before apply is on
+    with rt.enable_apply({"gqa_paged_decode_h32_kv8_d128_ps16": _general(seen)}):
+        result = wrapper.run(case["q"], (case["k"], case["v"]))
+    assert not seen and cpu.CALLS == ["plan", "run"]
+    assert result.shape == case["q"].shape
+
+
+def test_unknown_plan_keywords_and_deprecated_positionals_fall_back(monkeypatch):
+    wrapper, case, seen = _decode(monkeypatch), cpu.decode_case(), []
+    with rt.enable_apply({"gqa_paged_decode_h32_kv8_d128_ps16": _general(seen)}):
+        _plan(wrapper, case, 16, some_future_option=1)
+        wrapper.run(case["q"], (case["k"], case["v"]))
+        wrapper.plan(case["indptr"], case["indices"], case["last"], 32, 8, 128, 16, "NONE")
+        wrapper.run(case["q"], (case["k"], case["v"]))
+    assert not seen
+    counts = rt.stats()["flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper.run"]
+    assert counts["rules"] == {"plan.kwargs": 1, "plan.deprecated_positional_args": 1}
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("stacked", [False, True])
+def test_kv_layouts_and_stacked_caches_reach_the_solution_as_nhd_views(
+    monkeypatch, layout, stacked
+):
+    wrapper, case, seen = _decode(monkeypatch, layout), cpu.decode_case(), []
+    k, v = case["k"], case["v"]
+    if layout == "HND":
+        k, v = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+    cache = torch.stack([k, v], dim=1) if stacked else (k, v)
+    with rt.enable_apply({"gqa_paged_decode_h32_kv8_d128_ps16": _general(seen)}):
+        _plan(wrapper, case, 16)
+        routed = wrapper.run(case["q"], cache)
+    rt.disable_apply()
+    _plan(wrapper, case, 16)
+    original = wrapper.run(case["q"], cache)
+    assert len(seen) == 1 and torch.equal(seen[0]["k"], case["k"])
+    assert (routed.float() - original.float()).abs().max() < 0.02
+
+
+# ---------------------------------------------------------------------------------------
+# Other rule kinds: keywords of a run, results as the API returns them
+# ---------------------------------------------------------------------------------------
+
+
+def test_sampled_ids_come_back_as_flashinfer_returns_them():
+    def sampler(probs, top_k):
+        return probs.argmax(-1)  # int64, as the definition declares
+
+    probs = torch.softmax(torch.randn(4, 128256), -1)
+    with rt.enable_apply({"top_k_sampling_from_probs_v128256": sampler}):
+        ids = flashinfer.sampling.top_k_sampling_from_probs(probs, 5)
+        with_tensor = flashinfer.sampling.top_k_sampling_from_probs(
+            probs, torch.full((4,), 5, dtype=torch.int64)
+        )
+    assert ids.dtype == torch.int32 and torch.equal(ids.long(), probs.argmax(-1))
+    assert with_tensor.dtype == torch.int32
+    assert rt.stats()["flashinfer.sampling.top_k_sampling_from_probs"]["hit"] == 2
+
+
+def test_rules_of_the_module_use_only_known_helpers():
+    import fibgen.runtime.rulefns as rulefns
+    from fibgen.compiler.rules import RULE_HELPERS
+
+    assert all(callable(getattr(rulefns, name)) for name in RULE_HELPERS)
+    importlib.import_module("fibgen_kernels.gqa_paged_decode")
