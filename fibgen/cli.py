@@ -112,11 +112,38 @@ def cmd_list(args: argparse.Namespace) -> int:
     result = _compile(args.paths)
     if result.module is None:
         return EXIT_FAIL
+    if args.apis:
+        return _list_apis(result.module)
     rows = [(d.name, d.op_type, f"{d.span.file}:{d.span.line}") for d in result.module.definitions]
     rows.sort()
     width = [max((len(r[i]) for r in rows), default=0) for i in range(2)]
     for name, op_type, where in rows:
         print(f"{name:<{width[0]}}  {op_type:<{width[1]}}  {where}")
+    return EXIT_OK
+
+
+def _list_apis(module) -> int:
+    """Which API routes each definition, and why the others have none."""
+    families = {f.name: f for f in module.families()}
+    rows = []
+    for d in sorted(module.definitions, key=lambda d: d.name):
+        fam = families[d.family]
+        if fam.api is not None:
+            rules = f"{len(fam.rules)} rule{'s' if len(fam.rules) != 1 else ''}"
+            plan = " + plan" if fam.plan is not None else ""
+            rows.append((d.name, f"{fam.api.path}{plan} ({rules})"))
+        else:
+            rows.append((d.name, f"none: {fam.no_api or 'no reason given'}"))
+    width = max((len(name) for name, _ in rows), default=0)
+    for name, what in rows:
+        print(f"{name:<{width}}  {what}")
+    routed = [d for d in module.definitions if families[d.family].api is not None]
+    apis = {families[d.family].api.path for d in routed}
+    without = {d.family for d in module.definitions if families[d.family].api is None}
+    print(
+        f"{len(module.definitions)} definitions: {len(routed)} routed through {len(apis)} APIs, "
+        f"{len(module.definitions) - len(routed)} with no api ({len(without)} families)"
+    )
     return EXIT_OK
 
 
@@ -179,6 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("list", help="list definitions with op_type and source location")
     p.add_argument("paths", nargs="*", metavar="DIR", default=["definitions"])
+    p.add_argument(
+        "--apis",
+        action="store_true",
+        help="show the API that routes each definition, or why it has none",
+    )
     p.set_defaults(func=cmd_list)
 
     for name in _COMMAND_MODULES:

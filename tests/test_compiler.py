@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from fibgen.compiler import compile_sources, ir
 from fibgen.compiler.format import format_text
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def compile_text(text: str, path: str = "t.fidef"):
@@ -270,3 +273,22 @@ def test_reference_text_survives_fmt_exactly():
     assert reference_of(text) == ref
     once, _ = format_text(text, "t.fidef")
     assert reference_of(once) == ref
+
+
+def test_list_apis_names_the_api_of_every_definition_or_why_it_has_none(capsys):
+    from fibgen.cli import main
+
+    assert main(["list", "--apis", str(ROOT / "definitions")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line for line in out[:-1]}
+    assert "flashinfer.norm.rmsnorm (2 rules)" in rows["rmsnorm_h4096"]
+    assert (
+        "BatchDecodeWithPagedKVCacheWrapper.run + plan"
+        in rows["gqa_paged_decode_h32_kv8_d128_ps64"]
+    )
+    assert (
+        "none: FlashInfer's chunk_gated_delta_rule takes" in rows["gdn_prefill_qk4_v8_d128_k_last"]
+    )
+    # Every definition without an api says why.
+    assert not [line for line in out if "no reason given" in line]
+    assert out[-1].startswith(f"{len(rows)} definitions: ")

@@ -388,6 +388,12 @@ class Checker:
                 seen.add(p.name)
         if fam.plan is not None and fam.api is None:
             self.err("`plan` needs an `api` (the run method of the same wrapper)", fam.plan.span)
+        if fam.api is not None and fam.no_api is not None:
+            self.err(
+                f"family `{fam.name}` has both an `api` and `api none`",
+                fam.api.span,
+                help="keep one: the API the family stands for, or why it has none",
+            )
         for t in fam.inputs:
             src = t.source
             if src is None:

@@ -338,6 +338,7 @@ class Family(Node):
     tags: tuple[str, ...] = ()
     name_template: str | None = None  # ``name "gdn_decode_qk{num_q_heads}_..._k_last"``
     api: ApiSignature | None = None
+    no_api: str | None = None  # ``api none "why"``: why the family stands for no API
     effects: tuple[Effect, ...] = ()
     plan: ApiSignature | None = None
     rules: tuple[Rule, ...] = ()

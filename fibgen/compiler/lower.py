@@ -223,6 +223,18 @@ class Lower(Transformer):
     def api_stmt(self, meta: Meta, c: list) -> _Stmt:
         return self._signature(meta, c, "api")
 
+    def api_none_stmt(self, meta: Meta, c: list) -> _Stmt | None:
+        word, reason = c
+        span = self._span(meta)
+        if str(word) != "none":
+            self._error(
+                f"`api {word}` needs a parameter list",
+                span,
+                help='write `api pkg.mod.func(params...)`, or `api none "why"` for a family '
+                "that stands for no API",
+            )
+        return _Stmt("no_api", reason, span, "api none")
+
     def plan_stmt(self, meta: Meta, c: list) -> _Stmt:
         return self._signature(meta, c, "plan")
 

@@ -217,6 +217,8 @@ class Printer:
             self.emit(i, f"name {quote(fam.name_template)}")
         if fam.api is not None:
             self.emit(i, f"api {fam.api.path}{_params(fam.api.params)}", fam.api.span)
+        if fam.no_api is not None:
+            self.emit(i, f"api none {quote(fam.no_api)}")
         for e in fam.effects:
             self.emit(i, f"effect {e.target} = {e.expr.text}", e.span)
         if fam.plan is not None:
