@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fibgen.runtime as rt  # noqa: E402
 from fibgen.codegen.python_dispatch import emit_python_dispatch  # noqa: E402
-from fibgen.compiler import ir  # noqa: E402
+from fibgen.compiler import compile_sources  # noqa: E402
 
 API_MODULE = "fibgen_bench_api"
 PACKAGE = "fibgen_bench_kernels"
@@ -62,65 +62,59 @@ def _api_module() -> None:
     sys.modules[API_MODULE] = module
 
 
-def _tensor(name: str, shape: tuple[str, ...], **extra) -> ir.Tensor:
-    return ir.Tensor(
-        name=name, dtype=ir.DtypeRef(kind="concrete", name="float32"), shape=shape, **extra
-    )
+# The dispatchers measured, in the language: the rmsnorm family holds its calls to the
+# definition's epsilon as the catalogue's does, and checks every input's dtype and rank.
+SOURCE = f"""
+family noop {{
+  op_type bench
+  api {API_MODULE}.noop(x, out=None)
+  axes {{
+    n : var
+    h : const h
+  }}
+  inputs {{
+    x : float32[n, h]
+  }}
+  outputs {{
+    y : float32[n, h] -> out
+  }}
+  instances {{
+    h=4096
+  }}
+}}
 
-
-def _param(text: str) -> ir.ApiParam:
-    name, _, default = text.partition("=")
-    return ir.ApiParam(name=name, kind="positional", default=default or None)
-
-
-def _family(name: str, params: tuple[str, ...], inputs: tuple[ir.Tensor, ...]) -> ir.Family:
-    return ir.Family(
-        name=name,
-        op_type="bench",
-        api=ir.ApiSignature(path=f"{API_MODULE}.{name}", params=tuple(map(_param, params))),
-        axes=(ir.VarAxis(name="n"), ir.ConstAxis(name="h", abbrev="h")),
-        inputs=inputs,
-        outputs=(_tensor("y", ("n", "h"), target="out"),),
-        instances=(ir.Instance(values=(ir.Assignment(key="h", value=4096),)),),
-    )
-
-
-def _definition(family: ir.Family) -> ir.Definition:
-    return ir.Definition(
-        name=f"{family.name}_h4096",
-        op_type="bench",
-        description=None,
-        tags=(),
-        axes=(),
-        constraints=(),
-        inputs=(),
-        outputs=(),
-        reference=None,
-        family=family.name,
-        source_file="benchmarks/dispatch.py",
-        instance_index=0,
-        consts=(("h", 4096),),
-    )
+family rmsnorm {{
+  op_type bench
+  api {API_MODULE}.rmsnorm(input, weight, eps=1e-6, out=None)
+  rules {{
+    eps == EPS
+  }}
+  params {{
+    EPS = 1e-6
+  }}
+  axes {{
+    n : var
+    h : const h
+  }}
+  inputs {{
+    x      : float32[n, h] <- input
+    weight : float32[h]
+  }}
+  outputs {{
+    y : float32[n, h] -> out
+  }}
+  instances {{
+    h=4096
+  }}
+}}
+"""
 
 
 def _generate() -> tuple[types.ModuleType, types.ModuleType]:
-    families = (
-        _family("noop", ("x", "out=None"), (_tensor("x", ("n", "h")),)),
-        _family(
-            "rmsnorm",
-            ("input", "weight", "eps=1e-6", "out=None"),
-            (
-                _tensor("x", ("n", "h"), source=ir.Source(param="input")),
-                _tensor("weight", ("h",)),
-            ),
-        ),
-    )
-    module = ir.Module(
-        files=(ir.SourceFile(path="benchmarks/dispatch.py", families=families),),
-        definitions=tuple(map(_definition, families)),
-    )
+    result = compile_sources([("benchmarks/dispatch.fidef", "benchmarks/dispatch.fidef", SOURCE)])
+    assert result.module is not None, [str(d) for d in result.diagnostics]
     out = Path(tempfile.mkdtemp(prefix="fibgen-bench-"))
-    for f in emit_python_dispatch(module, PACKAGE):
+    for f in emit_python_dispatch(result.module, PACKAGE):
         (out / f.path).parent.mkdir(parents=True, exist_ok=True)
         (out / f.path).write_text(f.text, encoding="utf-8")
     sys.path.insert(0, str(out / "python"))

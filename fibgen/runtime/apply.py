@@ -412,9 +412,9 @@ class Api:
                 # A name this family's rule spells but a solution written for another family
                 # of the same API (another set of inputs): that family may serve it.
                 return (ORIGINAL, self.then, _DISCARD, None)
+            self._tick("error", name)()
             if _state.strict:
                 raise
-            self._tick("error", name)()
             _warn_once(
                 ("load", name, entry.label),
                 f"fibgen: {exc}; calls of {name} fall back",
