@@ -501,3 +501,56 @@ def test_declined_call_by_definition_name_runs_the_reference():
         result = api.call_definition("rmsnorm_h4096", {"hidden_states": x, "weight": w})
     assert torch.allclose(result, ORIGINAL_RMSNORM(x, w), atol=1e-5)
     assert rt.stats()[RMS]["fallback_declined"] == 1
+
+
+def test_a_miss_on_a_name_no_instance_declares_runs_the_reference_with_its_parameters(
+    tmp_path,
+):
+    # The family reference of a name its rule spells needs the parameters that are not axes
+    # (top_k): they come from the call's key, and from the family's defaults.
+    import sys
+
+    from fibgen.codegen.python_dispatch import emit_python_dispatch
+    from fibgen.compiler import compile_sources
+
+    source = """
+family topk_sum {
+  op_type demo
+  params {
+    top_k k
+    SCALE = 2.0
+  }
+  axes {
+    n : var
+    h : const h
+  }
+  inputs {
+    x     : float32[n, h]
+    top_k : int32 scalar
+  }
+  outputs {
+    y : float32[n]
+  }
+  reference \"\"\"
+    def run(x, top_k):
+        return x.topk(top_k, dim=-1).values.sum(-1) * SCALE
+  \"\"\"
+  instances {
+    k=2 h=8
+  }
+}
+"""
+    result = compile_sources([("demo.fidef", "demo.fidef", source)])
+    assert result.module is not None, [str(d) for d in result.diagnostics]
+    for f in emit_python_dispatch(result.module, "demo_kernels_params"):
+        (tmp_path / f.path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f.path).write_text(f.text)
+    sys.path.insert(0, str(tmp_path / "python"))
+    try:
+        from demo_kernels_params.topk_sum import topk_sum
+    finally:
+        sys.path.remove(str(tmp_path / "python"))
+    x = torch.randn(3, 16)
+    with rt.enable_apply({}):
+        # topk_sum_k3_h16: no instance declares it, no original API: the reference runs.
+        assert torch.allclose(topk_sum(x, 3), x.topk(3, dim=-1).values.sum(-1) * 2.0)

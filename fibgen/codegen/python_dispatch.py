@@ -307,7 +307,13 @@ class _Family:
             return [_NameRule(self.f.name_template, fields)]
         escape = str.maketrans({"{": "{{", "}": "}}"})
         prefix = self.f.name.translate(escape)
+        # As checks.definition_name spells them: named params, then named consts.
         parts = [
+            (f"_{p.abbrev.translate(escape)}{{{p.name}}}", p.name)
+            for p in self.f.params
+            if p.abbrev is not None
+        ]
+        parts += [
             (f"_{a.abbrev.translate(escape)}{{{a.name}}}", a.name)
             for a in self.f.axes
             if isinstance(a, ir.ConstAxis) and a.abbrev is not None
