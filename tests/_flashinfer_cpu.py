@@ -50,6 +50,28 @@ def norm_kernels_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(flashinfer.norm, "device_support_pdl", lambda device: False)
 
 
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    gate, up = x.float().chunk(2, dim=-1)
+    return (torch.nn.functional.silu(gate) * up).to(x.dtype)
+
+
+class _ActivationKernels:
+    """What ``flashinfer.activation.get_act_and_mul_module("silu")`` returns, in torch."""
+
+    def silu_and_mul(self, out, input, enable_pdl):  # noqa: A002
+        out.copy_(silu_and_mul(input))
+
+
+def activation_kernels_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FlashInfer's silu_and_mul as it is, with its kernel module computing in torch."""
+    import flashinfer.activation
+
+    monkeypatch.setattr(
+        flashinfer.activation, "get_act_and_mul_module", lambda name: _ActivationKernels()
+    )
+    monkeypatch.setattr(flashinfer.activation, "device_support_pdl", lambda device: False)
+
+
 # ---------------------------------------------------------------------------------------
 # The paged decode wrapper
 # ---------------------------------------------------------------------------------------

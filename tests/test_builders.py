@@ -185,15 +185,16 @@ def test_launcher_checks_name_the_tensor_and_axis(checks_only, args, error, mess
 
 
 def test_a_failed_check_through_the_dispatcher_is_a_counted_error(checks_only):
-    # Through the catalogue's dispatcher, whose bf16 definition the launcher is built for;
-    # the rules check dtypes and ranks, the launcher every size.
+    # Through the catalogue's dispatcher, whose bf16 definition the launcher is built for.
+    # The dispatcher checks dtypes, ranks and sizes; the launcher also checks layouts.
     from fibgen_kernels.rmsnorm import rmsnorm as dispatcher
 
+    transposed = _bf16(4096, 2).t()  # [2, 4096], not contiguous
     with rt.enable_apply({NAME: str(checks_only)}, patch=False, strict=True):
         with pytest.raises(rt.SolutionError) as info:
-            dispatcher(_bf16(2, 4096), _bf16(4095), 1e-5)
+            dispatcher(transposed, _bf16(4096), 1e-5)
     assert isinstance(info.value.__cause__, ValueError)
-    assert "weight has size 4095 along axis hidden_size (dim 0), expected 4096" in str(info.value)
+    assert "rmsnorm_h4096: hidden_states is not contiguous" in str(info.value)
     assert rt.stats()["flashinfer.norm.rmsnorm"]["error"] == 1
 
 

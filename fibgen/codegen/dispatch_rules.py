@@ -284,17 +284,39 @@ class RuleSpeller:
             index = self.plan.add(name)
             self.plan.call_checks.append(Spelled(index, f"{arg} == {value}"))
 
-    def tensor_checks(self, tensors: list[tuple[str, str, bool, str, int]]) -> None:
-        """dtype and rank of input tensors: (name, expression, optional, dtype, rank)."""
+    def tensor_checks(self, tensors: list[tuple[str, str, bool, str, tuple[str, ...]]]) -> None:
+        """dtype, rank and sizes of input tensors: (name, expression, optional, dtype, shape).
+
+        A size is checked against the key's value of its axis, the value a pinned axis has,
+        or the size of the first required input that carries the axis.
+        """
         checks = []
-        for name, expr, optional, dtype, rank in tensors:
+        for name, expr, optional, dtype, shape in tensors:
             index = self.plan.add(f"tensor:{name}")
-            cond = f"{expr}.dtype is {dtype} and {expr}.ndim == {rank}"
+            parts = [f"{expr}.dtype is {dtype}", f"{expr}.ndim == {len(shape)}"]
+            for i, axis in enumerate(shape):
+                mine = f"{expr}.shape[{i - len(shape)}]"
+                expected = self._size_of(axis)
+                if self.key_readers.get(axis) == mine:
+                    continue  # the key was read from this very size
+                if expected is not None and expected != mine:
+                    parts.append(f"{mine} == {expected}")
+            cond = " and ".join(parts)
             if optional:
                 cond = f"{expr} is None or ({cond})"
             checks.append(Spelled(index, cond))
         # Tensors first: later rules may read their shapes.
         self.plan.call_checks[0:0] = checks
+
+    def _size_of(self, axis: str) -> str | None:
+        if axis in self.key_fields:
+            return f"_k_{axis}"
+        declared = self.sc.axes.get(axis)
+        if isinstance(declared, ir.ConstAxis) and declared.value is not None:
+            names = {r.name for r in rules.refs(declared.value.text, self.sc)}
+            if names <= set(self.key_fields) | {"min", "max"}:
+                return _rename(declared.value.text, lambda n: f"_k_{n}" if n in names else None)
+        return self.axis_reader(axis)
 
 
 def captured_names(family: ir.Family) -> list[str]:

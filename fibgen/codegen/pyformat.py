@@ -50,7 +50,7 @@ def cache_dir() -> Path | None:
 
 
 # Bumped when this module formats differently, so that cached results are not reused.
-_FORMAT_VERSION = 2
+_FORMAT_VERSION = 5
 
 
 def _key(text: str) -> str:
@@ -87,21 +87,20 @@ def _format_statement(line: str) -> str:
     body = line.lstrip(" ")
     indent = line[: len(line) - len(body)]
     header = body.endswith(":")  # a `def ...:` or `if ...:` line: give it a body to parse
-    # An `elif` cannot stand alone: black formats it as the `if` it continues.
+    # An `elif` cannot stand alone: black formats it after an `if` it continues.
     elif_ = body.startswith("elif ")
-    if elif_:
-        body = body[2:]
-    snippet = body + ("\n    pass\n" if header else "\n")
+    lead = "if _:\n    pass\n" if elif_ else ""
+    snippet = lead + body + ("\n    pass\n" if header else "\n")
     mode = black.Mode(line_length=LINE_LENGTH - len(indent))
     try:
         out = black.format_str(snippet, mode=mode)
     except black.InvalidInput:
         # A line inside a bracketed construct (a table entry): black leaves such atoms be.
         return line + "\n"
+    if elif_:
+        out = out[out.index("elif ") :]
     if header:
         out = out[: out.rindex("    pass\n")]
-    if elif_:
-        out = "el" + out
     return "".join(indent + row if row.strip() else row for row in out.splitlines(True))
 
 
@@ -162,7 +161,9 @@ def _split_call(line: str) -> str | None:
     one_line = inner + ", ".join(args)
     if len(indent + head) > LINE_LENGTH:
         return None
-    if len(one_line) <= LINE_LENGTH:
+    if len(one_line) <= LINE_LENGTH and closer == ")":
+        # A call's arguments stay on one line when they fit; a collection literal is split
+        # one element per line (black's rule for literals).
         return f"{indent}{head}\n{one_line}\n{indent}{closer}{tail}\n"
     rows = [inner + a + "," for a in args]
     if "*" in args:

@@ -26,10 +26,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 
+from fibgen.codegen.dispatch_ops import OpView
 from fibgen.codegen.dispatch_rules import RuleSpeller, captured_names, module_names, unparse
 from fibgen.codegen.files import GeneratedFile, GenerateError, with_python_header
 from fibgen.codegen.pyformat import format_python
-from fibgen.codegen.pyliteral import literal
+from fibgen.codegen.pyliteral import inline_dict, literal
 from fibgen.codegen.templates import render, source_label
 from fibgen.compiler import ir
 
@@ -445,6 +446,8 @@ class _Family:
                 dims.append(f"_k_{axis}")
             elif pinned is not None:
                 dims.append(str(pinned))
+            elif self._scaled_field(axis, fields) is not None:
+                dims.append(self._scaled_field(axis, fields))
             else:
                 carriers = [
                     f"{expr}.shape[{t.shape.index(axis) - len(t.shape)}]"
@@ -456,6 +459,29 @@ class _Family:
                     return None
                 dims.append(carriers[0])
         return _tuple(dims)
+
+    def _scaled_field(self, axis: str, fields: tuple[str, ...]) -> str | None:
+        """An axis a key field is pinned to a multiple of (``input_size = 2 * hidden_size``)."""
+        for f in fields:
+            declared = self.axes.get(f)
+            if not isinstance(declared, ir.ConstAxis) or declared.value is None:
+                continue
+            try:
+                tree = ast.parse(declared.value.text, mode="eval").body
+            except SyntaxError:
+                continue
+            if not (isinstance(tree, ast.BinOp) and isinstance(tree.op, ast.Mult)):
+                continue
+            for a, b in ((tree.left, tree.right), (tree.right, tree.left)):
+                if (
+                    isinstance(a, ast.Name)
+                    and a.id == axis
+                    and isinstance(b, ast.Constant)
+                    and isinstance(b.value, int)
+                    and b.value > 0
+                ):
+                    return f"_k_{f} // {b.value}"
+        return None
 
     def _dtype(self, o: ir.Tensor) -> str:
         ref = o.dtype
@@ -544,7 +570,7 @@ class _Family:
                 continue
             dtype = self._tensor_dtype(t, fields)
             if dtype is not None:
-                tensors.append((t.name, self.input_expr[t.name], t.optional, dtype, len(t.shape)))
+                tensors.append((t.name, self.input_expr[t.name], t.optional, dtype, t.shape))
         speller.tensor_checks(tensors)
         return speller.plan
 
@@ -582,6 +608,9 @@ class _Family:
         """The family's function: the body of Note [the dispatch contract]."""
         forward = _forward(self.params)
         body = [
+            # Note [custom ops]: torch.compile traces the op, not the routing.
+            "if _compiling():",
+            f"    return _compiled({forward})",
             "if _api.direct is not None:",
             f"    return _api.direct({forward})",
         ]
@@ -915,6 +944,7 @@ def _family_module(
     patch: bool,
     then: str | None,
     foreign: frozenset[str] = frozenset(),
+    namespace: str = "fibgen",
 ) -> ModuleView:
     view = _Family(family, definitions, label)
     rule = view.name_rule()
@@ -946,6 +976,20 @@ def _family_module(
     )
     # Note [rules]: what the checks are called, and the definition values they read.
     tables.append(f"_RULES = {literal(tuple(plan.names))}")
+    described = {
+        t.name: (
+            (
+                t.dtype.name
+                if t.dtype.kind == "concrete" and t.dtype.name not in view.dtype_params
+                else None
+            ),
+            list(t.shape),  # a list: the comma of a 1-tuple would make black explode it
+        )
+        for t in family.inputs
+        if t.shape is not None
+    }
+    # One statement: format_python hands it to black whole when it is too long.
+    tables.append("_TENSORS = " + inline_dict(described))
     if plan.values:
         rows = []
         for d in view.defs:
@@ -987,6 +1031,7 @@ def _family_module(
         "references=_REFERENCES",
         f"family_reference={texts.get(family.reference) if family.reference else None}",
         "rules=_RULES",
+        "tensors=_TENSORS",
     ]
     if plan.values:
         options += ["values=_VALUES", "defaults=_DEFAULTS"]
@@ -1021,6 +1066,15 @@ def _family_module(
         "trace_axes=_var_axes",
     ]
     functions.append(dispatcher)
+    # Note [custom ops]: what torch.compile traces instead of the dispatcher.
+    ops = OpView(view, fields, plan, _forward(view.params), _signature(view.params))
+    functions.append(FunctionView(*ops.compiled()))
+    if ops.reason is None:
+        functions += [FunctionView(*ops.impl()), FunctionView(*ops.fake())]
+        imports.append(
+            "from fibgen.runtime.ops import decode as _decode, fresh as _fresh, plain as _plain"
+        )
+        registration += list(ops.registration(namespace, view.known(fields)))
     if family.api is not None:
         doc = f"Dispatcher of family {family.name}: routes ``{family.api.path}`` to solutions."
     else:
@@ -1039,7 +1093,9 @@ def _constants(family: ir.Family) -> list[str]:
             and t.dtype.name not in {d.name for d in family.dtype_params}
         }
     )
-    return ["_Tensor = torch.Tensor"] + [f"{_dtype_constant(n)} = {_TORCH_DTYPE[n]}" for n in names]
+    return ["_Tensor = torch.Tensor", "_compiling = torch.compiler.is_compiling"] + [
+        f"{_dtype_constant(n)} = {_TORCH_DTYPE[n]}" for n in names
+    ]
 
 
 def _group_module(group: ir.DispatchGroup, families: dict[str, ir.Family]) -> ModuleView:
@@ -1195,6 +1251,7 @@ def plan_dispatch(module: ir.Module, package: str) -> tuple[dict[str, ModuleView
             name in heads,
             then.get(name),
             foreign.get(name, frozenset()),
+            "fibgen" if package == "fibgen_kernels" else package,
         )
         if name in heads:
             claim(family.api.path, name)

@@ -178,6 +178,7 @@ class Api:
         "references",
         "family_reference",
         "rules",
+        "tensors",
         "values",
         "defaults",
         "params",
@@ -189,6 +190,7 @@ class Api:
         "trace_axes",
         "_original",
         "_fixed_original",
+        "_outside",
         "_tallies",
         "_resolved",
     )
@@ -211,6 +213,7 @@ class Api:
         references: Mapping[str, str] | None = None,
         family_reference: str | None = None,
         rules: tuple[str, ...] = (),
+        tensors: Mapping[str, tuple[str | None, tuple[str, ...]]] | None = None,
         values: Mapping[str, tuple[Any, ...]] | None = None,
         defaults: tuple[Any, ...] | None = (),
         params: tuple[str, ...] = (),
@@ -247,6 +250,7 @@ class Api:
         self.references = dict(references or {})
         self.family_reference = family_reference
         self.rules = rules
+        self.tensors = dict(tensors or {})
         self.values = None if values is None else dict(values)
         self.defaults = defaults
         self.params = params
@@ -258,9 +262,37 @@ class Api:
         self.trace_axes = trace_axes
         self._original = _UNSET if original is None else original
         self._fixed_original = original is not None
+        self._outside: Callable[..., Any] | None = None
         self._tallies: dict[tuple[str, str | None], itertools.count] = {}
         # key → (definition, solution label, the solution's callable)
         self._resolved: dict[Any, tuple[str, str, Callable[..., Any]]] = {}
+
+    # ------------------------------------------------------- torch.compile and ops
+    def outside(self) -> Callable[..., Any]:
+        """The dispatcher run eagerly, out of a graph torch.compile traces (Note [custom ops]).
+
+        Called from traced code only, when torch._dynamo is imported already.
+        """
+        fn = self._outside
+        if fn is None:
+            import torch._dynamo  # imported already: this runs while Dynamo traces
+
+            fn = self._outside = torch._dynamo.disable(self.function)
+        return fn
+
+    def define_ops(
+        self,
+        namespace: str,
+        schema: str,
+        impl: Callable[..., Any],
+        fake: Callable[..., Any],
+        names: Mapping[Any, str],
+        family: str,
+    ) -> tuple[dict[Any, Any], Any]:
+        """Register the dispatcher's custom ops (Note [custom ops] in fibgen/runtime/ops.py)."""
+        from fibgen.runtime import ops
+
+        return ops.define(namespace, names, family, schema, impl, fake)
 
     # ----------------------------------------------------------------- fallbacks
     def original(self) -> Callable[..., Any] | None:
@@ -475,6 +507,14 @@ class Api:
             return "a rule could not be evaluated on its arguments"
         if rule == "key":
             return "its key could not be read from its arguments"
+        if rule.startswith("tensor:") and self.trace_inputs is not None:
+            try:
+                inputs = dict(zip(self.inputs, self.trace_inputs(*args, **kwargs)))
+            except Exception:
+                inputs = {}
+            problem = self._tensor_problem(rule[7:], inputs)
+            if problem is not None:
+                return problem
         shown = []
         try:
             import inspect
@@ -488,6 +528,38 @@ class Api:
             pass
         values = f" ({', '.join(shown)})" if shown else ""
         return f"it fails the rule on {rule}{values}"
+
+    def _tensor_problem(self, name: str, inputs: Mapping[str, Any]) -> str | None:
+        """What makes input ``name`` of a call not the definition's, as the launchers say it."""
+        if name not in inputs or name not in self.tensors:
+            return None
+        value = inputs[name]
+        dtype, shape = self.tensors[name]
+        if not isinstance(value, torch.Tensor):
+            return f"input {name} is a {type(value).__name__}, not a tensor"
+        got = str(value.dtype).removeprefix("torch.")
+        if dtype is not None and got != dtype:
+            return f"input {name} is {got}, the definition's is {dtype}"
+        if value.ndim != len(shape):
+            return (
+                f"input {name} has {value.ndim} dims, the definition's has {len(shape)} "
+                f"[{', '.join(shape)}]"
+            )
+        first: dict[str, tuple[str, int, int]] = {}
+        for other in self.inputs:
+            t = inputs.get(other)
+            if other in self.tensors and isinstance(t, torch.Tensor):
+                for i, axis in enumerate(self.tensors[other][1]):
+                    if i < t.ndim:
+                        first.setdefault(axis, (other, i, int(t.shape[i])))
+        for i, axis in enumerate(shape):
+            where = first.get(axis)
+            if where is not None and where[0] != name and where[2] != value.shape[i]:
+                return (
+                    f"input {name} has size {value.shape[i]} along axis {axis} (dim {i}), "
+                    f"expected {where[2]} as in {where[0]} (dim {where[1]})"
+                )
+        return None
 
     def failed(
         self, key: Any, fn: Callable[..., Any], exc: BaseException, *args: Any, **kwargs: Any

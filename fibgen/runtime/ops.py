@@ -1,0 +1,89 @@
+"""The dispatchers as torch.library custom ops: what torch.compile and CUDA graphs see.
+
+Note [custom ops]
+Under torch.compile, a generated dispatcher does not trace its routing (locks, counters and
+tables that change at run time would break the graph or recompile it on every enable).
+Instead its ``_compiled`` branch, which Dynamo traces, reads the call's key from shapes and
+dtypes, allocates the buffers the API would fill, and calls one custom op:
+``fibgen::<definition>`` for a definition an instance declares, ``fibgen::<family>`` for
+others. The op's arguments are the API's tensors (the ones it writes declared mutable) and
+``args``, the ``repr`` of the tuple of its other arguments, a constant of the graph. The
+op's implementation rebuilds the call and runs the dispatcher eagerly, so the routing
+decision (solution, rules, fallback, stats) is made at run time: enabling, disabling or a
+new best solution never recompiles a graph. Its fake implementation gives the outputs'
+shapes and dtypes from the definition's axes.
+
+A call the definition does not describe (another dtype or rank, an argument that is not a
+plain value) is not turned into an op: it runs eagerly, outside the graph.
+
+This module imports neither torch._dynamo (slow to import) nor the compiler.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+_LIBRARIES: dict[str, torch.library.Library] = {}
+_DECODED: dict[str, tuple[Any, ...]] = {}
+_PLAIN = (type(None), bool, int, float, str, torch.dtype)
+_NAMES = {"torch": torch, "inf": math.inf, "nan": math.nan}
+
+
+def plain(values: Any) -> bool:
+    """Whether ``repr`` of a value reads back to it: None, numbers, strings, dtypes, tuples."""
+    if isinstance(values, (tuple, list)):
+        return all(plain(v) for v in values)
+    return isinstance(values, _PLAIN)
+
+
+def decode(text: str) -> tuple[Any, ...]:
+    """The tuple an ``args`` string spells (cached: each call site has one)."""
+    values = _DECODED.get(text)
+    if values is None:
+        values = _DECODED[text] = eval(text, {"__builtins__": {}}, _NAMES)  # our own repr
+    return values
+
+
+def fresh(value: Any, *inputs: Any) -> Any:
+    """An op's output, copied when it shares storage with an argument (ops may not alias)."""
+    if isinstance(value, torch.Tensor) and value.numel():
+        ptr = value.untyped_storage().data_ptr()
+        for t in inputs:
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == ptr:
+                return value.clone()
+    return value
+
+
+def define(
+    namespace: str,
+    names: Mapping[Any, str],
+    family: str,
+    schema: str,
+    impl: Callable[..., Any],
+    fake: Callable[..., Any],
+) -> tuple[dict[Any, Any], Any]:
+    """Register one op per definition name and one for the family; return their overloads.
+
+    A name taken already (a module generated twice in one process) gets a numbered suffix.
+    """
+    lib = _LIBRARIES.get(namespace)
+    if lib is None:
+        lib = _LIBRARIES[namespace] = torch.library.Library(namespace, "FRAGMENT")
+    ops_namespace = getattr(torch.ops, namespace)
+
+    def one(name: str) -> Any:
+        unique, n = name, 1
+        while hasattr(ops_namespace, unique):
+            n += 1
+            unique = f"{name}_{n}"
+        lib.define(unique + schema)
+        lib.impl(unique, impl, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{namespace}::{unique}", fake, lib=lib)
+        return getattr(ops_namespace, unique).default
+
+    by_key = {key: one(name) for key, name in names.items()}
+    return by_key, one(family)
