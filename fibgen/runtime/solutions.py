@@ -255,6 +255,13 @@ def _import_solution(entry: Entry) -> Callable[..., Any]:
             module.__path__ = [str(folder)]
             sys.modules[package] = module
         module = importlib.import_module(f"{package}.{entry_file[:-3].replace('/', '.')}")
+        # Triton kernels the solution defines launch without Triton's per-call work.
+        from fibgen.runtime.launch import accelerate_modules
+
+        prefix = package + "."
+        accelerate_modules(
+            [m for n, m in list(sys.modules.items()) if n.startswith(prefix)], package
+        )
         fn = getattr(module, symbol, None)
         if not callable(fn):
             raise ValueError(f"{entry_file} defines no function {symbol!r}")
