@@ -48,7 +48,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("-o", "--output", default="solutions", help="output folder (default: solutions)")
     p.add_argument(
-        "--definitions", default="definitions", help=".fidef folder (default: definitions)"
+        "--definitions",
+        default=None,
+        metavar="DIR",
+        help=".fidef files or folders (default: fibgen's built-in catalogue)",
     )
     p.add_argument("--force", action="store_true", help="replace an existing solution folder")
     p.set_defaults(func=cmd_scaffold)

@@ -42,7 +42,7 @@ def benched(tmp_path_factory):
 
 
 def _traces(root):
-    lines = (root / "traces" / "tester" / "scale" / "scale_h64.jsonl").read_text().splitlines()
+    lines = (root / "traces" / "scale" / "scale_h64.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
 
 

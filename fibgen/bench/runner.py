@@ -39,6 +39,7 @@ from fibgen.format import (
     Trace,
     Workload,
     append_traces,
+    dataset_files,
     load_definitions,
     load_solution,
     load_solutions,
@@ -146,10 +147,7 @@ def _solution_pool(root: Path, options: BenchOptions) -> list[Solution]:
 def traced_triples(root: Path) -> set[tuple[str, str, str]]:
     """(definition, workload uuid, solution) of every evaluated trace under ``root/traces``."""
     done = set()
-    base = root / "traces"
-    if not base.is_dir():
-        return done
-    for path in sorted(base.glob("*/*/*.jsonl")):
+    for path in dataset_files(root, "traces"):
         for line in path.read_text(encoding="utf-8").splitlines():
             if not line.strip():
                 continue
@@ -436,14 +434,12 @@ def run_bench(
                     for solution, evaluation in results
                 ]
                 with lock:
-                    by_author: dict[str, list[Trace]] = {}
-                    for (solution, _), trace in zip(results, traces):
-                        by_author.setdefault(solution.author, []).append(trace)
+                    for trace in traces:
                         summary.statuses[trace.evaluation.status.value] += 1
                         if on_trace is not None:
                             on_trace(trace)
-                    for author, items in by_author.items():
-                        paths = append_traces(root, author, group.definition.op_type, items)
+                    if traces:
+                        paths = append_traces(root, group.definition.op_type, traces)
                         summary.trace_files.update(paths)
                     if problem is not None:
                         summary.problems.append(problem)

@@ -18,6 +18,7 @@ import shutil
 import sys
 import tempfile
 import types
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,12 +62,13 @@ def _is_solution_model(value: Any) -> bool:
 
 
 def _load_solution_file(path: Path) -> Any:
-    # Imported here: pydantic is only needed when JSON solutions are used.
+    # Imported here: pydantic is only needed when JSON solutions are used. A solution
+    # folder's sources come from its files (Note [solution folders] in fibgen/format/dataset.py).
+    from fibgen.format.dataset import read_solution
     from fibgen.format.errors import FormatError
-    from fibgen.format.jsonio import load_solution
 
     try:
-        return load_solution(path)
+        return read_solution(path)
     except FormatError as exc:
         raise ApplyConfigError(f"bad solution file {exc}") from None
     except OSError as exc:
@@ -111,13 +113,15 @@ def collect(target: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Ent
 
 
 def _collect_folder(root: Path) -> dict[str, Entry]:
+    from fibgen.format.dataset import dataset_files
+
     folder = root / "solutions"
     if not folder.is_dir():
         what = "does not exist" if not root.exists() else "has no solutions/ folder"
         raise ApplyConfigError(f"apply path {root} {what}; expected {root}/solutions/**/*.json")
     entries: dict[str, Entry] = {}
     origins: dict[str, Path] = {}
-    for path in sorted(folder.rglob("*.json")):
+    for path in dataset_files(root, "solutions"):
         solution = _load_solution_file(path)
         name = solution.definition
         if name in origins:
@@ -127,6 +131,13 @@ def _collect_folder(root: Path) -> dict[str, Entry]:
             )
         origins[name] = path
         entries[name] = _json_entry(name, solution, str(path))
+    if not entries:
+        warnings.warn(
+            f"fibgen: apply path {root} holds no Solution JSON under {folder}; "
+            "no call is routed",
+            RuntimeWarning,
+            stacklevel=4,
+        )
     return entries
 
 

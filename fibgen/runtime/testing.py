@@ -384,8 +384,8 @@ def _hardware_problem(solution: Any) -> str | None:
 
 def check_solutions(prepared: Prepared) -> None:
     """Every solution found for the definition matches the reference through the dispatcher."""
+    from fibgen.format.dataset import read_solution
     from fibgen.format.errors import FormatError
-    from fibgen.format.jsonio import load_solution
 
     case = prepared.case
     root = solutions_root(case)
@@ -398,7 +398,8 @@ def check_solutions(prepared: Prepared) -> None:
     ran = 0
     for path in paths:
         try:
-            solution = load_solution(path)
+            # A solution folder's files, as they are now (Note [solution folders]).
+            solution = read_solution(path)
         except FormatError as exc:
             problems.append(f"bad solution file {exc}")
             continue
