@@ -171,6 +171,15 @@ def render(summary: dict[str, Any], fmt: str = "text") -> str:
 
 def plot(summary: dict[str, Any], path: str | os.PathLike[str]) -> None:
     """Draw speedup over the reference per workload, one line per solution, one panel per definition."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(summary)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def figure(summary: dict[str, Any]) -> Any:
+    """The matplotlib figure ``plot`` saves: speedups on a log axis."""
     try:
         import matplotlib
 
@@ -188,10 +197,11 @@ def plot(summary: dict[str, Any], path: str | os.PathLike[str]) -> None:
             ys = [w.get("speedups", {}).get(sol, math.nan) for w in d["workloads"]]
             ax.plot(range(len(labels)), ys, marker="o", label=sol)
         ax.axhline(1.0, color="grey", linewidth=0.8)
+        # Ratios: 2x faster and 2x slower are the same distance from 1.
+        ax.set_yscale("log")
         ax.set_title(name)
-        ax.set_ylabel("speedup over reference")
+        ax.set_ylabel("speedup over reference (log scale)")
         ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=7)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    return fig

@@ -277,3 +277,41 @@ def _import_solution(entry: Entry) -> Callable[..., Any]:
             entry.definition,
             entry.label,
         ) from exc
+
+
+def allocate_outputs(definition: Mapping[str, Any], inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """One empty buffer per output of ``definition`` (its JSON), sized from the inputs.
+
+    Const axes come from the definition, var axes from the shapes of the input tensors that
+    carry them; the buffers go on the device of the first input tensor.
+    """
+    import torch
+
+    from fibgen.runtime.inputs import torch_dtype
+
+    axes = {n: a["value"] for n, a in definition["axes"].items() if a.get("type") == "const"}
+    device = None
+    for name, spec in definition["inputs"].items():
+        value = inputs.get(name)
+        if isinstance(value, torch.Tensor):
+            device = device or value.device
+            for axis, size in zip(spec.get("shape") or (), value.shape):
+                axes.setdefault(axis, int(size))
+    out = {}
+    for name, spec in definition["outputs"].items():
+        shape = spec.get("shape")
+        if shape is None:
+            raise ValueError(
+                f"{definition['name']}: output {name!r} is a scalar and has no buffer; "
+                "call the solution in value-returning style"
+            )
+        missing = [a for a in shape if a not in axes]
+        if missing:
+            raise ValueError(
+                f"{definition['name']}: cannot size output {name!r}: no input carries axis "
+                f"{', '.join(missing)}"
+            )
+        out[name] = torch.empty(
+            [axes[a] for a in shape], dtype=torch_dtype(spec["dtype"]), device=device or "cpu"
+        )
+    return out
