@@ -406,7 +406,9 @@ class _LazySolution:
 
 def _entry(root: Path, name: str, solution: str, relpath: str) -> solutions.Entry:
     path = root / relpath
-    return solutions.Entry(name, f"solution {solution!r} ({path})", solution=_LazySolution(path))
+    return solutions.Entry(
+        name, f"solution {solution!r} ({path})", solution=_LazySolution(path), root=root
+    )
 
 
 def _declining(name: str, key: Any) -> Callable[..., Any]:

@@ -39,6 +39,8 @@ class Entry:
     label: str
     fn: Callable[..., Any] | None = None
     solution: Any = None
+    # The dataset the Solution came from, whose definitions/ may hold its definition.
+    root: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,12 @@ def _json_entry(definition: str, solution: Any, origin: str) -> Entry:
             f"{origin}: solution {solution.name!r} is for definition {solution.definition!r}, "
             f"but it was registered for {definition!r}"
         )
-    return Entry(definition, f"solution {solution.name!r} ({origin})", solution=solution)
+    return Entry(
+        definition,
+        f"solution {solution.name!r} ({origin})",
+        solution=solution,
+        root=_dataset_root(Path(origin)) if origin != "given object" else None,
+    )
 
 
 def collect(target: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Entry]:
@@ -186,8 +193,13 @@ def load(entry: Entry, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> Loa
             # Like Trace Apply, built solutions are called positionally; the dispatcher
             # passes keywords, so the wrapper takes the definition's names.
             fn = by_name(fn, inputs + outputs if dps else inputs)
-    # Without the definition's tensors (hand-written apply) there is nothing to check against.
+    # Without the definition's tensors (hand-written apply) there is nothing to check against;
+    # a Solution then takes either calling style (Note [calling styles]).
     if not inputs and not outputs:
+        if entry.solution is not None:
+            definition = find_definition(entry.definition, entry.root)
+            if definition is not None:
+                fn = either_style(fn, definition, bool(dps), entry.label)
         return Loaded(fn, bool(dps), entry.label)
     dps, problem = signature_problem(fn, entry.definition, entry.label, inputs, outputs, dps)
     if problem is not None:
@@ -315,3 +327,92 @@ def allocate_outputs(definition: Mapping[str, Any], inputs: Mapping[str, Any]) -
             [axes[a] for a in shape], dtype=torch_dtype(spec["dtype"]), device=device or "cpu"
         )
     return out
+
+
+# ---------------------------------------------------------------------------------------
+# Note [calling styles]
+# flashinfer-bench's apply(name, args) takes a call in either style and tells them apart by
+# the number of arguments: the definition's inputs (value-returning: the outputs are
+# returned) or its inputs and then its outputs (destination-passing: written into, None
+# returned). Hand-written code calls `apply` without the definition's tensors, so a
+# Solution routed there is wrapped by `either_style`: the call's style is read from its
+# arguments, and when it is not the solution's, the outputs are allocated from the inputs'
+# shapes and returned, or the returned values copied into the caller's buffers. Like
+# flashinfer-bench, the solution is called positionally in the definition's order.
+
+_definitions: dict[tuple[str, str], Any] = {}
+
+
+def _dataset_root(path: Path) -> Path | None:
+    for folder in path.parents:
+        if folder.name == "solutions":
+            return folder.parent
+    return None
+
+
+def find_definition(name: str, root: Path | None = None) -> dict | None:
+    """The JSON of definition ``name``: from ``root``'s definitions/, else fibgen's catalogue."""
+    key = (name, str(root))
+    if key in _definitions:
+        return _definitions[key]
+    found = None
+    if root is not None:
+        from fibgen.format.dataset import dataset_files
+
+        files = dataset_files(root, "definitions")
+        for path in [p for p in files if p.stem == name] + files:
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict) and data.get("name") == name:
+                found = data
+                break
+    if found is None:
+        from fibgen.paths import builtin_definition_file
+
+        path = builtin_definition_file(name)
+        if path is not None:
+            found = json.loads(path.read_text(encoding="utf-8"))
+    _definitions[key] = found
+    return found
+
+
+def either_style(
+    fn: Callable[..., Any], definition: Mapping[str, Any], dps: bool, label: str
+) -> Callable[..., Any]:
+    """``fn`` (of style ``dps``) callable in both styles (Note [calling styles])."""
+    inputs = list(definition["inputs"])
+    outputs = list(definition["outputs"])
+    n_in, n_all = len(inputs), len(inputs) + len(outputs)
+    name = definition["name"]
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        given = len(args) + len(kwargs)
+        if given not in (n_in, n_all):
+            raise TypeError(
+                f"{label} for {name!r}: called with {given} arguments; the definition takes "
+                f"its {n_in} inputs ({', '.join(inputs)}), or those and its "
+                f"{n_all - n_in} outputs ({', '.join(outputs)}) to write into"
+            )
+        names = inputs if given == n_in else inputs + outputs
+        values = dict(zip(names, args))
+        for key, value in kwargs.items():
+            if key not in names or key in values:
+                raise TypeError(f"{label} for {name!r}: unexpected or repeated argument {key!r}")
+            values[key] = value
+        if (given == n_all) == dps:
+            return fn(*(values[n] for n in names))
+        if dps:
+            buffers = allocate_outputs(definition, values)
+            fn(*(values[n] for n in inputs), *buffers.values())
+            result = tuple(buffers.values())
+            return result[0] if len(result) == 1 else result
+        result = fn(*(values[n] for n in inputs))
+        result = result if isinstance(result, (tuple, list)) else (result,)
+        for output, value in zip(outputs, result):
+            values[output].copy_(value)
+        return None
+
+    call.__wrapped__ = fn  # type: ignore[attr-defined]
+    return call
