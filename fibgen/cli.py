@@ -224,6 +224,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "fibgen.cli_workloads",
     "fibgen.cli_scaffold",
     "fibgen.cli_bench",
+    "fibgen.cli_validate",
 )
 
 

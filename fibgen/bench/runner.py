@@ -296,8 +296,16 @@ def plan(root: Path, options: BenchOptions) -> Plan:
             f"not run: solutions of {len(unknown)} definition(s) that are not in "
             f"{root}/definitions: {_listing(unknown)}"
         )
+    gpu = any(d.strip().startswith("cuda") for d in options.devices)
+    cpu_only = sorted(s.name for _, s in selected if s.spec.language == "cuda" and not gpu)
+    if cpu_only:
+        notes.append(
+            f"not run: {len(cpu_only)} cuda solution(s) on a CPU ({_listing(cpu_only)}); "
+            "give --devices cuda:N on a machine with a GPU"
+        )
     for _, solution in selected:
-        by_definition.setdefault(solution.definition, []).append(solution)
+        if solution.name not in cpu_only:
+            by_definition.setdefault(solution.definition, []).append(solution)
     stale = sorted(
         p for p, s in selected if s.definition in definitions and root in p.parents and is_stale(p)
     )

@@ -2,7 +2,8 @@
 
 Per definition, a solution is a candidate when it has passing traces and no failing ones
 (a solution wrong on one workload is not trusted on another), and each passing trace meets
-the policy's tolerances. The table holds, per definition:
+the policy's tolerances. Of several traces of one solution on one workload, the last one
+read counts: a solution repaired and benchmarked again is judged on what it is now. The table holds, per definition:
 
 - ``ranking``: candidates by the geometric mean of their speedup over the reference, best
   first; the first is the definition's best;
@@ -235,6 +236,9 @@ def _build(root: Path, inputs: dict, config: dict[str, Policy]) -> dict:
     stats: dict[str, dict[str, dict[str, Any]]] = {}
     axes_of: dict[str, list[str]] = {}
     evaluated = 0
+    # The last trace of a (definition, workload, solution) in reading order supersedes the
+    # earlier ones: a solution repaired and benchmarked again is judged on what it is now.
+    latest: dict[tuple[str, str, str], tuple[dict, dict]] = {}
     for path, _, _ in inputs["traces"]:
         with open(path, encoding="utf-8") as f:
             for line in f:
@@ -244,28 +248,32 @@ def _build(root: Path, inputs: dict, config: dict[str, Policy]) -> dict:
                     trace = json.loads(line)
                     name, solution = trace["definition"], trace["solution"]
                     evaluation = trace["evaluation"]
-                    axes = trace["workload"]["axes"]
+                    workload = trace["workload"]
+                    axes, uuid = workload["axes"], workload["uuid"]
                 except (ValueError, KeyError, TypeError):
                     continue  # a damaged line tells nothing about speed
                 if solution is None or not evaluation:
                     continue
                 evaluated += 1
-                record = stats.setdefault(name, {}).setdefault(
-                    solution, {"ok": [], "failed": False, "tolerance": False}
-                )
-                policy = _policy(config, name)
-                if evaluation.get("status") != "PASSED":
-                    record["failed"] = True
-                    continue
-                if not _meets(evaluation, policy):
-                    record["failed"] = record["tolerance"] = True
-                    continue
-                perf = evaluation.get("performance") or {}
-                order = axes_of.setdefault(name, list(axes))
-                key = tuple(axes.get(a) for a in order)
-                record["ok"].append(
-                    (key, perf.get("latency_ms", math.inf), perf.get("speedup_factor", 0.0))
-                )
+                latest.pop((name, uuid, solution), None)
+                latest[(name, uuid, solution)] = (evaluation, axes)
+    for (name, _, solution), (evaluation, axes) in latest.items():
+        record = stats.setdefault(name, {}).setdefault(
+            solution, {"ok": [], "failed": False, "tolerance": False}
+        )
+        policy = _policy(config, name)
+        if evaluation.get("status") != "PASSED":
+            record["failed"] = True
+            continue
+        if not _meets(evaluation, policy):
+            record["failed"] = record["tolerance"] = True
+            continue
+        perf = evaluation.get("performance") or {}
+        order = axes_of.setdefault(name, list(axes))
+        key = tuple(axes.get(a) for a in order)
+        record["ok"].append(
+            (key, perf.get("latency_ms", math.inf), perf.get("speedup_factor", 0.0))
+        )
     paths, unreadable = _solution_index(root, inputs)
     definitions: dict[str, Any] = {}
     table: dict[str, Any] = {}
