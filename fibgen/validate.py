@@ -257,9 +257,15 @@ def _solutions(
             warnings.simplefilter("always")
             try:
                 stored = load_solution(path)
-                solution = read_solution(path)
             except FormatError as exc:
                 report.add("error", exc.path, exc.message)
+                continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the same file's warnings, caught above
+            try:
+                solution = read_solution(path)
+            except FormatError as exc:
+                report.add("error", exc.path, exc.message, stored.definition)
                 continue
         name = solution.definition
         _caught(report, caught, name)
