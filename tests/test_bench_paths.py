@@ -116,7 +116,7 @@ def test_a_run_with_failures_says_so_in_its_last_line(tmp_path, capsys):
 
 def test_cpu_timings_are_medians_of_many_calls_with_their_spread(tmp_path, monkeypatch):
     monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
-    root = make_dataset(tmp_path / "ds", [], sizes=(34, 64))
+    root = make_dataset(tmp_path / "ds", [], sizes=(34, 2048))
     # A solution that is the reference itself: reference and solution are timed alike, so
     # its speedup is about 1 at every size (it was 248x and 1086x with a 5-call reference).
     from fibgen.format import Solution, write_solution
