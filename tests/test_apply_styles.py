@@ -96,3 +96,16 @@ def test_the_definition_comes_from_the_catalogue_when_the_solution_stands_alone(
     x, w = torch.randn(2, 128, dtype=torch.bfloat16), torch.randn(128, dtype=torch.bfloat16)
     out = rt.apply("rmsnorm_h128", args=(x, w), fallback=_fallback)
     assert out.shape == (2, 128) and out.dtype == torch.bfloat16
+
+
+def test_a_scaffold_folder_is_routed_from_its_files_without_traces(tmp_path):
+    # enable_apply(folder) with no traces: every solution under solutions/, at any depth; a
+    # solution folder runs its files as they are now, not the sources its JSON holds.
+    root = make_dataset(tmp_path / "ds", [], sizes=(3,))
+    folder = root / "solutions" / "me" / "scale" / NAME / "mine"
+    folder.mkdir(parents=True)
+    (folder / "mine.json").write_text(_solution("mine", RETURNS, False).model_dump_json())
+    (folder / "main.py").write_text("def run(x, w):\n    return x * w + 1\n")
+    rt.enable_apply(root)
+    x, w = torch.randn(3, 64), torch.randn(64)
+    assert torch.equal(rt.apply(NAME, args=(x, w), fallback=_fallback), x * w + 1)
