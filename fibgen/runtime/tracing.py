@@ -558,7 +558,7 @@ def _wrap(tracer: _Tracer) -> Callable[[Api, str | None, Any], Any]:
             # next family of the same API (which records them itself).
             return route
         if name not in api.known_names:
-            return (kind, _uncounted(tracer, api, name, fn), tick)
+            return (kind, _uncounted(tracer, api, name, fn), tick, values)
         if name not in tracer.sources:
             tracer.sources[name] = _definition_file(api, name)
         record = tracer.record
