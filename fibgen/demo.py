@@ -21,7 +21,8 @@ def my_rmsnorm(hidden_states, weight):
     import torch
 
     x = hidden_states.float()
-    inv_rms = torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + 1e-6)
+    # rmsnorm_h4096 is Llama-3.1-8B's: its epsilon is 1e-5, and calls with another go elsewhere.
+    inv_rms = torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + 1e-5)
     return (x * inv_rms * weight.float()).to(hidden_states.dtype)
 
 
@@ -62,11 +63,11 @@ def main() -> int:
     original = "FlashInfer's kernel" if flashinfer == "runs" else "the reference"
     x = torch.randn(4, 4096, dtype=torch.bfloat16, device=device)
     w = torch.randn(4096, dtype=torch.bfloat16, device=device)
-    before = rmsnorm(x, w)
+    before = rmsnorm(x, w, eps=1e-5)
     print(f"apply off: rmsnorm{tuple(x.shape)} -> {tuple(before.shape)} ({original})")
     with rt.enable_apply({"rmsnorm_h4096": my_rmsnorm}, patch=False):
         out = torch.empty_like(x)
-        result = rmsnorm(x, w, out=out)
+        result = rmsnorm(x, w, eps=1e-5, out=out)
         print(
             f"apply on : rmsnorm_h4096 routed to my_rmsnorm, out= filled in place: "
             f"{result is out}, max |diff| vs {original} "
