@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from pathlib import Path
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -224,7 +225,14 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "fibgen.cli_workloads",
     "fibgen.cli_scaffold",
     "fibgen.cli_bench",
+    "fibgen.cli_validate",
 )
+
+
+def _show_warning(
+    message, category, filename, lineno, file=None, line=None
+) -> None:  # noqa: ANN001
+    _eprint(f"warning: {message}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -232,7 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        with warnings.catch_warnings():
+            # A warning is a line for the person at the terminal, not a Python source location.
+            warnings.showwarning = _show_warning
+            return args.func(args)
     except KeyboardInterrupt:
         _eprint("interrupted")
         return 130

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 EXIT_OK, EXIT_FAIL = 0, 1
+NOISY_PERCENT = 25  # fibgen.bench.runner.NOISY_SPREAD, without importing torch at start-up
 
 
 def _eprint(text: str) -> None:
@@ -32,9 +33,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run every solution on every workload of a dataset and append traces",
         description=(
             "For every definition × workload × solution of DATASET: run the solution in a "
-            "worker process, compare it with the reference, time it, and append a Trace line "
-            "to traces/<author>/<op_type>/<definition>.jsonl. A crash or hang marks that "
-            "solution RUNTIME_ERROR or TIMEOUT and the run goes on."
+            "worker process, compare it with the reference (a sampler by the distribution of "
+            "its draws), time it, and append a Trace line to "
+            "traces/<op_type>/<definition>.jsonl. A crash or hang marks that solution "
+            "RUNTIME_ERROR or TIMEOUT and the run goes on. Solutions are found at any depth "
+            "under DATASET/solutions; a solution folder runs from its files (and is packed "
+            "first when they changed). On a CPU, workers run torch with one thread and Triton "
+            "under its interpreter; timings are medians with their spread in the trace's log. "
+            "Exit 1 when a run did not pass or could not run; the last line says which."
         ),
     )
     p.add_argument("dataset", metavar="DATASET", help="dataset folder (definitions/, workloads/)")
@@ -43,20 +49,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         nargs="+",
         default=[],
         metavar="NAME",
-        help="only these definitions (names or glob patterns)",
+        help="only these definitions (names or glob patterns; one that matches nothing is "
+        "an error)",
     )
     p.add_argument(
         "--solutions",
         nargs="+",
         default=[],
         metavar="NAME_OR_PATH",
-        help="solution names or patterns to run, and/or solution JSON files or folders to add",
+        help="solution names or patterns to run, and/or solution JSON files or folders to add "
+        "(a pattern that matches nothing is an error)",
     )
     p.add_argument(
         "--devices",
         default=None,
-        help="comma-separated devices, one worker each: cuda:0,cuda:1 or cpu "
-        "(default: every CUDA device, else cpu)",
+        help="comma-separated devices, one worker each: cuda:0,cuda:1 or cpu, checked "
+        "against this machine first (default: every CUDA device, else cpu)",
     )
     p.add_argument("--resume", action="store_true", help="skip runs already in traces/")
     p.add_argument(
@@ -64,7 +72,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--warmup", type=int, default=3, help="untimed calls before timing (3)")
     p.add_argument(
-        "--repeat", type=int, default=None, help="timed calls (default: as many as fit in 100 ms)"
+        "--repeat",
+        type=int,
+        default=None,
+        help="timed calls (default: as many as fit in 100 ms, at least 10 on a GPU and 30 "
+        "on a CPU)",
     )
     p.add_argument(
         "--flush",
@@ -88,13 +100,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Run the benchmark; exit 1 when it could not run or a workload could not be prepared."""
-    from fibgen.bench.runner import BenchError, BenchOptions, run_bench
+    """Run the benchmark; exit 1 when a run did not pass or could not run.
+
+    The last line says whether every run passed; notes on what was not run, packed or timed
+    noisily go to stderr before it.
+    """
+    from fibgen.bench.runner import BenchError, BenchOptions, DeviceError, check_devices, run_bench
     from fibgen.format import FormatError
 
-    devices = tuple(d.strip() for d in (args.devices or _default_devices()).split(",") if d.strip())
+    given = _default_devices() if args.devices is None else args.devices
+    devices = tuple(d.strip() for d in given.split(","))
     if args.timeout <= 0 or args.warmup < 0 or (args.repeat is not None and args.repeat < 1):
         _eprint("error: --timeout must be positive, --warmup 0 or more, --repeat 1 or more")
+        return 2
+    try:
+        check_devices(devices)
+    except DeviceError as exc:
+        _eprint(f"error: {exc}")
         return 2
     options = BenchOptions(
         devices=devices,
@@ -116,9 +138,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(f"{summary.traces} traces written ({counts}); {summary.skipped} already traced, skipped")
     for path in sorted(summary.trace_files):
         print(f"  {path}")
+    for note in summary.notes:
+        _eprint(f"note: {note}")
+    if summary.noisy:
+        _eprint(
+            f"note: {len(summary.noisy)} timing(s) spread more than "
+            f"{NOISY_PERCENT}% around their median (a busy machine?); their speedups are "
+            "not to be trusted:"
+        )
+        for line in summary.noisy[:10]:
+            _eprint(f"  {line}")
+        if len(summary.noisy) > 10:
+            _eprint(f"  ... and {len(summary.noisy) - 10} more")
     for problem in summary.problems:
         _eprint(f"error: {problem}")
-    return EXIT_FAIL if summary.problems else EXIT_OK
+    sys.stderr.flush()
+    print(summary.verdict(args.dataset))
+    return EXIT_FAIL if summary.problems or summary.failed else EXIT_OK
 
 
 def cmd_report(args: argparse.Namespace) -> int:

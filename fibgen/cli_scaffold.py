@@ -1,9 +1,11 @@
-"""`fibgen scaffold-solution`: the command line over ``fibgen.scaffold``."""
+"""`fibgen scaffold-solution` and `fibgen pack`: writing a solution folder, and packing it."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 from fibgen.scaffold import LANGUAGES
 
@@ -31,7 +33,12 @@ def cmd_scaffold(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the `scaffold-solution` subcommand."""
+    """Add the `scaffold-solution` and `pack` subcommands."""
+    _register_scaffold(subparsers)
+    register_pack(subparsers)
+
+
+def _register_scaffold(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "scaffold-solution", help="write a new solution folder for one definition"
     )
@@ -48,7 +55,87 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("-o", "--output", default="solutions", help="output folder (default: solutions)")
     p.add_argument(
-        "--definitions", default="definitions", help=".fidef folder (default: definitions)"
+        "--definitions",
+        default=None,
+        metavar="DIR",
+        help=".fidef files or folders (default: fibgen's built-in catalogue)",
     )
     p.add_argument("--force", action="store_true", help="replace an existing solution folder")
     p.set_defaults(func=cmd_scaffold)
+
+
+def _solution_folders(path: Path) -> list[Path]:
+    """The Solution JSONs of the solution folders at or under ``path``."""
+    if path.is_file() or (path / f"{path.name}.json").is_file():
+        return [path / f"{path.name}.json" if path.is_dir() else path]
+    found = []
+    for where, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
+        name = os.path.basename(where)
+        if f"{name}.json" in files:
+            found.append(Path(where, f"{name}.json"))
+    return sorted(found)
+
+
+def cmd_pack(args: argparse.Namespace) -> int:
+    """Write each solution folder's files into its Solution JSON; with --check, only compare."""
+    from fibgen.format import FormatError, pack_solution
+
+    found: list[Path] = []
+    for item in args.paths:
+        path = Path(item)
+        if not path.exists():
+            sys.stderr.write(f"error: no such file or folder: {item}\n")
+            return 1
+        folders = _solution_folders(path)
+        if not folders:
+            sys.stderr.write(
+                f"error: no solution folder in {item} (a folder <name>/ holding <name>.json "
+                "and its sources, as scaffold-solution writes it)\n"
+            )
+            return 1
+        found += folders
+    if args.output and len(found) != 1:
+        sys.stderr.write(f"error: -o takes one solution folder, {len(found)} were given\n")
+        return 2
+    stale = []
+    for json_path in found:
+        try:
+            packed = pack_solution(json_path, args.output, check=args.check)
+        except FormatError as exc:
+            sys.stderr.write(f"error: {exc}\n")
+            return 1
+        if packed.changed:
+            stale.append(packed.path)
+            print(f"{'stale' if args.check else 'packed'}: {packed.path}")
+    if args.check and stale:
+        sys.stderr.write(
+            f"error: {len(stale)} Solution JSON(s) do not hold their folder's files; "
+            f"run `fibgen pack {' '.join(args.paths)}`\n"
+        )
+        return 1
+    print(f"{len(found) - len(stale)} of {len(found)} solution(s) already up to date")
+    return 0
+
+
+def register_pack(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `pack` subcommand."""
+    p = subparsers.add_parser(
+        "pack",
+        help="write solution folders' files into their Solution JSON (to submit or share)",
+        description=(
+            "A solution folder (<name>/ with <name>.json and its sources) is read from its "
+            "files by bench, the generated tests and apply. pack writes the files into the "
+            "JSON, which then stands alone: what flashinfer-bench reads and what one submits. "
+            "Every file in the folder is a source, except the JSON, hidden files, "
+            "__pycache__ and build outputs."
+        ),
+    )
+    p.add_argument(
+        "paths", nargs="+", metavar="PATH", help="solution folders, their JSON, or folders of them"
+    )
+    p.add_argument("-o", "--output", metavar="FILE.json", help="write here instead (one solution)")
+    p.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 when a JSON is stale"
+    )
+    p.set_defaults(func=cmd_pack)

@@ -1,19 +1,43 @@
-"""Where fibgen's data files live: the checkout, or the installed wheel."""
+"""Where fibgen's data files live: the checkout, or the installed wheel.
+
+The wheel ships, inside the package as ``fibgen/data/<folder>``: the grammar, the templates,
+the built-in catalogue's ``.fidef`` sources (``definitions``) and its built definitions
+(``catalogue/definitions/<op_type>/<name>.json`` with their ``.fibgen`` sidecars, the
+committed ``generated/definitions`` of the checkout). So ``pip install fibgen`` alone, in a
+folder of one's own, scaffolds, makes workloads for and benchmarks the built-in definitions.
+"""
 
 from __future__ import annotations
 
+import glob
 from functools import lru_cache
 from pathlib import Path
 
-_CHECKOUT = Path(__file__).resolve().parents[1]
+_PACKAGE = Path(__file__).resolve().parent
+_CHECKOUT = _PACKAGE.parent
+
+# Where each data folder is in a checkout; installed, it is fibgen/data/<name>.
+_IN_CHECKOUT = {
+    "grammars": "grammars",
+    "templates": "templates",
+    "definitions": "definitions",
+    "catalogue": "generated",
+}
+
+
+def _is_checkout() -> bool:
+    # An installed fibgen sits in site-packages, where a folder called `definitions` or
+    # `generated` could belong to anything; a checkout has fibgen's own pyproject beside it.
+    return (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "grammars").is_dir()
 
 
 def _find(folder: str) -> Path:
-    local = _CHECKOUT / folder
-    if local.is_dir():
-        return local
-    # Installed from a wheel: the folders are shipped inside the package as fibgen/data/<folder>.
-    return Path(__file__).resolve().parent / "data" / folder
+    if _is_checkout():
+        local = _CHECKOUT / _IN_CHECKOUT[folder]
+        if local.is_dir():
+            return local
+    # Installed from a wheel: the folders are shipped inside the package.
+    return _PACKAGE / "data" / folder
 
 
 @lru_cache(maxsize=None)
@@ -26,3 +50,23 @@ def grammars_dir() -> Path:
 def templates_dir() -> Path:
     """The folder holding the Jinja templates."""
     return _find("templates")
+
+
+@lru_cache(maxsize=None)
+def definitions_dir() -> Path:
+    """The built-in catalogue's ``.fidef`` sources (the default of ``--definitions``)."""
+    return _find("definitions")
+
+
+@lru_cache(maxsize=None)
+def catalogue_root() -> Path:
+    """A dataset root whose ``definitions/`` holds the built-in definitions and sidecars."""
+    return _find("catalogue")
+
+
+def builtin_definition_file(name: str) -> Path | None:
+    """The built-in definition JSON called ``name``, or None when the catalogue has none."""
+    if not name or "/" in name or "\\" in name or name.startswith("."):
+        return None
+    found = sorted((catalogue_root() / "definitions").glob(f"*/{glob.escape(name)}.json"))
+    return found[0] if found else None

@@ -47,13 +47,16 @@ def default_author() -> str:
         return "author"
 
 
-def _compile(definitions: str) -> ir.Module:
+def _compile(definitions: str | Path | None) -> ir.Module:
     from fibgen.compiler import compile_paths
     from fibgen.compiler.diagnostics import has_errors, render_all
+    from fibgen.paths import definitions_dir
 
-    if not Path(definitions).exists():
+    if definitions is None:
+        definitions = definitions_dir()
+    elif not Path(definitions).exists():
         raise ScaffoldError(f"definitions folder {definitions} does not exist")
-    result = compile_paths([definitions])
+    result = compile_paths([str(definitions)])
     if result.module is None or has_errors(result.diagnostics):
         raise ScaffoldError(render_all(result.diagnostics, result.sources).rstrip())
     return result.module
@@ -193,10 +196,13 @@ def scaffold_solution(
     name: str | None = None,
     dps: bool = True,
     output: str | Path = "solutions",
-    definitions: str = "definitions",
+    definitions: str | Path | None = None,
     force: bool = False,
 ) -> Scaffold:
-    """Write a solution folder for ``definition``; nothing is written when anything fails."""
+    """Write a solution folder for ``definition``; nothing is written when anything fails.
+
+    ``definitions``: `.fidef` files or folders; None is fibgen's built-in catalogue.
+    """
     from fibgen.codegen.pyformat import format_python
     from fibgen.format.jsonio import dump_solution
     from fibgen.format.models import BuildSpec, Solution, SourceFile

@@ -42,7 +42,7 @@ def benched(tmp_path_factory):
 
 
 def _traces(root):
-    lines = (root / "traces" / "tester" / "scale" / "scale_h64.jsonl").read_text().splitlines()
+    lines = (root / "traces" / "scale" / "scale_h64.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
 
 
@@ -166,6 +166,10 @@ def test_plot_needs_matplotlib_or_draws(benched, tmp_path):
         return
     plot(summarize(root), tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 0
+    from fibgen.bench.report import figure
+
+    # Speedups are ratios: drawn on a log axis.
+    assert [ax.get_yscale() for ax in figure(summarize(root)).axes] == ["log"]
 
 
 def test_sidecar_tolerance_and_hints_reach_the_runner(tmp_path):
@@ -174,7 +178,7 @@ def test_sidecar_tolerance_and_hints_reach_the_runner(tmp_path):
     root = make_dataset(tmp_path / "ds", ["good_returns"], sizes=(3,))
     sidecar = root / "definitions" / "scale" / "scale_h64.fibgen"
     sidecar.write_text(json.dumps({"tolerance": {"atol": 0.5}, "hints": {"w": "prob()"}}))
-    (group,) = plan(root, BenchOptions())[0]
+    (group,) = plan(root, BenchOptions()).groups
     assert group.tolerance == {"atol": 0.5, "rtol": None, "matched": None}
     assert group.hints == {"w": "prob()"}
 

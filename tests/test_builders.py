@@ -227,7 +227,6 @@ def test_compile_error_names_the_solution_and_is_counted(tmp_path):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"binding": None}, "asks for the tvm-ffi binding"),
         ({"entry_point": "notes.txt::run"}, r"is not a C\+\+/CUDA source"),
     ],
 )

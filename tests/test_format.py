@@ -35,6 +35,7 @@ from fibgen.format import (
     load_definition,
     load_definitions,
     load_jsonl,
+    load_solution,
     load_safetensors_input,
     load_solutions,
     load_traces,
@@ -48,7 +49,8 @@ from fibgen.format import (
     write_definition,
     write_solution,
 )
-from fibgen.format.dataset import write_text_atomic
+from fibgen.format.dataset import pack_solution, read_solution, write_text_atomic
+from fibgen.format.errors import FormatWarning
 from fibgen.format.jsonio import parse_trace_line, validate_obj
 
 # ---------------------------------------------------------------------------------------
@@ -369,11 +371,6 @@ BAD_DEFINITIONS = [
         "f.json: inputs.w.dtype: \"fp32\" is not allowed; expected 'float32', 'float16'",
     ),
     (
-        "extra axis key",
-        lambda d: d["axes"]["hidden"].update(size=8),
-        'f.json: axes.hidden: unknown key "size" (allowed keys: type, value, description)',
-    ),
-    (
         "unknown axis type",
         lambda d: d["axes"]["hidden"].update(type="fixed"),
         "f.json: axes.hidden: \"type\" is \"fixed\"; expected one of 'var', 'const'",
@@ -399,9 +396,12 @@ BAD_DEFINITIONS = [
         'f.json: inputs.w: missing required key "dtype"',
     ),
     (
-        "misspelt top-level key",
-        lambda d: d.update(referense="x"),
-        'f.json: (top level): unknown key "referense" (allowed keys: name, description,',
+        "misspelt key: the missing one, then the unknown one",
+        lambda d: d["inputs"]["w"].update(dtpye=d["inputs"]["w"].pop("dtype")),
+        "f.json: 2 problems:\n"
+        '  - inputs.w: missing required key "dtype"\n'
+        '  - inputs.w: unknown key "dtpye" ignored (allowed keys: shape, dtype, description, '
+        "optional)",
     ),
     (
         "empty name",
@@ -419,6 +419,41 @@ BAD_DEFINITIONS = [
         'f.json: inputs.w.shape: expected a list, got a string "hidden"',
     ),
 ]
+
+
+def test_unknown_keys_are_ignored_with_a_warning_naming_each() -> None:
+    # flashinfer-bench ignores keys it does not know (a newer writer's fields); so does
+    # fibgen, but it says where each one is.
+    obj = _definition()
+    obj["axes"]["hidden"]["size"] = 8
+    obj["inputs"]["x"]["layout"] = "row-major"
+    obj["version"] = 2
+    with pytest.warns(FormatWarning) as caught:
+        defn = validate_obj(Definition, obj, "f.json")
+    assert defn == validate_obj(Definition, _definition())
+    (warning,) = caught
+    assert str(warning.message) == (
+        'f.json: axes.hidden: unknown key "size" ignored (allowed keys: type, value, '
+        'description); inputs.x: unknown key "layout" ignored (allowed keys: shape, dtype, '
+        'description, optional); (top level): unknown key "version" ignored (allowed keys: '
+        "name, description, op_type, tags, axes, constraints, inputs, outputs, reference)"
+    )
+
+
+def test_unknown_keys_in_every_model_are_warnings_not_errors() -> None:
+    solution = _solution()
+    solution["spec"]["compile_flags"] = ["-O3"]
+    solution["sources"][0]["mode"] = "0644"
+    with pytest.warns(FormatWarning, match=r'spec: unknown key "compile_flags" ignored'):
+        validate_obj(Solution, solution, "s.json")
+    trace = _trace(_evaluation("PASSED", True, True))
+    trace["evaluation"]["performance"]["p50_ms"] = 1.0
+    trace["workload"]["inputs"]["x"]["seed"] = 3
+    with pytest.warns(FormatWarning) as caught:
+        parse_trace_line(json.dumps(trace), "t.jsonl", 4)
+    message = str(caught[0].message)
+    assert message.startswith('t.jsonl:4: workload.inputs.x: unknown key "seed" ignored')
+    assert 'evaluation.performance: unknown key "p50_ms" ignored' in message
 
 
 @pytest.mark.parametrize(
@@ -736,9 +771,10 @@ def test_write_and_load_dataset(tmp_path: Path) -> None:
     append_workloads(tmp_path, "scale", "scale_h8", [workload])
     append_workloads(tmp_path, "scale", "scale_h8", [workload])
     trace = validate_obj(Trace, _trace(_evaluation("PASSED", True, True)))
-    [tpath] = append_traces(tmp_path, "alice", "scale", [trace])
-    assert tpath == tmp_path / "traces/alice/scale/scale_h8.jsonl"
-    append_traces(tmp_path, "alice", "scale", [trace])
+    [tpath] = append_traces(tmp_path, "scale", [trace])
+    # Where flashinfer-bench's own TraceSet.add_traces writes.
+    assert tpath == tmp_path / "traces/scale/scale_h8.jsonl"
+    append_traces(tmp_path, "scale", [trace])
 
     assert load_definitions(tmp_path) == {"scale_h8": defn}
     assert load_solutions(tmp_path) == [solution]
@@ -749,6 +785,35 @@ def test_write_and_load_dataset(tmp_path: Path) -> None:
     assert leftovers == []
 
 
+def test_readers_take_every_depth_and_the_definition_from_the_content(tmp_path: Path) -> None:
+    # flashinfer-bench's TraceSet.from_path reads every file at any depth: its add_traces
+    # writes traces/<op_type>/<def>.jsonl, its merge traces/<def>.jsonl, older fibgen
+    # traces/<author>/<op_type>/<def>.jsonl. The file's place says nothing about its content.
+    defn = validate_obj(Definition, _definition())
+    trace = validate_obj(Trace, _trace(_evaluation("PASSED", True, True)))
+    workload = validate_obj(Workload, _workload())
+    files = {
+        "definitions/scale_h8.json": dump_definition(defn),
+        "solutions/alice/s.json": json.dumps(_solution()),
+        "workloads/everything.jsonl": dump_trace_line(
+            Trace(definition="scale_h8", workload=workload)
+        ),
+        "traces/scale_h8.jsonl": dump_trace_line(trace),
+        "traces/scale/scale_h8.jsonl": dump_trace_line(trace),
+        "traces/bob/scale/deeper/scale_h8.jsonl": dump_trace_line(trace),
+        # Temporary files and locks of a writer are not data.
+        "traces/scale/.scale_h8.jsonl.123.tmp": "{half a line",
+        "traces/.hidden/x.jsonl": "not json",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text + "\n")
+    assert load_definitions(tmp_path) == {"scale_h8": defn}
+    assert [s.name for s in load_solutions(tmp_path)] == ["scale_h8_py"]
+    assert load_workloads(tmp_path) == {"scale_h8": [workload]}
+    assert load_traces(tmp_path) == [trace, trace, trace]
+
+
 def test_write_is_skipped_when_unchanged(tmp_path: Path) -> None:
     target = tmp_path / "a" / "b.json"
     assert write_text_atomic(target, "x\n") is True
@@ -757,17 +822,16 @@ def test_write_is_skipped_when_unchanged(tmp_path: Path) -> None:
     assert target.read_text() == "y\n"
 
 
-def test_definition_in_wrong_place_is_rejected(tmp_path: Path) -> None:
+def test_duplicate_definition_names_are_rejected_naming_both_files(tmp_path: Path) -> None:
     defn = validate_obj(Definition, _definition())
-    wrong = tmp_path / "definitions" / "gemm" / "scale_h8.json"
-    wrong.parent.mkdir(parents=True)
-    wrong.write_text(dump_definition(defn))
+    first = write_definition(tmp_path, defn)
+    second = tmp_path / "definitions" / "gemm" / "scale_h8.json"
+    second.parent.mkdir(parents=True)
+    second.write_text(dump_definition(defn))
     with pytest.raises(FormatError) as info:
         load_definitions(tmp_path)
-    assert str(info.value) == (
-        f"{wrong}: definition 'scale_h8' (op_type 'scale') belongs in "
-        "definitions/scale/scale_h8.json"
-    )
+    # Sorted order reads definitions/gemm/ first; the second file is the one reported.
+    assert str(info.value) == f"{first}: definition name 'scale_h8' is also used by {second}"
 
 
 def test_workload_file_with_results_is_rejected(tmp_path: Path) -> None:
@@ -781,13 +845,80 @@ def test_workload_file_with_results_is_rejected(tmp_path: Path) -> None:
 
 def test_trace_file_errors_name_file_and_line(tmp_path: Path) -> None:
     trace = validate_obj(Trace, _trace(_evaluation("TIMEOUT", False, False)))
-    path = tmp_path / "traces" / "alice" / "scale" / "scale_h8.jsonl"
+    path = tmp_path / "traces" / "scale" / "scale_h8.jsonl"
     path.parent.mkdir(parents=True)
     broken = dump_trace_line(trace).replace('"TIMEOUT"', '"PASSED"')
     path.write_text(dump_trace_line(trace) + "\n" + broken + "\n")
     with pytest.raises(FormatError) as info:
         load_traces(tmp_path)
     assert str(info.value).startswith(f"{path}:2: 2 problems:\n  - evaluation.correctness:")
+
+
+# ---------------------------------------------------------------------------------------
+# Solution folders: the files are the truth, the JSON is packed from them
+
+
+def _solution_folder(root: Path, name: str = "scale_h8_py") -> Path:
+    obj = _solution()
+    obj["name"] = name
+    folder = root / "solutions" / "alice" / "scale" / "scale_h8" / name
+    folder.mkdir(parents=True)
+    (folder / f"{name}.json").write_text(json.dumps(obj))
+    (folder / "main.py").write_text(obj["sources"][0]["content"])
+    return folder
+
+
+def test_a_solution_folder_is_read_from_its_files(tmp_path: Path) -> None:
+    folder = _solution_folder(tmp_path)
+    json_path = folder / "scale_h8_py.json"
+    edited = "from .helper import twice\n\ndef run(x, w, y):\n    y.copy_(twice(x) * w)\n"
+    (folder / "main.py").write_text(edited)
+    (folder / "helper.py").write_text("def twice(x):\n    return 2 * x\n")
+    # Caches and build outputs are not sources.
+    (folder / "__pycache__").mkdir()
+    (folder / "__pycache__" / "main.cpython-311.pyc").write_bytes(b"\0\1")
+    (folder / ".main.py.swp").write_bytes(b"\0")
+    solution = read_solution(json_path)
+    assert {s.path: s.content for s in solution.sources} == {
+        "helper.py": "def twice(x):\n    return 2 * x\n",
+        "main.py": edited,
+    }
+    (loaded,) = load_solutions(tmp_path)
+    assert loaded == solution
+    # The JSON itself is untouched until it is packed.
+    assert json.loads(json_path.read_text())["sources"] == _solution()["sources"]
+
+    packed = pack_solution(folder, check=True)
+    assert packed.changed and json.loads(json_path.read_text())["sources"] == _solution()["sources"]
+    packed = pack_solution(folder)
+    assert packed.changed and packed.path == json_path
+    assert load_solution(json_path) == solution
+    assert pack_solution(json_path).changed is False
+    out = tmp_path / "submit.json"
+    assert pack_solution(folder, out).changed and load_solution(out) == solution
+
+
+def test_a_json_outside_a_solution_folder_is_self_contained(tmp_path: Path) -> None:
+    # flashinfer-bench's layout: several solutions of a definition side by side. A stray
+    # main.py beside them is not any one solution's source.
+    solution = validate_obj(Solution, _solution())
+    path = write_solution(tmp_path, solution, "scale")
+    (path.parent / "main.py").write_text("def run(x, w, y):\n    pass\n")
+    assert read_solution(path) == solution
+    with pytest.raises(FormatError, match="not a solution folder: the JSON of solution"):
+        pack_solution(path)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [(b"", "empty; a Solution cannot hold an empty source"), (b"\xff\xfe", "not UTF-8 text")],
+)
+def test_a_bad_file_in_a_solution_folder_is_named(tmp_path: Path, content, message) -> None:
+    folder = _solution_folder(tmp_path)
+    (folder / "bad.py").write_bytes(content)
+    with pytest.raises(FormatError, match=message) as info:
+        read_solution(folder / "scale_h8_py.json")
+    assert info.value.path == str(folder / "bad.py")
 
 
 def test_names_that_would_escape_the_layout_are_refused(tmp_path: Path) -> None:

@@ -144,3 +144,36 @@ def test_cuda_scaffold_lists_every_source(tmp_path):
     assert sorted([s.path for s in solution.sources] + [result.solution_json.name]) == on_disk
     entry_file, symbol = solution.spec.entry_point.split("::")
     assert entry_file in on_disk and symbol == "run"
+
+
+def test_pack_writes_an_edited_folder_into_its_json(tmp_path, capsys):
+    result = scaffold_solution(
+        "rmsnorm_h128", language="python", author="me", output=tmp_path, definitions=DEFINITIONS
+    )
+    main_py = result.folder / "main.py"
+    main_py.write_text(main_py.read_text() + "\n# tuned\n")
+    assert main(["pack", "--check", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == f"stale: {result.solution_json}\n"
+    assert "1 Solution JSON(s) do not hold their folder's files; run `fibgen pack" in err
+    assert main(["pack", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == (
+        f"packed: {result.solution_json}\n0 of 1 solution(s) already up to date\n"
+    )
+    assert load_solution(result.solution_json).sources[0].content.endswith("# tuned\n")
+    submit = tmp_path / "submit.json"
+    assert main(["pack", str(result.folder), "-o", str(submit)]) == 0
+    assert load_solution(submit) == load_solution(result.solution_json)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: p, "no solution folder in"),
+        (lambda p: p / "missing", "no such file or folder"),
+    ],
+)
+def test_pack_refuses_what_is_not_a_solution_folder(tmp_path, capsys, make, message):
+    (tmp_path / "notes.txt").write_text("x")
+    assert main(["pack", str(make(tmp_path))]) == 1
+    assert message in capsys.readouterr().err

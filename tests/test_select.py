@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import pytest
 import torch
@@ -71,7 +72,6 @@ def dataset(tmp_path, monkeypatch):
         write_solution(root, _solution(name), "scale")
     append_traces(
         root,
-        "tester",
         "scale",
         [
             _trace("small_fast", 3, 1.0),
@@ -97,7 +97,7 @@ def test_table_ranks_passing_solutions_and_picks_per_key(dataset):
 
 
 def test_tolerance_policy_excludes_traces_with_large_errors(dataset):
-    append_traces(dataset, "tester", "scale", [_trace("large_fast", 5, 1.0, abs_err=0.5)])
+    append_traces(dataset, "scale", [_trace("large_fast", 5, 1.0, abs_err=0.5)])
     table = build_table(dataset, {"*": {"atol": 0.1}})["definitions"][DEFINITION["name"]]
     assert "large_fast" not in table["ranking"]
     loose = build_table(dataset, {"*": {"atol": 1.0}})["definitions"][DEFINITION["name"]]
@@ -112,7 +112,7 @@ def test_table_is_cached_and_rebuilt_when_traces_change(dataset):
     # A different config is a different table.
     _, cached = load_table(dataset, Policy(on_miss="nearest"))
     assert not cached
-    append_traces(dataset, "tester", "scale", [_trace("steady", 17, 0.5)])
+    append_traces(dataset, "scale", [_trace("steady", 17, 0.5)])
     rebuilt, cached = load_table(dataset)
     assert not cached
     assert rebuilt["definitions"][DEFINITION["name"]]["ranking"][0] == "steady"
@@ -216,3 +216,67 @@ def test_select_imports_no_pydantic_or_compiler():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})
+
+
+def test_solution_folders_and_flashinfer_bench_trace_depths_are_routed(tmp_path, monkeypatch):
+    # A scaffold's folder (<def>/<name>/<name>.json beside its sources) and traces where
+    # flashinfer-bench writes them (traces/<op_type>/<def>.jsonl, a merge's traces/<def>.jsonl).
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    root = make_dataset(tmp_path / "ds", [])
+    for name in ("small_fast", "large_fast"):
+        folder = root / "solutions" / "me" / "scale" / DEFINITION["name"] / name
+        folder.mkdir(parents=True)
+        solution = _solution(name)
+        (folder / f"{name}.json").write_text(solution.model_dump_json())
+        (folder / "main.py").write_text(solution.sources[0].content)
+    (root / "traces" / "scale").mkdir(parents=True)
+    (root / "traces" / "scale" / f"{DEFINITION['name']}.jsonl").write_text(
+        _trace("small_fast", 3, 1.0).model_dump_json() + "\n"
+    )
+    (root / "traces" / f"{DEFINITION['name']}.jsonl").write_text(
+        _trace("large_fast", 3, 0.5).model_dump_json() + "\n"
+    )
+    # The folder's file is the truth: the edit is what runs, though the JSON is older.
+    folder = root / "solutions" / "me" / "scale" / DEFINITION["name"] / "large_fast"
+    (folder / "main.py").write_text(
+        "import torch\n\ndef run(x, w):\n    return torch.full_like(x, 7.0)\n"
+    )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            enable_apply(root)
+        assert _call(3) == 7.0
+    finally:
+        disable_apply()
+
+
+def test_a_dataset_with_nothing_usable_says_why(tmp_path, monkeypatch):
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    root = make_dataset(tmp_path / "ds", [])
+    from fibgen.format import write_solution
+
+    write_solution(root, _solution("steady"), "scale")
+    write_solution(root, _solution("small_fast"), "scale")
+    append_traces(
+        root,
+        "scale",
+        [_trace("steady", 3, 1.0, status="RUNTIME_ERROR"), _trace("gone", 3, 1.0)],
+    )
+    try:
+        with pytest.warns(RuntimeWarning) as caught:
+            enable_apply(root)
+        assert str(caught[0].message) == (
+            f"fibgen: {root}: nothing is routed: 2 solution file(s), 2 evaluated trace(s): "
+            "1 solution(s) failed on some workload (scale_h64/steady); 1 solution(s) have no "
+            f"benchmark traces (scale_h64/small_fast; run `fibgen bench {root}`); traces name "
+            f"1 solution(s) not under {root}/solutions (scale_h64/gone)"
+        )
+    finally:
+        disable_apply()
+
+
+def test_an_empty_solutions_folder_says_so(tmp_path):
+    (tmp_path / "solutions").mkdir()
+    with pytest.warns(RuntimeWarning, match="holds no Solution JSON under"):
+        enable_apply(tmp_path)
+    disable_apply()

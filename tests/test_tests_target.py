@@ -179,3 +179,72 @@ def test_runtime_helper_imports_no_compiler():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_solution_folder_is_tested_as_its_files_are_now(built, tmp_path, monkeypatch):
+    monkeypatch.setenv("FIBGEN_SOLUTIONS", str(tmp_path))
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    wrong = GOOD.replace("* weight", "* 2 * weight")
+    path = _write_solution(tmp_path, "s", "rmsnorm_h128", {"main.py": GOOD}, "main.py::run")
+    (path.parent / "main.py").write_text(wrong)  # edited after the JSON was written
+    prepared = testing.prepare(_case(built, "rmsnorm", "rmsnorm_h128"))
+    with pytest.raises(AssertionError, match="elements outside"):
+        testing.check_solutions(prepared)
+    (path.parent / "main.py").write_text(GOOD)
+    testing._index.clear()
+    testing.check_solutions(prepared)
+
+
+SAMPLING_FIDEF = (ROOT / "definitions" / "sampling.fidef").read_text()
+
+
+@pytest.fixture(scope="module")
+def sampling_built(tmp_path_factory) -> Path:
+    # The catalogue's top-k family at a vocabulary small enough to sample on a CPU.
+    start = SAMPLING_FIDEF.index("family top_k_sampling_from_probs {")
+    end = SAMPLING_FIDEF.index("\nfamily ", start + 1)
+    family = SAMPLING_FIDEF[start:end]
+    instances = family.index("  instances {")
+    family = family[:instances] + "  instances {\n    v=64\n  }\n}\n"
+    src = tmp_path_factory.mktemp("sampling_src") / "sampling.fidef"
+    src.write_text(family)
+    out = tmp_path_factory.mktemp("sampling_gen")
+    assert main(["build", str(src), "-o", str(out), "--package", "fibgen_tt_sampling"]) == 0
+    return out
+
+
+GUMBEL = (
+    "import torch\n\n"
+    "def run(probs, top_k):\n"
+    "    k = top_k.to(torch.int64).unsqueeze(-1)\n"
+    "    vals, idx = probs.sort(dim=-1, descending=True)\n"
+    "    keep = torch.arange(probs.shape[-1]) < k\n"
+    "    logp = torch.where(keep, vals.log(), float('-inf'))\n"
+    "    g = -torch.empty_like(logp).exponential_().log()\n"
+    "    return idx.gather(-1, (logp + g).argmax(-1, keepdim=True)).squeeze(-1)\n"
+)
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        (GUMBEL, None),
+        ("def run(probs, top_k):\n    return probs.argmax(-1)\n", "total variation distance"),
+    ],
+    ids=["correct-other-draws", "argmax"],
+)
+def test_a_sampler_is_held_to_the_distribution_of_the_reference(
+    sampling_built, tmp_path, monkeypatch, source, message
+):
+    # A correct sampler draws other tokens than the reference: judged by the distribution.
+    monkeypatch.setenv("FIBGEN_SOLUTIONS", str(tmp_path))
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    name = "top_k_sampling_from_probs_v64"
+    _write_solution(tmp_path, "s", name, {"main.py": source}, "main.py::run")
+    case = next(c for c in _cases(sampling_built, "top_k_sampling_from_probs") if c.name == name)
+    prepared = testing.prepare(case)
+    if message is None:
+        testing.check_solutions(prepared)
+        return
+    with pytest.raises(AssertionError, match=message):
+        testing.check_solutions(prepared)

@@ -21,7 +21,7 @@ import fibgen.runtime as rt
 from fake_flashinfer import CALLS
 from _shared import require_flashinfer_bench
 from fake_flashinfer.catalogue import MODULE, generated_package
-from fibgen.format import load_workloads, write_definition
+from fibgen.format import load_definitions, load_workloads, write_definition
 
 generated_package()
 
@@ -79,7 +79,10 @@ def test_keep_all_records_equal_the_calls(tmp_path):
         "written": 5,
         "failed": 0,
         "pending": 0,
+        "unknown": 0,
     }
+    # The dataset is complete: each definition's JSON sits beside its workloads.
+    assert sorted(load_definitions(tmp_path)) == ["rmsnorm_h2048", "rmsnorm_h4096"]
 
 
 def test_tracing_off_restores_the_untraced_paths(tmp_path):
@@ -155,11 +158,61 @@ def test_solution_routes_are_traced_too(tmp_path):
         x = torch.randn(3, 4096)
         assert torch.equal(fake_flashinfer.norm.rmsnorm(x, torch.randn(4096)), x * 2)
     # A family without an API: the call runs the reference.
-    y = add_bias.add_bias(torch.ones(2, 16), torch.ones(16))
+    y = add_bias.add_bias(torch.ones(2, 8), torch.ones(8))
     rt.disable_tracing()
-    assert seen == [3] and torch.equal(y, torch.full((2, 16), 2.0))
+    assert seen == [3] and torch.equal(y, torch.full((2, 8), 2.0))
     assert [r.axes for r in _records(tmp_path, "rmsnorm_h4096")] == [{"batch_size": 3}]
-    assert [r.axes for r in _records(tmp_path, "add_bias_h16")] == [{"n": 2}]
+    assert [r.axes for r in _records(tmp_path, "add_bias_h8")] == [{"n": 2}]
+
+
+def test_calls_of_definitions_that_do_not_exist_are_counted_not_recorded(tmp_path):
+    # add_bias declares h=8 only: at 16 its name rule gives add_bias_h16, which has no JSON,
+    # no contract and no reference; bench could do nothing with its workloads.
+    rt.enable_tracing(tmp_path)
+    with pytest.warns(RuntimeWarning, match="called for add_bias_h16, which is not a defin") as w:
+        for _ in range(3):
+            y = add_bias.add_bias(torch.ones(2, 16), torch.ones(16))
+        add_bias.add_bias(torch.ones(2, 8), torch.ones(8))
+    rt.disable_tracing()
+    assert len([x for x in w if "not a definition" in str(x.message)]) == 1  # reported once
+    assert torch.equal(y, torch.full((2, 16), 2.0))  # the call itself still ran
+    assert rt.tracing_stats()["unknown"] == 3 and rt.tracing_stats()["written"] == 1
+    assert _records(tmp_path, "add_bias_h16") == []
+    assert sorted(load_definitions(tmp_path)) == ["add_bias_h8"]
+    assert not list((tmp_path / "definitions").rglob("add_bias_h16*"))
+
+
+def test_a_traced_dataset_benches_with_no_other_file(tmp_path, monkeypatch):
+    # Definitions (with their sidecars) beside the workloads: bench needs nothing else.
+    from fibgen.bench.runner import BenchOptions, plan
+    from fibgen.format import Solution, write_solution
+
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    rt.enable_tracing(tmp_path / "ds")
+    add_bias.add_bias(torch.ones(2, 8), torch.ones(8))
+    rt.disable_tracing()
+    write_solution(
+        tmp_path / "ds",
+        Solution.model_validate(
+            {
+                "name": "adds",
+                "definition": "add_bias_h8",
+                "author": "me",
+                "spec": {
+                    "language": "python",
+                    "target_hardware": ["cpu"],
+                    "entry_point": "main.py::run",
+                    "destination_passing_style": False,
+                },
+                "sources": [
+                    {"path": "main.py", "content": "def run(x, bias):\n    return x + bias\n"}
+                ],
+            }
+        ),
+        "add_bias",
+    )
+    (group,) = plan(tmp_path / "ds", BenchOptions()).groups
+    assert group.definition.name == "add_bias_h8" and group.workload.axes == {"n": 2}
 
 
 @pytest.mark.parametrize(
@@ -209,7 +262,7 @@ def test_past_the_cap_records_are_dropped_counted_and_warned_once(tmp_path, opti
             rmsnorm.rmsnorm(torch.randn(2, 4096), torch.randn(4096))
     assert len(caught) == 1
     # A small tensor still fits under the byte cap.
-    add_bias.add_bias(torch.ones(2, 16), torch.ones(16))
+    add_bias.add_bias(torch.ones(2, 8), torch.ones(8))
     rt.disable_tracing()
     stats = rt.tracing_stats()
     assert stats["dropped"] == 3 + ("records" in why)

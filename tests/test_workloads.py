@@ -206,3 +206,59 @@ def test_traced_tensors_materialize_as_recorded(tmp_path):
     (workload,) = load_workloads(tmp_path)["add_bias_h8"]
     inputs = materialize(spec, workload, tmp_path)
     assert torch.equal(inputs["x"], x) and inputs["bias"].shape == (8,)
+
+
+def test_default_definitions_are_the_builtin_catalogue(tmp_path, capsys, monkeypatch):
+    # A folder of one's own, nothing of the checkout in it: the catalogue comes with fibgen.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FIBGEN_DATASET_PATH", raising=False)
+    code, out, err = _run(capsys, DECODE, "--axes", "batch_size=2", "--axes", "num_pages=8")
+    assert code == 0, err
+    assert out == f"wrote 1 workload(s) of {DECODE} to workloads/gqa_paged/{DECODE}.jsonl\n"
+    # The dataset is complete: the definition and its sidecar sit beside the workloads.
+    written = tmp_path / "definitions" / "gqa_paged" / f"{DECODE}.json"
+    catalogue = REPO / "generated" / "definitions" / "gqa_paged"
+    assert written.read_text() == (catalogue / f"{DECODE}.json").read_text()
+    assert (
+        written.with_suffix(".fibgen").read_text() == (catalogue / f"{DECODE}.fibgen").read_text()
+    )
+    code, _, err = _run(capsys, "rmsnorm_h4069", "--axes", "batch_size=1")
+    assert code == 1 and "no definition named `rmsnorm_h4069` in fibgen's built-in catalogue" in err
+    assert "did you mean `rmsnorm_h4096`" in err
+
+
+def test_a_fidef_source_writes_its_sidecar_too(tmp_path, capsys):
+    code, _, err = _run(
+        capsys, "top_k_sampling_from_probs_v128256", "--axes", "batch_size=2", "-o",
+        str(tmp_path), "--definitions", str(REPO / "definitions"),
+    )  # fmt: skip
+    assert code == 0, err
+    sidecar = tmp_path / "definitions" / "sampling" / "top_k_sampling_from_probs_v128256.fibgen"
+    assert (
+        sidecar.read_text()
+        == (REPO / "generated" / "definitions" / "sampling" / sidecar.name).read_text()
+    )
+
+
+def test_a_sampling_definition_json_alone_makes_valid_probabilities(tmp_path, capsys):
+    # A dataset with only flashinfer-bench's JSON (no sidecar): probs are made the way
+    # flashinfer-bench makes them, rows that sum to one, and the reference samples from them.
+    import json
+
+    from fibgen.runtime.testing import compile_reference
+
+    name = "top_p_sampling_from_probs_v128256"
+    source = REPO / "generated" / "definitions" / "sampling" / f"{name}.json"
+    dataset = tmp_path / "ds"
+    (dataset / "definitions" / "sampling").mkdir(parents=True)
+    (dataset / "definitions" / "sampling" / source.name).write_text(source.read_text())
+    code, _, err = _run(
+        capsys, name, "--axes", "batch_size=3", "-o", str(dataset), "--definitions", str(dataset)
+    )
+    assert code == 0, err
+    definition = json.loads(source.read_text())
+    (workload,) = load_workloads(dataset)[name]
+    inputs = materialize(input_spec(load_definitions(dataset)[name]), workload, dataset)
+    assert torch.allclose(inputs["probs"].sum(-1), torch.ones(3)) and inputs["probs"].min() >= 0
+    samples = compile_reference(definition)(**inputs)
+    assert samples.shape == (3,)

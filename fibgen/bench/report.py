@@ -1,5 +1,8 @@
 """Reports over a dataset's traces: per definition, how each solution did and which was best.
 
+Traces are read at any depth under traces/ (flashinfer-bench's and fibgen's alike); of
+several traces of one solution on one workload, the last one read counts.
+
 ``summarize(root)`` reads ``traces/`` and returns plain data; ``render(summary, fmt)`` prints
 it as text, Markdown or JSON; ``plot(summary, path)`` draws speedup per workload and
 solution (needs matplotlib, the ``plot`` extra).
@@ -40,9 +43,16 @@ def _axes_text(axes: dict[str, int]) -> str:
 def summarize(root: str | os.PathLike[str]) -> dict[str, Any]:
     """Per definition: each solution's status counts and speedups, and the best per workload."""
     root = Path(root)
-    traces = [t for t in load_traces(root) if t.solution is not None and t.evaluation]
-    if not traces:
+    evaluated = [t for t in load_traces(root) if t.solution is not None and t.evaluation]
+    if not evaluated:
         raise ReportError(f"no benchmark traces under {root}/traces; run `fibgen bench` first")
+    # The last trace of a solution on a workload supersedes earlier ones (a run after a fix).
+    latest: dict[tuple[str, str, str], Any] = {}
+    for trace in evaluated:
+        key = (trace.definition, trace.workload.uuid, trace.solution)
+        latest.pop(key, None)
+        latest[key] = trace
+    traces = list(latest.values())
     definitions: dict[str, Any] = {}
     for trace in traces:
         d = definitions.setdefault(trace.definition, {"solutions": {}, "workloads": {}})
@@ -80,7 +90,7 @@ def summarize(root: str | os.PathLike[str]) -> dict[str, Any]:
             d["workloads"].values(), key=lambda w: (sorted(w["axes"].items()), w["uuid"])
         )
         out[name] = {"solutions": solutions, "workloads": workloads}
-    return {"definitions": out}
+    return {"definitions": out, "superseded": len(evaluated) - len(traces)}
 
 
 def _speedup(stats: dict[str, float] | None) -> tuple[str, str, str]:
@@ -154,6 +164,12 @@ def render(summary: dict[str, Any], fmt: str = "text") -> str:
     if fmt not in FORMATS:
         raise ReportError(f"unknown report format {fmt!r}; use one of {', '.join(FORMATS)}")
     lines: list[str] = []
+    if summary.get("superseded"):
+        lines += [
+            f"({summary['superseded']} earlier trace(s) superseded by a later run of the same "
+            "solution on the same workload)",
+            "",
+        ]
     for name, header, rows, best in _tables(summary):
         if fmt == "md":
             lines += [
@@ -171,6 +187,15 @@ def render(summary: dict[str, Any], fmt: str = "text") -> str:
 
 def plot(summary: dict[str, Any], path: str | os.PathLike[str]) -> None:
     """Draw speedup over the reference per workload, one line per solution, one panel per definition."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(summary)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def figure(summary: dict[str, Any]) -> Any:
+    """The matplotlib figure ``plot`` saves: speedups on a log axis."""
     try:
         import matplotlib
 
@@ -188,10 +213,11 @@ def plot(summary: dict[str, Any], path: str | os.PathLike[str]) -> None:
             ys = [w.get("speedups", {}).get(sol, math.nan) for w in d["workloads"]]
             ax.plot(range(len(labels)), ys, marker="o", label=sol)
         ax.axhline(1.0, color="grey", linewidth=0.8)
+        # Ratios: 2x faster and 2x slower are the same distance from 1.
+        ax.set_yscale("log")
         ax.set_title(name)
-        ax.set_ylabel("speedup over reference")
+        ax.set_ylabel("speedup over reference (log scale)")
         ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=7)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    return fig

@@ -7,8 +7,15 @@ a thread of the runner. A solution that kills its worker (a crash, ``os.abort()`
 error) is recorded as RUNTIME_ERROR, one that outlasts ``timeout`` as TIMEOUT; the worker is
 started again and the run goes on.
 
-Results are appended as Trace lines to ``traces/<author>/<op_type>/<definition>.jsonl`` after
-each workload, so an interrupted run keeps what it finished and ``resume`` skips it.
+Results are appended as Trace lines to ``traces/<op_type>/<definition>.jsonl`` (where
+flashinfer-bench writes them) after each workload, so an interrupted run keeps what it
+finished and ``resume`` skips it.
+
+A run cannot mislead: devices are checked against the machine before a worker starts; a
+filter that selects nothing, or a dataset with nothing to run, is an error that lists what
+there is; what is not run (solutions without workloads or definition) is said; a solution
+folder whose files changed since its JSON was packed is packed first, so that the traces
+and the dataset's JSON are of the same sources (and --resume runs it again).
 """
 
 from __future__ import annotations
@@ -39,16 +46,25 @@ from fibgen.format import (
     Trace,
     Workload,
     append_traces,
-    load_definitions,
-    load_solution,
-    load_solutions,
+    dataset_files,
+    load_definition_files,
+    read_solution,
 )
+from fibgen.format.dataset import EXTRAS_SUFFIX, is_stale, pack_solution, read_extras
 from fibgen.runtime.workloads import load_workloads
 
-# Suffix of the sidecar beside a definition JSON that holds what flashinfer-bench's format
-# has no field for: the `.fidef` tolerance and input generation hints. Not `.json`, so that
-# flashinfer-bench's loader, which reads every JSON file under definitions/, skips it.
-EXTRAS_SUFFIX = ".fibgen"
+__all__ = [
+    "EXTRAS_SUFFIX",
+    "BenchError",
+    "BenchOptions",
+    "BenchSummary",
+    "DeviceError",
+    "Plan",
+    "check_devices",
+    "load_extras",
+    "plan",
+    "run_bench",
+]
 
 # Preparing a workload (inputs, the reference and its timing) gets this many timeouts.
 PREPARE_TIMEOUTS = 4
@@ -56,6 +72,10 @@ PREPARE_TIMEOUTS = 4
 
 class BenchError(Exception):
     """A benchmark that cannot start: a bad dataset, filter or option."""
+
+
+class DeviceError(BenchError):
+    """A ``--devices`` value this machine cannot run (a command-line mistake)."""
 
 
 @dataclass(frozen=True)
@@ -76,17 +96,39 @@ class BenchOptions:
 
 @dataclass
 class BenchSummary:
-    """What a run did: traces written by status, triples skipped, workloads that failed."""
+    """What a run did: traces written by status, triples skipped, workloads that failed,
+    notes on what was not run or packed, and timings too noisy to trust."""
 
     statuses: Counter = field(default_factory=Counter)
     skipped: int = 0
     problems: list[str] = field(default_factory=list)
     trace_files: set[Path] = field(default_factory=set)
+    notes: list[str] = field(default_factory=list)
+    noisy: list[str] = field(default_factory=list)
 
     @property
     def traces(self) -> int:
         """Number of traces written."""
         return sum(self.statuses.values())
+
+    @property
+    def failed(self) -> int:
+        """Runs that did not pass."""
+        return sum(n for status, n in self.statuses.items() if status != w.PASSED)
+
+    def verdict(self, root: str | os.PathLike[str]) -> str:
+        """The last line of a run: passed, failed, or nothing run, and where to look."""
+        if not self.traces:
+            return f"bench: nothing run ({self.skipped} run(s) already traced, skipped)"
+        failed = {k: v for k, v in sorted(self.statuses.items()) if k != w.PASSED}
+        problems = f"; {len(self.problems)} error(s) above" if self.problems else ""
+        if failed:
+            shown = ", ".join(f"{k} {v}" for k, v in failed.items())
+            return (
+                f"bench: FAILED: {self.failed} of {self.traces} run(s) did not pass ({shown})"
+                f"{problems}; see `fibgen report {root}`"
+            )
+        return f"bench: all {self.traces} run(s) PASSED{problems}"
 
 
 @dataclass(frozen=True)
@@ -98,18 +140,42 @@ class _Group:
     hints: dict
 
 
-def load_extras(root: Path, definition: Definition) -> dict:
-    """The sidecar of a definition: ``{"tolerance": {...}, "hints": {...}}``, or empty."""
-    path = root / "definitions" / definition.op_type / f"{definition.name}{EXTRAS_SUFFIX}"
+def _contract(definition: Definition) -> tuple:
+    # What a sidecar's hints and tolerance are about: axes, tensors and constraints.
+    def tensors(group: dict) -> list:
+        return [(n, t.shape, t.dtype, t.optional) for n, t in group.items()]
+
+    axes = [(n, a.type, getattr(a, "value", None)) for n, a in definition.axes.items()]
+    return (
+        axes,
+        tensors(definition.inputs),
+        tensors(definition.outputs),
+        definition.constraints,
+    )
+
+
+def load_extras(definition_file: Path, definition: Definition) -> dict:
+    """The sidecar beside a definition JSON: ``{"tolerance": {...}, "hints": {...}}``.
+
+    A definition without one that has the same axes, tensors and constraints as the
+    built-in catalogue's definition of its name (a flashinfer-bench dataset's, say) gets the
+    catalogue's: its index tensors are then made valid and its tolerance applies.
+    """
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        raise BenchError(f"{path}: not a readable JSON sidecar: {exc}") from None
-    if not isinstance(data, dict):
-        raise BenchError(f"{path}: expected a JSON object with 'tolerance' and 'hints'")
-    return data
+        extras = read_extras(definition_file)
+        if extras:
+            return extras
+        from fibgen.format import load_definition
+        from fibgen.paths import builtin_definition_file
+
+        builtin = builtin_definition_file(definition.name)
+        if builtin is None or builtin.resolve() == Path(definition_file).resolve():
+            return {}
+        if _contract(load_definition(builtin)) != _contract(definition):
+            return {}
+        return read_extras(builtin)
+    except FormatError as exc:
+        raise BenchError(str(exc)) from None
 
 
 def _tolerance(extras: dict) -> dict:
@@ -121,35 +187,35 @@ def _matches(name: str, patterns: list[str]) -> bool:
     return not patterns or any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
-def _solution_pool(root: Path, options: BenchOptions) -> list[Solution]:
-    pool = load_solutions(root)
-    patterns = []
+def _listing(names: list[str], limit: int = 12) -> str:
+    shown = ", ".join(names[:limit])
+    return (shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")) or "none"
+
+
+def _solution_files(root: Path, options: BenchOptions) -> list[tuple[Path, Solution]]:
+    """The dataset's solutions and those ``--solutions`` adds; patterns are applied later."""
+    found = [(p, read_solution(p)) for p in dataset_files(root, "solutions")]
     for item in options.solutions:
         path = Path(item)
         if path.is_dir():
-            pool.extend(load_solution(p) for p in sorted(path.rglob("*.json")))
+            found += [
+                (p, read_solution(p))
+                for p in sorted(path.rglob("*.json"))
+                if not any(part.startswith(".") for part in p.relative_to(path).parts)
+            ]
         elif path.is_file():
-            pool.append(load_solution(path))
-        else:
-            patterns.append(item)
-    seen: dict[tuple[str, str], Solution] = {}
-    for solution in pool:
-        key = (solution.definition, solution.name)
-        if key in seen and seen[key] != solution:
-            raise BenchError(
-                f"two different solutions named {solution.name!r} for {solution.definition!r}"
-            )
-        seen[key] = solution
-    return [s for s in seen.values() if _matches(s.name, patterns)]
+            found.append((path, read_solution(path)))
+    return found
+
+
+def _patterns(options: BenchOptions) -> list[str]:
+    return [item for item in options.solutions if not Path(item).exists()]
 
 
 def traced_triples(root: Path) -> set[tuple[str, str, str]]:
     """(definition, workload uuid, solution) of every evaluated trace under ``root/traces``."""
     done = set()
-    base = root / "traces"
-    if not base.is_dir():
-        return done
-    for path in sorted(base.glob("*/*/*.jsonl")):
+    for path in dataset_files(root, "traces"):
         for line in path.read_text(encoding="utf-8").splitlines():
             if not line.strip():
                 continue
@@ -163,33 +229,109 @@ def traced_triples(root: Path) -> set[tuple[str, str, str]]:
     return done
 
 
-def plan(root: Path, options: BenchOptions) -> tuple[list[_Group], int]:
-    """The work of a run, grouped by (definition, workload); and how many triples it skips."""
+@dataclass
+class Plan:
+    """The work of a run, grouped by (definition, workload), and what it leaves out.
+
+    ``stale``: solution folders of the dataset whose files changed since their JSON was
+    packed; ``run_bench`` packs them before running (Note [solution folders]).
+    """
+
+    groups: list[_Group]
+    skipped: int = 0
+    notes: list[str] = field(default_factory=list)
+    stale: list[Path] = field(default_factory=list)
+
+
+def plan(root: Path, options: BenchOptions) -> Plan:
+    """What a run would do; a BenchError when it would do nothing or a filter is wrong."""
+    root = Path(root)
     try:
         check_flush(options.flush)
     except ValueError as exc:
         raise BenchError(str(exc)) from None
     if not root.is_dir():
         raise BenchError(f"dataset {root} does not exist")
-    definitions = load_definitions(root)
+    definition_files = load_definition_files(root)
+    definitions = {name: defn for name, (_, defn) in definition_files.items()}
     if not definitions:
-        raise BenchError(f"dataset {root} has no definitions under {root}/definitions/")
+        raise BenchError(
+            f"dataset {root} has no definitions under {root}/definitions/ "
+            "(`fibgen workloads NAME --axes ... -o DATASET` writes one with its workloads)"
+        )
+    for pattern in options.definitions:
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in definitions):
+            raise BenchError(
+                f"--definitions {pattern!r} matches no definition of {root}; it has: "
+                f"{_listing(sorted(definitions))}"
+            )
+    files = _solution_files(root, options)
+    names: dict[str, tuple[Path, Solution]] = {}
+    for path, solution in files:
+        other = names.get(solution.name)
+        if other is not None and (other[1].definition, other[1]) != (
+            solution.definition,
+            solution,
+        ):
+            raise BenchError(
+                f"two different solutions named {solution.name!r}: {other[0]} and {path}; "
+                "a solution name is unique in a dataset (flashinfer-bench refuses the dataset "
+                "otherwise)"
+            )
+        names.setdefault(solution.name, (path, solution))
+    patterns = _patterns(options)
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
+            raise BenchError(
+                f"--solutions {pattern!r} matches no solution of {root} and is no file or "
+                f"folder; the solutions are: {_listing(sorted(names))}"
+            )
+    selected = [(p, s) for p, s in names.values() if _matches(s.name, patterns)]
     workloads = load_workloads(root)
     by_definition: dict[str, list[Solution]] = {}
-    for solution in _solution_pool(root, options):
-        by_definition.setdefault(solution.definition, []).append(solution)
+    notes: list[str] = []
+    unknown = sorted({s.definition for _, s in selected if s.definition not in definitions})
+    if unknown:
+        notes.append(
+            f"not run: solutions of {len(unknown)} definition(s) that are not in "
+            f"{root}/definitions: {_listing(unknown)}"
+        )
+    gpu = any(d.strip().startswith("cuda") for d in options.devices)
+    cpu_only = sorted(s.name for _, s in selected if s.spec.language == "cuda" and not gpu)
+    if cpu_only:
+        notes.append(
+            f"not run: {len(cpu_only)} cuda solution(s) on a CPU ({_listing(cpu_only)}); "
+            "give --devices cuda:N on a machine with a GPU"
+        )
+    for _, solution in selected:
+        if solution.name not in cpu_only:
+            by_definition.setdefault(solution.definition, []).append(solution)
+    stale = sorted(
+        p for p, s in selected if s.definition in definitions and root in p.parents and is_stale(p)
+    )
+    packed = {s.name for p, s in selected if p in stale}
     done = traced_triples(root) if options.resume else set()
-    groups, skipped = [], 0
+    groups: list[_Group] = []
+    skipped = 0
+    no_workloads = []
     for name in sorted(definitions):
         if not _matches(name, list(options.definitions)):
             continue
-        definition = definitions[name]
         candidates = sorted(by_definition.get(name, ()), key=lambda s: s.name)
         if not candidates:
             continue
-        extras = load_extras(root, definition)
-        for workload in workloads.get(name, ()):
-            todo = tuple(s for s in candidates if (name, workload.uuid, s.name) not in done)
+        if not workloads.get(name):
+            no_workloads.append(name)
+            continue
+        definition = definitions[name]
+        extras = load_extras(definition_files[name][0], definition)
+        for workload in workloads[name]:
+            # A solution whose files changed has traces of other sources: it runs again.
+            todo = tuple(
+                s
+                for s in candidates
+                if s.name in packed or (name, workload.uuid, s.name) not in done
+            )
             skipped += len(candidates) - len(todo)
             if todo:
                 groups.append(
@@ -197,7 +339,57 @@ def plan(root: Path, options: BenchOptions) -> tuple[list[_Group], int]:
                         definition, workload, todo, _tolerance(extras), extras.get("hints") or {}
                     )
                 )
-    return groups, skipped
+    if no_workloads:
+        notes.append(
+            f"not run: no workloads for {_listing(no_workloads)} (make some with `fibgen "
+            f"workloads {no_workloads[0]} --axes AXIS=V1,V2 -o {root}`)"
+        )
+    if not groups and not skipped:
+        what = []
+        if options.definitions:
+            what.append(f"--definitions {' '.join(options.definitions)}")
+        if patterns:
+            what.append(f"--solutions {' '.join(patterns)}")
+        chosen = f" with {' and '.join(what)}" if what else ""
+        reasons = "; ".join(notes) or (
+            f"{root}/solutions holds no solution (`fibgen scaffold-solution NAME --language "
+            f"python -o {root}/solutions` writes one)"
+            if not names
+            else "no solution is for a selected definition"
+        )
+        raise BenchError(f"nothing to run in {root}{chosen}: {reasons}")
+    return Plan(groups, skipped, notes, stale)
+
+
+def check_devices(devices: tuple[str, ...]) -> tuple[str, ...]:
+    """The devices, checked against this machine before any worker starts; DeviceError if not."""
+    import torch
+
+    if not devices:
+        raise DeviceError("--devices is empty; give cpu, cuda or cuda:N (comma-separated)")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for text in devices:
+        try:
+            device = torch.device(text)
+        except (RuntimeError, ValueError):
+            raise DeviceError(
+                f"--devices {text!r} is not a device; write cpu, cuda or cuda:N"
+            ) from None
+        if device.type == "cpu":
+            continue
+        if device.type != "cuda":
+            raise DeviceError(f"--devices {text!r}: fibgen bench runs on cpu and cuda devices")
+        if count == 0:
+            raise DeviceError(
+                f"--devices {text!r}: this machine has no CUDA device (torch "
+                f"{torch.__version__} sees none); use --devices cpu"
+            )
+        if device.index is not None and device.index >= count:
+            have = ", ".join(f"cuda:{i}" for i in range(count))
+            raise DeviceError(
+                f"--devices {text!r}: this machine has {count} CUDA device(s): {have}"
+            )
+    return devices
 
 
 class _Handle:
@@ -315,7 +507,28 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-def _evaluation(result: dict, ref_ms: float, hardware: str, libs: dict) -> dict:
+# A timing whose interquartile range exceeds this share of its median is reported as noisy.
+NOISY_SPREAD = 0.25
+
+
+def _describe(timing: dict) -> str:
+    from fibgen.bench.timing import Timing
+
+    return Timing(
+        timing["median_ms"],
+        timing["q1_ms"],
+        timing["q3_ms"],
+        timing["samples"],
+        timing["calls_per_sample"],
+    ).describe()
+
+
+def _spread(timing: dict) -> float:
+    median = timing["median_ms"]
+    return (timing["q3_ms"] - timing["q1_ms"]) / median if median > 0 else math.inf
+
+
+def _evaluation(result: dict, reference: dict, hardware: str, libs: dict) -> dict:
     evaluation: dict = {
         "status": result["status"],
         "environment": {"hardware": hardware, "libs": libs},
@@ -325,17 +538,22 @@ def _evaluation(result: dict, ref_ms: float, hardware: str, libs: dict) -> dict:
     if "correctness" in result:
         evaluation["correctness"] = result["correctness"]
     if result["status"] == w.PASSED:
-        latency = result["latency_ms"]
+        latency = result["timing"]["median_ms"]
+        ref_ms = reference["median_ms"]
         evaluation["performance"] = {
             "latency_ms": latency,
             "reference_latency_ms": ref_ms,
             "speedup_factor": ref_ms / latency if latency > 0 else 0.0,
         }
+        # The spread of both timings, which the Performance record has no field for.
+        evaluation["log"] = (
+            f"timing: {_describe(result['timing'])}; reference: {_describe(reference)}"
+        )
     return evaluation
 
 
 def _run_group(handle: _Handle, group: _Group, root: Path, options: BenchOptions) -> tuple:
-    """Evaluate every solution of a group; (traces, problem or None)."""
+    """Evaluate every solution of a group; (traces, problem or None, noisy timings)."""
     request = (
         "workload",
         group.definition.model_dump(mode="json", exclude_none=True),
@@ -343,14 +561,20 @@ def _run_group(handle: _Handle, group: _Group, root: Path, options: BenchOptions
         str(root),
         group.hints,
         options.seed,
+        options.warmup,
+        options.repeat,
         options.flush,
     )
     prepare_timeout = options.timeout * PREPARE_TIMEOUTS
     reply = handle.ask(request, prepare_timeout)
+    where = f"{group.definition.name} workload {group.workload.uuid}"
     if reply[0] != "ready":
         why = {"timeout": f"timed out after {prepare_timeout:g} s"}.get(reply[0], reply[-1])
-        return [], f"{group.definition.name} workload {group.workload.uuid}: {why}"
-    _, ref_ms, hardware, libs = reply
+        return [], f"{where}: {why}", []
+    _, reference, hardware, libs = reply
+    noisy = []
+    if _spread(reference) > NOISY_SPREAD:
+        noisy.append(f"{where}: reference {_describe(reference)}")
     traces = []
     for solution in group.solutions:
         reply = handle.ask(
@@ -368,22 +592,24 @@ def _run_group(handle: _Handle, group: _Group, root: Path, options: BenchOptions
             result = reply[1]
         elif reply[0] == "timeout":
             result = {"status": w.TIMEOUT, "log": f"no result after {options.timeout:g} s"}
-        elif reply[0] == "died":
-            result = {"status": w.RUNTIME_ERROR, "log": reply[1]}
         else:
             result = {"status": w.RUNTIME_ERROR, "log": reply[1]}
+        if "timing" in result and _spread(result["timing"]) > NOISY_SPREAD:
+            noisy.append(f"{where}: {solution.name} {_describe(result['timing'])}")
         if handle.process is None:
             # The worker is gone (or exited after a CUDA error): a new one needs the inputs.
             again = handle.ask(request, prepare_timeout)
             if again[0] != "ready":
-                traces.append((solution, _evaluation(result, ref_ms, hardware, libs)))
+                traces.append((solution, _evaluation(result, reference, hardware, libs)))
                 rest = ", ".join(s.name for s in group.solutions[len(traces) :])
-                return traces, (
-                    f"{group.definition.name} workload {group.workload.uuid}: a new worker "
-                    f"could not prepare the workload; not run: {rest or 'none'}"
+                return (
+                    traces,
+                    f"{where}: a new worker could not prepare the workload; not run: "
+                    f"{rest or 'none'}",
+                    noisy,
                 )
-        traces.append((solution, _evaluation(result, ref_ms, hardware, libs)))
-    return traces, None
+        traces.append((solution, _evaluation(result, reference, hardware, libs)))
+    return traces, None, noisy
 
 
 def run_bench(
@@ -395,13 +621,20 @@ def run_bench(
 ) -> BenchSummary:
     """Benchmark every solution on every workload of the dataset; append Trace lines."""
     root = Path(root)
-    if not options.devices:
-        raise BenchError("no devices given")
+    check_devices(options.devices)
     try:
-        groups, skipped = plan(root, options)
+        work_plan = plan(root, options)
+        for path in work_plan.stale:
+            pack_solution(path)
     except FormatError as exc:
         raise BenchError(str(exc)) from None
-    summary = BenchSummary(skipped=skipped)
+    groups = work_plan.groups
+    summary = BenchSummary(skipped=work_plan.skipped, notes=list(work_plan.notes))
+    if work_plan.stale:
+        summary.notes.append(
+            f"packed {len(work_plan.stale)} solution folder(s) whose files changed, so that "
+            f"the dataset's JSON holds what is run: " + ", ".join(str(p) for p in work_plan.stale)
+        )
     work: queue.Queue[_Group] = queue.Queue()
     for group in groups:
         work.put(group)
@@ -417,7 +650,7 @@ def run_bench(
                 except queue.Empty:
                     return
                 try:
-                    results, problem = _run_group(handle, group, root, options)
+                    results, problem, noisy = _run_group(handle, group, root, options)
                 except Exception as exc:
                     # The runner itself failed on this device (no worker could start):
                     # report it and leave the remaining work to the other devices.
@@ -436,17 +669,16 @@ def run_bench(
                     for solution, evaluation in results
                 ]
                 with lock:
-                    by_author: dict[str, list[Trace]] = {}
-                    for (solution, _), trace in zip(results, traces):
-                        by_author.setdefault(solution.author, []).append(trace)
+                    for trace in traces:
                         summary.statuses[trace.evaluation.status.value] += 1
                         if on_trace is not None:
                             on_trace(trace)
-                    for author, items in by_author.items():
-                        paths = append_traces(root, author, group.definition.op_type, items)
+                    if traces:
+                        paths = append_traces(root, group.definition.op_type, traces)
                         summary.trace_files.update(paths)
                     if problem is not None:
                         summary.problems.append(problem)
+                    summary.noisy.extend(noisy)
                 bar.tick(group, len(group.solutions), True)
         finally:
             handle.stop()

@@ -1,8 +1,18 @@
-"""Timing a callable: CUDA events with the L2 cache flushed on a GPU, ``perf_counter`` on a CPU.
+"""Timing a callable: CUDA events with the L2 cache flushed on a GPU, ``perf_counter_ns`` on a CPU.
 
-Both return the median of the timed calls after ``warmup`` untimed ones, in milliseconds.
-Only torch is needed, so this module also runs where the rest of fibgen's dependencies are
-not installed (a bare GPU machine).
+``measure`` returns the median of the timed calls after ``warmup`` untimed ones and their
+spread (quartiles and count), in milliseconds; ``time_callable`` only the median. Only torch
+is needed, so this module also runs where the rest of fibgen's dependencies are not
+installed (a bare GPU machine).
+
+Note [CPU timing]
+A CPU call is timed with ``perf_counter_ns`` around the call itself. Without a given repeat
+count, at least ``CPU_MIN_REPEAT`` samples are taken, and as many as fit in ``TARGET_MS``;
+a call shorter than ``CPU_MIN_SAMPLE_MS`` is timed in batches of calls, so that the clock's
+own cost and resolution do not dominate the sample. One-off costs (a first-call
+allocation, a lazy import) stay in the warmup. The spread is reported with the median,
+because a machine shared with other work moves CPU timings far more than GPU ones: a
+measurement with a wide interquartile range is noise, not a speedup.
 
 Note [flushing L2]
 Before each timed call, a buffer larger than the L2 cache is read (``"read"``, the default)
@@ -29,9 +39,11 @@ them, the median), and agree within 1% (``benchmarks/gpu.py``).
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 import torch
@@ -42,6 +54,10 @@ L2_FLUSH_BYTES = 256_000_000
 # With no repeat count given, time as many calls as fit in this many milliseconds.
 TARGET_MS = 100.0
 MIN_REPEAT, MAX_REPEAT = 10, 10_000
+# Note [CPU timing]
+CPU_MIN_REPEAT = 30
+CPU_MIN_WARMUP = 3
+CPU_MIN_SAMPLE_MS = 0.05
 
 Flush = Literal["read", "zero", "none"]
 FLUSHES: tuple[str, ...] = get_args(Flush)
@@ -77,18 +93,71 @@ def _repeat_for(estimate_ms: float, repeat: int | None) -> int:
     return max(MIN_REPEAT, min(MAX_REPEAT, int(TARGET_MS / max(estimate_ms, 1e-4))))
 
 
-def time_cpu(fn: Callable[[], Any], *, warmup: int = 3, repeat: int | None = None) -> float:
-    """Median wall time of ``fn()`` in milliseconds, after ``warmup`` untimed calls."""
-    start = time.perf_counter()
-    for _ in range(max(1, warmup)):
+@dataclass(frozen=True)
+class Timing:
+    """The median of the timed calls and their spread, in milliseconds."""
+
+    median_ms: float
+    q1_ms: float
+    q3_ms: float
+    samples: int
+    calls_per_sample: int = 1
+
+    @classmethod
+    def of(cls, samples_ms: list[float], calls_per_sample: int = 1) -> Timing:
+        """The median and quartiles of per-call times."""
+        if len(samples_ms) >= 2:
+            q1, _, q3 = statistics.quantiles(samples_ms, n=4, method="inclusive")
+        else:
+            q1 = q3 = samples_ms[0]
+        return cls(statistics.median(samples_ms), q1, q3, len(samples_ms), calls_per_sample)
+
+    @property
+    def spread(self) -> float:
+        """The interquartile range over the median (0.1: the middle half within 10%)."""
+        return (self.q3_ms - self.q1_ms) / self.median_ms if self.median_ms > 0 else math.inf
+
+    def describe(self) -> str:
+        """``median 0.0123 ms (interquartile 0.0120-0.0131 ms, 812 samples)``."""
+        batch = f" of {self.calls_per_sample} calls" if self.calls_per_sample > 1 else ""
+        return (
+            f"median {self.median_ms:.4g} ms (interquartile {self.q1_ms:.4g}-{self.q3_ms:.4g} "
+            f"ms, {self.samples} samples{batch})"
+        )
+
+
+def cpu_samples(
+    fn: Callable[[], Any], *, warmup: int = 3, repeat: int | None = None
+) -> tuple[list[float], int]:
+    """Per-call wall times of ``fn()`` in milliseconds, and the calls timed per sample.
+
+    With ``repeat`` given, exactly that many single calls are timed after ``warmup``
+    untimed ones; otherwise Note [CPU timing] decides.
+    """
+    clock = time.perf_counter_ns
+    warmup = max(1, warmup) if repeat is not None else max(CPU_MIN_WARMUP, warmup)
+    start = clock()
+    for _ in range(warmup):
         fn()
-    estimate = (time.perf_counter() - start) * 1e3 / max(1, warmup)
+    estimate = (clock() - start) / 1e6 / warmup
+    if repeat is not None:
+        n, batch = max(1, repeat), 1
+    else:
+        batch = max(1, math.ceil(CPU_MIN_SAMPLE_MS / max(estimate, 1e-6)))
+        per_sample = estimate * batch
+        n = max(CPU_MIN_REPEAT, min(MAX_REPEAT, int(TARGET_MS / max(per_sample, 1e-4))))
     times = []
-    for _ in range(_repeat_for(estimate, repeat)):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    for _ in range(n):
+        start = clock()
+        for _ in range(batch):
+            fn()
+        times.append((clock() - start) / 1e6 / batch)
+    return times, batch
+
+
+def time_cpu(fn: Callable[[], Any], *, warmup: int = 3, repeat: int | None = None) -> float:
+    """Median wall time of ``fn()`` in milliseconds (see ``cpu_samples``)."""
+    return statistics.median(cpu_samples(fn, warmup=warmup, repeat=repeat)[0])
 
 
 def cuda_samples(
@@ -143,6 +212,26 @@ def time_cuda(
     return statistics.median(samples)
 
 
+def measure(
+    fn: Callable[[], Any],
+    device: torch.device | str,
+    *,
+    warmup: int,
+    repeat: int | None,
+    flush: Flush = DEFAULT_FLUSH,
+) -> Timing:
+    """Median and spread of ``fn()`` on ``device`` (CUDA events, or Note [CPU timing]).
+
+    ``flush`` applies to CUDA devices only; a CPU has no cache fibgen can flush this way.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        samples = cuda_samples(fn, warmup=warmup, repeat=repeat, device=device, flush=flush)
+        return Timing.of(samples)
+    check_flush(flush)
+    return Timing.of(*cpu_samples(fn, warmup=warmup, repeat=repeat))
+
+
 def time_callable(
     fn: Callable[[], Any],
     device: torch.device | str,
@@ -151,12 +240,5 @@ def time_callable(
     repeat: int | None,
     flush: Flush = DEFAULT_FLUSH,
 ) -> float:
-    """Median time of ``fn()`` in milliseconds on ``device`` (CUDA events, or a CPU clock).
-
-    ``flush`` applies to CUDA devices only; a CPU has no cache fibgen can flush this way.
-    """
-    device = torch.device(device)
-    if device.type == "cuda":
-        return time_cuda(fn, warmup=warmup, repeat=repeat, device=device, flush=flush)
-    check_flush(flush)
-    return time_cpu(fn, warmup=warmup, repeat=repeat)
+    """Median time of ``fn()`` in milliseconds on ``device`` (see ``measure``)."""
+    return measure(fn, device, warmup=warmup, repeat=repeat, flush=flush).median_ms

@@ -2,12 +2,15 @@
 
 The runner starts one worker per device (multiprocessing, spawn) and talks to it over a pipe:
 
-- ``("workload", definition, workload, root, hints, seed, flush)``: make the workload's inputs
-  on the device, run the reference on them and time it; replies ``("ready", ref_ms, hardware,
-  libs)`` or ``("error", message)``.
+- ``("workload", definition, workload, root, hints, seed, warmup, repeat, flush)``: make the
+  workload's inputs on the device, run the reference on them and time it as solutions are
+  timed; replies ``("ready", reference timing, hardware, libs)`` or ``("error", message)``.
 - ``("solution", solution, tolerance, warmup, repeat, flush)``: load the solution, run it once on a
-  copy of the inputs, compare with the reference, and time it when it passed; replies
-  ``("result", evaluation fields)``.
+  copy of the inputs, compare with the reference (a sampler by the distribution of its
+  draws, Note [judging samplers] in fibgen/runtime/compare.py), and time it when it passed;
+  replies ``("result", evaluation fields)``.
+
+A CPU worker runs torch with one thread and Triton under its interpreter (Note [CPU workers]).
 
 Anything a solution does to the process (``os.abort()``, a hang, a CUDA error that poisons
 the context) stays in this process: the runner sees it die or time out, records the status,
@@ -109,20 +112,82 @@ def _empty_outputs(work: _Workload) -> dict[str, torch.Tensor]:
     return out
 
 
+# Note [CPU workers]
+# Two things made CPU timings unusable (the same reference measured 0.13 ms at one batch size
+# and 72 ms at the next):
+#
+# - torch's intra-op threads compete with every other process for the cores; when the cores
+#   are busy, a parallel region waits for its slowest thread. A CPU worker runs torch with
+#   one thread, so that the reference and each solution are timed alike and other load
+#   changes their times by a factor of the load, not of hundreds.
+# - glibc's malloc serves large blocks (a tensor of a few MB) with mmap and gives them back
+#   on free, so each call faults its pages in again, until a free of a large block raises
+#   the threshold: the same rmsnorm over 64 x 4096 measured 2.5 ms before that and 0.37 ms
+#   after, depending on what ran earlier in the process. A CPU worker fixes the thresholds
+#   high at its start (mallopt), so every call is served the same way.
+#
+# Triton kernels run on a CPU only under Triton's interpreter, whose switch is read when a
+# kernel is decorated: it is set here, before any solution is imported, so `fibgen bench
+# --devices cpu` runs Triton solutions without anything set by hand.
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def _steady_malloc() -> None:
+    """Keep large blocks in the heap and the heap untrimmed (glibc only; Note [CPU workers])."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None or platform.system() != "Linux":
+        return
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return  # not glibc: its allocator does something else
+    for threshold in (1 << 30, 32 << 20):
+        if mallopt(_M_MMAP_THRESHOLD, threshold):
+            break
+    mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+
+
+def setup_device(device: torch.device) -> None:
+    """Prepare this process for running solutions on ``device`` (Note [CPU workers])."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    _steady_malloc()
+    torch.set_num_threads(1)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # only allowed before the first parallel work; one thread is enough
+        pass
+
+
 class Worker:
     """The state of one worker process: its device and the current workload."""
 
     def __init__(self, device: str) -> None:
         self.device = torch.device(device)
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
+        setup_device(self.device)
         self.work: _Workload | None = None
+        self.reference: Any = None
 
     def prepare(
-        self, definition: dict, workload: dict, root: str, hints: dict, seed: int, flush: str
+        self,
+        definition: dict,
+        workload: dict,
+        root: str,
+        hints: dict,
+        seed: int,
+        warmup: int,
+        repeat: int | None,
+        flush: str,
     ):
-        """Make inputs and the reference outputs; time the reference."""
-        from fibgen.bench.timing import time_callable
+        """Make inputs and the reference outputs; time the reference as solutions are timed."""
+        from fibgen.bench.timing import measure
 
         inputs = _make_inputs(definition, workload, root, hints, seed, self.device)
         namespace: dict[str, Any] = {"__name__": f"fibgen_reference_{definition['name']}"}
@@ -130,15 +195,15 @@ class Worker:
             compile(definition["reference"], f"<reference of {definition['name']}>", "exec"),
             namespace,
         )
-        reference = namespace["run"]
+        reference = self.reference = namespace["run"]
         expected = _as_tuple(reference(**_clone(inputs)))
         _sync(self.device)
         self.work = _Workload(definition, inputs, expected)
         args = _clone(inputs)
-        ref_ms = time_callable(
-            lambda: reference(**args), self.device, warmup=1, repeat=5, flush=flush
+        timing = measure(
+            lambda: reference(**args), self.device, warmup=warmup, repeat=repeat, flush=flush
         )
-        return ("ready", ref_ms, _hardware(self.device), _libs())
+        return ("ready", _timing(timing), _hardware(self.device), _libs())
 
     def evaluate(
         self, solution: dict, tolerance: dict, warmup: int, repeat: int | None, flush: str
@@ -170,16 +235,61 @@ class Worker:
             _sync(self.device)
         except Exception as exc:
             return self._failure(exc)
-        problem, errors = self._check(actual, tolerance)
+        sampler = _is_sampling(work.definition)
+        # A sampler's ids are not compared one by one: its draws are judged below.
+        problem, errors = self._check(actual, tolerance, values=not sampler)
+        if problem is None and sampler:
+            try:
+                problem, errors = self._check_sampler(loaded)
+            except Exception as exc:
+                return self._failure(exc)
         if problem is not None:
             return problem
-        from fibgen.bench.timing import time_callable
+        from fibgen.bench.timing import measure
 
         try:
-            latency = time_callable(call, self.device, warmup=warmup, repeat=repeat, flush=flush)
+            timing = measure(call, self.device, warmup=warmup, repeat=repeat, flush=flush)
         except Exception as exc:
             return self._failure(exc)
-        return {"status": PASSED, "correctness": errors, "latency_ms": latency}
+        return {"status": PASSED, "correctness": errors, "timing": _timing(timing)}
+
+    def _check_sampler(self, loaded: Any) -> tuple[dict | None, dict]:
+        """Judge a sampler by its draws against the reference's (Note [judging samplers])."""
+        from fibgen.runtime.compare import compare_sampling
+        from fibgen.runtime.solutions import allocate_outputs
+
+        work = self.work
+        reference = self.reference
+
+        def draw(inputs: dict[str, Any]) -> Any:
+            if loaded.dps:
+                outputs = allocate_outputs(work.definition, inputs)
+                loaded.fn(**inputs, **outputs)
+                return next(iter(outputs.values()))
+            return _as_tuple(loaded.fn(**inputs))[0]
+
+        result = compare_sampling(
+            draw,
+            lambda inputs: _as_tuple(reference(**inputs))[0],
+            _clone(work.inputs),
+            work.definition,
+        )
+        errors = {
+            "max_absolute_error": result.max_abs_err,
+            "max_relative_error": result.max_rel_err,
+            "extra": {
+                "tvd": result.max_tvd,
+                "tvds_per_batch": list(result.tvds),
+                "draws": result.draws,
+            },
+        }
+        if result.ok:
+            return None, errors
+        return {
+            "status": INCORRECT_NUMERICAL,
+            "log": f"output {work.output_names[0]!r}: {result}",
+            "correctness": errors,
+        }, errors
 
     def _failure(self, exc: BaseException) -> dict:
         status = COMPILE_ERROR if "CompilationError" in type(exc).__name__ else RUNTIME_ERROR
@@ -188,7 +298,9 @@ class Worker:
             result["fatal"] = True
         return result
 
-    def _check(self, actual: tuple, tolerance: dict) -> tuple[dict | None, dict]:
+    def _check(
+        self, actual: tuple, tolerance: dict, values: bool = True
+    ) -> tuple[dict | None, dict]:
         from fibgen.runtime.compare import compare
 
         work = self.work
@@ -207,6 +319,8 @@ class Worker:
             if got.dtype != want.dtype:
                 log = f"output {name!r} has dtype {got.dtype}, expected {want.dtype}"
                 return {"status": INCORRECT_DTYPE, "log": log}, {}
+            if not values:
+                continue
             result = compare(got, want, **tolerance)
             max_abs = max(max_abs, result.max_abs_err)
             max_rel = max(max_rel, result.max_rel_err)
@@ -219,6 +333,22 @@ class Worker:
         return None, errors
 
 
+def _is_sampling(definition: dict) -> bool:
+    from fibgen.runtime.compare import is_sampling
+
+    return is_sampling(definition)
+
+
+def _timing(timing: Any) -> dict:
+    return {
+        "median_ms": timing.median_ms,
+        "q1_ms": timing.q1_ms,
+        "q3_ms": timing.q3_ms,
+        "samples": timing.samples,
+        "calls_per_sample": timing.calls_per_sample,
+    }
+
+
 def _format(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
 
@@ -229,7 +359,12 @@ def main(conn: Any, device: str) -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    worker = Worker(device)
+    try:
+        worker: Worker | None = Worker(device)
+        broken = ""
+    except Exception as exc:
+        # Said in reply to every request, rather than a worker that dies with no reason.
+        worker, broken = None, f"cannot run on device {device}: {type(exc).__name__}: {exc}"
     while True:
         try:
             request = conn.recv()
@@ -238,6 +373,9 @@ def main(conn: Any, device: str) -> None:
         kind = request[0]
         if kind == "stop":
             return
+        if worker is None:
+            conn.send(("error", broken))
+            continue
         try:
             if kind == "workload":
                 reply = worker.prepare(*request[1:])

@@ -5,18 +5,38 @@
     <root>/definitions/<op_type>/<definition>.json
     <root>/solutions/<author>/<op_type>/<definition>/<solution>.json
     <root>/workloads/<op_type>/<definition>.jsonl
-    <root>/traces/<author>/<op_type>/<definition>.jsonl
+    <root>/traces/<op_type>/<definition>.jsonl
     <root>/blob/workloads/<op_type>/<definition>/<definition>_<uuid>.safetensors
 
-Loaders walk the tree in sorted order so results do not depend on the file system, and they
-check that each file sits where its content says it belongs. Writers replace files
-atomically (a temporary file in the same directory, then ``os.replace``), so a reader never
-sees half a file. torch and safetensors are imported only by the blob functions.
+Note [dataset depth]
+flashinfer-bench's ``TraceSet.from_path`` reads every ``*.json`` / ``*.jsonl`` at any depth
+under each of the four folders, and its own writers do not agree on one depth (traces go to
+``traces/<op_type>/<definition>.jsonl`` from ``add_traces``, ``traces/<definition>.jsonl``
+from a merge). So the loaders here read any depth too and take a record's definition from
+its content, never from where the file sits; the writers use flashinfer-bench's depths
+(above). Names starting with a dot (temporary files, locks) are skipped. Loaders walk in
+sorted order, so results do not depend on the file system.
+
+Note [solution folders]
+A solution folder is ``<name>/`` holding the Solution JSON ``<name>.json`` and the solution's
+source files, as ``fibgen scaffold-solution`` writes it. Its files are the truth:
+``read_solution`` takes the sources from them (every file in the folder but the JSON, hidden
+names, ``__pycache__`` and build outputs), so an edit is used by bench, tests and apply as
+soon as it is saved. ``pack_solution`` writes them into the JSON, which then stands alone
+(what flashinfer-bench reads, and what one submits). A Solution JSON elsewhere, or in a
+folder that does not hold its entry file, is self-contained as it is.
+
+Writers replace files atomically (a temporary file in the same directory, then
+``os.replace``), so a reader never sees half a file. torch and safetensors are imported only
+by the blob functions.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
@@ -28,8 +48,11 @@ from fibgen.format.jsonio import (
     dump_trace_line,
     load_definition,
     load_solution,
+    parse_json,
     parse_trace_line,
     read_text,
+    solution_to_json,
+    validate_obj,
 )
 from fibgen.format.models import Definition, SafetensorsInput, Solution, Trace, Workload
 
@@ -90,12 +113,11 @@ def workload_path(root: PathLike, op_type: str, definition: str) -> Path:
     )
 
 
-def trace_path(root: PathLike, author: str, op_type: str, definition: str) -> Path:
-    """``<root>/traces/<author>/<op_type>/<definition>.jsonl``."""
+def trace_path(root: PathLike, op_type: str, definition: str) -> Path:
+    """``<root>/traces/<op_type>/<definition>.jsonl``, where flashinfer-bench's add_traces writes."""
     return (
         Path(root)
         / "traces"
-        / _component("author", author)
         / _component("op_type", op_type)
         / f"{_component('definition name', definition)}.jsonl"
     )
@@ -125,38 +147,49 @@ def resolve_dataset_path(root: PathLike, relpath: str) -> Path:
 # Loaders
 
 
-def _files(root: PathLike, top: str, pattern: str) -> list[Path]:
+DATASET_FOLDERS = {
+    "definitions": ".json",
+    "solutions": ".json",
+    "workloads": ".jsonl",
+    "traces": ".jsonl",
+}
+
+
+def dataset_files(root: PathLike, top: str) -> list[Path]:
+    """Every record file under ``root/<top>`` at any depth, sorted (Note [dataset depth])."""
+    suffix = DATASET_FOLDERS[top]
     base = Path(root) / top
     if not base.is_dir():
         return []
-    return sorted(p for p in base.glob(pattern) if p.is_file())
+    found = []
+    for folder, dirs, files in os.walk(base):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        found.extend(Path(folder, f) for f in files if f.endswith(suffix) and not f.startswith("."))
+    return sorted(found)
 
 
 def load_definitions(root: PathLike) -> dict[str, Definition]:
-    """All definitions under ``root/definitions``, by name, in sorted path order."""
-    out: dict[str, Definition] = {}
-    where: dict[str, Path] = {}
-    for path in _files(root, "definitions", "*/*.json"):
+    """All definitions under ``root/definitions`` (any depth), by name, in sorted path order."""
+    return {name: defn for name, (_, defn) in load_definition_files(root).items()}
+
+
+def load_definition_files(root: PathLike) -> dict[str, tuple[Path, Definition]]:
+    """Like ``load_definitions``, with the file each definition came from."""
+    out: dict[str, tuple[Path, Definition]] = {}
+    for path in dataset_files(root, "definitions"):
         defn = load_definition(path)
-        if path.stem != defn.name or path.parent.name != defn.op_type:
-            expected = f"definitions/{defn.op_type}/{defn.name}.json"
-            raise FormatError(
-                path, f"definition {defn.name!r} (op_type {defn.op_type!r}) belongs in {expected}"
-            )
         if defn.name in out:
             raise FormatError(
-                path, f"definition name {defn.name!r} is also used by {where[defn.name]}"
+                path, f"definition name {defn.name!r} is also used by {out[defn.name][0]}"
             )
-        out[defn.name] = defn
-        where[defn.name] = path
+        out[defn.name] = (path, defn)
     return out
 
 
 def load_workloads(root: PathLike) -> dict[str, list[Workload]]:
-    """All workloads under ``root/workloads``, by definition name, in file order."""
+    """All workloads under ``root/workloads`` (any depth), by definition name, in file order."""
     out: dict[str, list[Workload]] = {}
-    for path in _files(root, "workloads", "*/*.jsonl"):
-        workloads = []
+    for path in dataset_files(root, "workloads"):
         for lineno, trace in _numbered(path):
             if not trace.is_workload_trace:
                 raise FormatError(
@@ -165,53 +198,133 @@ def load_workloads(root: PathLike) -> dict[str, list[Workload]]:
                     '("solution": null, "evaluation": null); put results under traces/',
                     lineno,
                 )
-            if trace.definition != path.stem:
-                raise FormatError(
-                    path,
-                    f"line is for definition {trace.definition!r}, but the file is for "
-                    f"{path.stem!r}",
-                    lineno,
-                )
-            workloads.append(trace.workload)
-        if path.stem in out:
-            raise FormatError(path, f"a second workload file for definition {path.stem!r}")
-        out[path.stem] = workloads
+            out.setdefault(trace.definition, []).append(trace.workload)
     return out
 
 
 def load_solutions(root: PathLike) -> list[Solution]:
-    """All solutions under ``root/solutions``, in sorted path order."""
-    out = []
-    for path in _files(root, "solutions", "*/*/*/*.json"):
-        solution = load_solution(path)
-        author_dir = path.parent.parent.parent.name
-        if (
-            path.stem != solution.name
-            or path.parent.name != solution.definition
-            or author_dir != solution.author
-        ):
-            expected = (
-                f"solutions/{solution.author}/<op_type>/{solution.definition}/{solution.name}.json"
-            )
-            raise FormatError(path, f"solution {solution.name!r} belongs in {expected}")
-        out.append(solution)
-    return out
+    """All solutions under ``root/solutions`` (any depth), in sorted path order.
+
+    A solution folder's sources come from its files (Note [solution folders]).
+    """
+    return [solution for _, solution in load_solution_files(root)]
+
+
+def load_solution_files(root: PathLike) -> list[tuple[Path, Solution]]:
+    """Like ``load_solutions``, with the JSON file of each solution."""
+    return [(path, read_solution(path)) for path in dataset_files(root, "solutions")]
 
 
 def load_traces(root: PathLike) -> list[Trace]:
-    """All traces under ``root/traces``, in sorted path order, then line order."""
-    out = []
-    for path in _files(root, "traces", "*/*/*.jsonl"):
-        for lineno, trace in _numbered(path):
-            if trace.definition != path.stem:
+    """All traces under ``root/traces`` (any depth), in sorted path order, then line order."""
+    return [trace for path in dataset_files(root, "traces") for _, trace in _numbered(path)]
+
+
+# ---------------------------------------------------------------------------------------
+# Solution folders (Note [solution folders])
+
+# What a solution folder holds besides its sources: caches and build outputs.
+_NOT_SOURCES = ("__pycache__",)
+_NOT_SOURCE_SUFFIXES = (".pyc", ".pyo", ".o", ".so", ".a", ".dylib", ".dll", ".lock", ".tmp")
+
+
+def is_solution_folder(path: PathLike, solution: Solution) -> bool:
+    """Whether the Solution JSON at ``path`` sits in its own solution folder."""
+    path = Path(path)
+    folder = path.parent
+    return (
+        folder.name == solution.name
+        and path.stem == solution.name
+        and (folder / solution.spec.entry_file).is_file()
+    )
+
+
+def folder_sources(path: PathLike) -> dict[str, str]:
+    """The source files of the solution folder of the JSON at ``path``, by relative path."""
+    path = Path(path)
+    folder = path.parent
+    sources: dict[str, str] = {}
+    for where, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _NOT_SOURCES)
+        for name in sorted(files):
+            file = Path(where, name)
+            if name.startswith(".") or name.endswith(_NOT_SOURCE_SUFFIXES) or file == path:
+                continue
+            rel = file.relative_to(folder).as_posix()
+            try:
+                text = file.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
                 raise FormatError(
-                    path,
-                    f"trace is for definition {trace.definition!r}, but the file is for "
-                    f"{path.stem!r}",
-                    lineno,
+                    file, "not UTF-8 text; a solution folder holds only its source files"
+                ) from None
+            except OSError as exc:
+                raise FormatError(file, f"cannot read: {exc.strerror or exc}") from None
+            if not text:
+                raise FormatError(
+                    file, "empty; a Solution cannot hold an empty source (delete it or fill it)"
                 )
-            out.append(trace)
-    return out
+            sources[rel] = text
+    return dict(sorted(sources.items()))
+
+
+def read_solution(path: PathLike) -> Solution:
+    """The Solution at ``path``, with a solution folder's sources read from its files."""
+    solution = load_solution(path)
+    if not is_solution_folder(path, solution):
+        return solution
+    sources = folder_sources(path)
+    if sources == {s.path: s.content for s in solution.sources}:
+        return solution
+    obj = solution_to_json(solution)
+    obj["sources"] = [{"path": p, "content": c} for p, c in sources.items()]
+    return validate_obj(Solution, obj, path)
+
+
+def is_stale(path: PathLike) -> bool:
+    """Whether a solution folder's files differ from the sources its JSON holds."""
+    solution = load_solution(path)
+    return is_solution_folder(path, solution) and (
+        folder_sources(path) != {s.path: s.content for s in solution.sources}
+    )
+
+
+@dataclass(frozen=True)
+class Packed:
+    """What ``pack_solution`` did: the JSON written (or checked) and whether it changed."""
+
+    path: Path
+    solution: Solution
+    changed: bool
+
+
+def pack_solution(path: PathLike, output: PathLike | None = None, *, check: bool = False) -> Packed:
+    """Write a solution folder's sources into its Solution JSON (or into ``output``).
+
+    ``path`` is the folder or its JSON. With ``check`` nothing is written; ``changed`` says
+    whether the JSON is stale. Raises FormatError when ``path`` is not a solution folder.
+    """
+    path = Path(path)
+    json_path = path / f"{path.name}.json" if path.is_dir() else path
+    if not json_path.is_file():
+        raise FormatError(path, f"no solution folder here: expected {json_path.name} in it")
+    stored = load_solution(json_path)
+    if not is_solution_folder(json_path, stored):
+        raise FormatError(
+            json_path,
+            f"not a solution folder: the JSON of solution {stored.name!r} must be "
+            f"{stored.name}/{stored.name}.json, beside its entry file {stored.spec.entry_file}",
+        )
+    solution = read_solution(json_path)
+    target = json_path if output is None else Path(output)
+    text = dump_solution(solution)
+    try:
+        current = target.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        current = None
+    changed = current != text
+    if changed and not check:
+        write_text_atomic(target, text)
+    return Packed(target, solution, changed)
 
 
 def _numbered(path: Path) -> list[tuple[int, Trace]]:
@@ -264,11 +377,57 @@ def append_lines_atomic(path: PathLike, lines: Iterable[str]) -> None:
         write_bytes_atomic(path, old + new)
 
 
-def write_definition(root: PathLike, defn: Definition) -> Path:
-    """Write a definition to its place in the layout; return its path."""
+def write_definition(root: PathLike, defn: Definition, extras: dict | None = None) -> Path:
+    """Write a definition to its place in the layout, and its sidecar when given; its path."""
     path = definition_path(root, defn.op_type, defn.name)
+    if extras:
+        # The sidecar first: a definition never sits without the hints it was made with.
+        write_text_atomic(sidecar_path(path), dump_extras(extras))
     write_text_atomic(path, dump_definition(defn))
     return path
+
+
+# ---------------------------------------------------------------------------------------
+# Sidecars: what flashinfer-bench's definition has no field for
+
+# Beside ``<name>.json``: ``<name>.fibgen`` holds ``{"tolerance": {...}, "hints": {...}}``,
+# a family's `tolerance(...)` and its inputs' `gen` hints. Not `.json`, so that
+# flashinfer-bench's loader, which reads every JSON file under definitions/, skips it.
+EXTRAS_SUFFIX = ".fibgen"
+
+
+def sidecar_path(definition_file: PathLike) -> Path:
+    """The sidecar beside a definition JSON file."""
+    return Path(definition_file).with_suffix(EXTRAS_SUFFIX)
+
+
+def read_extras(definition_file: PathLike) -> dict:
+    """The sidecar of the definition JSON at ``definition_file``; empty when there is none."""
+    path = sidecar_path(definition_file)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise FormatError(path, f"cannot read: {exc.strerror or exc}") from None
+    data = parse_json(text, path)
+    problems = []
+    if not isinstance(data, dict):
+        problems.append("expected a JSON object with 'tolerance' and 'hints'")
+    else:
+        for key, value in data.items():
+            if key not in ("tolerance", "hints"):
+                problems.append(f"unknown key {key!r} (allowed keys: tolerance, hints)")
+            elif not isinstance(value, dict):
+                problems.append(f"{key}: expected an object")
+    if problems:
+        raise FormatError(path, "; ".join(problems))
+    return data
+
+
+def dump_extras(extras: dict) -> str:
+    """Canonical text of a sidecar (what ``fibgen build`` writes)."""
+    return json.dumps(extras, indent=2, sort_keys=True) + "\n"
 
 
 def write_solution(root: PathLike, solution: Solution, op_type: str) -> Path:
@@ -301,14 +460,14 @@ def append_workloads(
     return path
 
 
-def append_traces(root: PathLike, author: str, op_type: str, traces: Iterable[Trace]) -> list[Path]:
-    """Append traces to ``traces/<author>/<op_type>/<definition>.jsonl``, one file per definition."""
+def append_traces(root: PathLike, op_type: str, traces: Iterable[Trace]) -> list[Path]:
+    """Append traces to ``traces/<op_type>/<definition>.jsonl``, one file per definition."""
     by_definition: dict[str, list[str]] = {}
     for trace in traces:
         by_definition.setdefault(trace.definition, []).append(dump_trace_line(trace))
     paths = []
     for definition, lines in by_definition.items():
-        path = trace_path(root, author, op_type, definition)
+        path = trace_path(root, op_type, definition)
         append_lines_atomic(path, lines)
         paths.append(path)
     return paths

@@ -49,6 +49,23 @@ class FormatError(ValueError):
         return (type(self), (self.path, self.message, self.line, self.col))
 
 
+class FormatWarning(UserWarning):
+    """A dataset file that loads, with something ignored: ``path:line: message``."""
+
+    def __init__(self, path: Union[str, Path], message: str, line: int | None = None) -> None:
+        self.path = str(path)
+        self.message = message
+        self.line = line
+        super().__init__(self.__str__())
+
+    def __str__(self) -> str:
+        where = self.path if self.line is None else f"{self.path}:{self.line}"
+        return f"{where}: {self.message}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.message, self.line))
+
+
 def format_loc(loc: tuple[Union[str, int], ...]) -> str:
     """Render a pydantic error location as a JSON path such as ``inputs.q.shape[1]``."""
     out = ""
@@ -188,6 +205,19 @@ def validation_messages(exc: ValidationError, root: type[BaseModel] | None = Non
             )
         else:
             messages.append(f"{where}: {err['msg']}")
+    return messages
+
+
+def unknown_key_messages(
+    root: type[BaseModel], found: list[tuple[tuple[Any, ...], str]]
+) -> list[str]:
+    """``where: unknown key "k" ignored (allowed keys: ...)`` for each key found."""
+    messages = []
+    for loc, key in found:
+        where = format_loc(_strip_union_tags(loc, root)) if loc else "(top level)"
+        allowed = _allowed_keys(root, loc)
+        hint = f" (allowed keys: {', '.join(allowed)})" if allowed else ""
+        messages.append(f"{where}: unknown key {json.dumps(key)} ignored{hint}")
     return messages
 
 

@@ -10,13 +10,20 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar, Union
 
 from pydantic import BaseModel, ValidationError
 
-from fibgen.format.errors import FormatError, join_messages, validation_messages
+from fibgen.format.errors import (
+    FormatError,
+    FormatWarning,
+    join_messages,
+    unknown_key_messages,
+    validation_messages,
+)
 from fibgen.format.models import (
     Definition,
     Evaluation,
@@ -24,6 +31,7 @@ from fibgen.format.models import (
     TensorSpec,
     Trace,
     Workload,
+    strip_unknown_keys,
 )
 
 M = TypeVar("M", bound=BaseModel)
@@ -282,12 +290,22 @@ def parse_json(text: str, path: PathLike = "<string>") -> Any:
 def validate_obj(
     model: type[M], obj: Any, path: PathLike = "<string>", line: int | None = None
 ) -> M:
-    """Validate a parsed JSON value as ``model``, raising FormatError on any problem."""
+    """Validate a parsed JSON value as ``model``, raising FormatError on any problem.
+
+    Keys the model does not know are dropped, as flashinfer-bench drops them, with a
+    FormatWarning naming each; when the value is wrong anyway they are listed with the
+    problems, since a misspelt key is the usual cause of a missing one.
+    """
+    obj, unknown = strip_unknown_keys(model, obj)
     try:
-        return model.model_validate(obj)
+        result = model.model_validate(obj)
     except ValidationError as exc:
-        message = join_messages(validation_messages(exc, model))
-        raise FormatError(path, message, line) from None
+        messages = validation_messages(exc, model) + unknown_key_messages(model, unknown)
+        raise FormatError(path, join_messages(messages), line) from None
+    if unknown:
+        messages = unknown_key_messages(model, unknown)
+        warnings.warn(FormatWarning(path, "; ".join(messages), line), stacklevel=2)
+    return result
 
 
 def parse_definition(text: str, path: PathLike = "<string>") -> Definition:

@@ -1,10 +1,13 @@
 """The FlashInfer Trace data model: Definition, Solution, Workload, Trace and Evaluation.
 
 These models accept and reject what flashinfer-bench 0.1.2's own models accept and reject
-(their JSON Schemas are in ``shared/reference/schemas``), with three deliberate differences, each stricter:
+(their JSON Schemas are in ``shared/reference/schemas``), with these deliberate differences:
 
-* unknown keys are errors everywhere (flashinfer-bench ignores them), so a misspelt
-  ``"dtpye"`` is reported instead of silently dropped;
+* unknown keys are ignored, as flashinfer-bench ignores them (a file written by a newer
+  version still loads), but not silently: ``strip_unknown_keys`` removes them before
+  validation and the loaders in ``fibgen.format.jsonio`` warn with each key's place, so a
+  misspelt ``"dtpye"`` is still reported. The models themselves forbid extra keys, so an
+  object built in code cannot carry one;
 * ``axes`` and workload ``inputs`` are unions tagged by ``"type"``, and the tag is required;
 * a tensor may carry FlashInfer's ``"optional": true`` extension, which is kept.
 
@@ -536,3 +539,46 @@ def allowed_keys_at(root: Any, loc: tuple[Any, ...]) -> list[str]:
     if isinstance(ann, type) and issubclass(ann, BaseModel):
         return list(ann.model_fields)
     return []
+
+
+def strip_unknown_keys(root: Any, obj: Any) -> tuple[Any, list[tuple[tuple[Any, ...], str]]]:
+    """``obj`` without the keys that model ``root`` does not know; and each one's (loc, key).
+
+    Walks the JSON value along the model's annotations; a tagged union picks its member by
+    ``"type"``. Values that do not have the expected shape are left as they are, for the
+    model's validation to report.
+    """
+    found: list[tuple[tuple[Any, ...], str]] = []
+    return _strip(root, obj, (), found), found
+
+
+def _strip(ann: Any, value: Any, loc: tuple[Any, ...], found: list) -> Any:
+    ann = _unwrap(ann)
+    origin = typing.get_origin(ann)
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        if not isinstance(value, dict):
+            return value
+        out = {}
+        for key, item in value.items():
+            field = ann.model_fields.get(key)
+            if field is None:
+                found.append((loc, key))
+                continue
+            out[key] = _strip(field.annotation, item, (*loc, key), found)
+        return out
+    if origin is dict and isinstance(value, dict):
+        item_ann = typing.get_args(ann)[1]
+        return {k: _strip(item_ann, v, (*loc, k), found) for k, v in value.items()}
+    if origin in (list, tuple) and isinstance(value, list):
+        item_ann = typing.get_args(ann)[0]
+        return [_strip(item_ann, v, (*loc, i), found) for i, v in enumerate(value)]
+    if origin is Union:
+        members = [_unwrap(m) for m in typing.get_args(ann) if m is not type(None)]
+        if len(members) == 1:
+            return _strip(members[0], value, loc, found)
+        tagged = {_tag_of(m): m for m in members}
+        tag = value.get("type") if isinstance(value, dict) else None
+        if None not in tagged and isinstance(tag, str) and tag in tagged:
+            # The tag goes into the location, as pydantic puts it into its error locations.
+            return _strip(tagged[tag], value, (*loc, tag), found)
+    return value

@@ -1,4 +1,13 @@
-"""Builders: compile cpp/cuda sources into a Python extension through torch's C++ extension API.
+"""Builders: compile cpp/cuda solutions into a module whose entry symbol can be called.
+
+Two bindings, as a Solution's ``spec.binding`` says:
+
+- ``"torch"``: torch's C++ extension API (``torch.utils.cpp_extension.load``); the entry is
+  exported with ``PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)`` and takes ``at::Tensor``.
+- ``"tvm-ffi"``, or null (flashinfer-bench's default, how its own CUDA solutions are written):
+  apache-tvm-ffi's ``tvm_ffi.cpp.build``; the entry is exported with
+  ``TVM_FFI_DLL_EXPORT_TYPED_FUNC`` and takes ``tvm::ffi::TensorView``, and torch tensors
+  are passed to it through DLPack. apache-tvm-ffi is a pip package (``fibgen[tvm-ffi]``).
 
 A build is keyed by a content hash of everything that changes its result: the sources, the
 language, the binding, the entry point, the destination-passing flag (flashinfer-bench leaves
@@ -62,8 +71,12 @@ def _compiler_log(error: BaseException, folder: Path) -> str:
     """The compiler's messages from a failed torch build, without ninja's command lines."""
     text = str(error)
     _, sep, output = text.partition(": ")
+    return _clean_log(output if sep else text, folder) or text
+
+
+def _clean_log(text: str, folder: Path) -> str:
     lines, skip_command = [], False
-    for line in (output if sep else text).splitlines():
+    for line in text.splitlines():
         if skip_command:  # the line after FAILED: is the full command, long and unhelpful
             skip_command = False
             continue
@@ -72,10 +85,12 @@ def _compiler_log(error: BaseException, folder: Path) -> str:
             continue
         if re.match(r"\[\d+/\d+\] ", line) or line.startswith("ninja: "):
             continue
+        if re.match(r"ninja exited with status \d+$", line) or line in ("stdout:", "stderr:"):
+            continue  # tvm-ffi's framing of ninja's output
         lines.append(line.replace(f"{folder}{os.sep}", ""))
     if len(lines) > _MAX_LOG_LINES:
         lines = lines[:_MAX_LOG_LINES] + [f"... ({len(lines) - _MAX_LOG_LINES} more lines)"]
-    return "\n".join(lines).strip() or text
+    return "\n".join(lines).strip()
 
 
 def _import_extension(name: str, path: Path) -> ModuleType:
@@ -173,12 +188,6 @@ def build_solution(solution: Any) -> tuple[Callable[..., Any], bool]:
     what = f"solution {solution.name!r}"
     if spec.language not in BUILT_LANGUAGES:
         raise BuildError(f"{what}: language {spec.language!r} is not built (only cpp and cuda)")
-    if spec.binding != "torch":
-        raise BuildError(
-            f"{what} asks for the {spec.binding or 'tvm-ffi'} binding (the default when "
-            "spec.binding is null); this runtime builds through torch: set "
-            '"binding": "torch" and export the entry with PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)'
-        )
     entry_file, symbol = spec.entry_point.split("::")
     if not entry_file.endswith(COMPILED_SUFFIXES):
         raise BuildError(
@@ -188,15 +197,106 @@ def build_solution(solution: Any) -> tuple[Callable[..., Any], bool]:
     files = {s.path: s.content for s in solution.sources}
     compiled = sorted(p for p in files if p.endswith(COMPILED_SUFFIXES))
     digest = solution_digest(solution)
-    module, built = _build(what, digest, files, compiled, (), spec.language == "cuda")
-    fn = getattr(module, symbol, None)
-    if not callable(fn):
+    cuda = spec.language == "cuda"
+    if spec.binding != "torch" and os.environ.get("TVM_FFI_CUDA_ARCH_LIST"):
+        # The architectures compiled for change the binary: a build of its own.
+        digest = _digest([digest, os.environ["TVM_FFI_CUDA_ARCH_LIST"]])
+    if spec.binding == "torch":
+        module, built = _build(what, digest, files, compiled, (), cuda)
+        fn = getattr(module, symbol, None)
         exported = sorted(n for n in vars(module) if not n.startswith("_"))
-        raise BuildError(
-            f"{what}: the built extension exports no {symbol!r} "
-            f"(it exports {', '.join(exported) or 'nothing'}); check m.def in {entry_file}"
-        )
+        how = f"check m.def in {entry_file}"
+    else:
+        module, built = _build_tvm_ffi(what, digest, files, compiled)
+        fn = _tvm_ffi_function(module, symbol)
+        exported = []
+        how = f"export it with TVM_FFI_DLL_EXPORT_TYPED_FUNC({symbol}, ...) in {entry_file}"
+    if not callable(fn):
+        listed = f" (it exports {', '.join(exported) or 'nothing'})" if exported else ""
+        raise BuildError(f"{what}: the built module exports no {symbol!r}{listed}; {how}")
     return fn, built
+
+
+# ---------------------------------------------------------------------------------------
+# tvm-ffi
+
+_TVM_FFI_INSTALL = "pip install apache-tvm-ffi (or pip install 'fibgen[tvm-ffi]')"
+
+
+def _tvm_ffi_function(module: Any, symbol: str) -> Any:
+    try:
+        return getattr(module, symbol)
+    except AttributeError:
+        return None
+
+
+def _build_tvm_ffi(
+    what: str, digest: str, files: dict[str, str], compiled: Sequence[str]
+) -> tuple[Any, bool]:
+    """Build (or load) a tvm-ffi module; returns it and whether this call compiled it."""
+    with _loaded_lock:
+        if digest in _loaded:
+            return _loaded[digest], False
+    try:
+        import tvm_ffi
+    except ImportError:
+        raise BuildError(
+            f"{what} uses the tvm-ffi binding (the default when spec.binding is null), which "
+            f"needs apache-tvm-ffi: {_TVM_FFI_INSTALL}"
+        ) from None
+    from filelock import FileLock
+
+    if not compiled:
+        raise BuildError(f"{what} has no source to compile (one of {', '.join(COMPILED_SUFFIXES)})")
+    if any(p.endswith(".cu") for p in compiled) and shutil.which("nvcc") is None:
+        raise BuildError(f"{what} has CUDA sources and no nvcc is on PATH to compile them")
+    name = f"fibgen_tvm_{digest}"
+    folder = build_root() / digest
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    built = False
+    with FileLock(str(folder) + ".lock"):
+        library = folder / f"{name}.so"
+        if not (folder / _DONE).is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            for rel, text in files.items():
+                path = folder / rel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text, encoding="utf-8")
+            try:
+                library = Path(
+                    tvm_ffi.cpp.build(
+                        name=name,
+                        cpp_files=[str(folder / p) for p in compiled if not p.endswith(".cu")],
+                        cuda_files=[str(folder / p) for p in compiled if p.endswith(".cu")],
+                        extra_include_paths=[str(folder)],
+                        build_directory=str(folder),
+                    )
+                )
+            except Exception as exc:  # tvm-ffi reports a failed compile as a RuntimeError
+                log = _clean_log(str(exc), folder) or str(exc)
+                if "cannot find -lcudart" in log:
+                    log += (
+                        "\n= help: the linker did not find the CUDA runtime; set CUDA_HOME to "
+                        "the CUDA toolkit's folder (the one holding bin/nvcc and lib64/)"
+                    )
+                if "TVM_FFI_CUDA_ARCH_LIST" in log:
+                    log += (
+                        "\n= help: no GPU is visible to pick the CUDA architecture from; set "
+                        'TVM_FFI_CUDA_ARCH_LIST, for example to "9.0" for an H100'
+                    )
+                raise BuildError(f"{what} failed to compile:\n{log}") from None
+            (folder / _DONE).write_text(f"{library.name}\n", encoding="utf-8")
+            built = True
+        else:
+            library = folder / (folder / _DONE).read_text(encoding="utf-8").strip()
+        try:
+            module = tvm_ffi.load_module(str(library))
+        except Exception as exc:
+            raise BuildError(f"{what} was built but does not load: {exc}") from None
+    with _loaded_lock:
+        module = _loaded.setdefault(digest, module)
+    return module, built
 
 
 def build_extension(

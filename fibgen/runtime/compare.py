@@ -7,10 +7,14 @@ ratio of elements that do not fail reaches ``matched`` (default 1.0: every eleme
 Integer and bool outputs are compared exactly. NaN matches NaN and an infinity matches the
 same infinity, at the same position; any other non-finite value on either side fails that
 element and makes the maximum errors infinite.
+
+Samplers are judged by the distribution of their draws instead, with flashinfer-bench's
+thresholds (``compare_sampling``, Note [judging samplers]).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,9 +23,12 @@ import torch
 __all__ = [
     "DEFAULT_TOLERANCES",
     "CompareResult",
+    "SamplingResult",
     "compare",
     "compare_outputs",
+    "compare_sampling",
     "default_tolerance",
+    "is_sampling",
 ]
 
 # (atol, rtol) per output dtype. bf16/fp16 follow flashinfer-bench (1e-2); fp32 outputs of
@@ -175,3 +182,208 @@ def compare_outputs(
         name: compare(a, e, atol=atol, rtol=rtol, matched=matched)
         for name, a, e in zip(names, actual, expected)
     }
+
+
+# ---------------------------------------------------------------------------------------
+# Samplers: judged by the distribution of their draws
+#
+# Note [judging samplers]
+# A sampler's token ids cannot be compared with the reference's: two correct samplers draw
+# different tokens. flashinfer-bench 0.1.2 (bench/evaluators/sampling.py) judges a definition
+# of op_type "sampling" by its draws, in two steps, and fibgen uses its thresholds:
+#
+# 1. ``SAMPLING_VALIDATION_TRIALS`` calls, each of whose samples must be a token id of the
+#    vocabulary inside the row's valid set: with top_k, the tokens whose probability is at
+#    least the k-th largest (ties kept); with top_p, the sorted prefix whose mass is at most
+#    p + ``SAMPLING_TOP_P_EPS`` (at least the first token); which filters apply is read from
+#    the definition's name, as flashinfer-bench reads it. A token the reference itself draws
+#    is valid too: a top-p row keeps the token that crosses p, which the eps may not cover.
+# 2. Many draws per row (the rows repeated into batches, as flashinfer-bench does); the
+#    output fails when, for any row, the total variation distance between the frequencies of
+#    the solution's tokens and the target exceeds ``SAMPLING_TVD_THRESHOLD``.
+#
+# One difference, on purpose: flashinfer-bench's target is the probabilities with both masks
+# of step 1 applied at once and renormalized. FlashInfer's top_k_top_p_sampling_from_probs
+# applies top-k first and top-p to the renormalized result (so does the catalogue's
+# reference), which keeps fewer tokens: against flashinfer-bench's target the reference
+# itself measured a distance of 0.48. The target here is the reference's own draws, as many
+# as the solution's, which follows whatever the definition's reference does.
+#
+# flashinfer-bench always draws 500,000 times per row, a GPU's work. fibgen draws as many as
+# a row needs for the sampling noise of a correct sampler to stay a quarter of the threshold
+# (two samplers of n draws each differ by about sqrt(2) * 0.5 * sum(sqrt(2 p (1 - p) / (pi
+# n))), p the filtered probabilities), at most flashinfer-bench's count, in batches of at
+# most ``SAMPLING_BATCH_BYTES`` of probs. Fewer draws only add noise, which raises the
+# measured distance: a wrong sampler is not let through by it.
+
+SAMPLING_VALIDATION_TRIALS = 100
+SAMPLING_TVD_THRESHOLD = 0.2
+SAMPLING_TOP_P_EPS = 5e-2
+SAMPLING_MAX_DRAWS = 500_000
+SAMPLING_MIN_DRAWS = 1_000
+SAMPLING_ROWS = 10_000
+SAMPLING_BATCH_BYTES = 256 << 20
+
+
+def is_sampling(definition: dict[str, Any]) -> bool:
+    """Whether a definition (its JSON) is judged as a sampler (flashinfer-bench's rule)."""
+    return definition.get("op_type") == "sampling" and "probs" in definition.get("inputs", {})
+
+
+def _thresholding(name: str) -> str:
+    name = name.lower()
+    for method in ("top_k_top_p", "top_k", "top_p"):
+        if method in name:
+            return method
+    return "none"
+
+
+def _row_values(value: Any, rows: int) -> list[float]:
+    t = torch.as_tensor(value).flatten()
+    return [float(t[i if t.numel() > 1 else 0]) for i in range(rows)]
+
+
+def sampling_mask(probs: torch.Tensor, method: str, inputs: dict[str, Any]) -> torch.Tensor:
+    """Per row, the tokens flashinfer-bench lets a sampler draw (Note [judging samplers])."""
+    probs = probs.float().reshape(-1, probs.shape[-1])
+    rows, vocab = probs.shape
+    mask = torch.ones_like(probs, dtype=torch.bool)
+    if method in ("top_k", "top_k_top_p"):
+        for i, k in enumerate(_row_values(inputs["top_k"], rows)):
+            k = int(k)
+            if 0 < k < vocab:
+                pivot = probs[i].sort(descending=True).values[k - 1]
+                mask[i] = probs[i] >= pivot
+    if method in ("top_p", "top_k_top_p"):
+        for i, p in enumerate(_row_values(inputs["top_p"], rows)):
+            if 0 < p < 1:
+                values, order = probs[i].sort(descending=True)
+                nucleus = values.cumsum(0) <= p + SAMPLING_TOP_P_EPS
+                nucleus[0] = True
+                keep = torch.zeros(vocab, dtype=torch.bool)
+                keep[order[nucleus]] = True
+                mask[i] &= keep
+    return mask
+
+
+@dataclass(frozen=True)
+class SamplingResult:
+    """The outcome of judging a sampler; ``reason`` says why it failed (empty when ok)."""
+
+    ok: bool
+    max_tvd: float
+    tvds: tuple[float, ...]
+    max_abs_err: float
+    max_rel_err: float
+    draws: int
+    reason: str = ""
+
+    def __str__(self) -> str:
+        status = "ok" if self.ok else f"FAILED ({self.reason})"
+        return (
+            f"{status}: total variation distance {self.max_tvd:.3g} from the reference's "
+            f"draws, {self.draws} draws per row (need <= {SAMPLING_TVD_THRESHOLD:g})"
+        )
+
+
+def _draws_needed(probs: torch.Tensor, mask: torch.Tensor) -> int:
+    # Note [judging samplers]: the noise of two correct samplers, a quarter of the threshold.
+    masked = probs.double() * mask
+    p = masked / masked.sum(-1, keepdim=True)
+    c = math.sqrt(2) * (0.5 * torch.sqrt(2 * p * (1 - p) / math.pi).sum(-1)).max().item()
+    n = math.ceil((c / (SAMPLING_TVD_THRESHOLD / 4)) ** 2)
+    return max(SAMPLING_MIN_DRAWS, min(SAMPLING_MAX_DRAWS, n))
+
+
+def _repeated(inputs: dict[str, Any], times: int) -> dict[str, Any]:
+    if times == 1:
+        return inputs
+    out = {}
+    for name, value in inputs.items():
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            out[name] = value.repeat(times, *([1] * (value.dim() - 1)))
+        else:
+            out[name] = value
+    return out
+
+
+class _Bad(Exception):
+    pass
+
+
+def _samples(draw: Any, inputs: dict[str, Any], rows: int, vocab: int) -> torch.Tensor:
+    samples = torch.as_tensor(draw(inputs)).detach().cpu().flatten().to(torch.int64)
+    if samples.numel() != rows:
+        raise _Bad(f"{samples.numel()} samples for {rows} rows")
+    outside = (samples < 0) | (samples >= vocab)
+    if outside.any():
+        raise _Bad(f"sample {int(samples[outside][0])} is outside the vocabulary [0, {vocab})")
+    return samples
+
+
+def _counts(
+    draw: Any, inputs: dict[str, Any], rows: int, vocab: int, draws: int, per_call: int
+) -> torch.Tensor:
+    counts = torch.zeros(rows * vocab, dtype=torch.int64)
+    done = 0
+    while done < draws:
+        times = min(per_call, draws - done)
+        samples = _samples(draw, _repeated(inputs, times), rows * times, vocab)
+        counts += torch.bincount(
+            torch.arange(rows * times) % rows * vocab + samples, minlength=rows * vocab
+        )
+        done += times
+    return counts.reshape(rows, vocab)
+
+
+def compare_sampling(
+    draw: Any,
+    reference: Any,
+    inputs: dict[str, Any],
+    definition: dict[str, Any],
+    *,
+    trials: int = SAMPLING_VALIDATION_TRIALS,
+    max_draws: int = SAMPLING_MAX_DRAWS,
+) -> SamplingResult:
+    """Judge a sampler by its draws against the reference's (Note [judging samplers]).
+
+    ``draw(inputs)`` and ``reference(inputs)`` call the solution and the reference on a dict
+    of inputs (whose rows may be repeated) and return the sampled token ids.
+    """
+    probs = inputs["probs"]
+    flat = probs.detach().float().cpu().reshape(-1, probs.shape[-1])
+    rows, vocab = flat.shape
+    params = {k: inputs[k] for k in ("top_k", "top_p") if k in inputs}
+    params = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in params.items()}
+    method = _thresholding(definition["name"])
+    mask = sampling_mask(flat, method, params)
+    draws = min(max_draws, _draws_needed(flat, mask))
+    per_call = max(1, min(SAMPLING_ROWS // rows, SAMPLING_BATCH_BYTES // max(1, rows * vocab * 4)))
+
+    def fail(reason: str) -> SamplingResult:
+        inf = float("inf")
+        return SamplingResult(False, inf, (), inf, inf, draws, reason)
+
+    target = _counts(reference, inputs, rows, vocab, draws, per_call)
+    valid = mask | (target > 0)
+    try:
+        for _ in range(trials):
+            samples = _samples(draw, inputs, rows, vocab)
+            allowed = valid[torch.arange(rows), samples]
+            if not allowed.all():
+                row = int((~allowed).nonzero()[0])
+                return fail(
+                    f"row {row} drew token {int(samples[row])}, outside its valid " f"{method} set"
+                )
+        got = _counts(draw, inputs, rows, vocab, draws, per_call)
+    except _Bad as exc:
+        return fail(str(exc))
+    diff = (got.double() - target.double()).abs() / draws
+    tvds = tuple(float(t) for t in 0.5 * diff.sum(-1))
+    max_tvd = max(tvds)
+    expected = target.double() / draws
+    max_abs = float(diff.max())
+    max_rel = float((diff / (expected + _EPS)).max())
+    ok = max_tvd <= SAMPLING_TVD_THRESHOLD
+    reason = "" if ok else f"total variation distance {max_tvd:.3g} > {SAMPLING_TVD_THRESHOLD:g}"
+    return SamplingResult(ok, max_tvd, tvds, max_abs, max_rel, draws, reason)

@@ -163,8 +163,14 @@ class InputSpec:
 
     @classmethod
     def from_definition_json(cls, d: dict, hints: dict | None = None) -> "InputSpec":
-        """Build from a FlashInfer Trace definition dict; ``hints`` maps input name to hint."""
-        hints = hints or {}
+        """Build from a FlashInfer Trace definition dict; ``hints`` maps input name to hint.
+
+        Without a hint, a sampling definition's ``probs`` are probability rows: that is how
+        flashinfer-bench makes them (a softmax of random values), and random normals are not.
+        """
+        hints = dict(hints or {})
+        if d.get("op_type") == "sampling" and "probs" in d["inputs"]:
+            hints.setdefault("probs", "prob()")
         axes = tuple(
             (name, a["type"], a.get("value") if a["type"] == "const" else None)
             for name, a in d["axes"].items()

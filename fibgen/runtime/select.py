@@ -2,7 +2,8 @@
 
 Per definition, a solution is a candidate when it has passing traces and no failing ones
 (a solution wrong on one workload is not trusted on another), and each passing trace meets
-the policy's tolerances. The table holds, per definition:
+the policy's tolerances. Of several traces of one solution on one workload, the last one
+read counts: a solution repaired and benchmarked again is judged on what it is now. The table holds, per definition:
 
 - ``ranking``: candidates by the geometric mean of their speedup over the reference, best
   first; the first is the definition's best;
@@ -32,6 +33,7 @@ import math
 import os
 import statistics
 import tempfile
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,7 +45,7 @@ from fibgen.runtime.errors import ApplyConfigError, Decline
 __all__ = ["Policy", "build_table", "entries", "load_table", "normalize_config"]
 
 # Bumped when the table's layout changes, so that old cache files are not read.
-TABLE_VERSION = 2
+TABLE_VERSION = 3
 ON_MISS = ("best", "nearest", "fallback", "reference")
 
 
@@ -102,17 +104,20 @@ def _policy(config: dict[str, Policy], name: str) -> Policy:
 # Inputs of the table and their digest
 
 
-def _scan(base: str, depth: int, suffix: str, out: list[tuple[str, int, int]]) -> None:
+def _scan(base: str, suffix: str, out: list[tuple[str, int, int]]) -> None:
     # os.scandir, not pathlib: the warm path stats every file and must stay in milliseconds.
+    # Any depth, as flashinfer-bench reads (Note [dataset depth] in fibgen/format/dataset.py);
+    # names starting with a dot are a writer's temporary files and locks.
     try:
         it = os.scandir(base)
     except (FileNotFoundError, NotADirectoryError):
         return
     with it:
         for entry in it:
-            if depth > 0:
-                if entry.is_dir():
-                    _scan(entry.path, depth - 1, suffix, out)
+            if entry.name.startswith("."):
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                _scan(entry.path, suffix, out)
             elif entry.name.endswith(suffix) and entry.is_file():
                 st = entry.stat()
                 out.append((entry.path, st.st_size, st.st_mtime_ns))
@@ -120,13 +125,9 @@ def _scan(base: str, depth: int, suffix: str, out: list[tuple[str, int, int]]) -
 
 def _inputs(root: Path) -> dict[str, list[tuple[str, int, int]]]:
     found: dict[str, list[tuple[str, int, int]]] = {}
-    for kind, depth, suffix in (
-        ("traces", 2, ".jsonl"),
-        ("solutions", 3, ".json"),
-        ("definitions", 1, ".json"),
-    ):
+    for kind, suffix in (("traces", ".jsonl"), ("solutions", ".json"), ("definitions", ".json")):
         files: list[tuple[str, int, int]] = []
-        _scan(str(root / kind), depth, suffix, files)
+        _scan(str(root / kind), suffix, files)
         found[kind] = sorted(files)
     return found
 
@@ -192,10 +193,52 @@ def build_table(root: str | os.PathLike[str], config: Any = None) -> dict:
     return _build(root, _inputs(root), normalize_config(config))
 
 
+def _read_json(path: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None  # reported with the file named when the solution is loaded, or counted
+
+
+def _solution_index(root: Path, inputs: dict) -> tuple[dict[str, dict[str, str]], int]:
+    """definition → solution name → JSON path relative to root; and unreadable files."""
+    paths: dict[str, dict[str, str]] = {}
+    unreadable = 0
+    for path, _, _ in inputs["solutions"]:
+        data = _read_json(path)
+        name = data.get("name") if isinstance(data, dict) else None
+        definition = data.get("definition") if isinstance(data, dict) else None
+        if not isinstance(name, str) or not isinstance(definition, str):
+            unreadable += 1
+            continue
+        paths.setdefault(definition, {}).setdefault(name, os.path.relpath(path, root))
+    return paths, unreadable
+
+
+def _definition_json(inputs: dict, name: str, cache: dict[str, Any]) -> dict | None:
+    """The JSON of definition ``name``: the file named after it first, then every file."""
+    if name in cache:
+        return cache[name]
+    files = [p for p, _, _ in inputs["definitions"]]
+    for path in [p for p in files if Path(p).stem == name] + files:
+        data = _read_json(path)
+        if isinstance(data, dict) and isinstance(data.get("name"), str):
+            cache[data["name"]] = data
+            if data["name"] == name:
+                return data
+    cache[name] = None
+    return None
+
+
 def _build(root: Path, inputs: dict, config: dict[str, Policy]) -> dict:
     # definition -> solution -> {"ok": [(key, latency, speedup)], "failed": bool}
     stats: dict[str, dict[str, dict[str, Any]]] = {}
     axes_of: dict[str, list[str]] = {}
+    evaluated = 0
+    # The last trace of a (definition, workload, solution) in reading order supersedes the
+    # earlier ones: a solution repaired and benchmarked again is judged on what it is now.
+    latest: dict[tuple[str, str, str], tuple[dict, dict]] = {}
     for path, _, _ in inputs["traces"]:
         with open(path, encoding="utf-8") as f:
             for line in f:
@@ -205,29 +248,34 @@ def _build(root: Path, inputs: dict, config: dict[str, Policy]) -> dict:
                     trace = json.loads(line)
                     name, solution = trace["definition"], trace["solution"]
                     evaluation = trace["evaluation"]
-                    axes = trace["workload"]["axes"]
+                    workload = trace["workload"]
+                    axes, uuid = workload["axes"], workload["uuid"]
                 except (ValueError, KeyError, TypeError):
                     continue  # a damaged line tells nothing about speed
                 if solution is None or not evaluation:
                     continue
-                record = stats.setdefault(name, {}).setdefault(
-                    solution, {"ok": [], "failed": False}
-                )
-                policy = _policy(config, name)
-                if evaluation.get("status") != "PASSED" or not _meets(evaluation, policy):
-                    record["failed"] = True
-                    continue
-                perf = evaluation.get("performance") or {}
-                order = axes_of.setdefault(name, list(axes))
-                key = tuple(axes.get(a) for a in order)
-                record["ok"].append(
-                    (key, perf.get("latency_ms", math.inf), perf.get("speedup_factor", 0.0))
-                )
-    paths: dict[str, dict[str, str]] = {}
-    for path, _, _ in inputs["solutions"]:
-        p = Path(path)
-        paths.setdefault(p.parent.name, {})[p.stem] = os.path.relpath(path, root)
-    definition_files = {Path(p).stem: p for p, _, _ in inputs["definitions"]}
+                evaluated += 1
+                latest.pop((name, uuid, solution), None)
+                latest[(name, uuid, solution)] = (evaluation, axes)
+    for (name, _, solution), (evaluation, axes) in latest.items():
+        record = stats.setdefault(name, {}).setdefault(
+            solution, {"ok": [], "failed": False, "tolerance": False}
+        )
+        policy = _policy(config, name)
+        if evaluation.get("status") != "PASSED":
+            record["failed"] = True
+            continue
+        if not _meets(evaluation, policy):
+            record["failed"] = record["tolerance"] = True
+            continue
+        perf = evaluation.get("performance") or {}
+        order = axes_of.setdefault(name, list(axes))
+        key = tuple(axes.get(a) for a in order)
+        record["ok"].append(
+            (key, perf.get("latency_ms", math.inf), perf.get("speedup_factor", 0.0))
+        )
+    paths, unreadable = _solution_index(root, inputs)
+    definitions: dict[str, Any] = {}
     table: dict[str, Any] = {}
     for name, by_solution in sorted(stats.items()):
         known = paths.get(name, {})
@@ -251,8 +299,10 @@ def _build(root: Path, inputs: dict, config: dict[str, Policy]) -> dict:
             "ranking": ranking,
             "solutions": {s: known[s] for s in ranking},
         }
-        if any(s != ranking[0] for s in keys.values()) and name in definition_files:
-            definition = json.loads(Path(definition_files[name]).read_text(encoding="utf-8"))
+        definition = None
+        if any(s != ranking[0] for s in keys.values()):
+            definition = _definition_json(inputs, name, definitions)
+        if definition is not None:
             bind = _bindings(definition)
             axes = _var_axes(definition)
             if bind is not None and sorted(axes) == sorted(axes_of[name]):
@@ -268,7 +318,48 @@ def _build(root: Path, inputs: dict, config: dict[str, Policy]) -> dict:
                     "keys": [[[k[i] for i in position], s] for k, s in sorted(keys.items())],
                 }
         table[name] = entry
-    return {"root": str(root), "definitions": table}
+    return {
+        "root": str(root),
+        "definitions": table,
+        "unused": _unused(stats, paths, unreadable, evaluated, len(inputs["solutions"])),
+    }
+
+
+def _unused(
+    stats: dict[str, dict[str, dict[str, Any]]],
+    paths: dict[str, dict[str, str]],
+    unreadable: int,
+    evaluated: int,
+    files: int,
+) -> dict[str, Any]:
+    """What the table could not use, counted by reason, for the warning at enable."""
+    failed = sorted(
+        f"{d}/{s}"
+        for d, by in stats.items()
+        for s, r in by.items()
+        if s in paths.get(d, {}) and r["failed"] and not r["tolerance"]
+    )
+    tolerance = sorted(
+        f"{d}/{s}"
+        for d, by in stats.items()
+        for s, r in by.items()
+        if s in paths.get(d, {}) and r["tolerance"]
+    )
+    untraced = sorted(
+        f"{d}/{s}" for d, by in paths.items() for s in by if s not in stats.get(d, {})
+    )
+    missing = sorted(
+        {f"{d}/{s}" for d, by in stats.items() for s in by if s not in paths.get(d, {})}
+    )
+    return {
+        "solution_files": files,
+        "evaluated_traces": evaluated,
+        "unreadable": unreadable,
+        "failed": failed,
+        "tolerance": tolerance,
+        "untraced": untraced,
+        "missing": missing,
+    }
 
 
 def load_table(root: str | os.PathLike[str], config: Any = None) -> tuple[dict, bool]:
@@ -314,15 +405,18 @@ class _LazySolution:
 
     def __getattr__(self, attr: str) -> Any:
         if self._model is None:
-            from fibgen.format.jsonio import load_solution
+            # A solution folder's files are read now (Note [solution folders]).
+            from fibgen.format.dataset import read_solution
 
-            self._model = load_solution(self._path)
+            self._model = read_solution(self._path)
         return getattr(self._model, attr)
 
 
 def _entry(root: Path, name: str, solution: str, relpath: str) -> solutions.Entry:
     path = root / relpath
-    return solutions.Entry(name, f"solution {solution!r} ({path})", solution=_LazySolution(path))
+    return solutions.Entry(
+        name, f"solution {solution!r} ({path})", solution=_LazySolution(path), root=root
+    )
 
 
 def _declining(name: str, key: Any) -> Callable[..., Any]:
@@ -443,11 +537,64 @@ def _keyed(root: Path, name: str, info: dict, policy: Policy) -> solutions.Entry
     return solutions.Entry(name, label, fn=namespace["run"])
 
 
+def _examples(items: list[str]) -> str:
+    shown = ", ".join(items[:3])
+    return shown + (f", ... ({len(items) - 3} more)" if len(items) > 3 else "")
+
+
+def unused_message(root: Path, table: dict) -> str | None:
+    """What a dataset holds that apply cannot route, with counts and reasons; None if nothing."""
+    unused = table.get("unused") or {}
+    parts = []
+    if unused.get("failed"):
+        parts.append(
+            f"{len(unused['failed'])} solution(s) failed on some workload "
+            f"({_examples(unused['failed'])})"
+        )
+    if unused.get("tolerance"):
+        parts.append(
+            f"{len(unused['tolerance'])} solution(s) exceed the policy's atol/rtol "
+            f"({_examples(unused['tolerance'])})"
+        )
+    if unused.get("untraced"):
+        parts.append(
+            f"{len(unused['untraced'])} solution(s) have no benchmark traces "
+            f"({_examples(unused['untraced'])}; run `fibgen bench {root}`)"
+        )
+    if unused.get("missing"):
+        parts.append(
+            f"traces name {len(unused['missing'])} solution(s) not under {root}/solutions "
+            f"({_examples(unused['missing'])})"
+        )
+    if unused.get("unreadable"):
+        parts.append(
+            f"{unused['unreadable']} file(s) under {root}/solutions are not Solution JSON "
+            f"(`fibgen validate {root}` names them)"
+        )
+    routed = len(table.get("definitions", {}))
+    if routed == 0:
+        head = (
+            f"fibgen: {root}: nothing is routed: {unused.get('solution_files', 0)} solution "
+            f"file(s), {unused.get('evaluated_traces', 0)} evaluated trace(s)"
+        )
+        return head + (": " + "; ".join(parts) if parts else "")
+    if not parts:
+        return None
+    return f"fibgen: {root}: {routed} definition(s) routed; not usable: " + "; ".join(parts)
+
+
 def entries(root: str | os.PathLike[str], config: Any = None) -> dict[str, solutions.Entry]:
-    """Apply entries for every definition the traces under ``root`` rank a solution for."""
+    """Apply entries for every definition the traces under ``root`` rank a solution for.
+
+    What the dataset holds but cannot route (failing or untraced solutions, traces of
+    solutions that are not there) is said in one RuntimeWarning.
+    """
     root = Path(root).resolve()
     config = normalize_config(config)
     table, _ = load_table(root, config)
+    message = unused_message(root, table)
+    if message is not None:
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
     out: dict[str, solutions.Entry] = {}
     for name, info in table["definitions"].items():
         policy = _policy(config, name)

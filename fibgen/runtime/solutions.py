@@ -18,6 +18,7 @@ import shutil
 import sys
 import tempfile
 import types
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,8 @@ class Entry:
     label: str
     fn: Callable[..., Any] | None = None
     solution: Any = None
+    # The dataset the Solution came from, whose definitions/ may hold its definition.
+    root: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -61,12 +64,13 @@ def _is_solution_model(value: Any) -> bool:
 
 
 def _load_solution_file(path: Path) -> Any:
-    # Imported here: pydantic is only needed when JSON solutions are used.
+    # Imported here: pydantic is only needed when JSON solutions are used. A solution
+    # folder's sources come from its files (Note [solution folders] in fibgen/format/dataset.py).
+    from fibgen.format.dataset import read_solution
     from fibgen.format.errors import FormatError
-    from fibgen.format.jsonio import load_solution
 
     try:
-        return load_solution(path)
+        return read_solution(path)
     except FormatError as exc:
         raise ApplyConfigError(f"bad solution file {exc}") from None
     except OSError as exc:
@@ -79,7 +83,12 @@ def _json_entry(definition: str, solution: Any, origin: str) -> Entry:
             f"{origin}: solution {solution.name!r} is for definition {solution.definition!r}, "
             f"but it was registered for {definition!r}"
         )
-    return Entry(definition, f"solution {solution.name!r} ({origin})", solution=solution)
+    return Entry(
+        definition,
+        f"solution {solution.name!r} ({origin})",
+        solution=solution,
+        root=_dataset_root(Path(origin)) if origin != "given object" else None,
+    )
 
 
 def collect(target: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Entry]:
@@ -111,13 +120,15 @@ def collect(target: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Ent
 
 
 def _collect_folder(root: Path) -> dict[str, Entry]:
+    from fibgen.format.dataset import dataset_files
+
     folder = root / "solutions"
     if not folder.is_dir():
         what = "does not exist" if not root.exists() else "has no solutions/ folder"
         raise ApplyConfigError(f"apply path {root} {what}; expected {root}/solutions/**/*.json")
     entries: dict[str, Entry] = {}
     origins: dict[str, Path] = {}
-    for path in sorted(folder.rglob("*.json")):
+    for path in dataset_files(root, "solutions"):
         solution = _load_solution_file(path)
         name = solution.definition
         if name in origins:
@@ -127,6 +138,13 @@ def _collect_folder(root: Path) -> dict[str, Entry]:
             )
         origins[name] = path
         entries[name] = _json_entry(name, solution, str(path))
+    if not entries:
+        warnings.warn(
+            f"fibgen: apply path {root} holds no Solution JSON under {folder}; "
+            "no call is routed",
+            RuntimeWarning,
+            stacklevel=4,
+        )
     return entries
 
 
@@ -175,8 +193,13 @@ def load(entry: Entry, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> Loa
             # Like Trace Apply, built solutions are called positionally; the dispatcher
             # passes keywords, so the wrapper takes the definition's names.
             fn = by_name(fn, inputs + outputs if dps else inputs)
-    # Without the definition's tensors (hand-written apply) there is nothing to check against.
+    # Without the definition's tensors (hand-written apply) there is nothing to check against;
+    # a Solution then takes either calling style (Note [calling styles]).
     if not inputs and not outputs:
+        if entry.solution is not None:
+            definition = find_definition(entry.definition, entry.root)
+            if definition is not None:
+                fn = either_style(fn, definition, bool(dps), entry.label)
         return Loaded(fn, bool(dps), entry.label)
     dps, problem = signature_problem(fn, entry.definition, entry.label, inputs, outputs, dps)
     if problem is not None:
@@ -273,3 +296,130 @@ def _import_solution(entry: Entry) -> Callable[..., Any]:
             entry.definition,
             entry.label,
         ) from exc
+
+
+def allocate_outputs(definition: Mapping[str, Any], inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """One empty buffer per output of ``definition`` (its JSON), sized from the inputs.
+
+    Const axes come from the definition, var axes from the shapes of the input tensors that
+    carry them; the buffers go on the device of the first input tensor.
+    """
+    import torch
+
+    from fibgen.runtime.inputs import torch_dtype
+
+    axes = {n: a["value"] for n, a in definition["axes"].items() if a.get("type") == "const"}
+    device = None
+    for name, spec in definition["inputs"].items():
+        value = inputs.get(name)
+        if isinstance(value, torch.Tensor):
+            device = device or value.device
+            for axis, size in zip(spec.get("shape") or (), value.shape):
+                axes.setdefault(axis, int(size))
+    out = {}
+    for name, spec in definition["outputs"].items():
+        shape = spec.get("shape")
+        if shape is None:
+            raise ValueError(
+                f"{definition['name']}: output {name!r} is a scalar and has no buffer; "
+                "call the solution in value-returning style"
+            )
+        missing = [a for a in shape if a not in axes]
+        if missing:
+            raise ValueError(
+                f"{definition['name']}: cannot size output {name!r}: no input carries axis "
+                f"{', '.join(missing)}"
+            )
+        out[name] = torch.empty(
+            [axes[a] for a in shape], dtype=torch_dtype(spec["dtype"]), device=device or "cpu"
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Note [calling styles]
+# flashinfer-bench's apply(name, args) takes a call in either style and tells them apart by
+# the number of arguments: the definition's inputs (value-returning: the outputs are
+# returned) or its inputs and then its outputs (destination-passing: written into, None
+# returned). Hand-written code calls `apply` without the definition's tensors, so a
+# Solution routed there is wrapped by `either_style`: the call's style is read from its
+# arguments, and when it is not the solution's, the outputs are allocated from the inputs'
+# shapes and returned, or the returned values copied into the caller's buffers. Like
+# flashinfer-bench, the solution is called positionally in the definition's order.
+
+_definitions: dict[tuple[str, str], Any] = {}
+
+
+def _dataset_root(path: Path) -> Path | None:
+    for folder in path.parents:
+        if folder.name == "solutions":
+            return folder.parent
+    return None
+
+
+def find_definition(name: str, root: Path | None = None) -> dict | None:
+    """The JSON of definition ``name``: from ``root``'s definitions/, else fibgen's catalogue."""
+    key = (name, str(root))
+    if key in _definitions:
+        return _definitions[key]
+    found = None
+    if root is not None:
+        from fibgen.format.dataset import dataset_files
+
+        files = dataset_files(root, "definitions")
+        for path in [p for p in files if p.stem == name] + files:
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict) and data.get("name") == name:
+                found = data
+                break
+    if found is None:
+        from fibgen.paths import builtin_definition_file
+
+        path = builtin_definition_file(name)
+        if path is not None:
+            found = json.loads(path.read_text(encoding="utf-8"))
+    _definitions[key] = found
+    return found
+
+
+def either_style(
+    fn: Callable[..., Any], definition: Mapping[str, Any], dps: bool, label: str
+) -> Callable[..., Any]:
+    """``fn`` (of style ``dps``) callable in both styles (Note [calling styles])."""
+    inputs = list(definition["inputs"])
+    outputs = list(definition["outputs"])
+    n_in, n_all = len(inputs), len(inputs) + len(outputs)
+    name = definition["name"]
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        given = len(args) + len(kwargs)
+        if given not in (n_in, n_all):
+            raise TypeError(
+                f"{label} for {name!r}: called with {given} arguments; the definition takes "
+                f"its {n_in} inputs ({', '.join(inputs)}), or those and its "
+                f"{n_all - n_in} outputs ({', '.join(outputs)}) to write into"
+            )
+        names = inputs if given == n_in else inputs + outputs
+        values = dict(zip(names, args))
+        for key, value in kwargs.items():
+            if key not in names or key in values:
+                raise TypeError(f"{label} for {name!r}: unexpected or repeated argument {key!r}")
+            values[key] = value
+        if (given == n_all) == dps:
+            return fn(*(values[n] for n in names))
+        if dps:
+            buffers = allocate_outputs(definition, values)
+            fn(*(values[n] for n in inputs), *buffers.values())
+            result = tuple(buffers.values())
+            return result[0] if len(result) == 1 else result
+        result = fn(*(values[n] for n in inputs))
+        result = result if isinstance(result, (tuple, list)) else (result,)
+        for output, value in zip(outputs, result):
+            values[output].copy_(value)
+        return None
+
+    call.__wrapped__ = fn  # type: ignore[attr-defined]
+    return call

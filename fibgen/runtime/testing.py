@@ -7,7 +7,9 @@ definition and set of var-axis values:
   number of outputs with the declared shapes and dtypes;
 * ``check_solutions``: every solution for the definition found under the solutions folder
   (``$FIBGEN_SOLUTIONS``, else ``solutions/`` in the current directory or the checkout),
-  called through its dispatcher, matches the reference by flashinfer-bench's rule;
+  called through its dispatcher, matches the reference by flashinfer-bench's rule (a
+  sampler by the distribution of its draws); a solution folder runs from its files as they
+  are now;
 * ``check_dispatch``: with a solution registered the dispatcher routes to it and counts a
   hit; without one it falls back to the reference and counts a fallback.
 
@@ -30,7 +32,7 @@ import pytest
 import torch
 
 from fibgen.runtime.apply import OUTCOMES, Api, disable_apply, enable_apply, stats
-from fibgen.runtime.compare import compare
+from fibgen.runtime.compare import compare, compare_sampling, is_sampling
 from fibgen.runtime.inputs import InputSpec, estimate_nbytes, generate_inputs_with_axes, torch_dtype
 
 __all__ = [
@@ -251,6 +253,39 @@ def _compare_all(prepared: Prepared, actual: Any, who: str) -> list[str]:
     return problems
 
 
+def _judge_sampler(api: Api, prepared: Prepared, first: Any, who: str, device: str) -> list[str]:
+    """A sampler's outputs have the declared shapes and dtypes, and its draws the reference's
+    distribution (Note [judging samplers] in fibgen/runtime/compare.py)."""
+    from fibgen.runtime.solutions import allocate_outputs
+
+    names = prepared.output_names
+    got = _as_tuple(first, len(names))
+    problems = []
+    for name, a, e in zip(names, got, prepared.expected):
+        if tuple(a.shape) != tuple(e.shape) or a.dtype != e.dtype:
+            problems.append(
+                f"{who}: output `{name}` is {a.dtype}{list(a.shape)}, expected "
+                f"{e.dtype}{list(e.shape)}"
+            )
+    if problems:
+        return problems
+    name = prepared.case.name
+
+    def draw(inputs: dict[str, Any]) -> Any:
+        inputs = {k: _to(v, device) for k, v in inputs.items()}
+        values = api.call_definition(name, inputs, allocate_outputs(prepared.definition, inputs))
+        return _as_tuple(values, len(names))[0]
+
+    reference = compile_reference(prepared.definition)
+    result = compare_sampling(
+        draw,
+        lambda inputs: _as_tuple(reference(**inputs), len(names))[0],
+        prepared.fresh_inputs(),
+        prepared.definition,
+    )
+    return [] if result.ok else [f"{who}: output `{names[0]}`: {result}"]
+
+
 def _counts(label: str) -> dict[str, int]:
     return stats().get(label, dict.fromkeys(OUTCOMES, 0))
 
@@ -384,8 +419,8 @@ def _hardware_problem(solution: Any) -> str | None:
 
 def check_solutions(prepared: Prepared) -> None:
     """Every solution found for the definition matches the reference through the dispatcher."""
+    from fibgen.format.dataset import read_solution
     from fibgen.format.errors import FormatError
-    from fibgen.format.jsonio import load_solution
 
     case = prepared.case
     root = solutions_root(case)
@@ -398,7 +433,8 @@ def check_solutions(prepared: Prepared) -> None:
     ran = 0
     for path in paths:
         try:
-            solution = load_solution(path)
+            # A solution folder's files, as they are now (Note [solution folders]).
+            solution = read_solution(path)
         except FormatError as exc:
             problems.append(f"bad solution file {exc}")
             continue
@@ -413,7 +449,11 @@ def check_solutions(prepared: Prepared) -> None:
             counts = _counts(api.label)
             if counts["hit"] != 1:
                 problems.append(f"{path}: the dispatcher did not route to it ({counts})")
-            problems += _compare_all(prepared, result, f"solution {solution.name!r} ({path})")
+            who = f"solution {solution.name!r} ({path})"
+            if is_sampling(prepared.definition):
+                problems += _judge_sampler(api, prepared, result, who, _device_for(solution))
+            else:
+                problems += _compare_all(prepared, result, who)
         except Exception as exc:
             problems.append(f"{path}: {type(exc).__name__}: {exc}")
         finally:

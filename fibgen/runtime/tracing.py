@@ -7,6 +7,16 @@ workload lines in ``workloads/<op_type>/<definition>.jsonl`` and safetensors blo
 ``FIBGEN_TRACE=1`` with ``FIBGEN_DATASET_PATH=<dir>`` enables it when ``fibgen.runtime`` is
 imported (``FIBGEN_TRACE_DUMP`` and ``FIBGEN_TRACE_DEDUP`` choose the policies).
 
+Note [complete datasets]
+A traced dataset is one ``fibgen bench`` and flashinfer-bench can load: beside the first
+workloads of a definition the writer puts its definition JSON and ``.fibgen`` sidecar
+(found beside the dispatcher that made the call: ``<out>/definitions/`` of ``fibgen build
+-o <out>``, or fibgen's built-in catalogue for ``fibgen_kernels``), unless the dataset has
+that definition already. Only definitions that exist are recorded: a call whose const values
+no instance declares (``rmsnorm`` at a hidden size of 1234) names a definition that has no
+JSON, contract or reference, so it is not recorded; such calls are counted
+(``tracing_stats()["unknown"]``) and the first one is reported.
+
 Note [tracing hooks]
 Tracing costs nothing while it is off because it lives on the dispatcher's slow path. When it
 turns on, ``set_tracer`` clears every dispatcher's routes and ``direct`` hook, so each
@@ -33,10 +43,12 @@ from __future__ import annotations
 
 import atexit
 import collections
+import glob
 import itertools
 import json
 import os
 import signal
+import sys
 import threading
 import uuid
 import warnings
@@ -195,6 +207,11 @@ class _Tracer:
         self.drainer: int | None = None
         self.pending_signal: tuple[int, Any] | None = None
         self.warned: set[str] = set()
+        self.unknown = itertools.count()
+        # Definition name -> its JSON file beside the dispatcher (None: not found), filled
+        # when a route is wrapped; names whose JSON the writer has put in the dataset.
+        self.sources: dict[str, Path | None] = {}
+        self.present: set[str] | None = None
         self.inputs_json: dict[tuple[str, tuple[tuple[str, Any], ...]], str] = {}
         self.wake = threading.Event()
         self.stopping = False
@@ -320,6 +337,7 @@ class _Tracer:
                         self.pending_bytes -= record.nbytes
             lines.setdefault((record.op_type, record.definition), []).append(line)
         for (op_type, definition), batch in lines.items():
+            self._ensure_definition(definition)
             try:
                 _append(workload_file(self.root, op_type, definition), batch)
                 self.written += len(batch)
@@ -327,6 +345,38 @@ class _Tracer:
                 for _ in batch:
                     next(self.failed)
                 self._warn_failure(f"cannot write workloads of {definition}: {exc}")
+
+    def _ensure_definition(self, name: str) -> None:
+        """Put a definition's JSON and sidecar in the dataset (Note [complete datasets])."""
+        if self.present is None:
+            self.present = _definitions_in(self.root)
+        if name in self.present:
+            return
+        self.present.add(name)
+        source = self.sources.get(name)
+        if source is None:
+            self._warn_once(
+                "definition",
+                f"no definition JSON of {name} beside its dispatcher; its workloads are written "
+                f"without it (copy it into {self.root}/definitions/ for fibgen bench)",
+            )
+            return
+        from fibgen.format.dataset import sidecar_path, write_text_atomic
+
+        try:
+            target = self.root / "definitions" / source.parent.name / source.name
+            sidecar = sidecar_path(source)
+            if sidecar.is_file():
+                write_text_atomic(sidecar_path(target), sidecar.read_text(encoding="utf-8"))
+            write_text_atomic(target, source.read_text(encoding="utf-8"))
+        except OSError as exc:
+            self._warn_failure(f"cannot write the definition of {name}: {exc}")
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key in self.warned:
+            return
+        self.warned.add(key)
+        warnings.warn(f"fibgen tracing: {message}", RuntimeWarning, stacklevel=2)
 
     def _serialize(self, record: _Record) -> str:
         """The workload line of a record, after saving its blob (so a line's blob exists)."""
@@ -398,6 +448,7 @@ class _Tracer:
             "written": self.written,
             "failed": read(self.failed),
             "pending": len(self.queue),
+            "unknown": read(self.unknown),
         }
 
 
@@ -465,6 +516,40 @@ def _append(path: Path, lines: list[str]) -> None:
 # Route wrapping (Note [tracing hooks])
 
 
+def _definitions_in(root: Path) -> set[str]:
+    """Names of the definitions a dataset holds (any depth; by file name and content)."""
+    from fibgen.format.dataset import dataset_files
+
+    names = set()
+    for path in dataset_files(root, "definitions"):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("name"), str):
+            names.add(data["name"])
+    return names
+
+
+def _definition_file(api: Api, name: str) -> Path | None:
+    """The JSON of definition ``name`` beside the dispatcher of ``api`` (Note [complete datasets])."""
+    module_name = getattr(api.function, "__module__", "") or ""
+    module = sys.modules.get(module_name)
+    file = getattr(module, "__file__", None)
+    if file:
+        # <out>/python/<package>/<family>.py beside <out>/definitions/<op_type>/<name>.json
+        base = Path(file).resolve().parents[2] / "definitions"
+        if base.is_dir():
+            found = sorted(base.glob(f"*/{glob.escape(name)}.json"))
+            if found:
+                return found[0]
+    if module_name.split(".")[0] == "fibgen_kernels":
+        from fibgen.paths import builtin_definition_file
+
+        return builtin_definition_file(name)
+    return None
+
+
 def _wrap(tracer: _Tracer) -> Callable[[Api, str | None, Any], Any]:
     def wrap(api: Api, name: str | None, route: Any) -> Any:
         kind, fn, tick, values = route
@@ -472,6 +557,10 @@ def _wrap(tracer: _Tracer) -> Callable[[Api, str | None, Any], Any]:
             # Hand-written routes, calls this family cannot name, and calls passed on to the
             # next family of the same API (which records them itself).
             return route
+        if name not in api.known_names:
+            return (kind, _uncounted(tracer, api, name, fn), tick, values)
+        if name not in tracer.sources:
+            tracer.sources[name] = _definition_file(api, name)
         record = tracer.record
         if kind == ORIGINAL:
             to_inputs = api.trace_inputs
@@ -498,6 +587,23 @@ def _wrap(tracer: _Tracer) -> Callable[[Api, str | None, Any], Any]:
     return wrap
 
 
+def _uncounted(tracer: _Tracer, api: Api, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A route of a definition that does not exist: counted, reported once, not recorded."""
+    count = tracer.unknown.__next__
+
+    def untraced(*args: Any, **kwargs: Any) -> Any:
+        count()
+        tracer._warn_once(
+            "unknown",
+            f"{api.label} was called for {name}, which is not a definition of its family "
+            "(no instance declares those values); such calls are not recorded, and "
+            "tracing_stats()['unknown'] counts them",
+        )
+        return fn(*args, **kwargs)
+
+    return untraced
+
+
 def _record_failed(tracer: _Tracer, name: str, exc: Exception) -> None:
     # Tracing must never break a call: count the failure and warn once.
     next(tracer.failed)
@@ -514,7 +620,7 @@ _atexit_registered = False
 # signal number → the handler that was installed before ours
 _previous_handlers: dict[int, Any] = {}
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_STATS = ("recorded", "filtered", "dropped", "written", "failed", "pending")
+_STATS = ("recorded", "filtered", "dropped", "written", "failed", "pending", "unknown")
 
 
 def enable_tracing(
@@ -591,7 +697,8 @@ def is_tracing() -> bool:
 
 
 def tracing_stats() -> dict[str, int]:
-    """Counts of the current (or last) tracing: recorded, filtered, dropped, written, failed."""
+    """Counts of the current (or last) tracing: recorded, filtered, dropped, written, failed,
+    pending, and unknown (calls of definitions that do not exist, not recorded)."""
     tracer = _tracer
     if tracer is not None:
         return tracer.stats()

@@ -348,11 +348,18 @@ MODULE = ir.Module(
 
 @functools.lru_cache(maxsize=1)
 def generated_package() -> ModuleType:
-    """Emit the dispatchers of MODULE once per process into a temporary folder and import them."""
+    """Emit the dispatchers of MODULE once per process into a temporary folder and import them.
+
+    The definition JSON and sidecars go beside them, as `fibgen build` writes them.
+    """
+    from fibgen.codegen.bench_extras import emit_bench_extras
+    from fibgen.codegen.definition_json import emit_definition_json
     from fibgen.codegen.python_dispatch import emit_python_dispatch
 
     out = Path(tempfile.mkdtemp(prefix="fibgen-dispatch-"))
-    for f in emit_python_dispatch(MODULE, PACKAGE):
+    files = emit_python_dispatch(MODULE, PACKAGE)
+    files += emit_definition_json(MODULE) + emit_bench_extras(MODULE)
+    for f in files:
         path = out / f.path
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f.text, encoding="utf-8")

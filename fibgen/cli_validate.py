@@ -1,0 +1,40 @@
+"""`fibgen validate`: check a whole dataset and print what is wrong with it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `validate` subcommand."""
+    p = subparsers.add_parser(
+        "validate",
+        help="check a whole dataset: schemas, layout, references, blobs, solutions",
+        description=(
+            "Read every file of DATASET and report every problem at once: files that do not "
+            "parse (unknown keys are warnings), files no reader takes, duplicate names, "
+            "solutions/workloads/traces of definitions or solutions the dataset does not have, "
+            "workloads that do not fit their definition, missing blobs or tensors, and "
+            "solutions whose entry is missing or whose tools are not installed. Prints a table "
+            "per definition; exit 1 when there is an error. The first command to run on a "
+            "dataset."
+        ),
+    )
+    p.add_argument("dataset", metavar="DATASET", help="dataset folder")
+    p.add_argument(
+        "--load",
+        action="store_true",
+        help="also import every Python/Triton solution and build every C++/CUDA one",
+    )
+    p.add_argument("--all", action="store_true", help="list every problem (default: 40)")
+    p.set_defaults(func=cmd_validate)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Validate; exit 1 when an error was found."""
+    from fibgen.validate import render, validate_dataset
+
+    report = validate_dataset(args.dataset, load=args.load)
+    sys.stdout.write(render(report, None if args.all else 40))
+    return 1 if report.errors else 0

@@ -1,0 +1,1 @@
+../../../../src/silu_and_mul_triton.py

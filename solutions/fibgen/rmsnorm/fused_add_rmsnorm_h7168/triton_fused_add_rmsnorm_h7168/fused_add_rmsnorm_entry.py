@@ -1,0 +1,1 @@
+../../../../src/fused_add_rmsnorm_entry.py

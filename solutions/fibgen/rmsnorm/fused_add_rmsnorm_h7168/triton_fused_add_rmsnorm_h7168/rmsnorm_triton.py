@@ -1,0 +1,1 @@
+../../../../src/rmsnorm_triton.py

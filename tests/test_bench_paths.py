@@ -1,0 +1,285 @@
+"""`fibgen bench` cannot mislead: filters, devices, empty runs, samplers, timings, verdicts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fibgen.bench.runner import (
+    BenchError,
+    BenchOptions,
+    DeviceError,
+    check_devices,
+    load_extras,
+    plan,
+    run_bench,
+)
+from fibgen.cli import main
+from fibgen.format import Definition, Workload, write_definition, write_workloads
+
+from _bench_dataset import DEFINITION, make_dataset, solution
+
+REPO = Path(__file__).resolve().parents[1]
+CATALOGUE = REPO / "generated" / "definitions"
+
+
+def _bench(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["bench", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ---------------------------------------------------------------------------------------
+# Nothing is run in silence
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--definitions", "scale_h8*"],
+            "error: --definitions 'scale_h8*' matches no definition of {root}; it has: scale_h64",
+        ),
+        (
+            ["--solutions", "good_retruns"],
+            "error: --solutions 'good_retruns' matches no solution of {root} and is no file or "
+            "folder; the solutions are: good_dps, good_returns",
+        ),
+    ],
+)
+def test_a_filter_that_selects_nothing_is_an_error_listing_what_there_is(
+    tmp_path, capsys, args, message
+):
+    root = make_dataset(tmp_path / "ds", ["good_returns", "good_dps"], sizes=(3,))
+    code, out, err = _bench(capsys, str(root), "--devices", "cpu", "--quiet", *args)
+    assert code == 1 and out == ""
+    assert err.strip() == message.format(root=root)
+    assert not (root / "traces").exists()
+
+
+def test_a_dataset_with_nothing_to_run_says_why(tmp_path, capsys):
+    root = make_dataset(tmp_path / "ds", [], sizes=(3,))
+    code, _, err = _bench(capsys, str(root), "--devices", "cpu", "--quiet")
+    assert code == 1
+    assert err.startswith(f"error: nothing to run in {root}: {root}/solutions holds no solution")
+    # Solutions, but no workloads for their definition: said, not skipped in silence.
+    (root / "workloads").rename(tmp_path / "aside")
+    from fibgen.format import write_solution
+
+    write_solution(root, solution("good_returns"), "scale")
+    code, _, err = _bench(capsys, str(root), "--devices", "cpu", "--quiet")
+    assert code == 1 and "not run: no workloads for scale_h64 (make some with `fibgen" in err
+
+
+@pytest.mark.parametrize(
+    "devices, cuda_count, message",
+    [
+        ("gpu0", 0, "--devices 'gpu0' is not a device; write cpu, cuda or cuda:N"),
+        ("cuda:0", 0, "--devices 'cuda:0': this machine has no CUDA device"),
+        ("cuda:0,cuda:1", 1, "--devices 'cuda:1': this machine has 1 CUDA device(s): cuda:0"),
+        ("", 0, "--devices '' is not a device"),
+    ],
+)
+def test_devices_are_checked_against_the_machine_first(
+    tmp_path, capsys, monkeypatch, devices, cuda_count, message
+):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: cuda_count)
+    with pytest.raises(DeviceError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_devices(tuple(devices.split(",")))
+    root = make_dataset(tmp_path / "ds", ["good_returns"], sizes=(3,))
+    code, _, err = _bench(capsys, str(root), "--devices", devices, "--quiet")
+    assert code == 2 and message in err
+    assert not (root / "traces").exists()
+    assert check_devices(("cpu", "cpu")) == ("cpu", "cpu")
+
+
+# ---------------------------------------------------------------------------------------
+# Verdicts, timings and packing
+
+
+def test_a_run_with_failures_says_so_in_its_last_line(tmp_path, capsys):
+    root = make_dataset(tmp_path / "ds", ["good_returns", "wrong_numbers"], sizes=(3, 5))
+    code, out, _ = _bench(capsys, str(root), "--devices", "cpu", "--quiet", "--repeat", "3")
+    assert code == 1
+    assert out.splitlines()[-1] == (
+        "bench: FAILED: 2 of 4 run(s) did not pass (INCORRECT_NUMERICAL 2); "
+        f"see `fibgen report {root}`"
+    )
+    code, out, _ = _bench(capsys, str(root), "--devices", "cpu", "--quiet", "--solutions", "good_*")
+    assert code == 0 and out.splitlines()[-1] == "bench: all 2 run(s) PASSED"
+
+
+def test_cpu_timings_are_medians_of_many_calls_with_their_spread(tmp_path, monkeypatch):
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    root = make_dataset(tmp_path / "ds", [], sizes=(34, 2048))
+    # A solution that is the reference itself: reference and solution are timed alike, so
+    # its speedup is about 1 at every size (it was 248x and 1086x with a 5-call reference).
+    from fibgen.format import Solution, write_solution
+
+    write_solution(
+        root,
+        Solution.model_validate(
+            {
+                **solution("good_returns").model_dump(),
+                "name": "same_as_reference",
+                "sources": [{"path": "main.py", "content": DEFINITION["reference"]}],
+            }
+        ),
+        "scale",
+    )
+    summary = run_bench(root, BenchOptions(devices=("cpu",)), progress=False)
+    assert summary.statuses == {"PASSED": 2}
+    (path,) = summary.trace_files
+    for trace in map(json.loads, path.read_text().splitlines()):
+        evaluation = trace["evaluation"]
+        log = evaluation["log"]
+        assert log.startswith("timing: median ") and "; reference: median " in log
+        samples = [int(part.split(" samples")[0].rsplit(" ", 1)[1]) for part in log.split(";")]
+        assert all(n >= 30 for n in samples), log
+        assert 1 / 3 < evaluation["performance"]["speedup_factor"] < 3, log
+
+
+def test_an_edited_solution_folder_is_run_as_it_is_and_packed(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    root = make_dataset(tmp_path / "ds", [], sizes=(3,))
+    assert (
+        main(
+            ["scaffold-solution", "scale_h64", "--language", "python", "--author", "me"]
+            + ["-o", str(root / "solutions"), "--definitions", str(_scale_fidef(tmp_path))]
+        )
+        == 0
+    )
+    folder = next((root / "solutions").glob("me/*/scale_h64/python_scale_h64"))
+    json_path = folder / "python_scale_h64.json"
+    capsys.readouterr()
+    code, out, _ = _bench(capsys, str(root), "--devices", "cpu", "--quiet", "--repeat", "2")
+    assert code == 0, out
+    main_py = folder / "main.py"
+    main_py.write_text(main_py.read_text().replace("return ", "return 1 + ", 1))
+    code, out, err = _bench(
+        capsys, str(root), "--devices", "cpu", "--quiet", "--repeat", "2", "--resume"
+    )
+    # --resume does not skip it: its traces are of other sources.
+    assert code == 1 and "INCORRECT_NUMERICAL 1" in out.splitlines()[-1]
+    assert f"note: packed 1 solution folder(s) whose files changed" in err
+    assert json.loads(json_path.read_text())["sources"][0]["content"] == main_py.read_text()
+
+
+def _scale_fidef(tmp_path: Path) -> Path:
+    path = tmp_path / "scale.fidef"
+    path.write_text(
+        "family scale {\n  op_type scale\n  axes {\n    n : var\n    h : const h\n  }\n"
+        "  inputs {\n    x : float32[n, h]\n    w : float32[h]\n  }\n"
+        "  outputs {\n    y : float32[n, h]\n  }\n"
+        '  reference """\n    import torch\n\n    def run(x, w):\n'
+        '        return (x.float() * w.float()).to(x.dtype)\n  """\n'
+        "  instances {\n    h=64\n  }\n}\n"
+    )
+    return path
+
+
+# ---------------------------------------------------------------------------------------
+# Sidecars of a dataset written elsewhere
+
+
+def test_a_definition_without_sidecar_takes_the_catalogues_when_its_contract_is_the_same(
+    tmp_path,
+):
+    name = "gqa_paged_decode_h32_kv8_d128_ps1"
+    source = json.loads((CATALOGUE / "gqa_paged" / f"{name}.json").read_text())
+    source["description"] = "written by someone else"
+    path = write_definition(tmp_path, Definition.model_validate(source))
+    builtin = json.loads((CATALOGUE / "gqa_paged" / f"{name}.fibgen").read_text())
+    assert load_extras(path, Definition.model_validate(source)) == builtin
+    source["inputs"]["q"]["dtype"] = "float16"
+    other = Definition.model_validate(source)
+    assert load_extras(write_definition(tmp_path, other), other) == {}
+
+
+# ---------------------------------------------------------------------------------------
+# Samplers are judged by their distribution
+
+SAMPLER = "top_k_sampling_from_probs_v64"
+
+SAMPLERS = {
+    # Correct, but draws differently from the reference (Gumbel-max, its own generator).
+    "gumbel": (
+        "import torch\n\n"
+        "def run(probs, top_k, samples):\n"
+        "    k = top_k.to(torch.int64).unsqueeze(-1)\n"
+        "    vals, idx = probs.sort(dim=-1, descending=True)\n"
+        "    keep = torch.arange(probs.shape[-1]) < k\n"
+        "    logp = torch.where(keep, vals.log(), float('-inf'))\n"
+        "    g = -torch.empty_like(logp).exponential_().log()\n"
+        "    samples.copy_(idx.gather(-1, (logp + g).argmax(-1, keepdim=True)).squeeze(-1))\n"
+    ),
+    "argmax": ("def run(probs, top_k, samples):\n    samples.copy_(probs.argmax(-1))\n"),
+    "ignores_top_k": (
+        "import torch\n\n"
+        "def run(probs, top_k, samples):\n"
+        "    samples.copy_(torch.multinomial(probs, 1).squeeze(-1))\n"
+    ),
+}
+
+
+def _sampling_dataset(root: Path) -> Path:
+    source = json.loads(
+        (CATALOGUE / "sampling" / "top_k_sampling_from_probs_v128256.json").read_text()
+    )
+    source["name"] = SAMPLER
+    source["axes"]["vocab_size"]["value"] = 64
+    definition = Definition.model_validate(source)
+    write_definition(root, definition, {"hints": {"probs": "prob()", "top_k": "range(2, 9)"}})
+    workloads = [
+        Workload.model_validate(
+            {"uuid": f"b{n}", "axes": {"batch_size": n}, "inputs": {"probs": {"type": "random"},
+                                                                     "top_k": {"type": "random"}}}
+        )
+        for n in (4,)
+    ]  # fmt: skip
+    write_workloads(root, "sampling", SAMPLER, workloads)
+    from fibgen.format import Solution, write_solution
+
+    for name, code in SAMPLERS.items():
+        write_solution(
+            root,
+            Solution.model_validate(
+                {
+                    "name": name,
+                    "definition": SAMPLER,
+                    "author": "tester",
+                    "spec": {
+                        "language": "python",
+                        "target_hardware": ["cpu"],
+                        "entry_point": "main.py::run",
+                    },
+                    "sources": [{"path": "main.py", "content": code}],
+                }
+            ),
+            "sampling",
+        )
+    return root
+
+
+def test_a_sampler_is_judged_by_its_distribution(tmp_path, monkeypatch):
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    root = _sampling_dataset(tmp_path / "ds")
+    summary = run_bench(root, BenchOptions(devices=("cpu",), repeat=2, timeout=300), progress=False)
+    (path,) = summary.trace_files
+    traces = {
+        t["solution"]: t["evaluation"] for t in map(json.loads, path.read_text().splitlines())
+    }
+    assert {s: e["status"] for s, e in traces.items()} == {
+        "gumbel": "PASSED",
+        "argmax": "INCORRECT_NUMERICAL",
+        "ignores_top_k": "INCORRECT_NUMERICAL",
+    }
+    extra = traces["gumbel"]["correctness"]["extra"]
+    assert extra["tvd"] <= 0.2 and len(extra["tvds_per_batch"]) == 4 and extra["draws"] >= 1000
+    assert "total variation distance" in traces["argmax"]["log"]
+    assert "outside its valid top_k set" in traces["ignores_top_k"]["log"]

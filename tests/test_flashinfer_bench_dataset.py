@@ -1,0 +1,237 @@
+"""A dataset written the way flashinfer-bench 0.1.2 writes one, through validate, bench,
+report and apply: its trace depths, blobs through its TraceSet, solutions in its default
+form (a tvm-ffi C++ one that runs on the CPU, a tvm-ffi CUDA one compiled where nvcc is),
+and keys that a newer writer adds."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import fibgen.runtime as rt
+from fibgen.cli import main
+
+from _shared import require_flashinfer_bench, require_module
+
+NAME = "gather_rows_r16_h64"
+
+REFERENCE = "import torch\n\ndef run(table, idx):\n    return table[idx.long()]\n"
+
+PYTHON = "def run(table, idx, y):\n    y.copy_(table[idx.long()])\n"
+
+CPP = r"""
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/function.h>
+
+void Gather(tvm::ffi::TensorView table, tvm::ffi::TensorView idx, tvm::ffi::TensorView y) {
+  const float* t = static_cast<const float*>(table.data_ptr());
+  const int32_t* i = static_cast<const int32_t*>(idx.data_ptr());
+  float* out = static_cast<float*>(y.data_ptr());
+  int64_t h = table.size(1);
+  for (int64_t n = 0; n < idx.size(0); ++n)
+    for (int64_t j = 0; j < h; ++j) out[n * h + j] = t[i[n] * h + j];
+}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(run, Gather);
+"""
+
+CUDA = r"""
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/extra/c_env_api.h>
+#include <tvm/ffi/function.h>
+
+__global__ void GatherKernel(const float* t, const int32_t* i, float* y, int64_t n, int64_t h) {
+  int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (k < n * h) y[k] = t[i[k / h] * h + k % h];
+}
+
+void Gather(tvm::ffi::TensorView table, tvm::ffi::TensorView idx, tvm::ffi::TensorView y) {
+  int64_t n = idx.size(0), h = table.size(1);
+  DLDevice dev = y.device();
+  auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(dev.device_type, dev.device_id));
+  GatherKernel<<<(n * h + 255) / 256, 256, 0, stream>>>(
+      static_cast<const float*>(table.data_ptr()), static_cast<const int32_t*>(idx.data_ptr()),
+      static_cast<float*>(y.data_ptr()), n, h);
+}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(run, Gather);
+"""
+
+
+def _add_key(path: Path, where: tuple[str, ...], key: str, value) -> None:
+    """What a newer writer adds: a key this version's models do not have."""
+    doc = json.loads(path.read_text())
+    target = doc
+    for part in where:
+        target = target[part]
+    target[key] = value
+    path.write_text(json.dumps(doc, indent=2))
+
+
+def _write_dataset(root: Path, fib) -> None:
+    from flashinfer_bench.data import save_json_file, save_jsonl_file
+
+    definition = fib.Definition.model_validate(
+        {
+            "name": NAME,
+            "op_type": "gather",
+            "axes": {
+                "n": {"type": "var"},
+                "r": {"type": "const", "value": 16},
+                "h": {"type": "const", "value": 64},
+            },
+            "inputs": {
+                "table": {"shape": ["r", "h"], "dtype": "float32"},
+                "idx": {"shape": ["n"], "dtype": "int32"},
+            },
+            "outputs": {"y": {"shape": ["n", "h"], "dtype": "float32"}},
+            "reference": REFERENCE,
+        }
+    )
+    definition_file = root / "definitions" / "gather" / f"{NAME}.json"
+    save_json_file(definition, definition_file)
+    _add_key(definition_file, (), "schema_version", 2)
+
+    sources = {
+        "gather_py": ("python", "main.py", PYTHON, ["cpu"]),
+        "gather_cpp": ("cpp", "gather.cpp", CPP, ["cpu"]),
+        "gather_cu": ("cuda", "gather.cu", CUDA, ["NVIDIA_H100"]),
+    }
+    for name, (language, file, content, hardware) in sources.items():
+        solution = fib.Solution.model_validate(
+            {
+                "name": name,
+                "definition": NAME,
+                "author": "curator",
+                # No binding and no destination_passing_style: flashinfer-bench's defaults,
+                # tvm-ffi for C++/CUDA and destination-passing.
+                "spec": {
+                    "language": language,
+                    "target_hardware": hardware,
+                    "entry_point": f"{file}::run",
+                },
+                "sources": [{"path": file, "content": content}],
+            }
+        )
+        path = root / "solutions" / "curator" / "gather" / NAME / f"{name}.json"
+        save_json_file(solution, path)
+        _add_key(path, ("spec",), "compile_options", ["-O3"])
+
+    trace_set = fib.TraceSet.from_path(str(root))
+    workloads = []
+    for n in (5, 9):
+        uuid = f"w{n}"
+        idx = torch.randint(0, 16, (n,), dtype=torch.int32)
+        blob = trace_set.add_workload_blob_tensor(NAME, uuid, {"idx": idx})
+        workloads.append(
+            fib.Workload.model_validate(
+                {
+                    "uuid": uuid,
+                    "axes": {"n": n},
+                    "inputs": {
+                        "table": {"type": "random"},
+                        "idx": {"type": "safetensors", "path": blob, "tensor_key": "idx"},
+                    },
+                }
+            )
+        )
+    trace_set.add_workload_traces([fib.Trace(definition=NAME, workload=w) for w in workloads])
+    evaluation = fib.Evaluation.model_validate(
+        {
+            "status": "PASSED",
+            "environment": {"hardware": "NVIDIA H100", "libs": {"torch": "2.8"}},
+            "timestamp": "2026-01-01T00:00:00",
+            "correctness": {"max_relative_error": 0.0, "max_absolute_error": 0.0},
+            "performance": {"latency_ms": 0.01, "reference_latency_ms": 0.02,
+                            "speedup_factor": 2.0},
+        }
+    )  # fmt: skip
+    # add_traces writes traces/<op_type>/<definition>.jsonl; a merge, traces/<definition>.jsonl.
+    trace_set.add_traces(
+        [fib.Trace(definition=NAME, workload=workloads[0], solution="gather_py", evaluation=evaluation)]
+    )  # fmt: skip
+    merged = fib.Trace(
+        definition=NAME, workload=workloads[1], solution="gather_py", evaluation=evaluation
+    )
+    save_jsonl_file([merged], root / "traces" / f"{NAME}.jsonl")
+    line = root / "traces" / f"{NAME}.jsonl"
+    doc = json.loads(line.read_text())
+    doc["evaluation"]["performance"]["p90_ms"] = 0.012
+    line.write_text(json.dumps(doc) + "\n")
+
+
+def test_a_flashinfer_bench_dataset_through_validate_bench_report_and_apply(
+    tmp_path, capsys, monkeypatch
+):
+    fib = require_flashinfer_bench()
+    require_module("tvm_ffi", "apache-tvm-ffi is not installed (pip install apache-tvm-ffi)")
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    root = tmp_path / "dataset"
+    _write_dataset(root, fib)
+    assert (root / "traces" / "gather" / f"{NAME}.jsonl").is_file()
+
+    # validate: the newer writer's keys are warnings; everything else is sound. With --load
+    # each solution is imported or built: the CUDA one too, wherever nvcc is.
+    nvcc = shutil.which("nvcc") is not None
+    if nvcc and not torch.cuda.is_available():
+        monkeypatch.setenv("TVM_FFI_CUDA_ARCH_LIST", "9.0")
+        if Path("/usr/local/cuda").is_dir() and not os.environ.get("CUDA_HOME"):
+            monkeypatch.setenv("CUDA_HOME", "/usr/local/cuda")
+    if not nvcc:
+        # Without nvcc the CUDA solution cannot be built; validate says so as a warning.
+        (root / "solutions" / "curator" / "gather" / NAME / "gather_cu.json").unlink()
+    assert main(["validate", str(root), "--load"]) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    keys = 5 if nvcc else 4  # the definition's, each solution's, the merged trace's
+    assert out.splitlines()[-1] == f"validate: ok: 0 error(s), {keys} warning(s)", out
+    assert out.count("unknown key") == keys
+    row = next(line for line in out.splitlines() if line.startswith(NAME)).split()
+    assert row[1:5] == ["3" if nvcc else "2", "2", "2", "2"]
+
+    # bench on this CPU: the Python and the tvm-ffi C++ solutions run and pass; the CUDA
+    # one is said not to run here. Traces go where flashinfer-bench's add_traces puts them.
+    assert main(["bench", str(root), "--devices", "cpu", "--quiet", "--repeat", "3"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1] == "bench: all 4 run(s) PASSED", out + err
+    if nvcc:
+        assert "not run: 1 cuda solution(s) on a CPU (gather_cu)" in err
+    lines = (root / "traces" / "gather" / f"{NAME}.jsonl").read_text().splitlines()
+    assert len(lines) == 1 + 4
+
+    # report reads both writers' traces, at both depths.
+    assert main(["report", str(root), "--format", "json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    solutions = summary["definitions"][NAME]["solutions"]
+    assert {s: (v["passed"], v["failed"]) for s, v in solutions.items()} == {
+        "gather_cpp": (2, 0),
+        "gather_py": (2, 0),
+    }
+    assert summary["superseded"] == 2  # flashinfer-bench's gather_py traces, run again
+
+    # apply on the dataset routes a hand-written call to a solution that passed here.
+    table = torch.randn(16, 64)
+    idx = torch.tensor([3, 0, 15, 3], dtype=torch.int32)
+
+    @rt.apply(NAME)
+    def gather(table, idx, y):
+        raise AssertionError("not routed")
+
+    try:
+        rt.enable_apply(root)
+        y = torch.empty(4, 64)
+        gather(table, idx, y)
+        assert torch.equal(y, table[idx.long()])
+        (counts,) = [c for label, c in rt.stats().items() if label.endswith(".gather")]
+        assert counts["hit"] == 1
+    finally:
+        rt.disable_apply()
+
+    # And flashinfer-bench still loads everything, fibgen's traces included.
+    trace_set = fib.TraceSet.from_path(str(root))
+    assert sum(len(v) for v in trace_set.traces.values()) == 2 + 4
+    assert sorted(s.name for v in trace_set.solutions.values() for s in v) == sorted(
+        ["gather_py", "gather_cpp"] + (["gather_cu"] if nvcc else [])
+    )
