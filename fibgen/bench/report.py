@@ -187,9 +187,9 @@ def render(summary: dict[str, Any], fmt: str = "text") -> str:
 
 def plot(summary: dict[str, Any], path: str | os.PathLike[str]) -> None:
     """Draw speedup over the reference per workload, one line per solution, one panel per definition."""
+    fig = figure(summary)  # says how to install matplotlib when it is missing
     import matplotlib.pyplot as plt
 
-    fig = figure(summary)
     fig.savefig(path)
     plt.close(fig)
 
