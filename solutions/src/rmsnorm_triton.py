@@ -4,8 +4,6 @@ import torch
 import triton
 import triton.language as tl
 
-EPS = 1e-6
-
 
 @triton.jit
 def _rmsnorm_kernel(
@@ -63,32 +61,56 @@ def config(n_rows, n_cols):
     return rows, warps
 
 
-def launch(x, residual, weight, out, rows_per_program=None, num_warps=None):
-    """Normalize ``x`` (plus ``residual`` when given) into ``out``."""
-    n_cols = x.shape[-1]
-    x2 = x.reshape(-1, n_cols)
-    o2 = out.view(-1, n_cols)
-    r2 = x2 if residual is None else residual.reshape(-1, n_cols)
-    n_rows = x2.shape[0]
-    if n_rows == 0:
-        return out
+# (rows, columns) -> (grid, BLOCK_N, rows per program, warps): worked out once per shape, so a
+# call does no more Python than it must (Note [triton launch] in fibgen/runtime/launch.py).
+_PLANS = {}
+_MAX_PLANS = 1 << 16
+
+
+def _plan(n_rows, n_cols, rows_per_program, num_warps):
     rows, warps = config(n_rows, n_cols)
     rows = rows_per_program or rows
     warps = num_warps or warps
-    _rmsnorm_kernel[(triton.cdiv(n_rows, rows),)](
-        x2,
-        r2,
+    plan = ((triton.cdiv(n_rows, rows),), triton.next_power_of_2(n_cols), rows, warps)
+    if rows_per_program is None and num_warps is None and len(_PLANS) < _MAX_PLANS:
+        _PLANS[n_rows, n_cols] = plan
+    return plan
+
+
+def launch(x, residual, weight, out, eps, rows_per_program=None, num_warps=None):
+    """Normalize ``x`` (plus ``residual`` when given) with epsilon ``eps`` into ``out``."""
+    n_cols = x.shape[-1]
+    if x.ndim != 2 or x.stride(-1) != 1:
+        x = x.reshape(-1, n_cols).contiguous()
+    if residual is not None and (residual.ndim != 2 or residual.stride(-1) != 1):
+        residual = residual.reshape(-1, n_cols).contiguous()
+    o2 = out if out.ndim == 2 and out.stride(-1) == 1 else torch.empty_like(x)
+    n_rows = x.shape[0]
+    if n_rows == 0:
+        return out
+    plan = None
+    if rows_per_program is None and num_warps is None:
+        plan = _PLANS.get((n_rows, n_cols))
+    if plan is None:
+        plan = _plan(n_rows, n_cols, rows_per_program, num_warps)
+    grid, block, rows, warps = plan
+    r = x if residual is None else residual
+    _rmsnorm_kernel[grid](
+        x,
+        r,
         weight,
         o2,
         n_rows,
         n_cols,
-        x2.stride(0),
-        r2.stride(0),
+        x.stride(0),
+        r.stride(0),
         o2.stride(0),
-        EPS,
-        BLOCK_N=triton.next_power_of_2(n_cols),
+        eps,
+        BLOCK_N=block,
         ROWS=rows,
         HAS_RESIDUAL=residual is not None,
         num_warps=warps,
     )
+    if o2 is not out:
+        out.copy_(o2.view(out.shape))
     return out

@@ -15,19 +15,30 @@ def _silu_and_mul_kernel(x_ptr, o_ptr, n_cols, stride_x, stride_o, BLOCK: tl.con
     tl.store(o_ptr + row * stride_o + cols, y.to(o_ptr.dtype.element_ty), mask=mask)
 
 
+# (rows, columns) -> (grid, BLOCK, warps), worked out once per shape.
+_PLANS = {}
+_MAX_PLANS = 1 << 16
+
+
 def launch(x, out, block=None, num_warps=None):
     """Write silu(x[..., :h]) * x[..., h:] into ``out``."""
     n_cols = out.shape[-1]
-    x2 = x.reshape(-1, 2 * n_cols)
-    o2 = out.view(-1, n_cols)
-    if x2.shape[0] == 0:
+    if x.ndim != 2 or x.stride(-1) != 1:
+        x = x.reshape(-1, 2 * n_cols).contiguous()
+    o2 = out if out.ndim == 2 and out.stride(-1) == 1 else x.new_empty(x.shape[0], n_cols)
+    n_rows = x.shape[0]
+    if n_rows == 0:
         return out
-    block = block or min(2048, triton.next_power_of_2(n_cols))
-    warps = num_warps or (4 if block <= 1024 else 8)
-    grid = (x2.shape[0], triton.cdiv(n_cols, block))
-    _silu_and_mul_kernel[grid](
-        x2, o2, n_cols, x2.stride(0), o2.stride(0), BLOCK=block, num_warps=warps
-    )
+    plan = _PLANS.get((n_rows, n_cols)) if block is None and num_warps is None else None
+    if plan is None:
+        b = block or min(2048, triton.next_power_of_2(n_cols))
+        plan = ((n_rows, triton.cdiv(n_cols, b)), b, num_warps or (4 if b <= 1024 else 8))
+        if block is None and num_warps is None and len(_PLANS) < _MAX_PLANS:
+            _PLANS[n_rows, n_cols] = plan
+    grid, b, warps = plan
+    _silu_and_mul_kernel[grid](x, o2, n_cols, x.stride(0), o2.stride(0), BLOCK=b, num_warps=warps)
+    if o2 is not out:
+        out.copy_(o2.view(out.shape))
     return out
 
 
