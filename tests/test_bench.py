@@ -60,6 +60,8 @@ def test_every_status_comes_out_and_good_solutions_are_timed(benched):
             assert perf["speedup_factor"] == pytest.approx(
                 perf["reference_latency_ms"] / perf["latency_ms"]
             )
+            # Beside the timer's figure, what the call costs in a loop of calls.
+            assert perf["e2e_latency_ms"] > 0 and perf["reference_e2e_latency_ms"] > 0
         else:
             assert "performance" not in evaluation and evaluation["log"]
     logs = {t["solution"]: t["evaluation"]["log"] for t in traces}
@@ -78,6 +80,8 @@ def test_traces_load_with_the_format_and_flashinfer_bench(benched):
     trace_set = fib.TraceSet.from_path(str(root))
     loaded = [t for traces in trace_set.traces.values() for t in traces]
     assert len(loaded) == 2 * len(EXPECTED)
+    passed = [t for t in loaded if t.evaluation.performance is not None]
+    assert passed and all(t.evaluation.performance.latency_ms > 0 for t in passed)
 
 
 def test_resume_skips_what_is_traced(benched, tmp_path):
@@ -95,8 +99,12 @@ def test_report_text_md_json(benched, tmp_path):
     workloads = summary["definitions"]["scale_h64"]["workloads"]
     assert [w["uuid"] for w in workloads] == ["n3", "n17"]
     assert all(w["best"] in ("good_returns", "good_dps") for w in workloads)
+    assert all(w["best_e2e"] in ("good_returns", "good_dps") for w in workloads)
+    assert all(w["e2e_latency_ms"] > 0 for w in workloads)
+    assert sols["good_dps"]["e2e_speedup"]["min"] > 0
     text = render(summary, "text")
     assert "scale_h64" in text and "TIMEOUT 2" in text and "best solution" in text
+    assert "best e2e" in text and "e2e speedup geomean" in text
     md = render(summary, "md")
     assert "## scale_h64" in md and "| good_dps | 2 | 0 | - |" in md
     assert json.loads(render(summary, "json")) == json.loads(json.dumps(summary))

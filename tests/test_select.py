@@ -38,7 +38,7 @@ def _solution(name: str) -> Solution:
     )
 
 
-def _trace(solution: str, n: int, latency: float, status: str = "PASSED", abs_err=1e-3):
+def _trace(solution: str, n: int, latency: float, status: str = "PASSED", abs_err=1e-3, e2e=None):
     evaluation = {
         "status": status,
         "environment": {"hardware": "cpu"},
@@ -52,6 +52,9 @@ def _trace(solution: str, n: int, latency: float, status: str = "PASSED", abs_er
             "reference_latency_ms": 10.0,
             "speedup_factor": 10.0 / latency,
         }
+        if e2e is not None:
+            evaluation["performance"]["e2e_latency_ms"] = e2e
+            evaluation["performance"]["reference_e2e_latency_ms"] = 20.0
     return Trace.model_validate(
         {
             "definition": DEFINITION["name"],
@@ -94,6 +97,42 @@ def test_table_ranks_passing_solutions_and_picks_per_key(dataset):
     # Geometric mean speedup: steady (10/1.5, 10/4.5) beats small_fast and large_fast.
     assert table["ranking"] == ["steady", "large_fast", "small_fast"]
     assert table["keyed"]["keys"] == [[[3], "small_fast"], [[17], "large_fast"]]
+
+
+def _e2e_traces(root, with_e2e=True):
+    # small_fast is the faster kernel everywhere, and the slower call: its launch costs.
+    e2e = (lambda ms: ms) if with_e2e else (lambda ms: None)
+    append_traces(
+        root,
+        "scale",
+        [
+            _trace("small_fast", 3, 0.5, e2e=e2e(3.0)),
+            _trace("small_fast", 17, 1.0, e2e=e2e(3.5)),
+            _trace("large_fast", 3, 0.6, e2e=e2e(1.0)),
+            _trace("large_fast", 17, 1.2, e2e=e2e(1.5)),
+            _trace("steady", 3, 0.9, e2e=e2e(1.2)),
+            _trace("steady", 17, 1.9, e2e=e2e(2.0)),
+        ],
+    )
+
+
+def test_selection_ranks_by_the_eager_call_unless_told_gpu(dataset):
+    _e2e_traces(dataset)
+    name = DEFINITION["name"]
+    by_call = build_table(dataset)["definitions"][name]
+    assert by_call["ranking"] == ["large_fast", "steady", "small_fast"]
+    assert "keyed" not in by_call  # large_fast is the fastest call at every key
+    by_kernel = build_table(dataset, {"*": {"metric": "gpu"}})["definitions"][name]
+    assert by_kernel["ranking"] == ["small_fast", "large_fast", "steady"]
+    with pytest.raises(ApplyConfigError, match="metric must be one of e2e, gpu, not 'cpu'"):
+        build_table(dataset, {"*": {"metric": "cpu"}})
+
+
+def test_traces_without_e2e_figures_are_ranked_by_gpu_time(dataset):
+    # As flashinfer-bench writes them: latency_ms only.
+    _e2e_traces(dataset, with_e2e=False)
+    name = DEFINITION["name"]
+    assert build_table(dataset)["definitions"][name]["ranking"][0] == "small_fast"
 
 
 def test_tolerance_policy_excludes_traces_with_large_errors(dataset):

@@ -545,6 +545,11 @@ def _evaluation(result: dict, reference: dict, hardware: str, libs: dict) -> dic
             "reference_latency_ms": ref_ms,
             "speedup_factor": ref_ms / latency if latency > 0 else 0.0,
         }
+        if "e2e_ms" in result["timing"] and "e2e_ms" in reference:
+            # Beside the GPU time: what a call costs in an eager loop (fibgen/bench/eager.py).
+            # flashinfer-bench's Performance ignores keys it does not know.
+            evaluation["performance"]["e2e_latency_ms"] = result["timing"]["e2e_ms"]
+            evaluation["performance"]["reference_e2e_latency_ms"] = reference["e2e_ms"]
         # The spread of both timings, which the Performance record has no field for.
         evaluation["log"] = (
             f"timing: {_describe(result['timing'])}; reference: {_describe(reference)}"

@@ -170,6 +170,9 @@ def evaluation_to_json(evaluation: Evaluation) -> dict[str, Any]:
             "reference_latency_ms": _float(p.reference_latency_ms),
             "speedup_factor": _float(p.speedup_factor),
         }
+        for key in ("e2e_latency_ms", "reference_e2e_latency_ms"):
+            if getattr(p, key) is not None:
+                out["performance"][key] = _float(getattr(p, key))
     return out
 
 

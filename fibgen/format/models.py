@@ -417,6 +417,11 @@ class Performance(_MetricsModel):
     latency_ms: float = Field(default=0.0, ge=0.0)
     reference_latency_ms: float = Field(default=0.0, ge=0.0)
     speedup_factor: float = Field(default=0.0, ge=0.0)
+    # fibgen's own: end-to-end eager latency (back-to-back calls, CPU launch included,
+    # fibgen/bench/eager.py) of the solution and of the reference. flashinfer-bench's
+    # Performance ignores keys it does not know, so its readers load these traces as they are.
+    e2e_latency_ms: Optional[float] = Field(default=None, ge=0.0)
+    reference_e2e_latency_ms: Optional[float] = Field(default=None, ge=0.0)
 
 
 class Environment(_Model):

@@ -10,6 +10,9 @@ read counts: a solution repaired and benchmarked again is judged on what it is n
 - ``keys``: per var-axis key (the workload's var-axis values in declaration order), the
   candidate with the lowest median latency at that key.
 
+Speedups and latencies are end to end in an eager loop by default, GPU time with the
+policy's ``metric="gpu"`` (Note [selection metric]).
+
 ``entries(root, config)`` turns the table into apply entries. A definition whose keys all
 pick its best gets a plain entry: its calls cost what any solution's do. Only a definition
 with per-key choices gets a keyed entry, which reads the var axes off the inputs and calls
@@ -45,8 +48,9 @@ from fibgen.runtime.errors import ApplyConfigError, Decline
 __all__ = ["Policy", "build_table", "entries", "load_table", "normalize_config"]
 
 # Bumped when the table's layout changes, so that old cache files are not read.
-TABLE_VERSION = 3
+TABLE_VERSION = 4
 ON_MISS = ("best", "nearest", "fallback", "reference")
+METRICS = ("e2e", "gpu")
 
 
 @dataclass(frozen=True)
@@ -55,13 +59,15 @@ class Policy:
 
     ``atol``/``rtol``: the largest max_absolute_error / max_relative_error a passing trace may
     report (None: any); ``on_miss``: what a keyed definition does on an untraced key;
-    ``prebuild``: how many of its top solutions are loaded when apply is enabled.
+    ``prebuild``: how many of its top solutions are loaded when apply is enabled;
+    ``metric``: what is compared (Note [selection metric]).
     """
 
     atol: float | None = None
     rtol: float | None = None
     on_miss: str = "best"
     prebuild: int = 0
+    metric: str = "e2e"
 
     def __post_init__(self) -> None:
         if self.on_miss not in ON_MISS:
@@ -70,6 +76,10 @@ class Policy:
             )
         if self.prebuild < 0:
             raise ApplyConfigError(f"prebuild must be 0 or more, not {self.prebuild}")
+        if self.metric not in METRICS:
+            raise ApplyConfigError(
+                f"metric must be one of {', '.join(METRICS)}, not {self.metric!r}"
+            )
 
 
 def normalize_config(config: Mapping[str, Any] | Policy | None) -> dict[str, Policy]:
@@ -271,9 +281,7 @@ def _build(root: Path, inputs: dict, config: dict[str, Policy]) -> dict:
         perf = evaluation.get("performance") or {}
         order = axes_of.setdefault(name, list(axes))
         key = tuple(axes.get(a) for a in order)
-        record["ok"].append(
-            (key, perf.get("latency_ms", math.inf), perf.get("speedup_factor", 0.0))
-        )
+        record["ok"].append((key, *_figures(perf, policy.metric)))
     paths, unreadable = _solution_index(root, inputs)
     definitions: dict[str, Any] = {}
     table: dict[str, Any] = {}
@@ -284,17 +292,20 @@ def _build(root: Path, inputs: dict, config: dict[str, Policy]) -> dict:
         }
         if not good:
             continue
+        # The metric asked for where every candidate's traces record it, GPU time otherwise.
+        e2e = all(x[3] is not None for rows in good.values() for x in rows)
         ranking = sorted(
             good,
-            key=lambda s: (-statistics.fmean(math.log(max(x[2], 1e-12)) for x in good[s]), s),
+            key=lambda s: (
+                -statistics.fmean(math.log(max(x[4 if e2e else 2], 1e-12)) for x in good[s]),
+                s,
+            ),
         )
-        per_key: dict[tuple, dict[str, list[float]]] = {}
+        per_key: dict[tuple, dict[str, list[tuple]]] = {}
         for s, rows in good.items():
-            for key, latency, _ in rows:
-                per_key.setdefault(key, {}).setdefault(s, []).append(latency)
-        keys = {
-            key: min(sorted(c), key=lambda s: statistics.median(c[s])) for key, c in per_key.items()
-        }
+            for key, *figures in rows:
+                per_key.setdefault(key, {}).setdefault(s, []).append(figures)
+        keys = {key: _fastest(c) for key, c in per_key.items()}
         entry: dict[str, Any] = {
             "ranking": ranking,
             "solutions": {s: known[s] for s in ranking},
@@ -323,6 +334,40 @@ def _build(root: Path, inputs: dict, config: dict[str, Policy]) -> dict:
         "definitions": table,
         "unused": _unused(stats, paths, unreadable, evaluated, len(inputs["solutions"])),
     }
+
+
+# Note [selection metric]
+# A trace written by fibgen bench holds two timings of a solution: its GPU time behind an L2
+# flush (latency_ms, flashinfer-bench's) and its end-to-end eager latency (e2e_latency_ms:
+# back-to-back calls, Python and launch included, fibgen/bench/eager.py). They rank solutions
+# differently for small calls, where a kernel that is fast on the GPU can cost more to launch
+# than it saves. The default, "e2e", ranks by what a routed call costs when it is called
+# eagerly, which is how apply is reached (a serving engine's prefill, an eager decode loop,
+# tests); "gpu" ranks by kernel time alone, which is what a call replayed in a CUDA graph
+# costs (the launch is replayed away), so a dataset for graph-captured decoding should ask
+# for it. Where a candidate's traces lack the e2e figures (written by flashinfer-bench, or by
+# an older fibgen), its definition is ranked by GPU time, the one figure all traces have.
+
+
+def _figures(perf: dict, metric: str) -> tuple:
+    """(GPU latency, GPU speedup, e2e latency or None, e2e speedup or None) of a trace."""
+    latency = perf.get("latency_ms", math.inf)
+    speedup = perf.get("speedup_factor", 0.0)
+    e2e, ref_e2e = perf.get("e2e_latency_ms"), perf.get("reference_e2e_latency_ms")
+    if (
+        metric != "e2e"
+        or not isinstance(e2e, (int, float))
+        or not isinstance(ref_e2e, (int, float))
+    ):
+        return latency, speedup, None, None
+    return latency, speedup, e2e, ref_e2e / e2e if e2e > 0 else 0.0
+
+
+def _fastest(candidates: dict[str, list[tuple]]) -> str:
+    """The candidate of one key with the lowest median latency, e2e where all have it."""
+    e2e = all(f[2] is not None for rows in candidates.values() for f in rows)
+    at = 2 if e2e else 0
+    return min(sorted(candidates), key=lambda s: statistics.median(f[at] for f in candidates[s]))
 
 
 def _unused(
