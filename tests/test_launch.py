@@ -73,7 +73,7 @@ def test_key_is_at_least_as_fine_as_triton(index):
         for value in _values():
             args[index] = value
             try:
-                key = (key_fn, key_fn(*args, BLOCK=16))
+                key = (key_fn, key_fn(-1, (), *args, BLOCK=16)[0])  # CPU tensors: device -1
             except Exception:
                 continue  # another kind than the plan's: the call goes to a plan of its own
             spec = _specialization(param, value)
@@ -90,7 +90,7 @@ def test_key_respects_do_not_specialize():
     key_fn = launch._key_function(fn.params, 6, (), (torch.empty(4), 0, 5, 0, 0.0, True))
     seen: dict = {}
     for x, n in itertools.product(_values()[:8], [v for v in _values() if type(v) is int]):
-        key = key_fn(x, 0, n, 0, 0.0, True)
+        key = key_fn(-1, (), x, 0, n, 0, 0.0, True)[0]
         spec = (_specialization(x_param, x), _specialization(n_param, n))
         assert seen.setdefault(key, spec) == spec
 
@@ -126,8 +126,8 @@ def fast(monkeypatch):
     assert isinstance(run, launch.FastRun) and fn.run is run
     recorder = _Recorder()
     run.triton_run = recorder.triton_run
-    active = SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda d: 77)
-    run.driver = SimpleNamespace(active=active)
+    run.device = lambda: -1  # the CPU tensors' device, as get_device() says
+    run.stream = lambda device: 77
     return fn, run, recorder
 
 
@@ -140,12 +140,16 @@ def test_second_call_launches_the_kept_kernel(fast):
     fn, run, rec = fast
     fn[(3,)](*_args(), BLOCK=64)
     assert len(rec.compiles) == 1 and rec.launches == []
-    x, out, n, stride, scale, flag = args = _args(n=200)
+    x, out, n, stride, scale, flag = args = _args()
     fn[(5, 2)](*args, BLOCK=64)
     assert len(rec.compiles) == 1 and run.launches == 1
     # grid, stream, function, metadata, no launch metadata or hooks, then every parameter
-    # in order: the positional ones, the constexpr given by keyword, the default.
-    assert rec.launches == [(5, 2, 1, 77, "F", "M", None, None, None, *args, 64, 3)]
+    # in order: the positional ones (tensors as their addresses, which Triton's launcher
+    # takes as they are), the constexpr given by keyword, the default.
+    ptrs = (x.data_ptr(), out.data_ptr())
+    assert rec.launches == [
+        (5, 2, 1, 77, "F", "M", None, None, None, *ptrs, 100, 4096, 0.5, True, 64, 3)
+    ]
 
 
 def test_what_triton_specializes_on_compiles_again(fast):
@@ -160,9 +164,9 @@ def test_what_triton_specializes_on_compiles_again(fast):
     x = torch.empty(256, dtype=torch.float16)
     fn[(1,)](x, x, 100, 4096, 0.5, True, BLOCK=64)  # another dtype
     assert len(rec.compiles) == 8 and rec.launches == []
-    fn[(1,)](*_args(n=36), BLOCK=64)  # same classes as n=100: not a multiple of 16
-    fn[(1,)](*_args(offset=3, n=2**35), BLOCK=64)  # misaligned, i64, multiple of 16
-    assert len(rec.compiles) == 9 and len(rec.launches) == 1
+    fn[(1,)](*_args(offset=3), BLOCK=64)  # misaligned as offset=1: the same kernel
+    fn[(1,)](*_args(n=16), BLOCK=64)
+    assert len(rec.compiles) == 8 and len(rec.launches) == 2
 
 
 def test_other_kinds_of_arguments_get_plans_of_their_own(fast):
@@ -174,7 +178,7 @@ def test_other_kinds_of_arguments_get_plans_of_their_own(fast):
     fn[(1,)](x, x, 100, 4096, 1, True, BLOCK=64)  # an int where a float was
     fn[(1,)](x, x, 100, 4096, 1, True, BLOCK=64)
     assert len(rec.compiles) == 3 and len(rec.launches) == 2
-    assert len(run.plans[(6, ("BLOCK",))]) == 3
+    assert len(run.plans[(6, "BLOCK")]) == 3
 
 
 def test_calls_the_key_does_not_cover_go_through_triton(fast, monkeypatch):
@@ -294,3 +298,46 @@ def run(x):
 
     module = sys.modules[fn.__module__]
     assert launch.accelerated(module.kernel) is not None
+
+
+def test_a_tensor_on_another_device_goes_through_triton(fast):
+    # Triton's launcher checks each address (cuPointerGetAttribute); the cached launch
+    # passes addresses, so it takes only tensors of the current device.
+    fn, run, rec = fast
+    run.device = lambda: 0
+    for _ in range(2):
+        fn[(1,)](*_args(), BLOCK=64)
+    assert len(rec.compiles) == 2 and rec.launches == []
+
+
+class CudaLauncher:
+    """The shape of Triton 3.6's launcher: a C function, called by a Python __call__."""
+
+    def __init__(self, scratch=0):
+        self.calls, self.global_scratch_size, self.profile_scratch_size = [], scratch, 0
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+        self.launch = lambda *a: self.calls.append(("direct", a))
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+        self.calls.append(("python", (gridX, gridY, gridZ, stream, function, *args)))
+
+
+def test_the_launchers_c_function_is_called_as_its_python_call_would(fast):
+    fn, run, rec = fast
+    launcher = CudaLauncher()
+    kernel = SimpleNamespace(run=launcher, function="F", packed_metadata="M")
+    run.triton_run = lambda *a, **k: kernel
+    fn[(1,)](*_args(), BLOCK=64)
+    x, out, n, stride, scale, flag = args = _args()
+    fn[(3,)](*args, BLOCK=64)
+    ptrs = (x.data_ptr(), out.data_ptr())
+    # CudaLauncher.__call__ adds the cooperative-grid and PDL flags and the two scratch
+    # buffers (None without scratch) before what JITFunction.run passes it.
+    assert launcher.calls == [
+        (
+            "direct",
+            (3, 1, 1, 77, "F", False, True, None, None, "M", None, None, None)
+            + (*ptrs, 100, 4096, 0.5, True, 64, 3),
+        )
+    ]
+    assert launch._direct_launcher(CudaLauncher(scratch=64)) is None  # allocates per launch

@@ -35,6 +35,7 @@ solution's own package); ``FIBGEN_TRITON_LAUNCH=triton`` turns that off. Under
 
 from __future__ import annotations
 
+import functools
 import inspect
 import keyword
 import os
@@ -43,7 +44,7 @@ from types import ModuleType
 from typing import Any
 
 # Specializations kept per kernel, and key plans per call shape; beyond, Triton launches.
-_MAX_ENTRIES = 4096
+_MAX_ENTRIES = 1 << 16
 _MAX_PLANS = 4
 _lock = threading.Lock()
 
@@ -87,7 +88,30 @@ def accelerate(kernel: Any) -> Any:
         with _lock:
             if not isinstance(inner.__dict__.get("run"), FastRun):
                 inner.run = FastRun(inner)
+                # `kernel[grid]` then returns the fast launch bound to the grid, without the
+                # lambda and the repacked keywords of KernelInterface.__getitem__.
+                inner.__class__ = _fast_class(type(inner))
     return kernel
+
+
+_FAST_CLASSES: dict[type, type] = {}
+
+
+def _fast_class(base: type) -> type:
+    """A subclass of ``base`` (JITFunction) whose ``kernel[grid]`` is FastRun.launch."""
+    cls = _FAST_CLASSES.get(base)
+    if cls is None:
+
+        def __getitem__(self: Any, grid: Any) -> Any:
+            return functools.partial(self.__dict__["run"].launch, grid)
+
+        cls = type(
+            base.__name__,
+            (base,),
+            {"__getitem__": __getitem__, "__module__": base.__module__, "_fibgen_base": base},
+        )
+        _FAST_CLASSES[base] = cls
+    return cls
 
 
 def accelerated(kernel: Any) -> FastRun | None:
@@ -99,7 +123,10 @@ def accelerated(kernel: Any) -> FastRun | None:
 def restore(kernel: Any) -> None:
     """Undo ``accelerate``: launches go through Triton's own run again."""
     if accelerated(kernel) is not None:
-        del _innermost(kernel).run
+        inner = _innermost(kernel)
+        with _lock:
+            del inner.run
+            inner.__class__ = type(inner)._fibgen_base
 
 
 def accelerate_modules(modules: list[ModuleType], package: str) -> int:
@@ -129,17 +156,24 @@ class _Plan:
     kind than the call the plan was made from, then one tuple of what Triton specializes on.
     """
 
-    __slots__ = ("key", "names", "tail_names")
+    __slots__ = ("key", "names", "entries")
 
     def __init__(self, fn: Any, nargs: int, kwnames: tuple[str, ...], args: tuple) -> None:
         params = fn.params
         self.names = [p.name for p in params]
-        self.tail_names = self.names[nargs:]
         self.key = _key_function(params, nargs, kwnames, args)
+        self.entries: dict[tuple, _Entry] = {}
 
 
 def _key_function(params: list, nargs: int, kwnames: tuple[str, ...], args: tuple) -> Any:
-    """The generated key function of a call shape, or None where Triton must key the call."""
+    """The generated key function of a call shape, or None where Triton must key the call.
+
+    ``key(device, base, *args, **constexprs)`` returns the cache key (``base`` and the
+    device in it) and the launch arguments: the
+    positional arguments with each tensor replaced by its address. It raises for an
+    argument of another kind than the call it was made from, and for a tensor on another
+    device than the current one, whose address Triton's launcher would check.
+    """
     if nargs > len(params):
         return None
     by_name = {p.name: p for p in params}
@@ -150,36 +184,44 @@ def _key_function(params: list, nargs: int, kwnames: tuple[str, ...], args: tupl
             return None
         if name in [p.name for p in params[:nargs]]:
             return None  # given twice: Triton reports it
-    guards, parts = [], []
+    guards, parts, lets, out = [], [], [], []
     for i, (p, a) in enumerate(zip(params, args)):
         name = f"_{i}"
         if p.is_constexpr:
             parts.append(name)
+            out.append(name)
         elif _is_tensor(a):
-            # Non-tensors fail here: ints, floats and None have neither attribute.
+            # Ints, floats and None have no data_ptr; other objects no get_device: they fail.
+            lets.append(f"_p{i} = {name}.data_ptr()")
+            guards.append(f"{name}.get_device() != _device")
             parts.append(f"{name}.dtype")
             if not p.do_not_specialize_on_alignment:
-                parts.append(f"not {name}.data_ptr() & 15")
+                parts.append(f"not _p{i} & 15")
+            out.append(f"_p{i}")
         elif type(a) is int:
+            # The value itself: what Triton specializes on (== 1, multiple of 16, range)
+            # is a function of it; repeated sizes and strides hit one entry.
             guards.append(f"type({name}) is not int")
-            parts.append(f"{name} == 1")
-            parts.append(f"not {name} & 15")
-            parts.append(f"-0x80000000 <= {name} <= 0x7FFFFFFF")
-            parts.append(f"{name} >= 0x8000000000000000")
+            parts.append(name)
+            out.append(name)
         elif a is None:
             guards.append(f"{name} is not None")
+            out.append(name)
         elif type(a) in (float, bool):
             guards.append(f"type({name}) is not {type(a).__name__}")
+            out.append(name)
         else:
             return None  # tuples, tensor descriptors, other objects: Triton keys them
-    signature = [f"_{i}" for i in range(nargs)]
+    signature = ["_device", "_base"] + [f"_{i}" for i in range(nargs)]
     if kwnames:
         signature += ["*", *kwnames]
     lines = [f"def key({', '.join(signature)}):"]
+    lines += [f"    {let}" for let in lets]
     if guards:
         lines.append(f"    if {' or '.join(guards)}:")
         lines.append("        raise TypeError")
-    lines.append(f"    return ({', '.join(parts + list(kwnames))},)")
+    key = ", ".join(["_base", "_device", *parts, *kwnames])
+    lines.append(f"    return ({key}), ({', '.join(out)},)")
     namespace: dict[str, Any] = {}
     # Generated from parameter positions and identifier keyword names only.
     exec("\n".join(lines) + "\n", namespace)  # noqa: S102
@@ -191,20 +233,69 @@ def _is_tensor(value: Any) -> bool:
 
 
 class _Entry:
-    """One compiled kernel, and the constant tail of its launch arguments."""
+    """One compiled kernel: how to launch it, and the constant tail of its arguments.
 
-    __slots__ = ("run", "function", "metadata", "tail", "spec")
+    ``launch`` is the compiled kernel's launcher; where it is Triton 3.6's ``CudaLauncher``
+    and the kernel needs no scratch memory, its C function, called with what
+    ``CudaLauncher.__call__`` would add (Note [triton launch]). ``head`` holds what comes
+    after the stream: the function and the metadata (with, for the C function, the
+    cooperative-grid and PDL flags and two empty scratch buffers), then no launch metadata
+    and no hooks.
+    """
+
+    __slots__ = ("launch", "head", "tail", "spec")
 
     def __init__(self, kernel: Any, tail: tuple, spec: Any) -> None:
-        self.run = kernel.run
-        self.function = kernel.function
-        self.metadata = kernel.packed_metadata
+        run = kernel.run
+        direct = _direct_launcher(run)
+        if direct is not None:
+            self.launch = direct
+            self.head = (
+                kernel.function,
+                run.launch_cooperative_grid,
+                run.launch_pdl,
+                None,
+                None,
+                kernel.packed_metadata,
+                None,
+                None,
+                None,
+            )
+        else:
+            self.launch = run
+            self.head = (kernel.function, kernel.packed_metadata, None, None, None)
         self.tail = tail
         self.spec = spec
 
 
+# The parameters of Triton 3.6's CudaLauncher.__call__, whose body the direct launch does.
+_LAUNCHER_CALL = ["self", "gridX", "gridY", "gridZ", "stream", "function", "args"]
+
+
+def _direct_launcher(run: Any) -> Any:
+    """The C launch function behind ``run``, where calling it directly is what ``run`` does."""
+    launch = getattr(run, "launch", None)
+    call = getattr(type(run), "__call__", None)
+    if launch is None or call is None or type(run).__name__ != "CudaLauncher":
+        return None
+    try:
+        names = list(inspect.signature(call).parameters)
+    except (TypeError, ValueError):
+        return None
+    if names != _LAUNCHER_CALL:
+        return None
+    if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+        return None  # scratch memory is allocated per launch: leave it to the launcher
+    return launch
+
+
 class FastRun:
-    """The ``run`` of an accelerated JITFunction (Note [triton launch])."""
+    """The ``run`` of an accelerated JITFunction (Note [triton launch]).
+
+    ``launch(grid, *args, **kwargs)`` is what ``kernel[grid](*args, **kwargs)`` calls;
+    ``run(*args, grid=, warmup=, **kwargs)``, Triton's own signature, is what an autotuner
+    calls.
+    """
 
     def __init__(self, fn: Any) -> None:
         from triton import knobs
@@ -213,50 +304,52 @@ class FastRun:
         self.fn = fn
         self.triton_run = type(fn).run.__get__(fn)
         self.plans: dict[tuple, list[_Plan]] = {}
-        self.entries: dict[tuple, _Entry] = {}
         self.runtime = knobs.runtime
         # Launch hooks are chains, empty unless a profiler (proton) adds to them.
         self.chain = getattr(knobs, "HookChain", None)
         self.compilation = knobs.compilation
         self.driver = driver
         self.check = os.environ.get("FIBGEN_CHECK_LAUNCH", "").strip() not in ("", "0")
+        self.count = 0  # entries kept, over every plan
         self.launches = 0  # launches that took the fast path, for tests and benchmarks
 
     def __call__(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        if warmup:
+            return self.triton_run(*args, grid=grid, warmup=warmup, **kwargs)
+        return self.launch(grid, *args, **kwargs)
+
+    def launch(self, grid: Any, *args: Any, **kwargs: Any) -> Any:
         runtime = self.runtime
-        enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+        enter, leave, chain = runtime.launch_enter_hook, runtime.launch_exit_hook, self.chain
         if (
-            warmup
-            or (enter is not None and (type(enter) is not self.chain or enter.calls))
-            or (leave is not None and (type(leave) is not self.chain or leave.calls))
+            (enter is not None and (type(enter) is not chain or enter.calls))
+            or (leave is not None and (type(leave) is not chain or leave.calls))
             or self.fn.pre_run_hooks
         ):
-            return self.triton_run(*args, grid=grid, warmup=warmup, **kwargs)
-        shape = (len(args), tuple(kwargs))
+            return self.triton_run(*args, grid=grid, warmup=False, **kwargs)
+        shape = (len(args), *kwargs)
         plans = self.plans.get(shape)
         if plans is None:
             plans = self._add_plan(shape, args)
-        active = self.driver.active
-        device = active.get_current_device()
-        base = (shape, device, runtime.debug, self.compilation.instrumentation_mode)
-        entry = None
+        device = self.device()
+        base = (runtime.debug, self.compilation.instrumentation_mode)
         for plan in plans:
             try:
-                key = (base, plan, plan.key(*args, **kwargs))
-                entry = self.entries.get(key)
+                key, launch_args = plan.key(device, base, *args, **kwargs)
+                entry = plan.entries.get(key)
             except Exception:  # another kind of argument, or an unhashable constexpr
                 continue
             break
         else:
             # No plan fits these arguments' kinds: make one, or let Triton key the call.
-            plan = None
-            if plans and len(plans) < _MAX_PLANS:
-                plan = self._add_plan(shape, args)[-1]
+            if not plans or len(plans) >= _MAX_PLANS:
+                return self.triton_run(*args, grid=grid, warmup=False, **kwargs)
+            plan = self._add_plan(shape, args)[-1]
             try:
-                key = (base, plan, plan.key(*args, **kwargs))
-                entry = self.entries.get(key)
+                key, launch_args = plan.key(device, base, *args, **kwargs)
+                entry = plan.entries.get(key)
             except Exception:
-                return self.triton_run(*args, grid=grid, warmup=warmup, **kwargs)
+                return self.triton_run(*args, grid=grid, warmup=False, **kwargs)
         if entry is None:
             return self._first(key, plan, args, kwargs, grid)
         if self.fn.used_global_vals:
@@ -266,28 +359,39 @@ class FastRun:
         n = len(grid)
         if self.check:
             self._check(entry, args, kwargs, device)
-        entry.run(
+        entry.launch(
             grid[0],
             grid[1] if n > 1 else 1,
             grid[2] if n > 2 else 1,
-            active.get_current_stream(device),
-            entry.function,
-            entry.metadata,
-            None,
-            None,
-            None,
-            *args,
+            self.stream(device),
+            *entry.head,
+            *launch_args,
             *entry.tail,
         )
         self.launches += 1
         return None
+
+    def device(self) -> int:
+        """The current device, as JITFunction.run asks the driver (bound at the first call:
+        there is no active driver before a GPU is used)."""
+        import torch
+
+        active = self.driver.active
+        self.device = getattr(torch._C, "_cuda_getDevice", None) or active.get_current_device
+        self.stream = active.get_current_stream
+        return self.device()
+
+    def stream(self, device: int) -> int:
+        """The current stream of ``device`` (bound by ``device``)."""
+        self.device()
+        return self.stream(device)
 
     def _add_plan(self, shape: tuple, args: tuple) -> list[_Plan]:
         """The plans of a call shape, with one more made from ``args`` where that keys them.
 
         A shape whose first call cannot be keyed keeps an empty list: Triton keys its calls.
         """
-        plan = _Plan(self.fn, shape[0], shape[1], args)
+        plan = _Plan(self.fn, shape[0], shape[1:], args)
         with _lock:
             plans = self.plans.get(shape)
             if plans is None:
@@ -302,7 +406,7 @@ class FastRun:
         if (
             kernel is None
             or hasattr(kernel, "result")
-            or len(self.entries) >= _MAX_ENTRIES
+            or self.count >= _MAX_ENTRIES
             or not _keyable(key)
         ):
             return kernel
@@ -312,9 +416,11 @@ class FastRun:
             if value is inspect.Parameter.empty:
                 return kernel  # Triton reported the missing argument already
             tail.append(value)
-        entry = _Entry(kernel, tuple(tail), self._spec(args, kwargs, key[0][1]))
+        entry = _Entry(kernel, tuple(tail), self._spec(args, kwargs, key[1]))
         with _lock:
-            self.entries.setdefault(key, entry)
+            if key not in plan.entries:
+                plan.entries[key] = entry
+                self.count += 1
         return kernel
 
     def _spec(self, args: tuple, kwargs: dict, device: int) -> Any:
