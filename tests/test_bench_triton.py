@@ -71,3 +71,57 @@ def test_triton_solutions_pass_under_the_interpreter(tmp_path, monkeypatch):
     ]
     assert not failed
     assert summary.statuses == {"PASSED": sum(len(r) for r in CASES.values())}
+
+
+_ROUTED = r"""
+import json, sys, warnings
+from pathlib import Path
+import torch
+from fibgen.format import Solution
+import fibgen.runtime as rt
+from fibgen_kernels.fused_add_rmsnorm import fused_add_rmsnorm
+
+repo = Path(sys.argv[1])
+path = next(repo.glob("solutions/fibgen/rmsnorm/fused_add_rmsnorm_h2048/*/*.json"))
+solution = Solution.model_validate(json.loads(path.read_text()))
+torch.manual_seed(0)
+results = {}
+for strided in (False, True):
+    x = torch.randn(5, 2048).bfloat16()
+    r = torch.randn(2048, 5).bfloat16().T if strided else torch.randn(5, 2048).bfloat16()
+    w = torch.randn(2048).bfloat16()
+    total = x.float() + r.float()
+    want_x = (total * torch.rsqrt(total.square().mean(-1, keepdim=True) + 1e-6) * w.float())
+    want_r = (x + r).clone()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with rt.enable_apply({"fused_add_rmsnorm_h2048": solution}, patch=False):
+            fused_add_rmsnorm(x, r, w, 1e-6)
+            stats = rt.stats()["flashinfer.norm.fused_add_rmsnorm"]
+    # Within one bf16 rounding: the interpreter rounds its casts its own way.
+    ulp = want_r.float().abs() * 2**-7 + 1e-30
+    results[str(strided)] = [
+        (x.float() - want_x).abs().max().item(),
+        bool(((r.float() - want_r.float()).abs() <= ulp).all()),
+        stats["hit"],
+    ]
+print(json.dumps(results))
+"""
+
+
+def test_routed_fused_add_rmsnorm_leaves_the_sum_in_residual_as_flashinfer_does(tmp_path):
+    # The shipped solution takes `inplace` (Note [in-place solutions]): routed, it writes
+    # the normalized rows into `input` and the sum into `residual` in one kernel, also when
+    # `residual` is a strided view.
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_INTERPRET="1", FIBGEN_CACHE_DIR=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-c", _ROUTED, str(REPO)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads(done.stdout.splitlines()[-1])
+    for strided, (err, residual_ok, hits) in results.items():
+        assert err < 0.07 and residual_ok and hits == 1, (strided, err, residual_ok, hits)

@@ -51,11 +51,20 @@ SOLUTIONS = {
 }
 
 
+class _Config:
+    # Read from an attribute and a global, as engines pass epsilon: under dynamic=True
+    # Dynamo makes such floats symbolic, values no graph constant can hold.
+    eps = 1e-5
+
+
+EPS = 1e-5
+
+
 def layer(x, residual, w, up):
     """A piece of a decoder layer: norm, MLP gate, residual add and norm."""
-    h = flashinfer.norm.rmsnorm(x, w, 1e-5)
+    h = flashinfer.norm.rmsnorm(x, w, _Config.eps)
     g = silu_and_mul(up)
-    flashinfer.norm.fused_add_rmsnorm(h, residual, w, 1e-5, enable_pdl=True)
+    flashinfer.norm.fused_add_rmsnorm(h, residual, w, EPS, enable_pdl=True)
     return h, g, residual
 
 

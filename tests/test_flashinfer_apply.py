@@ -339,6 +339,44 @@ def test_fused_add_rmsnorm_routed_leaves_what_flashinfer_leaves(monkeypatch):
     assert (x.float() - x2.float()).abs().max() <= 0.02
 
 
+def test_an_inplace_solution_does_the_apis_writes_itself(monkeypatch):
+    # Note [in-place solutions]: a destination-passing solution that takes `inplace` is
+    # handed FlashInfer's own buffers, and the dispatcher neither computes the effect nor
+    # copies back. Without it (bench, flashinfer-bench), it computes the definition.
+    cpu.norm_kernels_on_cpu(monkeypatch)
+    x, r, w = _bf16(3, 4096), _bf16(3, 4096), _bf16(4096)
+    x2, r2 = x.clone(), r.clone()
+    flashinfer.norm.fused_add_rmsnorm(x2, r2, w, 1e-5)  # FlashInfer's own, apply off
+    calls = []
+
+    def solution(hidden_states, residual, weight, output, inplace=False):
+        calls.append((output is hidden_states, inplace))
+        total = hidden_states + residual
+        output.copy_(cpu.rms(total, weight, 1e-5))
+        if inplace:
+            residual.copy_(total)
+
+    with rt.enable_apply({"fused_add_rmsnorm_h4096": solution}):
+        copies = []
+        monkeypatch.setattr(torch.Tensor, "copy_", _counting(torch.Tensor.copy_, copies))
+        assert flashinfer.norm.fused_add_rmsnorm(x, r, w, eps=1e-5) is None
+        monkeypatch.undo()
+    assert calls == [(True, True)]
+    assert len(copies) == 2  # the solution's own two writes, none by the dispatcher
+    assert torch.equal(r, r2) and torch.equal(x, x2)
+    out = torch.empty_like(x)
+    solution(x2, r2, w, out)  # as bench calls it: the definition, inputs left alone
+    assert calls[-1] == (False, False) and torch.equal(r2, r)
+
+
+def _counting(method, calls):
+    def counted(self, *args, **kwargs):
+        calls.append(self)
+        return method(self, *args, **kwargs)
+
+    return counted
+
+
 # ---------------------------------------------------------------------------------------
 # Rules, on the paged decode wrapper
 # ---------------------------------------------------------------------------------------

@@ -115,7 +115,7 @@ class OpView:
         args = []
         for name, written in self._slots():
             args.append(f"Tensor({next(letters)}!) {name}" if written else f"Tensor? {name}")
-        args.append("str args")
+        args += ["SymInt[] ints", "float[] floats", "str args"]
         values = self._values()
         ret = (
             "()"
@@ -141,7 +141,7 @@ class OpView:
     def _unpack(self) -> list[str]:
         """Statements that rebuild the API's arguments inside the op (impl and fake)."""
         slots = dict(self._slots())
-        lines = ["_a = _decode(args)"]
+        lines = ["_a = _decode(args, ints, floats)"]
         i = 0
         for p in self.v.params:
             if slots.get(p.name):
@@ -168,10 +168,7 @@ class OpView:
         return lines + [f"_key = {key}"]
 
     def _alloc(self, o: ir.Tensor) -> str:
-        return (
-            f"torch.empty({self.v._dims(o, self.fields)}, dtype={self.v._dtype(o)}, "
-            f"device={self.v._device()})"
-        )
+        return self.v.alloc(o, self.fields)
 
     def compiled(self) -> tuple[str, str, str, tuple[str, ...]]:
         doc = "The dispatcher as torch.compile traces it: one custom op (Note [custom ops])."
@@ -194,7 +191,8 @@ class OpView:
         body = [f"_a = {_tuple(self._packed())}"]
         body += self._lets()
         body += [
-            f"if not ({' and '.join(tensors + ['_plain(_a)'])}):",
+            "_p = _pack(_a)",
+            f"if not ({' and '.join(tensors + ['_p is not None'])}):",
             f"    return _api.outside()({self.forward})",
         ]
         body += self._key()
@@ -223,7 +221,7 @@ class OpView:
             else:
                 args.append(f"{name} if isinstance({name}, _Tensor) else None")
         values = self._values()
-        call = f"_op({', '.join(args + ['repr(_a)'])})"
+        call = f"_op({', '.join(args + ['_p[0]', '_p[1]', '_p[2]'])})"
         if values:
             target = values[0] if len(values) == 1 else ", ".join(values)
             body.append(f"{target} = {call}")
@@ -237,7 +235,7 @@ class OpView:
         return ("_compiled", self.signature, doc, tuple(body))
 
     def _op_params(self) -> str:
-        return ", ".join([name for name, _ in self._slots()] + ["args"])
+        return ", ".join([name for name, _ in self._slots()] + ["ints", "floats", "args"])
 
     def impl(self) -> tuple[str, str, str, tuple[str, ...]]:
         body = self._unpack()

@@ -460,6 +460,24 @@ class _Family:
                 dims.append(carriers[0])
         return _tuple(dims)
 
+    def alloc(self, o: ir.Tensor, fields: tuple[str, ...]) -> str:
+        """An expression that allocates output ``o`` for a routed call.
+
+        Where a required input has the output's axes and dtype, ``torch.empty_like`` of it
+        (contiguous): the dispatcher has checked that input's shape, and empty_like costs a
+        fraction of ``torch.empty`` with a shape, a dtype and a device.
+        """
+        if o.shape is None:
+            return "None"
+        for t in self.f.inputs:
+            if not t.optional and t.shape and t.shape == o.shape and t.dtype == o.dtype:
+                expr = self.input_expr[t.name]
+                return f"torch.empty_like({expr}, memory_format=torch.contiguous_format)"
+        dims = self._dims(o, fields)
+        if dims is None:
+            return f"_api.cannot_allocate({literal(o.name)})"
+        return f"torch.empty({dims}, dtype={self._dtype(o)}, device={self._device()})"
+
     def _scaled_field(self, axis: str, fields: tuple[str, ...]) -> str | None:
         """An axis a key field is pinned to a multiple of (``input_size = 2 * hidden_size``)."""
         for f in fields:
@@ -600,7 +618,8 @@ class _Family:
                 if dims is not None
                 else f"{local}.ndim == {len(o.shape)}"
             )
-        parts.append(f"{local}.device == {self._device()}")
+        # No device comparison on the hot path: a result on another device fails loudly at
+        # its first use, while a wrong dtype or shape could broadcast or cast silently.
         cond = " and ".join(parts)
         return f"{local} is None or ({cond})" if o.optional else cond
 
@@ -688,6 +707,42 @@ class _Family:
             return f"Route ``{self.f.api.path}`` to the solution registered for its definition."
         return f"Run family ``{self.f.name}``: a registered solution, else the reference."
 
+    def inplace_capable(self) -> bool:
+        """Whether INPLACE routes are called (Note [in-place solutions] in apply.py): the
+        family has effects, and nothing to do after the solution but return its outputs."""
+        _, flagged = self._returned()
+        return (
+            bool(self.f.effects)
+            and not flagged
+            and not any(isinstance(r, ir.Result) for r in self.f.rules)
+        )
+
+    def _call_inplace(self, fields: tuple[str, ...], inputs: str) -> list[str]:
+        """The INPLACE branch: the API's own buffers, effects done by the solution."""
+        if not self.inplace_capable():
+            return []
+        lines = ["elif _kind == INPLACE:"]
+        for o in self.f.outputs:
+            target = self.targets[o.name]
+            local = f"_o_{o.name}"
+            if target is not None and target[0] == "inplace":
+                lines.append(f"    {local} = {target[1]}")
+                continue
+            alloc = self.alloc(o, fields)
+            if target is not None:
+                lines += [
+                    f"    {local} = {target[1]}",
+                    f"    if {local} is None:",
+                    f"        {local} = {alloc}",
+                ]
+            else:
+                lines.append(f"    {local} = {alloc}")
+        buffers = "".join(f", {o.name}=_o_{o.name}" for o in self.f.outputs)
+        lines.append(f"    _fn({inputs}{buffers}, inplace=True)")
+        always, _ = self._returned()
+        lines.append(f"    return {', '.join(always)}" if always else "    return None")
+        return lines
+
     def _call_solution(self, fields: tuple[str, ...], forward: str) -> list[str]:
         """Call the route's solution, check what it returns, write the outputs back.
 
@@ -715,17 +770,11 @@ class _Family:
                     f"    if not ({cond}):",
                     f"        _api.bad_result(_key, {literal(o.name)}, _o_{o.name})",
                 ]
+        call += self._call_inplace(fields, inputs)
         call.append("else:")
-        device = self._device() if any(o.shape is not None for o in self.f.outputs) else ""
         for o in self.f.outputs:
             target = self.targets[o.name]
-            dims = self._dims(o, fields) if o.shape is not None else None
-            if o.shape is None:
-                alloc = "None"
-            elif dims is None:
-                alloc = f"_api.cannot_allocate({literal(o.name)})"
-            else:
-                alloc = f"torch.empty({dims}, dtype={self._dtype(o)}, device={device})"
+            alloc = self.alloc(o, fields)
             if target is not None and target[0] == "buffer":
                 # The caller's buffer, else a new one; as statements, which black leaves as
                 # they are where it would split a long conditional expression.
@@ -1008,7 +1057,8 @@ def _family_module(
     if foreign:
         tables.append(f"_FOREIGN = frozenset({literal(tuple(sorted(foreign)))})")
     tables += _constants(family)
-    imports = ["import torch", "", _runtime_import(_RUNTIME_NAMES, (family.api, family.plan))]
+    runtime_names = _RUNTIME_NAMES + (("INPLACE",) if view.inplace_capable() else ())
+    imports = ["import torch", "", _runtime_import(runtime_names, (family.api, family.plan))]
     # The math the rules use: `math.sqrt`, or a bare `sqrt` as in constraints.
     spelled = [line for fn in functions + [dispatcher] for line in fn.body]
     spelled += [c.condition for c in plan.capture_checks + plan.call_checks + plan.const_checks]
@@ -1043,6 +1093,8 @@ def _family_module(
         ]
     if foreign:
         options.append("foreign=_FOREIGN")
+    if view.inplace_capable():
+        options.append("inplace=True")
     if plan.const_checks:
         functions.append(view.const_function(fields, plan))
         options.append("const_check=_const_check")
@@ -1072,7 +1124,7 @@ def _family_module(
     if ops.reason is None:
         functions += [FunctionView(*ops.impl()), FunctionView(*ops.fake())]
         imports.append(
-            "from fibgen.runtime.ops import decode as _decode, fresh as _fresh, plain as _plain"
+            "from fibgen.runtime.ops import decode as _decode, fresh as _fresh, pack as _pack"
         )
         registration += list(ops.registration(namespace, view.known(fields)))
     if family.api is not None:

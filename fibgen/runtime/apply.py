@@ -65,6 +65,20 @@ from fibgen.runtime.errors import ApplyConfigError, Decline, FallbackError, Solu
 ORIGINAL = 0  # with the API's own arguments: the original API, or what stands in for it
 RETURNS = 1  # with the definition's inputs by keyword; returns the outputs
 DPS = 2  # with the inputs and output buffers by keyword; writes the outputs
+INPLACE = 3  # as DPS, with inplace=True: Note [in-place solutions]
+
+# Note [in-place solutions]
+# Some APIs write into their arguments more than their definition exposes: FlashInfer's
+# fused_add_rmsnorm leaves the normalized rows in `input` and the sum in `residual`, while
+# the definition (flashinfer-bench's) returns only the normalized rows. A routed call of a
+# solution that computes the definition costs extra passes over memory: the dispatcher
+# computes the family's effects (Note [effects] in fibgen/codegen/python_dispatch.py) and
+# copies the outputs back. A destination-passing solution whose entry takes a parameter
+# `inplace` with a default (False) may do those writes itself: for a family with effects it
+# is routed as INPLACE and called with `inplace=True` and, as output buffers, the API's own
+# (which may be its inputs: `output` is `input` for fused_add_rmsnorm); it must then leave
+# every buffer as the original API would, effects included. Called without it (by bench,
+# by flashinfer-bench), it computes the definition as any solution does.
 
 OUTCOMES = (
     "hit",
@@ -193,6 +207,7 @@ class Api:
         "_outside",
         "_tallies",
         "_resolved",
+        "inplace",
     )
 
     def __init__(
@@ -225,6 +240,7 @@ class Api:
         op_type: str | None = None,
         trace_inputs: Callable[..., tuple[Any, ...]] | None = None,
         trace_axes: Callable[..., dict[str, Any]] | None = None,
+        inplace: bool = False,
     ) -> None:
         self.direct: Callable[..., Any] | None = None
         # Plan-time arguments per wrapper instance (weak keys: a dropped wrapper is freed).
@@ -260,6 +276,8 @@ class Api:
         self.op_type = op_type
         self.trace_inputs = trace_inputs
         self.trace_axes = trace_axes
+        # Whether the dispatcher calls INPLACE routes (Note [in-place solutions]).
+        self.inplace = inplace
         self._original = _UNSET if original is None else original
         self._fixed_original = original is not None
         self._outside: Callable[..., Any] | None = None
@@ -454,7 +472,8 @@ class Api:
             return self._fallback_route(key, name, _DISCARD, "its solution failed to load")
         self._resolved[key] = (name, loaded.label, loaded.fn)
         _state.matched.add(name)
-        return (DPS if loaded.dps else RETURNS, loaded.fn, self._tick("hit", name), values)
+        kind = (INPLACE if self.inplace and loaded.inplace else DPS) if loaded.dps else RETURNS
+        return (kind, loaded.fn, self._tick("hit", name), values)
 
     def _load(self, name: str, entry: solutions.Entry) -> solutions.Loaded:
         cache_key = (name, self.inputs, self.outputs)
@@ -658,7 +677,7 @@ class Api:
                     tick = self._tick("fallback_no_candidate", name)
             fn = self._reference_or_fail(key, name)
             kind = RETURNS
-        if kind == DPS and outputs is None:
+        if kind != RETURNS and outputs is None:  # DPS, or INPLACE called as plain DPS
             raise ValueError(f"{self.label}: the solution for {name!r} needs output buffers")
         tick()
         try:

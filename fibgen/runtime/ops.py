@@ -6,9 +6,12 @@ tables that change at run time would break the graph or recompile it on every en
 Instead its ``_compiled`` branch, which Dynamo traces, reads the call's key from shapes and
 dtypes, allocates the buffers the API would fill, and calls one custom op:
 ``fibgen::<definition>`` for a definition an instance declares, ``fibgen::<family>`` for
-others. The op's arguments are the API's tensors (the ones it writes declared mutable) and
-``args``, the ``repr`` of the tuple of its other arguments, a constant of the graph. The
-op's implementation rebuilds the call and runs the dispatcher eagerly, so the routing
+others. The op's arguments are the API's tensors (the ones it writes declared mutable), its
+numbers (``ints`` and ``floats``: under ``dynamic=True`` Dynamo makes a float or int read
+from a module attribute or a global symbolic, a value no constant may hold) and ``args``,
+the ``repr`` of the tuple of its other arguments with the numbers taken out, a constant of
+the graph. The op's implementation rebuilds the call and runs the dispatcher eagerly, so
+the routing
 decision (solution, rules, fallback, stats) is made at run time: enabling, disabling or a
 new best solution never recompiles a graph. Its fake implementation gives the outputs'
 shapes and dtypes from the definition's axes.
@@ -40,12 +43,43 @@ def plain(values: Any) -> bool:
     return isinstance(values, _PLAIN)
 
 
-def decode(text: str) -> tuple[Any, ...]:
-    """The tuple an ``args`` string spells (cached: each call site has one)."""
-    values = _DECODED.get(text)
-    if values is None:
-        values = _DECODED[text] = eval(text, {"__builtins__": {}}, _NAMES)  # our own repr
-    return values
+def pack(values: tuple[Any, ...]) -> tuple[list[Any], list[Any], str] | None:
+    """(ints, floats, args) of an op's non-tensor arguments, or None where one is not plain.
+
+    Traced by Dynamo: numbers, symbolic or not, go to ``ints`` and ``floats`` and leave a
+    ``None`` in the tuple whose ``repr`` is ``args``; ``kinds`` says which was which.
+    """
+    ints: list[Any] = []
+    floats: list[Any] = []
+    kinds = ""
+    rest = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            if not plain(v):
+                return None
+            rest.append(v)
+            kinds += "-"
+        elif isinstance(v, int):
+            ints.append(v)
+            rest.append(None)
+            kinds += "i"
+        else:
+            floats.append(v)
+            rest.append(None)
+            kinds += "f"
+    return ints, floats, repr((kinds, tuple(rest)))
+
+
+def decode(text: str, ints: Any = (), floats: Any = ()) -> tuple[Any, ...]:
+    """The tuple that ``pack`` made ``(ints, floats, text)`` of (the text parsed once)."""
+    decoded = _DECODED.get(text)
+    if decoded is None:
+        decoded = _DECODED[text] = eval(text, {"__builtins__": {}}, _NAMES)  # our own repr
+    kinds, rest = decoded
+    if not ints and not floats:
+        return rest
+    numbers = {"i": iter(ints), "f": iter(floats)}
+    return tuple(v if k == "-" else next(numbers[k]) for k, v in zip(kinds, rest))
 
 
 def fresh(value: Any, *inputs: Any) -> Any:

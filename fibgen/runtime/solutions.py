@@ -45,11 +45,13 @@ class Entry:
 
 @dataclass(frozen=True)
 class Loaded:
-    """A solution ready to call: ``dps`` says whether it takes output buffers."""
+    """A solution ready to call: ``dps`` says whether it takes output buffers, ``inplace``
+    whether it also takes ``inplace=True`` (Note [in-place solutions] in apply.py)."""
 
     fn: Callable[..., Any]
     dps: bool
     label: str
+    inplace: bool = False
 
 
 def describe_callable(fn: Callable[..., Any]) -> str:
@@ -204,7 +206,20 @@ def load(entry: Entry, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> Loa
     dps, problem = signature_problem(fn, entry.definition, entry.label, inputs, outputs, dps)
     if problem is not None:
         raise SolutionError(problem, entry.definition, entry.label, signature=True)
-    return Loaded(fn, dps, entry.label)
+    return Loaded(fn, dps, entry.label, dps and takes_inplace(fn))
+
+
+def takes_inplace(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` has a parameter ``inplace`` with a default (Note [in-place solutions])."""
+    try:
+        param = inspect.signature(fn).parameters.get("inplace")
+    except (TypeError, ValueError):
+        return False
+    return (
+        param is not None
+        and param.default is not inspect.Parameter.empty
+        and param.kind in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD)
+    )
 
 
 def cache_root() -> Path:

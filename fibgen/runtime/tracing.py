@@ -25,7 +25,7 @@ call goes through ``_api.resolve`` once per key, and ``resolve`` hands every new
 
 - an ``ORIGINAL`` route gets the API's own arguments; the generated ``_inputs`` function maps
   them to the definition's inputs (plan-time ones included);
-- ``RETURNS`` and ``DPS`` routes get the definition's inputs by keyword (and, for DPS, the
+- ``RETURNS``, ``DPS`` and ``INPLACE`` routes get the definition's inputs by keyword (and the
   output buffers, which the generated ``_var_axes`` ignores).
 
 The generated ``_var_axes`` reads each var axis from the shape of an input that carries it,

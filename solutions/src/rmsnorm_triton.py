@@ -11,15 +11,18 @@ def _rmsnorm_kernel(
     r_ptr,
     w_ptr,
     o_ptr,
+    s_ptr,
     n_rows,
     n_cols,
     stride_x,
     stride_r,
     stride_o,
+    stride_s,
     eps,
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    STORE_SUM: tl.constexpr,
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
@@ -40,6 +43,14 @@ def _rmsnorm_kernel(
             other=0.0,
             eviction_policy="evict_first",
         ).to(tl.float32)
+    if STORE_SUM:
+        # FlashInfer's fused_add_rmsnorm leaves the sum in `residual`. Each program reads its
+        # rows whole before it writes them, so the sum and the output may alias the inputs.
+        tl.store(
+            s_ptr + rows[:, None] * stride_s + cols[None, :],
+            x.to(s_ptr.dtype.element_ty),
+            mask=mask,
+        )
     inv_rms = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
     # The weight is read by every program: keep it in L2.
     w = tl.load(w_ptr + cols, mask=col_ok, other=0.0, eviction_policy="evict_last")
@@ -77,14 +88,24 @@ def _plan(n_rows, n_cols, rows_per_program, num_warps):
     return plan
 
 
-def launch(x, residual, weight, out, eps, rows_per_program=None, num_warps=None):
-    """Normalize ``x`` (plus ``residual`` when given) with epsilon ``eps`` into ``out``."""
+def _rows(t, n_cols):
+    """``t`` as contiguous rows of ``n_cols`` (a view where it is one already)."""
+    if t.ndim == 2 and t.stride(-1) == 1:
+        return t
+    return t.reshape(-1, n_cols).contiguous()
+
+
+def launch(x, residual, weight, out, eps, rows_per_program=None, num_warps=None, sum_out=None):
+    """Normalize ``x`` (plus ``residual`` when given) with epsilon ``eps`` into ``out``;
+    ``sum_out``, when given, receives ``x + residual`` (it may be ``residual`` itself)."""
     n_cols = x.shape[-1]
-    if x.ndim != 2 or x.stride(-1) != 1:
-        x = x.reshape(-1, n_cols).contiguous()
-    if residual is not None and (residual.ndim != 2 or residual.stride(-1) != 1):
-        residual = residual.reshape(-1, n_cols).contiguous()
+    x = _rows(x, n_cols)
+    if residual is not None:
+        residual = _rows(residual, n_cols)
     o2 = out if out.ndim == 2 and out.stride(-1) == 1 else torch.empty_like(x)
+    s2 = sum_out
+    if sum_out is not None and not (sum_out.ndim == 2 and sum_out.stride(-1) == 1):
+        s2 = torch.empty_like(x)
     n_rows = x.shape[0]
     if n_rows == 0:
         return out
@@ -95,22 +116,28 @@ def launch(x, residual, weight, out, eps, rows_per_program=None, num_warps=None)
         plan = _plan(n_rows, n_cols, rows_per_program, num_warps)
     grid, block, rows, warps = plan
     r = x if residual is None else residual
+    s = o2 if s2 is None else s2
     _rmsnorm_kernel[grid](
         x,
         r,
         weight,
         o2,
+        s,
         n_rows,
         n_cols,
         x.stride(0),
         r.stride(0),
         o2.stride(0),
+        s.stride(0),
         eps,
         BLOCK_N=block,
         ROWS=rows,
         HAS_RESIDUAL=residual is not None,
+        STORE_SUM=s2 is not None,
         num_warps=warps,
     )
     if o2 is not out:
         out.copy_(o2.view(out.shape))
+    if s2 is not sum_out:
+        sum_out.copy_(s2.view(sum_out.shape))
     return out
