@@ -16,7 +16,7 @@ figures to --json.
 A case that FlashInfer itself cannot run on this GPU (its MoE kernels need SM100; its GDN
 kernels need nvidia-cutlass-dsl) is reported as such: its calls must still behave alike.
 FlashInfer JIT-builds one module per kernel variant; --prebuild N builds them in N processes
-first.
+first, for at most --deadline seconds; a call still running then is reported and not run.
 """
 
 from __future__ import annotations
@@ -414,10 +414,12 @@ def _sampling_cases() -> list[Case]:
     support = torch.tensor([5, 17, 99, 1000, 4242, 70000, 128000, 3], device=DEV)
     weights = torch.tensor([0.3, 0.2, 0.15, 0.12, 0.09, 0.07, 0.05, 0.02], device=DEV)
 
-    def probs():
-        p = torch.zeros(rows, vocab, device=DEV)
+    def probs(floor):
+        # `floor` under every token, as a softmax leaves one: FlashInfer's top_k_top_p
+        # sampler did not return within minutes on rows of exact zeros (H100, 0.7.2).
+        p = torch.full((rows, vocab), floor, device=DEV)
         p[:, support] = weights
-        return p
+        return p / p.sum(-1, keepdim=True)
 
     for fn, extra, expect in (
         ("top_k_sampling_from_probs", {"top_k": 4}, None),
@@ -426,10 +428,11 @@ def _sampling_cases() -> list[Case]:
         ("top_k_sampling_from_probs", {"top_k": 4, "return_valid": True}, "return_valid"),
     ):
         name = f"{fn}_v{vocab}"
+        floor = 1e-9 if fn == "top_k_top_p_sampling_from_probs" else 0.0
 
-        def call(fn=fn, extra=extra):
+        def call(fn=fn, extra=extra, floor=floor):
             torch.manual_seed(0)
-            return getattr(flashinfer.sampling, fn)(probs(), **extra)
+            return getattr(flashinfer.sampling, fn)(probs(floor), **extra)
 
         out.append(
             Case(
@@ -675,10 +678,15 @@ def _mamba_cases() -> list[Case]:
         def call(batch=batch, softplus=softplus):
             cache = 2 * batch + 1
             state = rnd(cache, nh, hd, ds, seed=51)
-            x, dt = rnd(batch, nh, hd, seed=52), rnd(batch, nh, hd, seed=53)
-            A = -torch.rand(nh, hd, ds, device=DEV, generator=g(54)) * 15 - 1
+            x = rnd(batch, nh, hd, seed=52)
+            # TIE_HDIM, as the definition says and FlashInfer's kernel checks: A, dt, D and
+            # dt_bias hold one value per head, broadcast over head_dim (and dstate).
+            dt = rnd(batch, nh, seed=53)[:, :, None].expand(batch, nh, hd)
+            A = -torch.rand(nh, device=DEV, generator=g(54)) * 15 - 1
+            A = A[:, None, None].expand(nh, hd, ds)
             B, C = rnd(batch, ng, ds, seed=55), rnd(batch, ng, ds, seed=56)
-            D, dt_bias = rnd(nh, hd, seed=57), rnd(nh, hd, seed=58)
+            D = rnd(nh, seed=57)[:, None].expand(nh, hd)
+            dt_bias = rnd(nh, seed=58)[:, None].expand(nh, hd)
             idx = torch.randperm(cache, device=DEV, generator=g(59))[:batch].int()
             o = flashinfer.mamba.selective_state_update(
                 state,
@@ -716,6 +724,8 @@ def _moe_and_gdn_cases() -> list[Case]:
     c = dict(d.consts)
 
     def gdn():
+        import flashinfer.gdn_decode  # not imported by `import flashinfer`
+
         b, hq, hv, k = 2, c["num_q_heads"], c["num_v_heads"], c["head_size"]
         q, kk = rnd(b, 1, hq, k, seed=61), rnd(b, 1, hq, k, seed=62)
         v = rnd(b, 1, hv, k, seed=63)
@@ -924,28 +934,42 @@ def overhead() -> list[tuple[str, float]]:
 # ---------------------------------------------------------------------------------------
 
 
-def _prebuild_one(group_label: tuple[str, str]) -> str:
+def _prebuild_one(group_label: tuple[str, str]) -> tuple[str, str]:
     group, label = group_label
     for case in GROUPS[group]():
         if case.label == label:
             try:
                 case.call()
                 torch.cuda.synchronize()
-                return f"built {label}"
+                return label, f"built {label}"
             except Exception as exc:
-                return f"{label}: {type(exc).__name__}: {str(exc)[:120]}"
-    return f"{label}: not found"
+                return label, f"{label}: {type(exc).__name__}: {str(exc)[:120]}"
+    return label, f"{label}: not found"
 
 
-def prebuild(workers: int, groups: list[str]) -> None:
+def prebuild(workers: int, groups: list[str], deadline: float) -> set[str]:
+    """Build in ``workers`` processes; the labels of calls that did not finish in time."""
     import multiprocessing as mp
 
     jobs = [(g_, c.label) for g_ in groups for c in GROUPS[g_]()]
+    pending = {label for _, label in jobs}
     start = time.time()
-    with mp.get_context("spawn").Pool(workers) as pool:
-        for line in pool.imap_unordered(_prebuild_one, jobs):
+    pool = mp.get_context("spawn").Pool(workers)
+    try:
+        results = pool.imap_unordered(_prebuild_one, jobs)
+        while pending:
+            try:
+                label, line = results.next(timeout=max(1.0, start + deadline - time.time()))
+            except (mp.TimeoutError, StopIteration):
+                break
+            pending.discard(label)
             print(f"  prebuild: {line}", flush=True)
+    finally:
+        pool.terminate()
+    for label in sorted(pending):
+        print(f"  prebuild: {label}: did not finish in {deadline:g} s", flush=True)
     print(f"prebuild: {len(jobs)} calls in {time.time() - start:.0f} s", flush=True)
+    return pending
 
 
 # ---------------------------------------------------------------------------------------
@@ -956,21 +980,30 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", default=[], help="groups to run: " + ", ".join(GROUPS))
     parser.add_argument("--json", help="write every case's figures here")
     parser.add_argument("--prebuild", type=int, default=0, help="processes that JIT-build first")
+    parser.add_argument(
+        "--deadline", type=float, default=300.0, help="seconds the prebuild may take"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("error: needs a CUDA GPU and flashinfer-python 0.7.2 with its JIT", file=sys.stderr)
         return 2
     groups = [g_ for g_ in GROUPS if not args.only or any(o in g_ for o in args.only)]
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    hung: set[str] = set()
     if args.prebuild:
-        prebuild(args.prebuild, groups)
+        hung = prebuild(args.prebuild, groups, args.deadline)
     results: dict[str, list[dict]] = {}
     failures = 0
     for group in groups:
         by_api: dict[str, list[Outcome]] = {}
         for case in GROUPS[group]():
             start = time.time()
-            outcome = run_case(case)
+            if case.label in hung:
+                # A call that did not return while building would stop the run here.
+                outcome = Outcome(case.label)
+                outcome.failure = "not run: its call did not finish while building"
+            else:
+                outcome = run_case(case)
             outcome.extra["seconds"] = round(time.time() - start, 2)
             by_api.setdefault(case.api, []).append(outcome)
             failures += outcome.failure is not None
@@ -983,6 +1016,10 @@ def main() -> int:
         for api, outcomes in by_api.items():
             _table(api, outcomes)
             results[api] = [o.__dict__ for o in outcomes]
+        if args.json:  # after every group: a run stopped later keeps what it measured
+            Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    if "norm" not in groups:  # the overhead rows call FlashInfer's rmsnorm
+        return _finish(results, failures, args.json)
     print("\nhit overhead on rmsnorm 1x4096 bf16 (eager loop, same process):")
     try:
         rows = overhead()
@@ -994,8 +1031,12 @@ def main() -> int:
         results["overhead"] = rows
     except Exception as exc:
         print(f"  could not measure: {type(exc).__name__}: {exc}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    return _finish(results, failures, args.json)
+
+
+def _finish(results: dict, failures: int, path: str | None) -> int:
+    if path:
+        Path(path).write_text(json.dumps(results, indent=1, default=str))
     print(f"\n{failures} failure(s)")
     return 1 if failures else 0
 

@@ -1,6 +1,6 @@
 """GPU benchmark of the shipped Triton solutions: latency, bandwidth, speedups, timer check.
 
-    python benchmarks/gpu.py [--tune] [--quick]
+    python benchmarks/gpu.py [--tune] [--quick] [--tables all|kernel|eager]
 
 For rmsnorm and fused_add_rmsnorm (hidden 4096, bf16) and silu_and_mul (hidden 14336, bf16),
 at 1..65536 rows: the solution's latency (fibgen's CUDA-event timer, L2 flushed, median),
@@ -10,7 +10,10 @@ Every latency is the median of the calls of three rounds that alternate between 
 compared, so a slow spell of the GPU falls on all of them alike. The norm tables also time
 the kernel under do_bench's zeroing flush (Note [flushing L2] in ``fibgen/bench/timing.py``).
 The last table compares fibgen's timer with ``triton.testing.do_bench``, both flushing the
-same way. ``--tune`` first sweeps rows per program and warps for the norm kernels and prints
+same way. The "eager loop, end to end" tables time what an engine's eager loop pays per call
+(``fibgen.bench.eager.time_eager``: back-to-back calls, no flush, CPU launch included): the
+call routed by ``enable_apply`` through FlashInfer's patched API to the shipped solution,
+FlashInfer's own API, and torch. ``--tune`` first sweeps rows per program and warps for the norm kernels and prints
 the best variant per size next to the one the solution picks.
 
 Needs only torch and triton (no pydantic): solution and definition JSON are read as JSON.
@@ -40,12 +43,15 @@ from fibgen.bench.timing import cuda_samples, time_cuda  # noqa: E402
 ROWS = [1 << i for i in range(17)]  # 1 .. 65536
 ROUNDS = 3
 TIMER_ROWS = (1, 16, 64, 1024, 4096, 16384, 65536)
+EPS = 1e-5  # the epsilon of rmsnorm_h4096 and fused_add_rmsnorm_h4096
 
 
 def load_solution(op_type: str, definition: str, name: str) -> types.ModuleType:
     """Import a shipped solution's entry module from its JSON, as its own package."""
-    path = ROOT / "solutions" / "fibgen" / op_type / definition / f"{name}.json"
-    doc = json.loads(path.read_text())
+    found = sorted((ROOT / "solutions").rglob(f"{name}.json"))
+    if not found:
+        sys.exit(f"error: no {name}.json under {ROOT / 'solutions'}")
+    doc = json.loads(found[0].read_text())
     folder = Path(tempfile.mkdtemp(prefix="fibgen-gpu-"))
     for source in doc["sources"]:
         (folder / source["path"]).write_text(source["content"])
@@ -54,7 +60,12 @@ def load_solution(op_type: str, definition: str, name: str) -> types.ModuleType:
     module.__path__ = [str(folder)]
     sys.modules[package] = module
     entry_file, _ = doc["spec"]["entry_point"].split("::")
-    return importlib.import_module(f"{package}.{entry_file[:-3]}")
+    entry = importlib.import_module(f"{package}.{entry_file[:-3]}")
+    # As fibgen's loader does: the kernels launch without Triton's per-call work.
+    from fibgen.runtime.launch import accelerate_modules
+
+    accelerate_modules([m for n, m in sys.modules.items() if n.startswith(package + ".")], package)
+    return entry
 
 
 def load_reference(op_type: str, definition: str):
@@ -151,14 +162,14 @@ def tune(norm_mod, hidden_sizes, rows_list, repeat: int) -> None:
             for kind in ("rmsnorm", "fused_add_rmsnorm"):
                 x, r, w, out, _ = norm_case(kind, rows, hidden)
                 pick = config(rows, hidden)
-                base = bench(lambda: launch(x, r, w, out), repeat)
+                base = bench(lambda: launch(x, r, w, out, EPS), repeat)
                 results = {}
                 for rpp in (1, 2, 4, 8):
                     if rpp * triton_next_pow2(hidden) > 16384:
                         continue
                     for warps in (2, 4, 8, 16):
                         results[(rpp, warps)] = bench(
-                            lambda: launch(x, r, w, out, rpp, warps), repeat
+                            lambda: launch(x, r, w, out, EPS, rpp, warps), repeat
                         )
                 best = min(results, key=results.get)
                 print(
@@ -178,6 +189,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tune", action="store_true", help="sweep kernel variants first")
     parser.add_argument("--quick", action="store_true", help="fewer repeats (smoke test)")
+    parser.add_argument(
+        "--tables",
+        choices=("all", "kernel", "eager"),
+        default="all",
+        help="kernel: GPU time behind an L2 flush; eager: end to end in an eager loop",
+    )
     args = parser.parse_args()
     # None: as many calls as fit in 100 ms, as do_bench does.
     repeat = 20 if args.quick else None
@@ -190,6 +207,9 @@ def main() -> None:
         f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
         f"triton {triton.__version__}"
     )
+    if args.tables == "eager":
+        eager_tables(ROWS)
+        return
     copy_gbs = copy_bandwidth()
     print(f"device-to-device copy (1 GiB, read + write): {copy_gbs:.0f} GB/s")
 
@@ -221,12 +241,12 @@ def main() -> None:
                 call = lambda: module.run(x, w, out)  # noqa: E731
                 ref = lambda: reference(x, w)  # noqa: E731
                 # torch's fused kernel on the same input.
-                torch_fn = lambda: F.rms_norm(x, (hidden,), w, 1e-6)  # noqa: E731
+                torch_fn = lambda: F.rms_norm(x, (hidden,), w, EPS)  # noqa: E731
             else:
                 call = lambda: module.run(x, r, w, out)  # noqa: E731
                 ref = lambda: reference(x, r, w)  # noqa: E731
                 # The fair torch baseline for the fused kernel adds, then normalizes.
-                torch_fn = lambda: F.rms_norm(x + r, (hidden,), w, 1e-6)  # noqa: E731
+                torch_fn = lambda: F.rms_norm(x + r, (hidden,), w, EPS)  # noqa: E731
             # A copy of as many bytes as the kernel moves: the ceiling under the same flush.
             src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
             dst = torch.empty_like(src)
@@ -299,6 +319,80 @@ def main() -> None:
             f"| {100 * (c['zero'] - c['db_zero']) / c['db_zero']:+.1f}% "
             f"| {100 * c['db_zero_spread']:.1f}% |"
         )
+    if args.tables == "all":
+        eager_tables(ROWS)
+
+
+def eager_tables(rows_list: list[int]) -> None:
+    """Routed solution vs FlashInfer's own API vs torch, µs per call in an eager loop."""
+    import warnings
+
+    import fibgen.runtime as rt
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from _shipped import routes
+
+    try:
+        import flashinfer
+    except Exception as exc:  # noqa: BLE001
+        sys.exit(f"error: the eager tables compare with FlashInfer, which does not import: {exc}")
+    from fibgen.bench.eager import time_eager
+
+    hidden, inter = 4096, 14336
+    table = routes(hidden, inter)
+
+    def norm(x, r, w):
+        return flashinfer.norm.rmsnorm(x, w, EPS)
+
+    def fused(x, r, w):
+        flashinfer.norm.fused_add_rmsnorm(x, r, w, EPS)
+
+    def silu(x, r, w):
+        return flashinfer.activation.silu_and_mul(x)
+
+    def torch_norm(x, r, w):
+        return F.rms_norm(x, (hidden,), w, EPS)
+
+    def torch_fused(x, r, w):
+        r.add_(x)
+        return F.rms_norm(r, (hidden,), w, EPS)
+
+    def torch_silu(x, r, w):
+        return F.silu(x[:, :inter]) * x[:, inter:]
+
+    ops = (
+        ("rmsnorm", hidden, norm, torch_norm, "flashinfer.norm.rmsnorm"),
+        ("fused_add_rmsnorm", hidden, fused, torch_fused, "flashinfer.norm.fused_add_rmsnorm"),
+        ("silu_and_mul", 2 * inter, silu, torch_silu, "flashinfer.activation.silu_and_mul"),
+    )
+    for name, width, api, torch_fn, api_name in ops:
+        print(f"\n## {name}, eager loop, end to end (µs per call, bf16, hidden {width})\n")
+        print(
+            "| rows | routed µs | FlashInfer µs | torch µs | routed / FlashInfer "
+            "| routed / torch | routed calls |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        for rows in rows_list:
+            x = torch.randn(rows, width, device="cuda", dtype=torch.bfloat16)
+            r = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
+            w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
+            own = time_eager(lambda: api(x, r, w))
+            base = time_eager(lambda: torch_fn(x, r, w))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                rt.enable_apply(table)
+            try:
+                routed = time_eager(lambda: api(x, r, w))
+                hits = rt.stats()[api_name]["hit"]
+            finally:
+                rt.disable_apply()
+            if not hits:
+                sys.exit(f"error: {api_name} was not routed at {rows} rows: {rt.stats()}")
+            print(
+                f"| {rows} | {routed:.1f} | {own:.1f} | {base:.1f} | {routed / own:.2f} "
+                f"| {routed / base:.2f} | {hits} |"
+            )
+            del x, r, w
 
 
 def timer_check(call, repeat: int | None, rounds: int) -> dict[str, float]:

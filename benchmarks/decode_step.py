@@ -1,0 +1,201 @@
+"""A decode step of a small Llama-shaped model, with apply off and on, eager and CUDA graph.
+
+    python benchmarks/decode_step.py [--layers 4] [--batches 1,8,32,64,128,256]
+
+Needs a CUDA GPU and flashinfer-python. Each layer: ``flashinfer.norm.rmsnorm`` (first
+layer) or ``flashinfer.norm.fused_add_rmsnorm``, the QKV GEMM, paged decode attention through
+``flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper`` (page size 16, 500 tokens of context
+per request, so last pages are partial), the output GEMM, ``fused_add_rmsnorm``, the gate/up
+GEMM, ``flashinfer.activation.silu_and_mul`` and the down GEMM; then a final norm and the
+LM head (vocabulary 32000). Shapes are Llama 3 8B's (hidden 4096, 32 query and 8 KV heads of
+128, intermediate 14336, bf16, eps 1e-5); there is no rotary embedding, which both sides
+would run alike.
+
+Apply off runs FlashInfer's own norm and activation kernels; apply on routes them to the
+shipped Triton solutions (``enable_apply`` patches FlashInfer). Attention has no solution in
+that dataset: its calls go to FlashInfer, counted as misses. The table gives the step time
+(``time_eager``: back-to-back steps) eagerly and as a replayed CUDA graph, and the largest
+logit difference between apply off and on. The target: apply on is never slower, and its
+logits are within bf16 tolerance of apply off's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from fibgen.bench.eager import time_eager  # noqa: E402
+
+from _shipped import routes  # noqa: E402
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB = 4096, 32, 8, 128, 14336, 32000
+EPS, PAGE, CONTEXT = 1e-5, 16, 500
+WORKSPACE = 128 << 20
+
+
+class Model:
+    """Weights, a paged KV cache per layer and one decode wrapper per batch size."""
+
+    def __init__(self, layers: int, max_batch: int) -> None:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+
+        def w(*shape):
+            return (torch.randn(*shape, device="cuda", generator=gen) / shape[-1] ** 0.5).bfloat16()
+
+        qkv = (HEADS + 2 * KV_HEADS) * HEAD_DIM
+        self.layers = [
+            {
+                "in_norm": w(HIDDEN) + 1,
+                "qkv": w(qkv, HIDDEN),
+                "o": w(HIDDEN, HEADS * HEAD_DIM),
+                "post_norm": w(HIDDEN) + 1,
+                "gate_up": w(2 * INTER, HIDDEN),
+                "down": w(HIDDEN, INTER),
+            }
+            for _ in range(layers)
+        ]
+        self.final_norm = w(HIDDEN) + 1
+        self.lm_head = w(VOCAB, HIDDEN)
+        pages = (CONTEXT + PAGE - 1) // PAGE
+        shape = (max_batch * pages, PAGE, KV_HEADS, HEAD_DIM)
+        self.caches = [
+            (
+                torch.randn(shape, device="cuda", generator=gen).bfloat16(),
+                torch.randn(shape, device="cuda", generator=gen).bfloat16(),
+            )
+            for _ in range(layers)
+        ]
+        self.pages = pages
+
+    def wrapper(self, batch: int, graph: bool):
+        """A decode wrapper planned for ``batch`` requests of CONTEXT tokens."""
+        import flashinfer
+
+        indptr = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * self.pages
+        indices = torch.arange(batch * self.pages, dtype=torch.int32, device="cuda")
+        last = torch.full((batch,), CONTEXT - (self.pages - 1) * PAGE, dtype=torch.int32)
+        last = last.cuda()
+        workspace = torch.empty(WORKSPACE, dtype=torch.uint8, device="cuda")
+        extra = {}
+        if graph:
+            extra = {
+                "use_cuda_graph": True,
+                "paged_kv_indptr_buffer": indptr.clone(),
+                "paged_kv_indices_buffer": indices.clone(),
+                "paged_kv_last_page_len_buffer": last.clone(),
+            }
+        wrapper = flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", **extra)
+        wrapper.plan(
+            indptr,
+            indices,
+            last,
+            HEADS,
+            KV_HEADS,
+            HEAD_DIM,
+            PAGE,
+            q_data_type=torch.bfloat16,
+            kv_data_type=torch.bfloat16,
+        )
+        return wrapper
+
+    def step(self, x, wrapper):
+        """One decode step: hidden states [batch, hidden] to logits [batch, vocab]."""
+        import flashinfer
+
+        batch = x.shape[0]
+        residual = None
+        h = x
+        for layer, cache in zip(self.layers, self.caches):
+            if residual is None:
+                residual = h
+                h = flashinfer.norm.rmsnorm(h, layer["in_norm"], EPS)
+            else:
+                flashinfer.norm.fused_add_rmsnorm(h, residual, layer["in_norm"], EPS)
+            qkv = h @ layer["qkv"].T
+            q = qkv[:, : HEADS * HEAD_DIM].reshape(batch, HEADS, HEAD_DIM)
+            attn = wrapper.run(q, cache)
+            h = attn.reshape(batch, HEADS * HEAD_DIM) @ layer["o"].T
+            flashinfer.norm.fused_add_rmsnorm(h, residual, layer["post_norm"], EPS)
+            h = flashinfer.activation.silu_and_mul(h @ layer["gate_up"].T) @ layer["down"].T
+        flashinfer.norm.fused_add_rmsnorm(h, residual, self.final_norm, EPS)
+        return h @ self.lm_head.T
+
+
+def measure(model: Model, batch: int) -> tuple[float, float, torch.Tensor]:
+    """(eager µs, CUDA-graph µs, logits) of a step at ``batch``."""
+    gen = torch.Generator(device="cuda").manual_seed(batch)
+    x = torch.randn(batch, HIDDEN, device="cuda", generator=gen).bfloat16()
+    eager_wrapper = model.wrapper(batch, graph=False)
+    logits = model.step(x.clone(), eager_wrapper)
+    eager = time_eager(lambda: model.step(x.clone(), eager_wrapper), rounds=5)
+
+    graph_wrapper = model.wrapper(batch, graph=True)
+    static = x.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            model.step(static.clone(), graph_wrapper)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    work = static.clone()
+    with torch.cuda.graph(graph):
+        graph_logits = model.step(work, graph_wrapper)
+
+    def replay():
+        work.copy_(static)
+        graph.replay()
+
+    replay()
+    torch.cuda.synchronize()
+    assert torch.equal(graph_logits, logits) or (graph_logits - logits).abs().max() < 0.5
+    graphed = time_eager(replay, rounds=5)
+    return eager, graphed, logits
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--batches", default="1,8,32,64,128,256")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("error: benchmarks/decode_step.py needs a CUDA GPU")
+    import fibgen.runtime as rt
+
+    batches = [int(b) for b in args.batches.split(",")]
+    model = Model(args.layers, max(batches))
+    table = routes(HIDDEN, INTER)
+    print(f"decode step, {args.layers} Llama-3-8B-shaped layers, {torch.cuda.get_device_name()}")
+    print(
+        f"{'batch':>5} {'eager off µs':>12} {'eager on µs':>11} {'ratio':>6} "
+        f"{'graph off µs':>12} {'graph on µs':>11} {'ratio':>6} {'max logit diff':>14}"
+    )
+    for batch in batches:
+        off_eager, off_graph, off_logits = measure(model, batch)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rt.enable_apply(table)
+        try:
+            on_eager, on_graph, on_logits = measure(model, batch)
+            stats = rt.stats()
+        finally:
+            rt.disable_apply()
+        hits = stats["flashinfer.norm.fused_add_rmsnorm"]["hit"]
+        assert hits > 0, "fused_add_rmsnorm was not routed"
+        diff = (on_logits.float() - off_logits.float()).abs().max().item()
+        print(
+            f"{batch:>5} {off_eager:12.1f} {on_eager:11.1f} {on_eager / off_eager:6.2f} "
+            f"{off_graph:12.1f} {on_graph:11.1f} {on_graph / off_graph:6.2f} {diff:14.4f}"
+        )
+    print(f"logit scale: the logits' largest magnitude is {off_logits.abs().max().item():.2f}")
+
+
+if __name__ == "__main__":
+    main()
