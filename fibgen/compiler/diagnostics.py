@@ -42,7 +42,9 @@ class Sources:
         self._lines: dict[str, list[str]] = {}
 
     def add(self, path: str, text: str) -> None:
-        self._lines[path] = text.splitlines()
+        # Lines as the lexer counts them: at '\n' only (splitlines also splits at '\x0c',
+        # '\u2028' and others, which a string may hold).
+        self._lines[path] = [line.removesuffix("\r") for line in text.split("\n")]
 
     def line(self, path: str, line: int) -> str | None:
         lines = self._lines.get(path)

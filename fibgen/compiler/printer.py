@@ -109,7 +109,7 @@ class _Comments:
 def _assign_comments(
     comments: list[tuple[int, int, str]], text: str, anchors: list[tuple[int, int]]
 ) -> _Comments:
-    lines = text.splitlines()
+    lines = text.split("\n")  # as the lexer counts lines: a string may hold '\x0c' or '\u2028'
     out = _Comments()
     anchors = sorted(set(a for a in anchors if a[0] > 0))
     for line, column, body in comments:
@@ -183,8 +183,10 @@ class Printer:
                 self.lines.append(indent + c)
             trailing = self.comments.trailing.pop(self._key(span), None)
             if trailing:
-                first, *rest = text.split("\n")
-                text = "\n".join([f"{first}  {trailing}"] + rest)
+                # After the last line: a node of several lines ends a triple-quoted block,
+                # and a comment on its first line would be inside the string.
+                *head, last = text.split("\n")
+                text = "\n".join(head + [f"{last}  {trailing}"])
         self.lines.append(indent + text if text else "")
 
     def blank(self) -> None:
@@ -253,6 +255,16 @@ class Printer:
             )
         if fam.constraints:
             self.blank()
+            # The block is one token that cannot hold a brace, not even in a comment: such a
+            # comment, assigned to a constraint, goes above the block instead.
+            for c in fam.constraints:
+                key = self._key(c.span)
+                lead = self.comments.leading.get(key, [])
+                for text in [t for t in lead if "{" in t or "}" in t]:
+                    lead.remove(text)
+                    self.emit(i, text)
+                if any(b in self.comments.trailing.get(key, "") for b in "{}"):
+                    self.emit(i, self.comments.trailing.pop(key))
             self.emit(i, "constraints {")
             for c in fam.constraints:
                 self.emit(i + "  ", c.text, c.span)
