@@ -919,6 +919,12 @@ class Checker:
 
     # ------------------------------------------------------------------ dispatch groups
     def dispatch(self, group: ir.DispatchGroup, families: dict[str, ir.Family]) -> None:
+        if not group.cases:
+            self.err(
+                f"dispatch `{group.name}` has no cases",
+                group.span,
+                help="add a line `VALUE -> FAMILY` for each family the selector picks",
+            )
         apis: set[str] = set()
         seen_values: dict[object, ir.DispatchCase] = {}
         for case in group.cases:
