@@ -793,17 +793,37 @@ def _token(text: str, line: int, column: int) -> Token:
     )
 
 
-def _open_brackets(text: str) -> int:
-    """How many brackets are open at the end of ``text`` (outside string literals)."""
-    depth = 0
+def _code_positions(line: str):
+    """(index, character) of each character of a line that is outside string literals."""
     quote = None
-    for ch in text:
+    escaped = False
+    for i, ch in enumerate(line):
         if quote:
-            if ch == quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
                 quote = None
         elif ch in "\"'":
             quote = ch
-        elif ch in "([":
+        else:
+            yield i, ch
+
+
+def _split_comment(line: str) -> tuple[str, int | None]:
+    """Split a line at a '#' that is not inside a string literal."""
+    for i, ch in _code_positions(line):
+        if ch == "#":
+            return line[:i], i
+    return line, None
+
+
+def _open_brackets(text: str) -> int:
+    """How many brackets are open at the end of ``text`` (outside string literals)."""
+    depth = 0
+    for _, ch in _code_positions(text):
+        if ch in "([":
             depth += 1
         elif ch in ")]":
             depth -= 1
@@ -812,39 +832,16 @@ def _open_brackets(text: str) -> int:
 
 def _split_statements(code: str) -> list[str]:
     """Split a line at the ';' that are outside string literals and brackets."""
-    pieces: list[str] = []
-    depth = 0
-    quote = None
-    start = 0
-    for i, ch in enumerate(code):
-        if quote:
-            if ch == quote:
-                quote = None
-        elif ch in "\"'":
-            quote = ch
-        elif ch in "([":
+    cuts, depth = [], 0
+    for i, ch in _code_positions(code):
+        if ch in "([":
             depth += 1
         elif ch in ")]":
             depth -= 1
         elif ch == ";" and depth <= 0:
-            pieces.append(code[start:i])
-            start = i + 1
-    pieces.append(code[start:])
-    return pieces
-
-
-def _split_comment(line: str) -> tuple[str, int | None]:
-    """Split a line at a '#' that is not inside a string literal."""
-    quote = None
-    for i, ch in enumerate(line):
-        if quote:
-            if ch == quote:
-                quote = None
-        elif ch in "\"'":
-            quote = ch
-        elif ch == "#":
-            return line[:i], i
-    return line, None
+            cuts.append(i)
+    bounds = zip([-1] + cuts, cuts + [len(code)])
+    return [code[start + 1 : end] for start, end in bounds]
 
 
 def lower(tree: Tree, path: str) -> tuple[ir.SourceFile, list[Diagnostic]]:
