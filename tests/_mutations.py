@@ -115,7 +115,8 @@ FRAGMENTS: tuple[str, ...] = (
     "instances { h=1 }",
     "params { p }",
     'reference """\ndef run(x):\n    return x\n"""',
-    'reference """\n' + "x = " + "(" * 199 + '\n"""',
+    # 200 open parentheses and more code after them: Python's parser runs out of stack.
+    'reference """\n' + "x = " + "(" * 200 + '\ndef run(x):\n    return x\n"""',
     'tags [a, "b\\"c"]',
     "<- x[" + "9" * 30 + "]",
     "<- x[1000000000000]",
