@@ -925,7 +925,7 @@ def test_names_that_would_escape_the_layout_are_refused(tmp_path: Path) -> None:
     obj = _definition()
     obj["name"] = "../evil"
     # The model refuses the name before any path is made of it (Note [safe names]).
-    with pytest.raises(ValueError, match="definition name '../evil' contains the path separator"):
+    with pytest.raises(ValueError, match="name: '../evil' contains the path separator"):
         write_definition(tmp_path, validate_obj(Definition, obj))
 
 

@@ -579,7 +579,10 @@ class Checker:
         try:
             module = parse_python(text)
         except PythonSyntaxError as exc:
-            line = span.line + (exc.lineno or 1)
+            if exc.lineno is None:  # nested too deeply: Python's parser does not say where
+                self.err(f"the reference is not valid Python: {exc.msg}", span)
+                return
+            line = span.line + exc.lineno
             at = ir.Span(file=span.file, line=line, column=1, end_line=line, end_column=2)
             self.err(
                 f"the reference is not valid Python: {exc.msg}",
@@ -870,17 +873,18 @@ class Checker:
                 value = _evaluate(ax.value.text, {**params, **consts})
                 if value is _UNPARSABLE:
                     return None  # lowering reported the syntax error in this expression
-                if (
-                    not isinstance(value, (int, float))
-                    or isinstance(value, bool)
-                    or (isinstance(value, float) and not value.is_integer())
-                    or value < 0
-                ):
+                if isinstance(value, str):  # `<why>`: the expression has no value
+                    self.err(
+                        f"`{ax.name} = {ax.value.text}` has no value: {value[1:-1]}",
+                        ax.value.span,
+                    )
+                    return None
+                if (isinstance(value, float) and not value.is_integer()) or value < 0:
                     self.err(
                         f"`{ax.name} = {ax.value.text}` gives {value!r}, not a "
                         "non-negative integer",
                         ax.value.span,
-                        help="use `//` for integer division",
+                        help="use `//` for integer division" if isinstance(value, float) else None,
                     )
                     return None
                 if value > INT64_MAX:

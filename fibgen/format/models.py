@@ -109,10 +109,10 @@ def name_problem(name: str) -> str | None:
     return f"starts with {name[0]!r}"
 
 
-def _check_name(kind: str, value: str) -> str:
+def _check_name(value: str) -> str:
     problem = name_problem(value)
     if problem is not None:
-        raise ValueError(f"{kind} {value!r} {problem}; {NAME_RULE}")
+        raise ValueError(f"{value!r} {problem}; {NAME_RULE}")  # after the field's location
     return value
 
 
@@ -180,8 +180,8 @@ class Definition(_Model):
 
     @field_validator("name", "op_type")
     @classmethod
-    def _validate_name(cls, value: str, info: Any) -> str:
-        return _check_name("definition name" if info.field_name == "name" else "op_type", value)
+    def _validate_name(cls, value: str) -> str:
+        return _check_name(value)
 
     @model_validator(mode="after")
     def _validate(self) -> Definition:
@@ -347,11 +347,8 @@ class Solution(_Model):
 
     @field_validator("name", "definition", "author")
     @classmethod
-    def _validate_name(cls, value: str, info: Any) -> str:
-        kind = {"name": "solution name", "definition": "definition name"}.get(
-            info.field_name, info.field_name
-        )
-        return _check_name(kind, value)
+    def _validate_name(cls, value: str) -> str:
+        return _check_name(value)
 
     @model_validator(mode="after")
     def _validate_source_path_entry_point(self) -> Solution:
@@ -535,10 +532,8 @@ class Trace(_Model):
 
     @field_validator("definition", "solution")
     @classmethod
-    def _validate_name(cls, value: Optional[str], info: Any) -> Optional[str]:
-        if value is None:
-            return None
-        return _check_name(f"{info.field_name} name", value)
+    def _validate_name(cls, value: Optional[str]) -> Optional[str]:
+        return None if value is None else _check_name(value)
 
     @property
     def is_workload_trace(self) -> bool:
