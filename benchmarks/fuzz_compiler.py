@@ -8,7 +8,8 @@ tests/_mutations.py) one to four times, then runs what `fibgen check`, `fibgen f
 
 * compile: a module, or error diagnostics that each carry a position in the file;
 * fmt: canonical text, which formats to itself again and compiles to the same definitions,
-  or diagnostics; never the "internal error" that says the printer changed the meaning;
+  or diagnostics; never an "internal error" (fmt checks that its output means the same and
+  is its own canonical form, and says so when not);
 * build: every emitter over the module (for the cases that compile), as text.
 
 Anything else (an exception, a broken invariant) is printed with the case's seed, so
@@ -69,8 +70,8 @@ def problems(text: str, build: bool) -> list[str]:
         except GenerateError as exc:  # `fibgen build` prints it; `fibgen check` said ok
             out.append(f"check passed, build refused: {str(exc)[:60]}")
     formatted, diags = format_text(text, "f.fidef")
-    if any(d.message.startswith("internal error") for d in diags):
-        out.append("fmt would change the meaning")
+    # "internal error: formatting would change ..." (the meaning; the text if run again)
+    out += ["fmt: " + d.message for d in diags if d.message.startswith("internal error")]
     if formatted is not None:
         again, _ = format_text(formatted, "f.fidef")
         if again != formatted:
