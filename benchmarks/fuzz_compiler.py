@@ -48,7 +48,20 @@ def case_text(seed: int) -> str:
 
 
 def problems(text: str, build: bool) -> list[str]:
-    """What went wrong with one text: an empty list when everything held."""
+    """What went wrong with one text: an empty list when everything held.
+
+    A SyntaxWarning that Python would print to the user's terminal counts as a problem.
+    """
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SyntaxWarning)
+        out = _problems(text, build)
+    out += [f"warning printed: {w.message}" for w in caught if w.category is SyntaxWarning]
+    return out
+
+
+def _problems(text: str, build: bool) -> list[str]:
     from fibgen.codegen import generate
     from fibgen.compiler import compile_sources
     from fibgen.compiler.format import format_text

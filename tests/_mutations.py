@@ -120,6 +120,19 @@ FRAGMENTS: tuple[str, ...] = (
     'tags [a, "b\\"c"]',
     "<- x[" + "9" * 30 + "]",
     "<- x[1000000000000]",
+    # The rules block and its statements.
+    "rules {\n  ignore x\n}",
+    "rules {\n  x == 1\n}",
+    "ignore ",
+    "default plan.x = ",
+    "let y = (",
+    "result out = ",
+    "keywords kw = f(",
+    'api none "no API"',
+    "api none",
+    "params { EPS = 1e-06 }",
+    "EPS = " + "9" * 1200,
+    "x = ",
 )
 
 # What a derived const or an instance value can be replaced by.

@@ -17,7 +17,13 @@ from lark.tree import Meta
 
 from fibgen.compiler import ir
 from fibgen.compiler.diagnostics import Diagnostic, error
-from fibgen.compiler.pysyntax import PythonSyntaxError, literal_string, parse_python, unparse
+from fibgen.compiler.pysyntax import (
+    PythonSyntaxError,
+    literal_string,
+    literal_value,
+    parse_python,
+    unparse,
+)
 
 
 class _Stmt:
@@ -546,8 +552,8 @@ class Lower(Transformer):
         reason = None
         if quote_at >= 0:
             try:
-                reason = ast.literal_eval(text[quote_at:].strip())
-            except (ValueError, SyntaxError):
+                reason = literal_value(text[quote_at:].strip())
+            except PythonSyntaxError:
                 reason = None
             if not isinstance(reason, str):
                 self._error(

@@ -37,6 +37,15 @@ def parse_python(text: str, mode: str = "exec") -> ast.AST:
         raise PythonSyntaxError("too deeply nested for Python's parser") from None
 
 
+def literal_value(text: str) -> object:
+    """``ast.literal_eval(text)``; every failure is a PythonSyntaxError."""
+    node = parse_python(text, "eval")
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as exc:
+        raise PythonSyntaxError(f"not a literal: {exc}") from None
+
+
 def literal_string(text: str) -> str:
     """The value of a Python string literal; a PythonSyntaxError when it is not one."""
     node = parse_python(text, "eval")
