@@ -57,7 +57,11 @@ def _corpus(p: list[str]) -> tuple[str, dict[str, object]]:
     no_braces = text.replace("{", "<").replace("}", ">")
     constraint = f"n >= 0 or {no_braces!r} == ''"
     reference = f"PAYLOAD = {text!r}\n\n\ndef run(x, w):\n    return x * w\n"
+    # A default in an API's parameter list holds no quote or newline (the grammar's limit).
+    doubling = "def run(x):\n    return x * 2\n"
+    api_default = "".join(ch for ch in no_braces if ch not in "\"'\n\r()\\")
     expect = {
+        "reason": "ignored: " + no_braces,  # inside a rules block: no braces either
         "description": "family: " + text,
         "tags": ["status:verified", *p],
         "axis": "axis: " + text,
@@ -117,6 +121,25 @@ family inj_stub {{
   outputs {{
     y : float32[n] {quote(expect["y"])}
   }}
+}}
+
+family inj_api {{
+  op_type inj
+  api inj_pkg.inj_api(x, mode={api_default!r}, out=None, enable_pdl=None)
+  rules {{
+    mode == {api_default!r} or mode == {no_braces!r}
+    ignore enable_pdl {quote(expect["reason"])}
+  }}
+  axes {{
+    n : var
+  }}
+  inputs {{
+    x : float32[n]
+  }}
+  outputs {{
+    y : float32[n] -> out
+  }}
+  reference {long_string(doubling, "  ")}
 }}
 """
     return source, expect
@@ -184,6 +207,7 @@ def test_dispatcher_routes_to_the_reference(built):
         got = module.inj(torch.ones(2, 4), torch.full((4,), 2.0))
         assert torch.equal(got, torch.full((2, 4), 2.0))
         importlib.import_module("inj_kernels.inj_stub")
+        importlib.import_module("inj_kernels.inj_api")
     finally:
         sys.path.remove(str(root / "out/python"))
     assert not marker.exists()
@@ -253,7 +277,7 @@ def _cpp_code(text: str) -> str:
 def test_cpp_files_hold_the_payloads_only_in_comments_and_literals(built):
     root, marker, _ = built
     files = [p for p in (root / "out/cuda").rglob("*") if p.suffix in (".cu", ".cuh", ".cpp", ".h")]
-    assert len(files) == 8
+    assert len(files) == 11
     for path in files:
         code = _cpp_code(path.read_text(encoding="utf-8"))
         assert "system" not in code and "pwned" not in code and "__import__" not in code, path
@@ -281,8 +305,8 @@ def test_generated_tests_and_cuda_modules_are_black_formatted(built):
     from test_build import assert_black_clean
 
     root, _, _ = built
-    assert assert_black_clean(root / "out/tests") == 2
-    assert assert_black_clean(root / "out/cuda") == 2
+    assert assert_black_clean(root / "out/tests") == 3
+    assert assert_black_clean(root / "out/cuda") == 3
 
 
 def test_every_generated_python_file_parses_to_no_call_of_system(built):
