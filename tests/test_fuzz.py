@@ -182,6 +182,11 @@ CRASHES = {
         "dispatch d on routing_method_type {\n  # no cases\n}\n",
         "dispatch `d` has no cases",
     ),
+    "raw carriage return in an API's parameter list": (
+        # Python counts '\r' as a line break: the defaults after it are on "line 2".
+        _with("(input, weight, out=None)", "(input, weight,\r out=None, eps=1e-6)"),
+        "parameter `eps` of `flashinfer.norm.rmsnorm` is accounted for by nothing",
+    ),
     "keyword as a tensor name": (
         _with("    weight        : bfloat16", "    class         : bfloat16"),
         "`class` is a Python keyword and cannot name an input",

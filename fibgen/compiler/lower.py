@@ -741,11 +741,11 @@ class Lower(Transformer):
 
 def _segment(source: str, node: ast.expr) -> str:
     # Keep a default as written (`1e-6`, not `1e-06`): it is shown to users in generated code.
-    if source.isascii() and node.lineno == node.end_lineno:
-        # What get_source_segment gives, without splitting the source into lines on every
-        # call (a parameter list of forty defaults spent most of its lowering there).
-        line = source.split("\n")[node.lineno - 1]
-        return line[node.col_offset : node.end_col_offset] or ast.unparse(node)
+    if source.isascii() and "\n" not in source and "\r" not in source:
+        # What get_source_segment gives for one line of ASCII (offsets count UTF-8 bytes),
+        # without splitting the source into lines on every call: a parameter list of forty
+        # defaults spent most of its lowering there.
+        return source[node.col_offset : node.end_col_offset] or ast.unparse(node)
     return ast.get_source_segment(source, node) or ast.unparse(node)
 
 
