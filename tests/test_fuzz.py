@@ -187,6 +187,14 @@ CRASHES = {
         _with("(input, weight, out=None)", "(input, weight,\r out=None, eps=1e-6)"),
         "parameter `eps` of `flashinfer.norm.rmsnorm` is accounted for by nothing",
     ),
+    "a rule of 150 additions": (
+        # Python parses it; the emitters' tree walkers would run out of stack on it.
+        _with(
+            "  axes {",
+            "  rules {\n    out is None or " + "+".join(["1"] * 150) + " > 0\n  }\n  axes {",
+        ),
+        "not a Python expression: nested more than 100 levels deep (fibgen's limit)",
+    ),
     "keyword as a tensor name": (
         _with("    weight        : bfloat16", "    class         : bfloat16"),
         "`class` is a Python keyword and cannot name an input",

@@ -124,7 +124,9 @@ class Lower(Transformer):
             if (exc.lineno or 1) > 1:  # a statement over several lines
                 line, col = span.line + exc.lineno - 1, max(1, exc.offset or 1)
             self._error(
-                f"not a Python expression: {exc.msg}", self._at(line, col), help=f"in `{text}`"
+                f"not a Python expression: {exc.msg}",
+                self._at(line, col),
+                help=f"in `{text if len(text) <= 80 else text[:77] + '...'}`",
             )
         return ir.Expr(text=text, span=span)
 
