@@ -158,8 +158,14 @@ def _write_definition(root: Path, model: "Definition", extras: dict) -> str | No
 def cmd_workloads(args: argparse.Namespace) -> int:
     """Run `fibgen workloads`."""
     from fibgen.format import FormatError
+    from fibgen.format.models import NAME_RULE, name_problem
     from fibgen.runtime.workloads import WorkloadError, parse_grid, write_synthetic
 
+    # The name becomes a file name under the dataset (Note [safe names]).
+    problem = name_problem(args.definition)
+    if problem is not None:
+        _eprint(f"error: DEFINITION {args.definition!r} {problem}; {NAME_RULE}")
+        return EXIT_USAGE
     try:
         grid = parse_grid(args.axes)
     except WorkloadError as exc:

@@ -3,20 +3,31 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
+import threading
 from pathlib import Path
+
+# Note [temp files]: the temp file of `replace_atomically` is `.<name>.<8 chars>.tmp` beside
+# its target (tempfile's random part is 8 characters of [a-z0-9_]). A process killed between
+# creating and renaming it leaves it behind; whoever writes that folder again can tell such a
+# file from everything else by this name and remove it (see `stale_temp_files`).
+_TEMP_NAME = re.compile(r"\.(?P<target>.+)\.[a-z0-9_]{8}\.tmp")
 
 
 def replace_atomically(path: Path, data: bytes, *, durable: bool = False) -> None:
     """Write ``data`` to a temp file beside ``path`` and rename it over ``path``.
 
-    ``durable`` also flushes the data to disk before the rename (dataset records); generated
-    code, which can always be generated again, skips that cost.
+    The file gets the mode of the file it replaces, or when there is none the mode a plain
+    ``open`` would give it (0666 less the umask: 0644 under umask 0022), not the 0600 of a
+    temp file. ``durable`` also flushes the data to disk before the rename (dataset records);
+    generated code, which can always be generated again, skips that cost.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), _mode_for(path))
             fh.write(data)
             if durable:
                 fh.flush()
@@ -28,3 +39,52 @@ def replace_atomically(path: Path, data: bytes, *, durable: bool = False) -> Non
         except FileNotFoundError:
             pass
         raise
+
+
+def _mode_for(path: Path) -> int:
+    try:
+        return os.stat(path).st_mode & 0o777  # never carry a setuid bit over to new content
+    except OSError:
+        return 0o666 & ~current_umask()
+
+
+_UMASK_LOCK = threading.Lock()
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where the system allows."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    # Elsewhere the only way is to set it and set it back (under a lock for our own threads).
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def temp_target(name: str) -> str | None:
+    """The file a temp file of `replace_atomically` was for, from its name; None if not one."""
+    match = _TEMP_NAME.fullmatch(name)
+    return match["target"] if match else None
+
+
+def stale_temp_files(folder: Path, targets: set[str]) -> list[Path]:
+    """Temp files in ``folder`` left by an interrupted `replace_atomically` of ``targets``.
+
+    Only files named as our temp files for one of the given file names (Note [temp files]):
+    a file of the same pattern for another name may belong to someone else.
+    """
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return []
+    return sorted(
+        Path(e.path)
+        for e in entries
+        if temp_target(e.name) in targets and e.is_file(follow_symlinks=False)
+    )

@@ -142,13 +142,16 @@ _TRITON_KERNELS = {"rmsnorm": ("scaffold_triton_rmsnorm.py.j2", _rmsnorm_call)}
 
 
 def _context(defn: ir.Definition, name: str, dps: bool) -> dict[str, object]:
+    from fibgen.codegen.pyliteral import docstring_text
+
     inputs = [t.name for t in defn.inputs]
     outputs = [t.name for t in defn.outputs]
+    # The module docstring quotes the definition's text (constraints): escaped, it stays text.
     return {
-        "name": name,
-        "definition": defn.name,
+        "name": docstring_text(name),
+        "definition": docstring_text(defn.name),
         "params": ", ".join(inputs + outputs if dps else inputs),
-        "doc": _doc_lines(defn),
+        "doc": [docstring_text(line) for line in _doc_lines(defn)],
         "style": "writes into the output buffers" if dps else "returns the outputs",
     }
 
@@ -209,11 +212,17 @@ def scaffold_solution(
 
     if language not in LANGUAGES:
         raise ScaffoldError(f"unknown language {language!r}; choose one of {', '.join(LANGUAGES)}")
-    author = author or default_author()
+    from fibgen.format.models import NAME_RULE, name_problem
+
+    flags = {"definition": "DEFINITION", "author": "--author", "name": "--name"}
+    if author is None:
+        author, flags["author"] = default_author(), "the login name (pass --author)"
     name = name or f"{language}_{definition}"
-    for what, value in (("author", author), ("name", name)):
-        if not value or "/" in value or "\\" in value or value in (".", ".."):
-            raise ScaffoldError(f"--{what} {value!r} must be a plain folder name")
+    # Each becomes a folder name (Note [safe names] in fibgen/format/models.py).
+    for what, value in (("definition", definition), ("author", author), ("name", name)):
+        problem = name_problem(value)
+        if problem is not None:
+            raise ScaffoldError(f"{flags[what]} {value!r} {problem}; {NAME_RULE}")
     defn, family = find_definition(_compile(definitions), definition)
 
     binding = None

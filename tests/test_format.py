@@ -924,7 +924,8 @@ def test_a_bad_file_in_a_solution_folder_is_named(tmp_path: Path, content, messa
 def test_names_that_would_escape_the_layout_are_refused(tmp_path: Path) -> None:
     obj = _definition()
     obj["name"] = "../evil"
-    with pytest.raises(ValueError, match="cannot be used as a file or directory name"):
+    # The model refuses the name before any path is made of it (Note [safe names]).
+    with pytest.raises(ValueError, match="name: '../evil' contains the path separator"):
         write_definition(tmp_path, validate_obj(Definition, obj))
 
 

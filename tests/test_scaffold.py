@@ -121,7 +121,7 @@ def test_unknown_definition_lists_the_closest_names(tmp_path, capsys):
     "kwargs, message",
     [
         ({"language": "rust"}, "unknown language 'rust'"),
-        ({"language": "python", "author": "../x"}, "--author '../x' must be a plain folder name"),
+        ({"language": "python", "author": "../x"}, "--author '../x' contains the path separator"),
         ({"language": "python", "definitions": "/no/such/dir"}, "does not exist"),
     ],
 )

@@ -21,10 +21,17 @@ def generate(module: ir.Module, package: str = DEFAULT_PACKAGE) -> list[Generate
     from fibgen.codegen.reference import emit_reference_modules
     from fibgen.codegen.tests_target import emit_tests
 
-    files = list(emit_definition_json(module))
-    files.extend(emit_bench_extras(module))
-    files.extend(emit_reference_modules(module, package))
-    files.extend(emit_python_dispatch(module, package))
-    files.extend(emit_tests(module, package))
-    files.extend(emit_cuda(module))
+    import warnings
+
+    with warnings.catch_warnings():
+        # Emitters parse expressions the compiler has already parsed: Python's warnings about
+        # them ("invalid decimal literal" for `1if x else 2`), without a position, are noise.
+        warnings.simplefilter("ignore", SyntaxWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        files = list(emit_definition_json(module))
+        files.extend(emit_bench_extras(module))
+        files.extend(emit_reference_modules(module, package))
+        files.extend(emit_python_dispatch(module, package))
+        files.extend(emit_tests(module, package))
+        files.extend(emit_cuda(module))
     return files

@@ -16,10 +16,12 @@ other definition gets a marked skeleton that the launcher reports as such when c
 from __future__ import annotations
 
 import ast
+import math
 import re
 from dataclasses import dataclass
 
 
+from fibgen.codegen import cppliteral, pyliteral
 from fibgen.codegen.files import (
     GenerateError,
     GeneratedFile,
@@ -29,6 +31,8 @@ from fibgen.codegen.files import (
 from fibgen.codegen.pyformat import format_python
 from fibgen.codegen.templates import render
 from fibgen.compiler import ir
+from fibgen.compiler.pysyntax import PythonSyntaxError, parse_python
+from fibgen.format.models import name_problem
 
 # The binding every generated and scaffolded CUDA source is written for (see the README).
 BINDING = "torch"
@@ -95,10 +99,10 @@ _ROW_NORMS = {
 
 def _ident(name: str) -> str:
     """A C++ identifier for a tensor or axis name (keywords and locals get a trailing '_')."""
-    ident = re.sub(r"\W", "_", name)
+    ident = re.sub(r"[^A-Za-z0-9_]", "_", name) or "_"
     if ident[0].isdigit():
         ident = "_" + ident
-    return ident + "_" if ident in _CPP_KEYWORDS else ident
+    return cppliteral.identifier(ident + "_" if ident in _CPP_KEYWORDS else ident)
 
 
 def _const_name(axis: str) -> str:
@@ -122,6 +126,11 @@ class _Def:
 
 
 def _view(defn: ir.Definition) -> _Def:
+    # The name is a file name here (`#include "<name>.cuh"`, which no escape can make safe)
+    # and a folder: the compiler has checked it; this is the guard of the target itself.
+    problem = name_problem(defn.name)
+    if problem is not None:
+        raise CudaGenError(f"definition name {defn.name!r} {problem}")
     consts = {a.name: a.value for a in defn.axes if a.kind == "const" and a.value is not None}
     var_axes = tuple(a.name for a in defn.axes if a.kind == "var")
     tensors = defn.inputs + defn.outputs
@@ -168,7 +177,7 @@ def _contract(d: _Def) -> list[str]:
         extra = " (optional: nullptr when absent)" if t.optional else ""
         lines.append(f"{role} {t.name}: {t.dtype}{shape}{extra}")
     lines += [f"constraint: {c}" for c in d.defn.constraints]
-    return lines
+    return [cppliteral.comment(line) for line in lines]
 
 
 def _eps(reference: str | None) -> float | None:
@@ -176,8 +185,8 @@ def _eps(reference: str | None) -> float | None:
     if reference is None:
         return None
     try:
-        tree = ast.parse(reference)
-    except SyntaxError:
+        tree = parse_python(reference)
+    except PythonSyntaxError:
         return None
     for node in tree.body:
         if (
@@ -186,7 +195,11 @@ def _eps(reference: str | None) -> float | None:
             and isinstance(node.value, ast.Constant)
             and isinstance(node.value.value, (int, float))
         ):
-            return float(node.value.value)
+            try:
+                eps = float(node.value.value)
+            except OverflowError:
+                return None
+            return eps if math.isfinite(eps) else None
     return None
 
 
@@ -223,7 +236,7 @@ def _row_norm_body(d: _Def, family: ir.Family) -> str | None:
     params = _kernel_params(d)
     return render(
         "cuda_body_rmsnorm.j2",
-        family=family.name,
+        family=cppliteral.comment(family.name),
         eps=f"{eps!r}f",
         width=_const_name(width),
         rows=_axis_param(d, rows),
@@ -244,17 +257,18 @@ def _kernel_header(d: _Def, family: ir.Family) -> str:
         params = _kernel_params(d)
         body = render(
             "cuda_body_skeleton.j2",
-            family=family.name,
+            family=cppliteral.comment(family.name),
             contract=_contract(d),
             kernel_params=",\n    ".join(params),
             launch_params=",\n    ".join(params + ["cudaStream_t stream"]),
         )
     constants = [
-        f"constexpr int64_t {_const_name(a)} = {v};  // const axis {a}" for a, v in d.consts.items()
+        f"constexpr int64_t {_const_name(a)} = {v};  // const axis {cppliteral.comment(a)}"
+        for a, v in d.consts.items()
     ]
     return render(
         "cuda_kernel.cuh.j2",
-        name=d.name,
+        name=cppliteral.comment(d.name),
         summary=summary,
         ns=d.ns,
         constants=constants,
@@ -274,13 +288,15 @@ def _host_param(d: _Def, t: ir.DefTensor) -> str:
 
 def _check_line(d: _Def, t: ir.DefTensor) -> str:
     dims = ", ".join(
-        f'{{"{a}", {d.consts[a] if a in d.consts else "fibgen::kVar"}}}' for a in t.shape or ()
+        f"{{{cppliteral.string(a)}, {d.consts[a] if a in d.consts else 'fibgen::kVar'}}}"
+        for a in t.shape or ()
     )
-    return f'check.tensor("{t.name}", {_ident(t.name)}, {_SCALAR_TYPE[t.dtype]}, {{{dims}}});'
+    name = cppliteral.string(t.name)
+    return f"check.tensor({name}, {_ident(t.name)}, {_SCALAR_TYPE[t.dtype]}, {{{dims}}});"
 
 
 def _axis_value(d: _Def, axis: str) -> str:
-    return str(d.consts[axis]) if axis in d.consts else f'check.axis("{axis}")'
+    return str(d.consts[axis]) if axis in d.consts else f"check.axis({cppliteral.string(axis)})"
 
 
 _CMP = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
@@ -290,7 +306,8 @@ _BIN = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "/", ast.Mod: "
 def _cpp_expr(d: _Def, node: ast.expr) -> str | None:
     """C++ for a constraint over axes alone (sizes are non-negative, so // is /); else None."""
     if isinstance(node, ast.Constant) and type(node.value) is int:
-        return str(node.value)
+        # Wider than int64 would not compile as a C++ literal: leave it to Python.
+        return str(node.value) if -(2**63) < node.value < 2**63 else None
     if isinstance(node, ast.Name) and (node.id in d.consts or node.id in d.var_axes):
         return _axis_value(d, node.id)
     if isinstance(node, ast.BinOp) and type(node.op) in _BIN:
@@ -310,17 +327,20 @@ def _constraint_lines(d: _Def) -> list[str]:
     lines = []
     for text in d.defn.constraints:
         try:
-            tree = ast.parse(text, mode="eval").body
-        except SyntaxError:
+            tree = parse_python(text, "eval").body
+        except PythonSyntaxError:
             tree = None
-        cond = _cpp_expr(d, tree) if isinstance(tree, ast.Compare) else None
-        quoted = text.replace("\\", "\\\\").replace('"', '\\"')
+        try:
+            cond = _cpp_expr(d, tree) if isinstance(tree, ast.Compare) else None
+        except RecursionError:  # a constraint too deep to translate is checked by Python only
+            cond = None
         if cond is None:
-            lines.append(f"// Not checked here (it reads tensor values): {text}")
-        else:
             lines.append(
-                f'TORCH_CHECK_VALUE({cond}, "{d.name}: constraint `{quoted}` does not hold");'
+                f"// Not checked here (it reads tensor values): {cppliteral.comment(text)}"
             )
+        else:
+            message = cppliteral.string(f"{d.name}: constraint `{text}` does not hold")
+            lines.append(f"TORCH_CHECK_VALUE({cond}, {message});")
     return lines
 
 
@@ -351,7 +371,8 @@ def _requires_lines(d: _Def, family: ir.Family) -> list[str]:
         if match is None:
             raise CudaGenError(f"{d.name}: cannot read requirement {req!r} (write e.g. sm90)")
         device = f"{_ident(d.dispatch.name)}.device()"
-        lines.append(f'fibgen::require_compute_capability("{d.name}", {device}, {match[1]});')
+        name = cppliteral.string(d.name)
+        lines.append(f"fibgen::require_compute_capability({name}, {device}, {int(match[1])});")
     return lines
 
 
@@ -377,7 +398,13 @@ def _launcher(d: _Def, family: ir.Family) -> str:
     )
     return render(
         "cuda_launcher.cu.j2",
-        name=d.name,
+        name=cppliteral.comment(d.name),
+        header=d.name,  # a file name: checked by _view (Note [safe names])
+        name_literal=cppliteral.string(d.name),
+        checks_only_message=cppliteral.string(
+            f"{d.name}: the checks passed; a FIBGEN_CHECKS_ONLY build launches nothing"
+        ),
+        no_kernel_message=cppliteral.string(f"{d.name}: no kernel for dtype "),
         ns=d.ns,
         check_inputs_params=",\n    ".join(["fibgen::Checker& check"] + input_params),
         input_checks=[_check_line(d, t) for t in inputs if t.shape is not None],
@@ -420,7 +447,7 @@ def _returned(outputs: tuple[ir.DefTensor, ...]) -> str:
 
 
 def _py_args(tensors: tuple[ir.DefTensor, ...]) -> str:
-    return ", ".join(f'pybind11::arg("{t.name}")' for t in tensors)
+    return ", ".join(f"pybind11::arg({cppliteral.string(t.name)})" for t in tensors)
 
 
 def _binding(d: _Def, exports: list[tuple[str, bool]]) -> str:
@@ -429,23 +456,24 @@ def _binding(d: _Def, exports: list[tuple[str, bool]]) -> str:
     input_params = [_host_param(d, t) for t in inputs]
     rows = []
     for symbol, dps in exports:
+        doc = (
+            f"{d.name}: writes {', '.join(t.name for t in outputs)} into the given buffers"
+            if dps
+            else f"{d.name}: returns {', '.join(t.name for t in outputs)}"
+        )
         rows.append(
             {
-                "symbol": symbol,
+                "symbol": cppliteral.string(cppliteral.identifier(symbol)),
                 "function": "run_dps" if dps else "run",
-                "doc": (
-                    f"{d.name}: writes {', '.join(t.name for t in outputs)} into the given buffers"
-                    if dps
-                    else f"{d.name}: returns {', '.join(t.name for t in outputs)}"
-                ),
+                "doc": cppliteral.string(doc),
                 "args": _py_args(inputs + outputs if dps else inputs),
             }
         )
     return render(
         "cuda_binding.cpp.j2",
-        name=d.name,
+        name=cppliteral.comment(d.name),
         ns=d.ns,
-        symbols=" and ".join(symbol for symbol, _ in exports),
+        symbols=cppliteral.comment(" and ".join(symbol for symbol, _ in exports)),
         dps_params=",\n    ".join(input_params + [_host_param(d, t) for t in outputs]),
         returns=_return_type(outputs),
         input_params=",\n    ".join(input_params),
@@ -454,14 +482,21 @@ def _binding(d: _Def, exports: list[tuple[str, bool]]) -> str:
 
 
 def _python_module(d: _Def) -> str:
-    inputs = ", ".join(t.name for t in d.defn.inputs)
-    outputs = ", ".join(t.name for t in d.defn.outputs)
+    names = [pyliteral.identifier(t.name) for t in d.defn.inputs + d.defn.outputs]
+    # `run` calls the module's `extension()`: a tensor of that name would hide it.
+    helper = "extension"
+    while helper in names:
+        helper = "_" + helper
+    inputs = ", ".join(names[: len(d.defn.inputs)])
     return render(
         "cuda_module.py.j2",
-        name=d.name,
+        doc_name=pyliteral.docstring_text(d.name),
+        name_literal=pyliteral.string(d.name),
+        source_literal=pyliteral.string(f"{d.name}.cu"),
+        helper=helper,
         inputs=inputs,
-        outputs=outputs,
-        inputs_outputs=", ".join(t.name for t in d.defn.inputs + d.defn.outputs),
+        outputs=pyliteral.docstring_text(", ".join(names[len(d.defn.inputs) :])),
+        inputs_outputs=", ".join(names),
     )
 
 

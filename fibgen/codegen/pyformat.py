@@ -182,6 +182,15 @@ def format_long_lines(text: str) -> str:
     own as in its module, so this gives black's output at a fraction of its cost. A test holds
     every generated module to black.
     """
+    long_lines = [
+        n
+        for n, line in enumerate(text.split("\n"), 1)
+        if len(line) > LINE_LENGTH and not _UNSPLITTABLE.match(line)
+    ]
+    if any(n in _lines_inside_brackets(text) for n in long_lines):
+        # A line inside brackets is no statement: on its own, `key={...},` would read as a
+        # tuple assignment. Such a module goes through black whole.
+        return _format_one(text)
     out = []
     for line in text.splitlines(True):
         stripped = line.rstrip("\n")
@@ -190,6 +199,24 @@ def format_long_lines(text: str) -> str:
         else:
             out.append(line)
     return "".join(out).rstrip("\n") + "\n"  # black ends a module with one newline
+
+
+def _lines_inside_brackets(text: str) -> set[int]:
+    """Numbers of the lines that start inside an open bracket (a call's arguments, say)."""
+    import io
+    import tokenize
+
+    inside: set[int] = set()
+    depth, line = 0, 1
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if depth > 0:
+            inside.update(range(line + 1, tok.start[0] + 1))
+        line = tok.end[0]
+        if tok.type == tokenize.OP and tok.string in "([{":
+            depth += 1
+        elif tok.type == tokenize.OP and tok.string in ")]}":
+            depth -= 1
+    return inside
 
 
 def format_python(texts: list[str], *, written_in_black_style: bool = False) -> list[str]:

@@ -8,6 +8,7 @@ with the exact signature that documents every tensor and raises NotImplementedEr
 from __future__ import annotations
 
 from fibgen.codegen.files import GeneratedFile, with_python_header
+from fibgen.codegen.pyliteral import docstring_text
 from fibgen.codegen.stub import reference_text
 from fibgen.compiler import ir
 
@@ -21,7 +22,8 @@ def emit_reference_modules(module: ir.Module, package: str) -> list[GeneratedFil
     """One `reference/<op_type>/<name>.py` per definition."""
     files = []
     for defn in sorted(module.definitions, key=lambda d: d.name):
-        body = f'"""Reference implementation of {defn.name}."""\n\n' + reference_text(defn)
+        doc = f"Reference implementation of {docstring_text(defn.name)}."
+        body = f'"""{doc}"""\n\n' + reference_text(defn)
         if not body.endswith("\n"):
             body += "\n"
         files.append(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fibgen.codegen.pyliteral import docstring_text, identifier, string
 from fibgen.compiler import ir
 
 
@@ -9,24 +10,29 @@ def _tensor_line(t: ir.DefTensor) -> str:
     shape = "scalar" if t.shape is None else f"[{', '.join(t.shape)}]"
     extra = " (optional)" if t.optional else ""
     desc = f": {t.description}" if t.description else ""
-    return f"        {t.name}: {t.dtype}{shape}{extra}{desc}"
+    return "        " + docstring_text(f"{t.name}: {t.dtype}{shape}{extra}{desc}")
 
 
 def stub_reference(defn: ir.Definition) -> str:
-    """Python source of a `run` with the definition's signature that raises NotImplementedError."""
-    lines = [f'    """Reference for {defn.name} (not written yet).', "", "    Inputs:"]
+    """Python source of a `run` with the definition's signature that raises NotImplementedError.
+
+    Descriptions and constraints are the definition's text: each goes into the docstring
+    through `docstring_text`, so none can end the docstring or add a line of code.
+    """
+    title = docstring_text(f"Reference for {defn.name} (not written yet).")
+    lines = [f'    """{title}', "", "    Inputs:"]
     lines += [_tensor_line(t) for t in defn.inputs]
     lines += ["", "    Outputs:"]
     lines += [_tensor_line(t) for t in defn.outputs]
     if defn.constraints:
         lines += ["", "    Constraints:"]
-        lines += [f"        {c}" for c in defn.constraints]
+        lines += ["        " + docstring_text(c) for c in defn.constraints]
     lines.append('    """')
-    params = ", ".join(t.name for t in defn.inputs)
+    params = ", ".join(identifier(t.name) for t in defn.inputs)
     body = "\n".join(lines)
     return (
         f"def run({params}):\n{body}\n"
-        f"    raise NotImplementedError({defn.name + ' has no reference yet'!r})"
+        f"    raise NotImplementedError({string(defn.name + ' has no reference yet')})"
     )
 
 

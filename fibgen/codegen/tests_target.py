@@ -13,7 +13,7 @@ import math
 
 from fibgen.codegen.files import GeneratedFile, with_python_header
 from fibgen.codegen.pyformat import format_python
-from fibgen.codegen.pyliteral import inline_dict, literal, string
+from fibgen.codegen.pyliteral import docstring_text, inline_dict, literal, string
 from fibgen.codegen.templates import render, source_label
 from fibgen.compiler import ir
 from fibgen.format.hints import DEFAULT_VAR_AXIS
@@ -134,7 +134,7 @@ def emit_tests(module: ir.Module, package: str) -> list[GeneratedFile]:
         texts.append(
             render(
                 "test_family.py.j2",
-                family=family.name,
+                family=docstring_text(family.name),
                 family_literal=string(family.name),
                 package=string(package),
                 hints=literal(hints),

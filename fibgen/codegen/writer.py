@@ -2,8 +2,10 @@
 
 Write-if-changed, atomic (temp file + rename in the same folder), a duplicate-path guard, and a
 manifest (`.fibgen-manifest`) so that files generated before and no longer produced are removed
-while files fibgen did not generate are never touched. `check` mode writes nothing and reports
-a unified diff of what a build would change.
+while files fibgen did not generate are never touched. Temp files that a killed build left
+beside the files it writes are removed by the next build and reported by `check` (Note [temp
+files] in fibgen/fsutil.py). `check` mode writes nothing and reports a unified diff of what a
+build would change.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from fibgen.codegen.files import GeneratedFile, content_hash
-from fibgen.fsutil import replace_atomically
+from fibgen.fsutil import replace_atomically, stale_temp_files
 
 MANIFEST = ".fibgen-manifest"
 
@@ -111,7 +113,8 @@ def _generator_fingerprint() -> str:
 
 
 def up_to_date(out: Path, inputs: str) -> bool:
-    """True when the last build had these inputs and every file it wrote is unchanged."""
+    """True when the last build had these inputs, every file it wrote is unchanged, and no
+    interrupted build left a temp file behind."""
     manifest = read_manifest(out)
     if manifest.inputs != inputs or not manifest.files:
         return False
@@ -122,7 +125,19 @@ def up_to_date(out: Path, inputs: str) -> bool:
             return False
         if hashlib.sha256(data).hexdigest() != digest:
             return False
-    return True
+    return not _temp_files(out, manifest.files)
+
+
+def _temp_files(out: Path, *groups) -> list[str]:
+    """Temp files of an interrupted build beside the files it writes (Note [temp files])."""
+    targets: dict[Path, set[str]] = {out: {MANIFEST}}
+    for group in groups:
+        for rel in group:
+            if _safe_relative(rel):
+                target = out / rel
+                targets.setdefault(target.parent, set()).add(target.name)
+    found = [p for folder, names in targets.items() for p in stale_temp_files(folder, names)]
+    return sorted(p.relative_to(out).as_posix() for p in found)
 
 
 def _safe_relative(path: str) -> bool:
@@ -135,7 +150,8 @@ def atomic_write(target: Path, text: str) -> None:
     replace_atomically(target, text.encode("utf-8"))
 
 
-def _plan(out: Path, files: list[GeneratedFile]) -> tuple[dict[str, str], list[str]]:
+def _plan(out: Path, files: list[GeneratedFile]) -> tuple[dict[str, str], list[str], list[str]]:
+    """What to write, the files of the last build to remove, and temp files left behind."""
     by_path: dict[str, GeneratedFile] = {}
     for f in files:
         if not _safe_relative(f.path):
@@ -150,7 +166,7 @@ def _plan(out: Path, files: list[GeneratedFile]) -> tuple[dict[str, str], list[s
     new = {p: f.text for p, f in sorted(by_path.items())}
     previous = read_manifest(out).files
     stale = sorted(p for p in previous if p not in new and _safe_relative(p))
-    return new, stale
+    return new, stale, _temp_files(out, new, previous)
 
 
 def _current(path: Path) -> str | None:
@@ -164,7 +180,7 @@ def write_files(
     out: Path, files: list[GeneratedFile], *, check: bool = False, inputs: str | None = None
 ) -> WriteReport:
     """Bring `out` in line with `files`; with check=True only report what would change."""
-    new, stale = _plan(out, files)
+    new, stale, temps = _plan(out, files)
     report = WriteReport()
     diffs: list[str] = []
     for rel, text in new.items():
@@ -199,6 +215,16 @@ def write_files(
         else:
             target.unlink()
             _prune_empty_dirs(out, target.parent)
+    for rel in temps:
+        # Left by a build killed while writing: never output, always removed.
+        report.removed.append(rel)
+        if check:
+            diffs.append(f"--- a/{rel}\n+++ /dev/null\n(temp file of an interrupted build)\n")
+        else:
+            try:
+                (out / rel).unlink()
+            except FileNotFoundError:
+                pass
     manifest = _manifest_text(new, inputs)
     current = _current(out / MANIFEST)
     if current != manifest:

@@ -7,6 +7,7 @@ import difflib
 from collections.abc import Callable, Iterable
 
 from fibgen.compiler import ir, rules
+from fibgen.compiler.pysyntax import PythonSyntaxError, literal_value
 from fibgen.compiler.rules import Scope
 
 Report = Callable[[str, ir.Span | None, str | None], None]
@@ -299,8 +300,8 @@ def _param_name(node: ast.expr) -> str | None:
 
 def _literal_type(text: str) -> str | None:
     try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        value = literal_value(text)
+    except PythonSyntaxError:
         return None
     return None if value is None else type(value).__name__
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import ast
 import difflib
+import keyword
 import math
+import operator
 import re
 from dataclasses import dataclass
 from typing import Iterable
@@ -18,6 +20,8 @@ from fibgen.compiler import ir, rules
 from fibgen.compiler.check_rules import RuleChecker
 from fibgen.compiler.diagnostics import Diagnostic, error, warning
 from fibgen.compiler.variants import check_variants
+from fibgen.compiler.pysyntax import PythonSyntaxError, parse_python
+from fibgen.format.models import NAME_RULE, name_problem
 
 # Names a constraint or hint expression may use besides axes, params and tensors.
 EXPR_BUILTINS = frozenset(
@@ -47,11 +51,16 @@ def _did_you_mean(name: str, candidates: Iterable[str], kind: str) -> str:
     return f"no {kind} are declared"
 
 
+def _shown(text: str) -> str:
+    """Text from the source as a message shows it: on one line, control characters escaped."""
+    return text if text.isprintable() else repr(text)[1:-1]
+
+
 def _names_in(text: str) -> list[tuple[str, int]]:
     """Free names in an expression with their column offsets (attribute names excluded)."""
     try:
-        tree = ast.parse(text, mode="eval")
-    except SyntaxError:
+        tree = parse_python(text, "eval")
+    except PythonSyntaxError:
         return []
     return [(n.id, n.col_offset) for n in ast.walk(tree) if isinstance(n, ast.Name)]
 
@@ -242,6 +251,16 @@ class Checker:
                     f"tensor `{name}` has the name of an axis",
                     (inputs.get(name) or outputs[name]).span,
                     help="constraints refer to both by name, so they must differ",
+                )
+        # These names become parameters and variables of generated Python.
+        named = [("an axis", a) for a in fam.axes] + [("a parameter", p) for p in fam.params]
+        named += [("an input", t) for t in fam.inputs] + [("an output", t) for t in fam.outputs]
+        for what, node in named:
+            if keyword.iskeyword(node.name):
+                self.err(
+                    f"`{node.name}` is a Python keyword and cannot name {what}",
+                    node.span,
+                    help="generated Python uses this name as a variable: choose another",
                 )
         return _FamilyView(fam, axes, params, dtype_params, inputs, outputs)
 
@@ -538,12 +557,13 @@ class Checker:
         for (plan, param), indices in by_param.items():
             expected = list(range(len(indices)))
             if sorted(indices) != expected:
-                missing = sorted(set(range(max(indices) + 1)) - set(indices))
+                # The first gap; counted up from 0, as an index may be far too large to span.
+                missing = next(i for i in range(len(indices) + 1) if i not in indices)
                 t = parts[(plan, param, max(indices))]
                 self.err(
                     f"`{param}[{max(indices)}]` points past the elements read from `{param}`",
                     t.source.span if t.source else t.span,
-                    help=f"no input reads `{param}[{missing[0]}]`; tuple elements are "
+                    help=f"no input reads `{param}[{missing}]`; tuple elements are "
                     "numbered from 0",
                 )
 
@@ -557,9 +577,12 @@ class Checker:
 
     def _reference_text(self, v: _FamilyView, text: str, span: ir.Span) -> None:
         try:
-            module = ast.parse(text)
-        except SyntaxError as exc:
-            line = span.line + (exc.lineno or 1)
+            module = parse_python(text)
+        except PythonSyntaxError as exc:
+            if exc.lineno is None:  # nested too deeply: Python's parser does not say where
+                self.err(f"the reference is not valid Python: {exc.msg}", span)
+                return
+            line = span.line + exc.lineno
             at = ir.Span(file=span.file, line=line, column=1, end_line=line, end_column=2)
             self.err(
                 f"the reference is not valid Python: {exc.msg}",
@@ -604,21 +627,31 @@ class Checker:
         fam = v.family
         if fam.name_template is None:
             return
+        span = fam.name_template_span if fam.name_template_span.line > 0 else fam.span
         allowed = set(v.axes) | set(v.params) | set(v.dtype_params)
         for m in _TEMPLATE_FIELD.finditer(fam.name_template):
             key = m.group(1)
             if key not in allowed:
                 self.err(
-                    f"name template field `{{{key}}}` is not an axis or parameter",
-                    fam.span,
+                    f"name template field `{{{_shown(key)}}}` is not an axis or parameter",
+                    span,
                     help=_did_you_mean(key, allowed, "names"),
                 )
             elif key in v.axes and isinstance(v.axes[key], ir.VarAxis):
                 self.err(
                     f"name template field `{{{key}}}` is a var axis",
-                    fam.span,
+                    span,
                     help="a definition name can only use const values",
                 )
+        # The text around the fields is in every name: check it once, here.
+        problem = name_problem(_TEMPLATE_FIELD.sub("0", fam.name_template))
+        if problem is not None:
+            self.err(
+                f"name template `{_shown(fam.name_template)}` gives unsafe definition names: "
+                f"the text {problem}",
+                span,
+                help=NAME_RULE,
+            )
 
     def _requires(self, fam: ir.Family) -> None:
         for req in fam.requires:
@@ -731,6 +764,11 @@ class Checker:
         if consts is None or not ok or not build:
             return None
         name = self._name(v, consts, params, dtypes)
+        problem = name_problem(name)
+        if problem is not None:
+            # From a value: the name template (or the family name) was checked on its own.
+            self.err(f"definition name `{_shown(name)}` {problem}", inst.span, help=NAME_RULE)
+            return None
 
         def dtype_of(t: ir.Tensor) -> str:
             ref = t.dtype
@@ -799,6 +837,13 @@ class Checker:
                         f"const `{ax.name}` must be a non-negative integer, got `{value}`",
                         values[ax.name].span,
                     )
+                elif value > INT64_MAX:
+                    ok = False
+                    self.err(
+                        f"const `{ax.name}` = {value} does not fit in 64 bits",
+                        values[ax.name].span,
+                        help=f"a size is at most {INT64_MAX}",
+                    )
                 else:
                     consts[ax.name] = value
             else:
@@ -826,17 +871,28 @@ class Checker:
                 if names & {p.name for p in pending}:
                     continue
                 value = _evaluate(ax.value.text, {**params, **consts})
-                if (
-                    not isinstance(value, (int, float))
-                    or isinstance(value, bool)
-                    or (isinstance(value, float) and not value.is_integer())
-                    or value < 0
-                ):
+                if value is _UNPARSABLE:
+                    return None  # lowering reported the syntax error in this expression
+                if isinstance(value, str):  # `<why>`: the expression has no value
+                    self.err(
+                        f"`{ax.name} = {ax.value.text}` has no value: {value[1:-1]}",
+                        ax.value.span,
+                    )
+                    return None
+                if (isinstance(value, float) and not value.is_integer()) or value < 0:
                     self.err(
                         f"`{ax.name} = {ax.value.text}` gives {value!r}, not a "
                         "non-negative integer",
                         ax.value.span,
-                        help="use `//` for integer division",
+                        help="use `//` for integer division" if isinstance(value, float) else None,
+                    )
+                    return None
+                if value > INT64_MAX:
+                    self.err(
+                        f"`{ax.name} = {ax.value.text}` gives {int(value)}, which does not fit "
+                        "in 64 bits",
+                        ax.value.span,
+                        help=f"a size is at most {INT64_MAX}",
                     )
                     return None
                 consts[ax.name] = int(value)
@@ -867,6 +923,12 @@ class Checker:
 
     # ------------------------------------------------------------------ dispatch groups
     def dispatch(self, group: ir.DispatchGroup, families: dict[str, ir.Family]) -> None:
+        if not group.cases:
+            self.err(
+                f"dispatch `{group.name}` has no cases",
+                group.span,
+                help="add a line `VALUE -> FAMILY` for each family the selector picks",
+            )
         apis: set[str] = set()
         seen_values: dict[object, ir.DispatchCase] = {}
         for case in group.cases:
@@ -919,30 +981,111 @@ def definition_name(
     return "_".join(parts)
 
 
-_SAFE_NODES = (
-    ast.Expression,
-    ast.BinOp,
-    ast.UnaryOp,
-    ast.Constant,
-    ast.Name,
-    ast.Load,
-    ast.Call,
-    ast.operator,
-    ast.unaryop,
-    ast.Attribute,
-)
+# Note [const arithmetic]: a derived const is computed at compile time from values the
+# .fidef gives, by a small interpreter rather than by eval: arithmetic on numbers whose
+# magnitude stays below _BOUND, and the functions below, each cheap on such numbers. So no
+# expression can make the compiler compute for long or run out of memory (`9**9**9`,
+# `factorial(10**9)`); a value out of range is a diagnostic.
+INT64_MAX = 2**63 - 1
+_BOUND = 2**64
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_FUNCTIONS = {
+    "min": min,
+    "max": max,
+    "abs": abs,
+    "int": int,
+    "round": lambda x: round(x),  # no ndigits: round(5, -10**18) would compute 10**10**18
+    **{
+        name: getattr(math, name)
+        for name in (
+            "ceil floor trunc sqrt isqrt log log2 log10 exp gcd lcm fabs pow copysign hypot"
+        ).split()
+    },
+}
+_CONSTANTS = {"pi": math.pi, "e": math.e, "tau": math.tau}
+
+
+class _Unparsable:
+    """What `_evaluate` gives for text that is not an expression (lowering reported it)."""
+
+
+_UNPARSABLE = _Unparsable()
+
+
+class _ConstError(Exception):
+    pass
 
 
 def _evaluate(text: str, names: dict) -> object:
-    """Evaluate a const expression over already-known values (arithmetic and math only)."""
-    tree = ast.parse(text, mode="eval")
-    for node in ast.walk(tree):
-        if not isinstance(node, _SAFE_NODES):
-            return f"<{type(node).__name__} is not allowed>"
-    env = {n: getattr(math, n) for n in dir(math) if not n.startswith("_")}
-    env.update(min=min, max=max, abs=abs, int=int, round=round, math=math)
-    env.update(names)
+    """Evaluate a const expression over already-known values (Note [const arithmetic]).
+
+    Returns the value, `_UNPARSABLE`, or a `<reason>` string for an expression that has no
+    value.
+    """
     try:
-        return eval(compile(tree, "<const>", "eval"), {"__builtins__": {}}, env)
-    except Exception as exc:  # a user expression: report, never crash
+        tree = parse_python(text, "eval")
+    except PythonSyntaxError:
+        return _UNPARSABLE
+    assert isinstance(tree, ast.Expression)
+    try:
+        return _eval_node(tree.body, names)
+    except _ConstError as exc:
+        return f"<{exc}>"
+    except RecursionError:
+        return "<the expression is nested too deeply>"
+    except (ArithmeticError, ValueError, TypeError) as exc:
         return f"<{type(exc).__name__}: {exc}>"
+
+
+def _eval_node(node: ast.expr, names: dict) -> object:
+    if isinstance(node, ast.Constant):
+        if type(node.value) not in (int, float):
+            raise _ConstError(f"{node.value!r} is not a number")
+        return _bounded(node.value)
+    if isinstance(node, ast.Name):
+        if node.id in names:
+            return _bounded(names[node.id])
+        if node.id in _CONSTANTS:
+            return _CONSTANTS[node.id]
+        raise _ConstError(f"`{node.id}` has no value here")
+    if isinstance(node, ast.Attribute):
+        if isinstance(node.value, ast.Name) and node.value.id == "math":
+            if node.attr in _CONSTANTS:
+                return _CONSTANTS[node.attr]
+        raise _ConstError(f"`{ast.unparse(node)}` cannot be used in a const")
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _bounded(_UNARY[type(node.op)](_eval_node(node.operand, names)))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _eval_node(node.left, names), _eval_node(node.right, names)
+        if isinstance(node.op, ast.Pow) and abs(left) > 1 and abs(right) > 64:
+            raise _ConstError("the power is too large")
+        return _bounded(_BINARY[type(node.op)](left, right))
+    if isinstance(node, ast.Call):
+        fn = node.func
+        name = fn.id if isinstance(fn, ast.Name) else None
+        if isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name):
+            name = fn.attr if fn.value.id == "math" else None
+        if name not in _FUNCTIONS or node.keywords:
+            raise _ConstError(f"`{ast.unparse(fn)}(...)` cannot be used in a const")
+        args = [_eval_node(a, names) for a in node.args]
+        return _bounded(_FUNCTIONS[name](*args))
+    raise _ConstError(f"`{type(node).__name__}` is not allowed in a const")
+
+
+def _bounded(value: object) -> object:
+    if type(value) is bool or not isinstance(value, (int, float)):
+        raise _ConstError(f"{value!r} is not a number")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _ConstError(f"the value is {value}")
+    if abs(value) > _BOUND:
+        raise _ConstError("the value is too large for a size")
+    return value

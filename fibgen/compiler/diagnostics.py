@@ -42,7 +42,9 @@ class Sources:
         self._lines: dict[str, list[str]] = {}
 
     def add(self, path: str, text: str) -> None:
-        self._lines[path] = text.splitlines()
+        # Lines as the lexer counts them: at '\n' only (splitlines also splits at '\x0c',
+        # '\u2028' and others, which a string may hold).
+        self._lines[path] = [line.removesuffix("\r") for line in text.split("\n")]
 
     def line(self, path: str, line: int) -> str | None:
         lines = self._lines.get(path)
@@ -54,6 +56,21 @@ class Sources:
 _MAX_SHOWN = 120
 
 
+def _visible(line: str) -> str:
+    """A quoted source line as a terminal can show it: a control character (a NUL, a raw
+    carriage return) becomes its one-column symbol, so the caret below still lines up."""
+    if line.isprintable():
+        return line
+    return "".join(
+        (
+            ch
+            if ch.isprintable()
+            else chr(0x2400 + ord(ch)) if ord(ch) < 0x20 else "\u2421" if ch == "\x7f" else "\ufffd"
+        )
+        for ch in line
+    )
+
+
 def render(diag: Diagnostic, sources: Sources | None = None) -> str:
     """Render one diagnostic like a compiler: header, location, quoted line, caret, help."""
     out = [f"{diag.severity}: {diag.message}"]
@@ -63,7 +80,7 @@ def render(diag: Diagnostic, sources: Sources | None = None) -> str:
         text = sources.line(span.file, span.line) if sources else None
         if text is not None:
             gutter = " " * len(str(span.line))
-            text = text.expandtabs(4).rstrip()
+            text = _visible(text.expandtabs(4).rstrip())
             column = span.column
             if len(text) > _MAX_SHOWN:
                 # Very long lines (an instance with many tags) are cut around the column.

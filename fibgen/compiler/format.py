@@ -30,17 +30,23 @@ def format_text(text: str, path: str) -> tuple[str | None, list[Diagnostic]]:
     if sf is None:
         return None, diags
     new = print_file(sf, comments, text)
-    # The printer must never change meaning: re-parse and compare before anything is written.
-    again, _, more = _parse(new, path)
+    # The printer must never change meaning, and its output must be its own canonical form
+    # (`fmt` then `fmt --check` passes): re-parse, compare and print again before anything is
+    # written.
+    again, again_comments, more = _parse(new, path)
     if again is None or again != sf:
-        return None, diags + more + [
-            error(
-                "internal error: formatting would change this file's meaning; left as is",
-                None,
-                help="please report this file to the fibgen developers",
-            )
-        ]
+        return None, diags + more + [_internal("formatting would change this file's meaning")]
+    if print_file(again, again_comments, new) != new:
+        return None, diags + [_internal("formatting this file again would change it")]
     return new, diags
+
+
+def _internal(what: str) -> Diagnostic:
+    return error(
+        f"internal error: {what}; left as is",
+        None,
+        help="please report this file to the fibgen developers",
+    )
 
 
 def format_paths(paths: list[str], *, check: bool, out: TextIO, err: TextIO) -> int:

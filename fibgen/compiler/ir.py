@@ -337,6 +337,7 @@ class Family(Node):
     description: str | None = None
     tags: tuple[str, ...] = ()
     name_template: str | None = None  # ``name "gdn_decode_qk{num_q_heads}_..._k_last"``
+    name_template_span: Span = Field(default=NO_SPAN, repr=False)
     api: ApiSignature | None = None
     no_api: str | None = None  # ``api none "why"``: why the family stands for no API
     effects: tuple[Effect, ...] = ()

@@ -7,6 +7,7 @@ expressions and parameter lists, duplicate statements); semantic checks live in 
 from __future__ import annotations
 
 import ast
+import math
 import re
 import textwrap
 from typing import Any
@@ -16,6 +17,13 @@ from lark.tree import Meta
 
 from fibgen.compiler import ir
 from fibgen.compiler.diagnostics import Diagnostic, error
+from fibgen.compiler.pysyntax import (
+    PythonSyntaxError,
+    literal_string,
+    literal_value,
+    parse_python,
+    unparse,
+)
 
 
 class _Stmt:
@@ -28,13 +36,6 @@ class _Stmt:
         self.value = value
         self.span = span
         self.keyword = keyword
-
-
-def _unquote(token: Token) -> str:
-    text = str(token)
-    if token.type in ("LONG_STRING", "LONG_STRING_SQ"):
-        return dedent_block(text[3:-3])
-    return ast.literal_eval(text)
 
 
 def dedent_block(body: str) -> str:
@@ -117,21 +118,23 @@ class Lower(Transformer):
         span = self._tok_span(tok)
         span = span.model_copy(update={"end_column": span.column + len(text)})
         try:
-            ast.parse(text, mode="eval")
-        except SyntaxError as exc:
+            parse_python(text, "eval")
+        except PythonSyntaxError as exc:
             line, col = span.line, span.column + max(0, (exc.offset or 1) - 1)
             if (exc.lineno or 1) > 1:  # a statement over several lines
                 line, col = span.line + exc.lineno - 1, max(1, exc.offset or 1)
             self._error(
-                f"not a Python expression: {exc.msg}", self._at(line, col), help=f"in `{text}`"
+                f"not a Python expression: {exc.msg}",
+                self._at(line, col),
+                help=f"in `{text if len(text) <= 80 else text[:77] + '...'}`",
             )
         return ir.Expr(text=text, span=span)
 
     def _call_args(self, tok: Token, what: str) -> ast.Call | None:
         text = str(tok)
         try:
-            node = ast.parse("f" + text, mode="eval").body
-        except SyntaxError as exc:
+            node = parse_python("f" + text, "eval").body
+        except PythonSyntaxError as exc:
             col = tok.column + max(0, (exc.offset or 2) - 2)
             self._error(f"{what} is not valid Python: {exc.msg}", self._at(tok.line, col))
             return None
@@ -172,6 +175,8 @@ class Lower(Transformer):
             seen[st.field] = st
             if st.field == "reference":
                 fields["reference"], fields["reference_span"] = st.value, st.span
+            elif st.field == "name_template":
+                fields["name_template"], fields["name_template_span"] = st.value, st.span
             else:
                 fields[st.field] = st.value
         if "op_type" not in fields:
@@ -253,8 +258,8 @@ class Lower(Transformer):
         text = str(tok)
         source = f"def f{text}: pass"
         try:
-            fn = ast.parse(source).body[0]
-        except SyntaxError as exc:
+            fn = parse_python(source).body[0]
+        except PythonSyntaxError as exc:
             col = tok.column + max(0, (exc.offset or 6) - 6)
             self._error(
                 f"not a Python parameter list: {exc.msg}",
@@ -316,9 +321,12 @@ class Lower(Transformer):
                     continue
                 try:
                     value = float(ast.literal_eval(kw.value))
-                except (ValueError, TypeError, SyntaxError):
+                except (ValueError, TypeError, SyntaxError, OverflowError, RecursionError):
+                    value = math.nan
+                if not math.isfinite(value):
                     self._error(
-                        f"tolerance `{kw.arg}` must be a number", self._arg_span(c[0], kw.value)
+                        f"tolerance `{kw.arg}` must be a finite number",
+                        self._arg_span(c[0], kw.value),
                     )
                     continue
                 values[kw.arg] = value
@@ -328,7 +336,49 @@ class Lower(Transformer):
         return tuple(str(t) if isinstance(t, Token) and t.type == "TAG" else t for t in c)
 
     def string(self, meta: Meta, c: list) -> str:
-        return _unquote(c[0])
+        # A character reported here is left out of the value, so that the rest of the file is
+        # checked as if it were not there (no second error about the same string).
+        tok = c[0]
+        text = str(tok)
+        if "\0" in text:
+            self._error(
+                "a string cannot hold a NUL byte",
+                self._char_span(tok, text.index("\0")),
+                help="write it as the escape \\x00 if it is meant",
+            )
+            text = text.replace("\0", "")
+        if tok.type in ("LONG_STRING", "LONG_STRING_SQ"):
+            return dedent_block(text[3:-3])
+        if "\r" in text:
+            self._error(
+                "a raw carriage return inside a one-line string",
+                self._char_span(tok, text.index("\r")),
+                help="write it as the escape \\r, or use a triple-quoted block",
+            )
+            text = text.replace("\r", "")
+        try:
+            value = literal_string(text)
+        except PythonSyntaxError as exc:
+            self._error(f"invalid string: {exc.msg}", self._tok_span(tok))
+            return ""
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            self._error(
+                f"the string holds the lone surrogate {value[exc.start]!r}, which no UTF-8 "
+                "file can hold",
+                self._tok_span(tok),
+                help="write the character itself, or its \\U00XXXXXX escape",
+            )
+            return ""
+        return value
+
+    def _char_span(self, tok: Token, index: int) -> ir.Span:
+        """The span of the character at ``index`` of a token's text."""
+        before = str(tok)[:index]
+        line = tok.line + before.count("\n")
+        column = (tok.column + index) if "\n" not in before else index - before.rindex("\n")
+        return self._at(line, column)
 
     def dotted(self, meta: Meta, c: list) -> str:
         return ".".join(str(t) for t in c)
@@ -504,8 +554,8 @@ class Lower(Transformer):
         reason = None
         if quote_at >= 0:
             try:
-                reason = ast.literal_eval(text[quote_at:].strip())
-            except (ValueError, SyntaxError):
+                reason = literal_value(text[quote_at:].strip())
+            except PythonSyntaxError:
                 reason = None
             if not isinstance(reason, str):
                 self._error(
@@ -589,7 +639,7 @@ class Lower(Transformer):
         return _PlanPrefix()
 
     def index(self, meta: Meta, c: list) -> int:
-        return int(c[0])
+        return self._int(c[0])
 
     def target(self, meta: Meta, c: list) -> "_Target":
         return _Target(str(c[0]))
@@ -609,7 +659,12 @@ class Lower(Transformer):
         return ir.GenHint(kind=str(kind), args=args, kwargs=kwargs, span=span)
 
     def _hint_expr(self, tok: Token, node: ast.expr) -> ir.Expr:
-        return ir.Expr(text=ast.unparse(node), span=self._arg_span(tok, node))
+        span = self._arg_span(tok, node)
+        text = unparse(node)
+        if text is None:
+            self._error("this expression is nested too deeply", span)
+            text = "0"
+        return ir.Expr(text=text, span=span)
 
     # ------------------------------------------------------------------ instances
     def instances_block(self, meta: Meta, c: list) -> _Stmt:
@@ -641,10 +696,26 @@ class Lower(Transformer):
         return ir.Assignment(key=str(key), value=value, span=self._span(meta))
 
     def int_lit(self, meta: Meta, c: list) -> int:
-        return int(c[0])
+        return self._int(c[0])
+
+    def _int(self, tok: Token) -> int:
+        text = str(tok)
+        if len(text) > _MAX_DIGITS:
+            # Python's int() refuses over 4,300 digits; no size or index comes near this.
+            self._error(
+                f"integer literal of {len(text.lstrip('+-'))} digits is too long",
+                self._tok_span(tok),
+                help=f"integers in a .fidef have at most {_MAX_DIGITS} digits",
+            )
+            return 0
+        return int(text)
 
     def float_lit(self, meta: Meta, c: list) -> float:
-        return float(c[0])
+        value = float(c[0])
+        if not math.isfinite(value):
+            self._error(f"number `{c[0]}` is out of the range of a float", self._tok_span(c[0]))
+            return 0.0
+        return value
 
     def str_lit(self, meta: Meta, c: list) -> str:
         return c[0]
@@ -672,6 +743,11 @@ class Lower(Transformer):
 
 def _segment(source: str, node: ast.expr) -> str:
     # Keep a default as written (`1e-6`, not `1e-06`): it is shown to users in generated code.
+    if source.isascii() and "\n" not in source and "\r" not in source:
+        # What get_source_segment gives for one line of ASCII (offsets count UTF-8 bytes),
+        # without splitting the source into lines on every call: a parameter list of forty
+        # defaults spent most of its lowering there.
+        return source[node.col_offset : node.end_col_offset] or ast.unparse(node)
     return ast.get_source_segment(source, node) or ast.unparse(node)
 
 
@@ -680,6 +756,9 @@ class _ParamDefault:
 
     def __init__(self, value: int | float | str | bool) -> None:
         self.value = value
+
+
+_MAX_DIGITS = 1000
 
 
 class _Abbrev:
@@ -727,17 +806,37 @@ def _token(text: str, line: int, column: int) -> Token:
     )
 
 
-def _open_brackets(text: str) -> int:
-    """How many brackets are open at the end of ``text`` (outside string literals)."""
-    depth = 0
+def _code_positions(line: str):
+    """(index, character) of each character of a line that is outside string literals."""
     quote = None
-    for ch in text:
+    escaped = False
+    for i, ch in enumerate(line):
         if quote:
-            if ch == quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
                 quote = None
         elif ch in "\"'":
             quote = ch
-        elif ch in "([":
+        else:
+            yield i, ch
+
+
+def _split_comment(line: str) -> tuple[str, int | None]:
+    """Split a line at a '#' that is not inside a string literal."""
+    for i, ch in _code_positions(line):
+        if ch == "#":
+            return line[:i], i
+    return line, None
+
+
+def _open_brackets(text: str) -> int:
+    """How many brackets are open at the end of ``text`` (outside string literals)."""
+    depth = 0
+    for _, ch in _code_positions(text):
+        if ch in "([":
             depth += 1
         elif ch in ")]":
             depth -= 1
@@ -746,39 +845,16 @@ def _open_brackets(text: str) -> int:
 
 def _split_statements(code: str) -> list[str]:
     """Split a line at the ';' that are outside string literals and brackets."""
-    pieces: list[str] = []
-    depth = 0
-    quote = None
-    start = 0
-    for i, ch in enumerate(code):
-        if quote:
-            if ch == quote:
-                quote = None
-        elif ch in "\"'":
-            quote = ch
-        elif ch in "([":
+    cuts, depth = [], 0
+    for i, ch in _code_positions(code):
+        if ch in "([":
             depth += 1
         elif ch in ")]":
             depth -= 1
         elif ch == ";" and depth <= 0:
-            pieces.append(code[start:i])
-            start = i + 1
-    pieces.append(code[start:])
-    return pieces
-
-
-def _split_comment(line: str) -> tuple[str, int | None]:
-    """Split a line at a '#' that is not inside a string literal."""
-    quote = None
-    for i, ch in enumerate(line):
-        if quote:
-            if ch == quote:
-                quote = None
-        elif ch in "\"'":
-            quote = ch
-        elif ch == "#":
-            return line[:i], i
-    return line, None
+            cuts.append(i)
+    bounds = zip([-1] + cuts, cuts + [len(code)])
+    return [code[start + 1 : end] for start, end in bounds]
 
 
 def lower(tree: Tree, path: str) -> tuple[ir.SourceFile, list[Diagnostic]]:

@@ -158,7 +158,7 @@ def _to_diagnostic(exc: UnexpectedInput, path: str, text: str) -> Diagnostic:
             line, column, width = _end_position(text)
         else:
             line, column = tok.line, tok.column
-            width = max(1, len(str(tok).splitlines()[0]) if str(tok) else 1)
+            width = max(1, len(str(tok).split("\n")[0].rstrip("\r")) if str(tok) else 1)
         message = f"expected {_describe_expected(exc.accepts or exc.expected)}, found {_found(tok)}"
     elif isinstance(exc, UnexpectedCharacters):
         line, column, width = exc.line, exc.column, 1
@@ -208,7 +208,8 @@ def _unclosed_brace(text: str) -> tuple[int, int] | None:
 
 
 def _end_position(text: str) -> tuple[int, int, int]:
-    lines = text.splitlines() or [""]
+    # Lines as the lexer counts them (at '\n' only); a final newline starts no line.
+    lines = [line.removesuffix("\r") for line in text.removesuffix("\n").split("\n")]
     return len(lines), len(lines[-1]) + 1, 1
 
 

@@ -109,7 +109,7 @@ class _Comments:
 def _assign_comments(
     comments: list[tuple[int, int, str]], text: str, anchors: list[tuple[int, int]]
 ) -> _Comments:
-    lines = text.splitlines()
+    lines = text.split("\n")  # as the lexer counts lines: a string may hold '\x0c' or '\u2028'
     out = _Comments()
     anchors = sorted(set(a for a in anchors if a[0] > 0))
     for line, column, body in comments:
@@ -183,8 +183,10 @@ class Printer:
                 self.lines.append(indent + c)
             trailing = self.comments.trailing.pop(self._key(span), None)
             if trailing:
-                first, *rest = text.split("\n")
-                text = "\n".join([f"{first}  {trailing}"] + rest)
+                # After the last line: a node of several lines ends a triple-quoted block,
+                # and a comment on its first line would be inside the string.
+                *head, last = text.split("\n")
+                text = "\n".join(head + [f"{last}  {trailing}"])
         self.lines.append(indent + text if text else "")
 
     def blank(self) -> None:
@@ -237,10 +239,7 @@ class Printer:
             self.emit(i, f"tolerance({', '.join(args)})", t.span)
         if fam.rules:
             self.blank()
-            self.emit(i, "rules {")
-            for r in fam.rules:
-                self.emit(i + "  ", _rule(r), r.span)
-            self.emit(i, "}")
+            self.token_block(i, "rules", [(_rule(r), r.span) for r in fam.rules])
         if fam.params:
             self.blank()
             self.block(
@@ -253,10 +252,7 @@ class Printer:
             )
         if fam.constraints:
             self.blank()
-            self.emit(i, "constraints {")
-            for c in fam.constraints:
-                self.emit(i + "  ", c.text, c.span)
-            self.emit(i, "}")
+            self.token_block(i, "constraints", [(c.text, c.span) for c in fam.constraints])
         for title, tensors in (("inputs", fam.inputs), ("outputs", fam.outputs)):
             if tensors:
                 self.blank()
@@ -297,6 +293,23 @@ class Printer:
             extras.append(quote(t.description))
         # Names and colons align; the rest of a tensor line is too varied for columns.
         return [t.name, ":", " ".join([kind] + extras)]
+
+    def token_block(self, indent: str, title: str, lines: list[tuple[str, ir.Span]]) -> None:
+        """A `constraints` or `rules` block, which the grammar reads as one token."""
+        # The token cannot hold a brace, not even in a comment: such a comment, assigned to
+        # a line of the block, goes above the block instead.
+        for _, span in lines:
+            key = self._key(span)
+            lead = self.comments.leading.get(key, [])
+            for text in [t for t in lead if "{" in t or "}" in t]:
+                lead.remove(text)
+                self.emit(indent, text)
+            if any(b in self.comments.trailing.get(key, "") for b in "{}"):
+                self.emit(indent, self.comments.trailing.pop(key))
+        self.emit(indent, f"{title} {{")
+        for text, span in lines:
+            self.emit(indent + "  ", text, span)
+        self.emit(indent, "}")
 
     def block(self, indent: str, title: str, rows: list[list[str]], spans: list[ir.Span]) -> None:
         self.emit(indent, f"{title} {{")

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from fibgen.compiler import ir
+from fibgen.compiler.pysyntax import PythonSyntaxError, parse_python
 
 # Functions a rule may call besides torch and math: fibgen/runtime/rulefns.py defines them.
 RULE_HELPERS = ("kv_pair",)
@@ -84,8 +85,8 @@ def scope(fam: ir.Family, builtins: frozenset[str]) -> Scope:
 def parse(text: str) -> ast.expr | None:
     """The expression of a rule, or None when it does not parse (lowering reported it)."""
     try:
-        return ast.parse(text, mode="eval").body
-    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return parse_python(text, "eval").body
+    except PythonSyntaxError:
         return None
 
 

@@ -9,7 +9,9 @@ These models accept and reject what flashinfer-bench 0.1.2's own models accept a
   misspelt ``"dtpye"`` is still reported. The models themselves forbid extra keys, so an
   object built in code cannot carry one;
 * ``axes`` and workload ``inputs`` are unions tagged by ``"type"``, and the tag is required;
-* a tensor may carry FlashInfer's ``"optional": true`` extension, which is kept.
+* a tensor may carry FlashInfer's ``"optional": true`` extension, which is kept;
+* the names of definitions, op_types, solutions and authors are safe names (see Note [safe
+  names]): each becomes a folder or file name in a dataset and in generated code.
 
 Every cross-field check collects all of its problems before raising, so one load of a broken
 file lists everything a curator has to fix. This module imports only pydantic and the
@@ -19,6 +21,7 @@ standard library: the runtime imports it on its hot start-up path.
 from __future__ import annotations
 
 import ast
+import re
 import typing
 from enum import Enum
 from typing import Annotated, Any, Literal, Optional, Union, get_args
@@ -72,6 +75,45 @@ Language = Literal["python", "triton", "cpp", "cuda", "tilelang"]
 Binding = Literal["tvm-ffi", "torch"]
 
 NonEmptyStr = Annotated[str, StringConstraints(min_length=1)]
+
+# Note [safe names]
+# A definition, op_type, solution or author name is a single path component: fibgen writes
+# `definitions/<op_type>/<definition>.json`, `traces/<author>/<op_type>/<definition>.jsonl`,
+# `solutions/<author>/<op_type>/<definition>/<solution>/` and `generated/cuda/<definition>/`.
+# So a name is 1 to 128 characters from letters, digits, '_', '-' and '.', and starts with
+# a letter, a digit or '_': no separator, no '..', no hidden file, no option-like '-x', no
+# space, quote or control character. Every name in the flashinfer-trace dataset and the
+# catalogue fits. The rule is checked here, where the models are built, and by the compiler
+# and the command line through `name_problem`.
+MAX_NAME_LENGTH = 128
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+NAME_RULE = (
+    f"a name is 1 to {MAX_NAME_LENGTH} letters, digits, '_', '-' or '.', "
+    "starting with a letter, a digit or '_'"
+)
+
+
+def name_problem(name: str) -> str | None:
+    """What makes ``name`` unsafe as a file or folder name (Note [safe names]), or None."""
+    if _SAFE_NAME.fullmatch(name) and len(name) <= MAX_NAME_LENGTH:
+        return None
+    if not name:
+        return "is empty"
+    if len(name) > MAX_NAME_LENGTH:
+        return f"is {len(name)} characters long"
+    bad = next((ch for ch in name if not (ch.isascii() and (ch.isalnum() or ch in "_.-"))), None)
+    if bad == "/" or bad == "\\":
+        return f"contains the path separator {bad!r}"
+    if bad is not None:
+        return f"contains {bad!r}"
+    return f"starts with {name[0]!r}"
+
+
+def _check_name(value: str) -> str:
+    problem = name_problem(value)
+    if problem is not None:
+        raise ValueError(f"{value!r} {problem}; {NAME_RULE}")  # after the field's location
+    return value
 
 
 def _raise_problems(problems: list[str]) -> None:
@@ -136,6 +178,11 @@ class Definition(_Model):
     outputs: dict[NonEmptyStr, TensorSpec]
     reference: NonEmptyStr
 
+    @field_validator("name", "op_type")
+    @classmethod
+    def _validate_name(cls, value: str) -> str:
+        return _check_name(value)
+
     @model_validator(mode="after")
     def _validate(self) -> Definition:
         # flashinfer-bench runs four separate validators (_validate_reference_code,
@@ -171,6 +218,8 @@ def reference_problems(reference: str) -> list[str]:
             f"reference: not valid Python: {exc.msg} "
             f"(line {exc.lineno}, column {exc.offset} of the reference)"
         ]
+    except (ValueError, MemoryError, RecursionError) as exc:  # NUL byte; too deeply nested
+        return [f"reference: not valid Python: {str(exc) or 'too deeply nested'}"]
     if not any(isinstance(node, ast.FunctionDef) and node.name == "run" for node in module.body):
         return [
             "reference: defines no top-level function 'run' "
@@ -189,6 +238,11 @@ def constraint_problems(constraints: list[str]) -> list[str]:
             problems.append(
                 f"constraints[{i}]: {text!r} is not a Python expression ({exc.msg}); "
                 "write a condition such as 'num_pages >= batch_size'"
+            )
+        except (ValueError, MemoryError, RecursionError) as exc:
+            problems.append(
+                f"constraints[{i}]: {text!r} is not a Python expression "
+                f"({str(exc) or 'too deeply nested'})"
             )
     return problems
 
@@ -290,6 +344,11 @@ class Solution(_Model):
     description: Optional[str] = None
     spec: BuildSpec
     sources: list[SourceFile] = Field(min_length=1)
+
+    @field_validator("name", "definition", "author")
+    @classmethod
+    def _validate_name(cls, value: str) -> str:
+        return _check_name(value)
 
     @model_validator(mode="after")
     def _validate_source_path_entry_point(self) -> Solution:
@@ -470,6 +529,11 @@ class Trace(_Model):
     workload: Workload
     solution: Optional[str] = None
     evaluation: Optional[Evaluation] = None
+
+    @field_validator("definition", "solution")
+    @classmethod
+    def _validate_name(cls, value: Optional[str]) -> Optional[str]:
+        return None if value is None else _check_name(value)
 
     @property
     def is_workload_trace(self) -> bool:
