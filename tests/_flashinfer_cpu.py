@@ -12,6 +12,7 @@ its default, q/k scales, partly filled last pages, NHD or HND, tuple or stacked 
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -21,6 +22,7 @@ import torch
 flashinfer = pytest.importorskip("flashinfer")
 import flashinfer.decode  # noqa: E402
 import flashinfer.norm  # noqa: E402
+import flashinfer.prefill  # noqa: E402
 
 
 def rms(x: torch.Tensor, w: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
@@ -203,3 +205,44 @@ def decode_case(
     v = torch.randn(*shape, generator=g).to(torch.bfloat16)
     q = torch.randn(batch, heads, dim, generator=g).to(torch.bfloat16)
     return {"indptr": indptr, "indices": indices, "last": last, "k": k, "v": v, "q": q}
+
+
+# ---------------------------------------------------------------------------------------
+# The prefill wrappers, for routing only
+# ---------------------------------------------------------------------------------------
+
+
+def _keeping_signature(real: Any, body: Any) -> Any:
+    """``body`` under ``real``'s signature, which the patcher compares with the api line."""
+
+    @functools.wraps(real)
+    def twin(*args: Any, **kwargs: Any) -> Any:
+        return body(*args, **kwargs)
+
+    return twin
+
+
+def prefill_wrappers_that_record(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Both prefill wrappers keep their signatures; their run returns zeros and is recorded.
+
+    What FlashInfer computes is not modelled: these serve tests of where calls go.
+    """
+    calls: list[str] = []
+
+    def init(self, float_workspace_buffer, kv_layout="NHD", *args, **kwargs):
+        self._kv_layout = kv_layout
+
+    def plan(self, *args, **kwargs):
+        calls.append("plan")
+
+    def run(self, q, *args, **kwargs):
+        calls.append("run")
+        return torch.zeros_like(q)
+
+    for cls in (
+        flashinfer.prefill.BatchPrefillWithPagedKVCacheWrapper,
+        flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper,
+    ):
+        for name, body in (("__init__", init), ("plan", plan), ("run", run)):
+            monkeypatch.setattr(cls, name, _keeping_signature(getattr(cls, name), body))
+    return calls

@@ -578,3 +578,61 @@ def test_rules_of_the_module_use_only_known_helpers():
 
     assert all(callable(getattr(rulefns, name)) for name in RULE_HELPERS)
     importlib.import_module("fibgen_kernels.gqa_paged_decode")
+
+
+# ---------------------------------------------------------------------------------------
+# Families of one API: the reason a call is not routed
+# ---------------------------------------------------------------------------------------
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("a refused call reached the solution")
+
+
+@pytest.mark.parametrize(
+    "plan_kwargs, rule",
+    [({"causal": False}, "plan.causal"), ({"logits_soft_cap": 30.0}, "plan.logits_soft_cap")],
+)
+def test_a_rule_refusal_is_counted_as_the_rule_across_the_apis_families(
+    monkeypatch, plan_kwargs, rule
+):
+    # Four families share the paged prefill wrapper; the call below is named by the first,
+    # refused by its rule and then handed to three families without a solution for it.
+    calls = cpu.prefill_wrappers_that_record(monkeypatch)
+    wrapper = flashinfer.prefill.BatchPrefillWithPagedKVCacheWrapper(torch.empty(8))
+    indptr = torch.tensor([0, 1, 3, 4], dtype=torch.int32)
+    qo_indptr = torch.tensor([0, 2, 7, 9], dtype=torch.int32)
+    last = torch.tensor([5, 64, 9], dtype=torch.int32)
+    k = torch.randn(6, 64, 8, 128, dtype=torch.bfloat16)
+    q = torch.randn(9, 32, 128, dtype=torch.bfloat16)
+    kwargs = {"causal": True, "q_data_type": torch.bfloat16, **plan_kwargs}
+    with rt.enable_apply({"gqa_paged_prefill_causal_h32_kv8_d128_ps64": _never}):
+        wrapper.plan(
+            qo_indptr, indptr, torch.arange(4, dtype=torch.int32), last, 32, 8, 128, 64, **kwargs
+        )
+        wrapper.run(q, (k, k))
+        # The next call has no solution in any family: that is its reason, not the last
+        # call's rule.
+        wrapper.plan(
+            qo_indptr, indptr, torch.arange(4, dtype=torch.int32), last, 32, 8, 64, 64, **kwargs
+        )
+        wrapper.run(q[..., :64], (k[..., :64], k[..., :64]))
+    counts = rt.stats()["flashinfer.prefill.BatchPrefillWithPagedKVCacheWrapper.run"]
+    assert counts["rules"] == {rule: 1}
+    assert (counts["fallback_guard"], counts["fallback_no_candidate"], counts["hit"]) == (1, 1, 0)
+    assert calls == ["plan", "run", "plan", "run"]
+
+
+def test_a_ragged_refusal_is_counted_as_the_rule_not_as_the_mla_familys_miss(monkeypatch):
+    cpu.prefill_wrappers_that_record(monkeypatch)
+    wrapper = flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(8))
+    qo = torch.tensor([0, 2, 7, 9], dtype=torch.int32)
+    kv = torch.tensor([0, 3, 9, 12], dtype=torch.int32)
+    q, k = torch.randn(9, 32, 128, dtype=torch.bfloat16), torch.randn(
+        12, 8, 128, dtype=torch.bfloat16
+    )
+    with rt.enable_apply({"gqa_ragged_prefill_causal_h32_kv8_d128": _never}):
+        wrapper.plan(qo, kv, 32, 8, 128, causal=False, q_data_type=torch.bfloat16)
+        wrapper.run(q, k, k)
+    counts = rt.stats()["flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper.run"]
+    assert counts["rules"] == {"plan.causal": 1} and counts["fallback_no_candidate"] == 0

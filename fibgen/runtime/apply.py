@@ -130,6 +130,14 @@ class _State:
 
 _state = _State()
 
+# Note [a refusal handed down the chain]
+# Families of one API form a chain: a call one family refuses goes to the next. When the
+# last family simply has no solution for it, the reason the call is not routed is the rule
+# an earlier family refused it by, not "no candidate". The refusing family hands the call
+# on with its rule's counter here, for the duration of that call only; a family that then
+# finds no candidate counts that rule instead of its own miss.
+_handed = threading.local()
+
 
 def is_capturing() -> bool:
     """Whether the current CUDA stream is capturing a graph (False without CUDA)."""
@@ -362,10 +370,13 @@ class Api:
         why: str,
         *,
         next_family: bool = True,
+        refused: bool = False,
     ) -> tuple[int, Callable[..., Any], Callable[[], int], Any]:
         if self.then is not None and next_family:
-            # The next family counts the call, as a hit or as its own fallback.
-            return (ORIGINAL, self.then, _DISCARD, None)
+            # The next family counts the call, as a hit or as its own fallback; a rule that
+            # refused a registered solution goes with it (Note [a refusal handed down the chain]).
+            then = self._hand_on(tick) if refused else self.then
+            return (ORIGINAL, then, _DISCARD, None)
         if _state.on and _state.strict:
             return (ORIGINAL, _strict_failure(self.label, name, why), tick, None)
         original = self.original()
@@ -402,6 +413,31 @@ class Api:
             counter = self._tallies[(outcome, name)] = itertools.count()
         return counter.__next__
 
+    def _hand_on(self, tick: Callable[[], Any]) -> Callable[..., Any]:
+        """The next family, called with ``tick`` as the reason should it find no candidate."""
+        then = self.then
+        assert then is not None
+
+        def handed(*args: Any, **kwargs: Any) -> Any:
+            outer = getattr(_handed, "tick", None)
+            _handed.tick = tick
+            try:
+                return then(*args, **kwargs)
+            finally:
+                _handed.tick = outer
+
+        return handed
+
+    def _miss_tick(self, name: str | None) -> Callable[[], Any]:
+        """Count a call with no candidate, or the refusal it was handed with."""
+        own = self._tick("fallback_no_candidate", name)
+
+        def tick() -> None:
+            handed = getattr(_handed, "tick", None)
+            (handed or own)()
+
+        return tick
+
     def _guard_tick(self, rule: str) -> Callable[[], int]:
         count_guard = self._tick("fallback_guard", None)
         count_rule = self._tick("rule", rule)
@@ -424,9 +460,7 @@ class Api:
                 route = self._fallback_route(key, name, _DISCARD, "apply is off")
             elif entry is None:
                 why = "no solution is registered for it"
-                route = self._fallback_route(
-                    key, name, self._tick("fallback_no_candidate", name), why
-                )
+                route = self._fallback_route(key, name, self._miss_tick(name), why)
             elif is_capturing():
                 # Loading may allocate or synchronize, which capture forbids. The route is
                 # not kept, so the name resolves normally on its first call after capture.
@@ -447,13 +481,14 @@ class Api:
             values = self.values.get(name, self.defaults)
             if values is None:
                 why = f"no values of its parameters for {name}"
-                return self._fallback_route(key, name, self._guard_tick("params"), why)
+                tick = self._guard_tick("params")
+                return self._fallback_route(key, name, tick, why, refused=True)
         if self.const_check is not None:
             failed = self.const_check(key, values)
             if failed >= 0:
                 rule = self.rules[failed]
                 return self._fallback_route(
-                    key, name, self._guard_tick(rule), f"it fails the rule on {rule}"
+                    key, name, self._guard_tick(rule), f"it fails the rule on {rule}", refused=True
                 )
         try:
             loaded = self._load(name, entry)
@@ -502,10 +537,16 @@ class Api:
 
         The next family of the API gets the call first (it counts it); strict mode raises.
         """
-        if self.then is not None:
-            return (ORIGINAL, self.then, _DISCARD)
         rule = self.rule_text(index)
         name = None if key is None else self.name_of(key)
+        if self.then is not None:
+            if name is None or name not in _state.entries:
+                return (ORIGINAL, self.then, _DISCARD)
+            # This family had a solution for the call: its rule is the reason, unless a later
+            # family routes it (Note [a refusal handed down the chain]).
+            with _state.lock:
+                tick = self._guard_tick(rule)
+            return (ORIGINAL, self._hand_on(tick), _DISCARD)
         if _state.on:
             with _state.lock:
                 self._guard_tick(rule)()
@@ -704,7 +745,7 @@ class Api:
             return self.then(*args, **kwargs)
         if _state.on:
             with _state.lock:
-                self._tick("fallback_no_candidate", None)()
+                self._miss_tick(None)()
             if _state.strict:
                 raise FallbackError(
                     f"{self.label}: the call is not routed: it matches no definition "
