@@ -554,3 +554,73 @@ family topk_sum {
     with rt.enable_apply({}):
         # topk_sum_k3_h16: no instance declares it, no original API: the reference runs.
         assert torch.allclose(topk_sum(x, 3), x.topk(3, dim=-1).values.sum(-1) * 2.0)
+
+
+_NORM_WITHOUT_ORIGINAL = """
+family scalenorm {
+  op_type rmsnorm
+  description "Rows scaled by the inverse of their RMS, with an epsilon."
+  api not_installed_anywhere.scalenorm(input, eps=1e-6)
+  rules {
+    eps == EPS
+  }
+  params {
+    EPS = 1e-06 "Epsilon."
+  }
+  axes {
+    n : var
+    h : const h
+  }
+  inputs {
+    x : float32[n, h] <- input
+  }
+  outputs {
+    y : float32[n, h]
+  }
+  reference \"\"\"
+    import torch
+
+    def run(x):
+        return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + EPS)
+  \"\"\"
+  instances {
+    h=8
+    h=16 EPS=0.5
+  }
+}
+"""
+
+
+def test_without_an_original_a_call_its_rules_refuse_raises_instead_of_running_the_reference(
+    tmp_path,
+):
+    # The reference computes the definition: with another eps it would be a wrong result.
+    import sys
+
+    from fibgen.codegen.python_dispatch import emit_python_dispatch
+    from fibgen.compiler import compile_sources
+
+    result = compile_sources([("norm.fidef", "norm.fidef", _NORM_WITHOUT_ORIGINAL)])
+    assert result.module is not None, [str(d) for d in result.diagnostics]
+    for f in emit_python_dispatch(result.module, "demo_kernels_no_original"):
+        (tmp_path / f.path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f.path).write_text(f.text)
+    sys.path.insert(0, str(tmp_path / "python"))
+    try:
+        from demo_kernels_no_original.scalenorm import scalenorm
+    finally:
+        sys.path.remove(str(tmp_path / "python"))
+    x8, x16 = torch.randn(3, 8), torch.randn(3, 16)
+    expected = x16 * torch.rsqrt(x16.square().mean(-1, keepdim=True) + 0.5)
+    # Apply off and on: the call with the definition's eps gets the reference, counted as a
+    # miss; the call with another eps is refused with the rule and the value.
+    assert torch.allclose(scalenorm(x16, 0.5), expected)
+    with pytest.raises(rt.FallbackError, match=r"scalenorm_h8 cannot be served: .*eps.*0\.5"):
+        scalenorm(x8, 0.5)
+    with rt.enable_apply({}):
+        assert torch.allclose(scalenorm(x16, 0.5), expected)
+        with pytest.raises(rt.FallbackError, match=r"eps \(eps=0\.5\), and there is no original"):
+            scalenorm(x8, 0.5)
+        counts = rt.stats()["not_installed_anywhere.scalenorm"]
+    assert counts["fallback_no_candidate"] == 1 and counts["fallback_guard"] == 1
+    assert counts["rules"] == {"eps": 1}

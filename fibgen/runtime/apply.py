@@ -161,6 +161,13 @@ def _no_fallback(label: str, name: str | None, why: str) -> Callable[..., Any]:
     return fail
 
 
+def _unservable(label: str, name: str | None, why: str) -> Callable[..., Any]:
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise FallbackError(f"{label}: {name or 'this call'} cannot be served: {why}")
+
+    return fail
+
+
 def _strict_failure(label: str, name: str | None, why: str) -> Callable[..., Any]:
     def fail(*args: Any, **kwargs: Any) -> Any:
         raise FallbackError(f"{label}: {name or 'this call'} is not routed: {why} (strict)")
@@ -384,7 +391,9 @@ class Api:
             return (ORIGINAL, original, tick, None)
         reference = self._reference(key, name)
         if reference is not None:
-            return (RETURNS, reference, tick, None)
+            # With the name's values, so that the call's rules are checked against them.
+            values = () if self.values is None else self.values.get(name, self.defaults)
+            return (RETURNS, reference, tick, values)
         why = "no original API or reference to fall back to"
         return (ORIGINAL, _no_fallback(self.label, name, why), tick, None)
 
@@ -560,6 +569,14 @@ class Api:
             # Without a key the reference cannot run in the dispatcher's place.
             why = "its key could not be read and there is no original API to fall back to"
             return (ORIGINAL, _no_fallback(self.label, name, why), _DISCARD)
+        if kind != ORIGINAL:
+            # The reference computes the definition, which a call that fails its rules is not
+            # (another eps, another dtype): running it would be a silent wrong result.
+            why = (
+                f"{self._describe_failure(rule, args, kwargs)}, and there is no original API "
+                "to run it (the definition's reference computes something else)"
+            )
+            return (ORIGINAL, _unservable(self.label, name, why), _DISCARD)
         return (kind, fn, _DISCARD)
 
     def _describe_failure(self, rule: str, args: tuple[Any, ...], kwargs: dict) -> str:
