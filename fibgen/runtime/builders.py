@@ -34,7 +34,7 @@ from types import ModuleType
 from typing import Any
 
 # Bump when the layout of a build folder or the flags change: older builds are then ignored.
-_FORMAT = 1
+_FORMAT = 2
 BUILT_LANGUAGES = ("cpp", "cuda")
 COMPILED_SUFFIXES = (".cu", ".cpp", ".cc", ".cxx", ".c")
 HEADER_SUFFIXES = (".h", ".hh", ".hpp", ".cuh", ".inc")
@@ -162,6 +162,9 @@ def _compile(
             extra_include_paths=[str(folder)] + [str(p) for p in include_dirs],
             build_directory=str(folder),
             with_cuda=cuda,
+            # torch's builder passes no optimization flag: host code would be built at -O0.
+            extra_cflags=["-O3"],
+            extra_cuda_cflags=["-O3"] if cuda else None,
             verbose=False,
         )
     except Exception as exc:  # torch reports a failed compile as a bare RuntimeError
