@@ -225,7 +225,13 @@ class Worker:
         model = Solution.model_validate(solution)
         entry = solutions.Entry(model.definition, f"solution {model.name!r}", solution=model)
         try:
-            loaded = solutions.load(entry, work.input_names, work.output_names)
+            loaded = solutions.load(
+                entry, work.input_names, work.output_names, _scalars(work.definition)
+            )
+            # Timed as a settled process runs it: with the C++ replay table, once built.
+            from fibgen.runtime.replay import wait_native
+
+            wait_native()
         except SolutionError as exc:
             cause = exc.__cause__ or exc
             return {"status": COMPILE_ERROR, "log": _tail(_format(cause))}
@@ -343,6 +349,11 @@ class Worker:
             log = "\n".join(numerical)
             return {"status": INCORRECT_NUMERICAL, "log": log, "correctness": errors}, errors
         return None, errors
+
+
+def _scalars(definition: dict) -> frozenset[str]:
+    """The inputs of a definition that are values, not tensors (``shape: null``)."""
+    return frozenset(n for n, t in definition["inputs"].items() if t.get("shape") is None)
 
 
 def _is_sampling(definition: dict) -> bool:

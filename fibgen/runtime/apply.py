@@ -524,7 +524,12 @@ class Api:
         loaded = _state.loaded.get(cache_key)
         if loaded is None:
             try:
-                loaded = solutions.load(entry, self.inputs, self.outputs)
+                # Inputs without a declared tensor are values; where the API declares no
+                # tensors at all nothing is known, and launches are not replayed.
+                scalars = None
+                if self.tensors:
+                    scalars = frozenset(i for i in self.inputs if i not in self.tensors)
+                loaded = solutions.load(entry, self.inputs, self.outputs, scalars)
             except SolutionError:
                 _state.matched.add(name)
                 raise

@@ -48,6 +48,50 @@ _MAX_ENTRIES = 1 << 16
 _MAX_PLANS = 4
 _lock = threading.Lock()
 
+# Launch recording for replay (Note [launch replay] in replay.py): the number of threads
+# recording now, read by every fast launch, and each recording thread's list of launches.
+recording = 0
+_recorded = threading.local()
+
+
+def start_recording() -> list:
+    """Record this thread's launches until ``stop_recording``; returns the list they go to.
+
+    A fast launch appends ``(launcher, grid, stream, head, args, tail, pointers)``, where
+    ``pointers`` are the positions in ``args`` of tensor addresses; a launch that went
+    through Triton instead (or any other reason the calls cannot be replayed) appends a
+    string saying why.
+    """
+    global recording
+    launches: list = []
+    with _lock:
+        _recorded.launches = launches
+        recording += 1
+    return launches
+
+
+def stop_recording() -> None:
+    """End this thread's recording."""
+    global recording
+    with _lock:
+        if getattr(_recorded, "launches", None) is not None:
+            _recorded.launches = None
+            recording -= 1
+
+
+# Reasons a recorded launch went through Triton that a later call of the same layout will
+# not have: the kernel's first call with a key compiles it.
+FIRST_CALL = "its first call with this key"
+HOOKS_SET = "launch hooks are set"
+PASSING = frozenset((FIRST_CALL, HOOKS_SET))
+
+
+def note(item: Any) -> None:
+    """Add ``item`` to this thread's recording, if it is recording."""
+    launches = getattr(_recorded, "launches", None)
+    if launches is not None:
+        launches.append(item)
+
 
 def enabled() -> bool:
     """Whether the solution loader accelerates Triton kernels (``FIBGEN_TRITON_LAUNCH``)."""
@@ -184,7 +228,7 @@ def _key_function(params: list, nargs: int, kwnames: tuple[str, ...], args: tupl
             return None
         if name in [p.name for p in params[:nargs]]:
             return None  # given twice: Triton reports it
-    guards, parts, lets, out = [], [], [], []
+    guards, parts, lets, out, pointers = [], [], [], [], []
     for i, (p, a) in enumerate(zip(params, args)):
         name = f"_{i}"
         if p.is_constexpr:
@@ -197,6 +241,7 @@ def _key_function(params: list, nargs: int, kwnames: tuple[str, ...], args: tupl
             parts.append(f"{name}.dtype")
             if not p.do_not_specialize_on_alignment:
                 parts.append(f"not _p{i} & 15")
+            pointers.append(len(out))
             out.append(f"_p{i}")
         elif type(a) is int:
             # The value itself: what Triton specializes on (== 1, multiple of 16, range)
@@ -225,7 +270,9 @@ def _key_function(params: list, nargs: int, kwnames: tuple[str, ...], args: tupl
     namespace: dict[str, Any] = {}
     # Generated from parameter positions and identifier keyword names only.
     exec("\n".join(lines) + "\n", namespace)  # noqa: S102
-    return namespace["key"]
+    key = namespace["key"]
+    key.pointers = tuple(pointers)  # where the launch arguments hold tensor addresses
+    return key
 
 
 def _is_tensor(value: Any) -> bool:
@@ -326,7 +373,7 @@ class FastRun:
             or (leave is not None and (type(leave) is not chain or leave.calls))
             or self.fn.pre_run_hooks
         ):
-            return self.triton_run(*args, grid=grid, warmup=False, **kwargs)
+            return self._through_triton(args, kwargs, grid, HOOKS_SET)
         shape = (len(args), *kwargs)
         plans = self.plans.get(shape)
         if plans is None:
@@ -343,13 +390,13 @@ class FastRun:
         else:
             # No plan fits these arguments' kinds: make one, or let Triton key the call.
             if not plans or len(plans) >= _MAX_PLANS:
-                return self.triton_run(*args, grid=grid, warmup=False, **kwargs)
+                return self._through_triton(args, kwargs, grid, "its arguments are not keyed")
             plan = self._add_plan(shape, args)[-1]
             try:
                 key, launch_args = plan.key(device, base, *args, **kwargs)
                 entry = plan.entries.get(key)
             except Exception:
-                return self.triton_run(*args, grid=grid, warmup=False, **kwargs)
+                return self._through_triton(args, kwargs, grid, "its arguments are not keyed")
         if entry is None:
             return self._first(key, plan, args, kwargs, grid)
         if self.fn.used_global_vals:
@@ -359,17 +406,27 @@ class FastRun:
         n = len(grid)
         if self.check:
             self._check(entry, args, kwargs, device)
-        entry.launch(
-            grid[0],
-            grid[1] if n > 1 else 1,
-            grid[2] if n > 2 else 1,
-            self.stream(device),
-            *entry.head,
-            *launch_args,
-            *entry.tail,
-        )
+        g0, g1, g2 = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
+        stream = self.stream(device)
+        entry.launch(g0, g1, g2, stream, *entry.head, *launch_args, *entry.tail)
         self.launches += 1
+        if recording:
+            if self.fn.used_global_vals or self.check:
+                note(f"kernel {self.fn.__name__!r} reads globals or is checked per launch")
+            else:
+                launch = (entry.launch, (g0, g1, g2), stream, entry.head, launch_args, entry.tail)
+                note(launch + (plan.key.pointers,))
         return None
+
+    def _through_triton(self, args: tuple, kwargs: dict, grid: Any, why: str) -> Any:
+        """Launch through Triton's own run (which compiles where it must)."""
+        if recording:
+            note(
+                why
+                if why in PASSING
+                else f"kernel {self.fn.__name__!r} launched through Triton: {why}"
+            )
+        return self.triton_run(*args, grid=grid, warmup=False, **kwargs)
 
     def device(self) -> int:
         """The current device, as JITFunction.run asks the driver (bound at the first call:
@@ -402,6 +459,8 @@ class FastRun:
 
     def _first(self, key: tuple, plan: _Plan, args: tuple, kwargs: dict, grid: Any) -> Any:
         """A key not seen yet: Triton compiles (or finds) and launches; the kernel is kept."""
+        if recording:
+            note(FIRST_CALL)
         kernel = self.triton_run(*args, grid=grid, warmup=False, **kwargs)
         if (
             kernel is None

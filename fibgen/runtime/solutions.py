@@ -182,8 +182,17 @@ def signature_problem(
     return dps, None
 
 
-def load(entry: Entry, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> Loaded:
-    """Import and check one solution; failures raise SolutionError naming it."""
+def load(
+    entry: Entry,
+    inputs: tuple[str, ...],
+    outputs: tuple[str, ...],
+    scalars: frozenset[str] | None = None,
+) -> Loaded:
+    """Import and check one solution; failures raise SolutionError naming it.
+
+    ``scalars``, the inputs that are not tensors, lets a destination-passing solution whose
+    kernels fibgen accelerated replay its launches (Note [launch replay] in replay.py).
+    """
     if entry.fn is not None:
         fn, dps = entry.fn, None
     else:
@@ -206,7 +215,12 @@ def load(entry: Entry, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> Loa
     dps, problem = signature_problem(fn, entry.definition, entry.label, inputs, outputs, dps)
     if problem is not None:
         raise SolutionError(problem, entry.definition, entry.label, signature=True)
-    return Loaded(fn, dps, entry.label, dps and takes_inplace(fn))
+    inplace = dps and takes_inplace(fn)
+    if dps and scalars is not None and _ACCELERATED.get(getattr(fn, "__module__", None)):
+        from fibgen.runtime.replay import wrap
+
+        fn = wrap(fn, inputs + outputs, scalars)
+    return Loaded(fn, dps, entry.label, inplace)
 
 
 def takes_inplace(fn: Callable[..., Any]) -> bool:
@@ -267,6 +281,10 @@ def materialize(solution: Any) -> tuple[Path, str]:
     return final, digest
 
 
+# Entry modules of solutions whose Triton kernels fibgen accelerated, with their count.
+_ACCELERATED: dict[str, int] = {}
+
+
 def _import_solution(entry: Entry) -> Callable[..., Any]:
     solution = entry.solution
     spec = solution.spec
@@ -297,12 +315,14 @@ def _import_solution(entry: Entry) -> Callable[..., Any]:
         from fibgen.runtime.launch import accelerate_modules
 
         prefix = package + "."
-        accelerate_modules(
+        accelerated = accelerate_modules(
             [m for n, m in list(sys.modules.items()) if n.startswith(prefix)], package
         )
         fn = getattr(module, symbol, None)
         if not callable(fn):
             raise ValueError(f"{entry_file} defines no function {symbol!r}")
+        if accelerated:
+            _ACCELERATED[module.__name__] = accelerated
         return fn
     except Exception as exc:
         raise SolutionError(
