@@ -714,8 +714,8 @@ class _Family:
         has its shape taken once, first thing in the key's ``try`` (where an argument that is
         not a tensor fails as it did before), and every later ``expr.shape``/``expr.ndim``
         reads that. A required input that only the checks read more than once has its shape
-        taken at the top of the checks' ``try``: an argument that is not a tensor is then
-        refused there, as a check that raises is (``_r = -2``).
+        taken just before the first check (after the lets the checks may read): an argument
+        that is not a tensor is then refused there, as a check that raises is (``_r = -2``).
         """
         key_at = next((i for i, line in enumerate(body) if line.startswith("    _k_")), None)
         if key_at is None:
@@ -741,8 +741,14 @@ class _Family:
         if checks_at is None:
             return out
         end = next(i for i in range(checks_at, len(out)) if out[i].strip() == "except Exception:")
-        checks = out[checks_at + 1 : end]
-        indent = out[checks_at][: len(out[checks_at]) - len(out[checks_at].lstrip())] + "    "
+        # After the lets (which the checks may read), before the first check.
+        first = next(
+            (i for i in range(checks_at, end) if out[i].lstrip().startswith("if not (")), None
+        )
+        if first is None:
+            return out
+        checks = out[first:end]
+        indent = out[first][: len(out[first]) - len(out[first].lstrip())]
         bound = []
         for var, expr in required:
             if (var, expr) in cached:
@@ -753,7 +759,7 @@ class _Family:
             if reads >= 2:
                 bound.append(f"{indent}{var} = {expr}.shape")
                 checks = [_spelled(x, expr, var) for x in checks]
-        return out[: checks_at + 1] + bound + checks + out[end:]
+        return out[:first] + bound + checks + out[end:]
 
     def _doc(self) -> str:
         if self.f.api is not None:
