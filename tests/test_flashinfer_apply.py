@@ -518,6 +518,152 @@ def test_a_run_whose_plan_fibgen_did_not_see_is_not_routed(monkeypatch):
         result = wrapper.run(case["q"], (case["k"], case["v"]))
     assert not seen and cpu.CALLS == ["plan", "run"]
     assert result.shape == case["q"].shape
+    counts = rt.stats()["flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper.run"]
+    assert counts["fallback_guard"] == 1 and counts["rules"] == {"plan:unseen": 1}
+
+
+def _flashinfers(wrapper, case, page_size=16, **plan_kwargs):
+    """What FlashInfer (the twin) computes for a fresh wrapper planned with these values."""
+    other = type(wrapper)(torch.empty(8, dtype=torch.uint8), kv_layout="NHD")
+    _plan(other, case, page_size, **plan_kwargs)
+    return other.run(case["q"], (case["k"], case["v"]))
+
+
+def test_a_replan_through_a_method_bound_before_enable_is_not_routed(monkeypatch):
+    # An engine that keeps `w.plan` from before apply was on re-plans behind fibgen's back:
+    # the run after it must compute with that plan (soft cap 30), not the one fibgen saw.
+    wrapper, case, seen = _decode(monkeypatch), cpu.decode_case(), []
+    early_plan = wrapper.plan
+    with rt.enable_apply({"gqa_paged_decode_h32_kv8_d128_ps16": _general(seen)}):
+        _plan(wrapper, case, 16)
+        wrapper.run(case["q"], (case["k"], case["v"]))
+        _plan(early_plan.__self__, case, 16)  # through the patched plan again: seen
+        early_plan(
+            case["indptr"], case["indices"], case["last"], 32, 8, 128, 16,
+            q_data_type=torch.bfloat16, logits_soft_cap=30.0,
+        )  # fmt: skip
+        capped = wrapper.run(case["q"], (case["k"], case["v"]))
+        again = wrapper.run(case["q"], (case["k"], case["v"]))
+        _plan(wrapper, case, 16)  # a plan fibgen sees routes again
+        wrapper.run(case["q"], (case["k"], case["v"]))
+    assert len(seen) == 2
+    counts = rt.stats()["flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper.run"]
+    assert counts["hit"] == 2 and counts["rules"] == {"plan:changed": 2}
+    expected = _flashinfers(wrapper, case, logits_soft_cap=30.0)
+    assert torch.equal(capped, expected) and torch.equal(again, expected)
+
+
+def test_a_replan_fibgen_did_not_see_raises_in_strict_mode(monkeypatch):
+    wrapper, case = _decode(monkeypatch), cpu.decode_case()
+    early_plan = wrapper.plan
+    with rt.enable_apply({"gqa_paged_decode_h32_kv8_d128_ps16": _general([])}, strict=True):
+        _plan(wrapper, case, 16)
+        early_plan(case["indptr"], case["indices"], case["last"], 32, 8, 128, 16)
+        with pytest.raises(rt.FallbackError, match="plan state changed after the plan"):
+            wrapper.run(case["q"], (case["k"], case["v"]))
+        other = type(wrapper)(torch.empty(8), kv_layout="NHD")
+        with pytest.raises(rt.FallbackError, match="saw no plan"):
+            other.run(case["q"], (case["k"], case["v"]))
+
+
+@pytest.mark.parametrize("method", ["forward", "forward_return_lse"])
+def test_the_deprecated_forward_of_the_decode_wrapper_is_not_routed(monkeypatch, method):
+    # FlashInfer's own forward sets _logits_soft_cap, _window_left and _sm_scale on the
+    # wrapper and calls run: that run must compute with them.
+    wrapper, case, seen = _decode(monkeypatch), cpu.decode_case(), []
+    asked = {"logits_soft_cap": 30.0, "window_left": 8, "sm_scale": 0.01}
+    with rt.enable_apply({"gqa_paged_decode_h32_kv8_d128_ps16": _general(seen)}):
+        _plan(wrapper, case, 16)
+        result = getattr(wrapper, method)(case["q"], (case["k"], case["v"]), **asked)
+        after = wrapper.run(case["q"], (case["k"], case["v"]))  # forward's state stays
+    assert not seen
+    counts = rt.stats()["flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper.run"]
+    assert counts["hit"] == 0 and counts["rules"] == {"plan:changed": 2}
+    expected = _flashinfers(wrapper, case, **asked)
+    assert not torch.equal(expected, _flashinfers(wrapper, case))
+    assert torch.equal(result[0] if method == "forward_return_lse" else result, expected)
+    assert torch.equal(after, expected)
+
+
+@pytest.mark.parametrize(
+    "cls, run_args",
+    [
+        ("BatchPrefillWithPagedKVCacheWrapper", "paged"),
+        ("BatchPrefillWithRaggedKVCacheWrapper", "ragged"),
+    ],
+)
+def test_the_deprecated_forward_of_the_prefill_wrappers_is_not_routed(monkeypatch, cls, run_args):
+    cpu.prefill_wrappers_that_record(monkeypatch)
+    wrapper = getattr(flashinfer.prefill, cls)(torch.empty(8))
+    qo = torch.tensor([0, 2, 7, 9], dtype=torch.int32)
+    q = torch.randn(9, 32, 128, dtype=torch.bfloat16)
+    seen = []
+
+    def solution(**inputs):
+        seen.append(1)
+        return torch.zeros_like(inputs["q"]), torch.zeros(inputs["q"].shape[:2])
+
+    if run_args == "paged":
+        k = torch.randn(6, 64, 8, 128, dtype=torch.bfloat16)
+        args = (q, (k, k))
+        plan_args = (qo, torch.tensor([0, 1, 3, 4], dtype=torch.int32))
+        plan_args += (
+            torch.arange(4, dtype=torch.int32),
+            torch.tensor([5, 64, 9], dtype=torch.int32),
+        )
+        plan_args += (32, 8, 128, 64)
+        name = "gqa_paged_prefill_causal_h32_kv8_d128_ps64"
+    else:
+        k = torch.randn(12, 8, 128, dtype=torch.bfloat16)
+        args = (q, k, k)
+        plan_args = (qo, torch.tensor([0, 3, 9, 12], dtype=torch.int32), 32, 8, 128)
+        name = "gqa_ragged_prefill_causal_h32_kv8_d128"
+    label = f"flashinfer.prefill.{cls}.run"
+    with rt.enable_apply({name: _accepting_any(seen)}):
+        wrapper.plan(*plan_args, causal=True, q_data_type=torch.bfloat16)
+        wrapper.run(*args)
+        assert len(seen) == 1, rt.stats()
+        wrapper.forward(*args, causal=True, sm_scale=0.01)
+        wrapper.forward_return_lse(*args, causal=False)
+    assert len(seen) == 1
+    assert rt.stats()[label]["rules"] == {"plan:changed": 1}
+
+
+def _accepting_any(seen):
+    def solution(q, **inputs):
+        seen.append(1)
+        return torch.zeros_like(q), torch.zeros(q.shape[:2])
+
+    return solution
+
+
+def test_every_wrapper_of_the_catalogue_has_a_plan_state_its_plan_and_forward_assign():
+    # Note [plan state]: the attribute stamped must be assigned by every plan() and by every
+    # method that changes what run() computes (forward, forward_return_lse).
+    import ast
+    import textwrap
+
+    paths = {f.plan.path for f in _families() if f.plan is not None}
+    assert paths <= set(patching.PLAN_STATE), paths - set(patching.PLAN_STATE)
+    for path in paths:
+        attr = patching.PLAN_STATE[path]
+        owner, _ = patching._locate(path)
+
+        def assigns(method: str) -> bool:
+            fn = inspect.unwrap(getattr(owner, method))
+            tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+            return any(
+                isinstance(t, ast.Attribute) and t.attr == attr
+                for node in ast.walk(tree)
+                if isinstance(node, (ast.Assign, ast.AnnAssign))
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            )
+
+        planners = [m for m in ("plan", "_plan_impl") if m in vars(owner)]
+        assert any(assigns(m) for m in planners), f"{path}: no plan assigns {attr}"
+        for method in ("forward", "forward_return_lse"):
+            if method in vars(owner):
+                assert assigns(method), f"{owner.__name__}.{method} does not assign {attr}"
 
 
 def test_unknown_plan_keywords_and_deprecated_positionals_fall_back(monkeypatch):
