@@ -161,6 +161,24 @@ def test_a_changed_signature_is_left_unpatched_with_one_warning(monkeypatch):
         rt.enable_apply({})  # the same problem again: warned once per process
 
 
+def test_the_warning_names_the_definitions_of_every_family_of_the_path(monkeypatch):
+    decode = flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper
+    path = "flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper.run"
+
+    def run(self, q, paged_kv_cache, *args, new_flag=False, **kwargs):
+        return "the original"
+
+    monkeypatch.setattr(decode, "run", run)
+    with pytest.warns(RuntimeWarning) as caught:
+        rt.enable_apply({})
+    (message,) = [str(w.message) for w in caught if path in str(w.message)]
+    families = [f for f in _families() if f.api.path == path]
+    names = [n for f in families for n in _names_of(f)]
+    assert len(families) >= 3 and len(names) >= 17
+    assert all(n in message for n in names), [n for n in names if n not in message]
+    assert "more" not in message
+
+
 def test_a_missing_target_is_left_unpatched_with_one_warning(monkeypatch):
     monkeypatch.delattr(flashinfer.activation, "gelu_and_mul")
     with pytest.warns(RuntimeWarning, match="flashinfer.activation.gelu_and_mul does not exist"):

@@ -889,9 +889,11 @@ def _patch(api: Api, taken: set[str]) -> None:
 
 
 def _warn_unpatched(api: Api, problem: str) -> None:
-    names = sorted(api.known_names)
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    definitions = f"definitions {shown}" if names else f"{api.label}"
+    # Every family of the path goes unrouted (the variant families of a wrapper, the families
+    # of a dispatch group), so every definition of theirs is named: an integrator looks for
+    # the one they registered.
+    names = sorted({n for a in _state.apis if a.path == api.path for n in a.known_names})
+    definitions = f"definitions {', '.join(names)}" if names else f"{api.label}"
     _warn_once(
         ("unpatched", api.path, problem),
         f"fibgen: {problem}; it is left unpatched, so {definitions} are not routed",
