@@ -141,7 +141,14 @@ def test_errors_write_nothing(project: Path):
     assert not (project / "gen").exists()
 
 
-@pytest.mark.parametrize("case", ["variants_indistinguishable", "variants_rule_reads_no_argument"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "variants_indistinguishable",
+        "variants_rule_reads_no_argument",
+        "variants_rule_holds_for_every_size",
+    ],
+)
 def test_build_reports_families_of_one_api_that_nothing_tells_apart(case: str, tmp_path: Path):
     # The same diagnostics as `fibgen check` (tests/fixtures/diagnostics), and nothing written.
     root = Path(__file__).resolve().parents[1]
