@@ -23,10 +23,12 @@ from _shared import require_module
 require_module("flashinfer", "flashinfer-python 0.7.2.post1 is not installed (see .ci/run)")
 
 import _flashinfer_cpu as cpu  # noqa: E402
+import _routable_calls as routable  # noqa: E402
 import flashinfer  # noqa: E402
 import fibgen.runtime as rt  # noqa: E402
 from fibgen.compiler import compile_paths  # noqa: E402
 from fibgen.runtime import patching  # noqa: E402
+from fibgen.runtime.apply import OUTCOMES  # noqa: E402
 
 from pathlib import Path  # noqa: E402
 
@@ -219,40 +221,144 @@ def test_a_patched_api_passes_every_parameter_of_its_real_signature(path, monkey
         powner, pattr = patching._locate(fam.plan.path)
         real_plan = getattr(powner, pattr)
         monkeypatch.setattr(powner, pattr, _recorder(real_plan, plan_calls))
-    params = list(inspect.signature(real).parameters.values())
     for mapping in ({}, {name: (lambda **kw: None) for name in _names_of(fam)}):
         calls.clear()
         rt.enable_apply(mapping)
         patched = getattr(owner, attr)
         assert patched is not real
-        args, kwargs = [], {}
-        instance = None
-        for i, p in enumerate(params):
-            if p.name == "self":
-                instance = object.__new__(owner)
-                args.append(instance)
-            elif p.kind is p.VAR_POSITIONAL:
-                args.extend(_sample(p, i))
-            elif p.kind is p.VAR_KEYWORD:
-                kwargs.update(_sample(p, i))
-            elif p.kind is p.KEYWORD_ONLY:
-                kwargs[p.name] = _sample(p, i)
-            else:
-                args.append(_sample(p, i))
-        if instance is not None and fam.plan is not None:
-            # A plan first, so that the run is one fibgen may route.
-            plan_params = list(inspect.signature(real_plan).parameters.values())[1:]
-            required = [p for p in plan_params if p.kind is p.POSITIONAL_OR_KEYWORD]
-            getattr(powner, pattr)(instance, *(_sample(p, i) for i, p in enumerate(required)))
-            assert len(plan_calls) == 1
+        instance = object.__new__(owner) if fam.plan is not None else None
+        args, kwargs = _every_parameter(real, instance)
+        if instance is not None:
+            # A plan first, given every parameter too, so that the run is one fibgen may
+            # route; the plan reaches the original unchanged.
+            plan_args, plan_kwargs = _every_parameter(real_plan, instance, "plan-")
+            getattr(powner, pattr)(*plan_args, **plan_kwargs)
+            assert plan_calls == [
+                inspect.signature(real_plan).bind(*plan_args, **plan_kwargs).arguments
+            ]
             plan_calls.clear()
         expected = inspect.signature(real).bind(*args, **kwargs).arguments
         assert patched(*args, **kwargs) == "original"
         assert calls == [expected]
 
 
+def _every_parameter(real, instance, prefix=""):
+    """Arguments for every parameter of ``real``: one extra positional, one extra keyword."""
+    args, kwargs = [], {}
+    for i, p in enumerate(inspect.signature(real).parameters.values()):
+        value = _sample(p, i)
+        if isinstance(value, str):
+            value = prefix + value
+        if p.name == "self":
+            args.append(instance)
+        elif p.kind is p.VAR_POSITIONAL:
+            args.extend(value)
+        elif p.kind is p.VAR_KEYWORD:
+            kwargs.update(value)
+        elif p.kind is p.KEYWORD_ONLY:
+            kwargs[p.name] = value
+        else:
+            args.append(value)
+    return args, kwargs
+
+
 def _names_of(fam):
     return [d.name for d in _module().definitions if d.family == fam.name]
+
+
+# ---------------------------------------------------------------------------------------
+# Every parameter given, on the routed path
+# ---------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _catalogue():
+    return routable.Catalogue(_module())
+
+
+def _zeros_solution(name, seen):
+    """A solution of the definition that returns zeros of its outputs' shapes and dtypes."""
+    d = _catalogue().defs[name]
+    consts = dict(d.consts)
+
+    def solution(**inputs):
+        seen.append(inputs)
+        axes = dict(consts)
+        for t in d.inputs:
+            value = inputs.get(t.name)
+            if t.shape is not None and isinstance(value, torch.Tensor):
+                axes.update(zip(t.shape, value.shape))
+        device = next(v.device for v in inputs.values() if isinstance(v, torch.Tensor))
+        outputs = tuple(
+            torch.zeros(
+                [axes[a] for a in t.shape], dtype=routable.torch_dtype(t.dtype), device=device
+            )
+            for t in d.outputs
+        )
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    return solution
+
+
+def _given(real, args, kwargs) -> dict:
+    """The arguments of a call as the real signature binds them; every parameter given."""
+    sig = inspect.signature(real)
+    bound = sig.bind(*args, **kwargs).arguments
+    for p in sig.parameters.values():
+        if p.kind is p.VAR_POSITIONAL:
+            assert not bound.get(p.name), f"{p.name} must stay empty to be routed"
+        elif p.kind is not p.VAR_KEYWORD:
+            assert p.name in bound, f"{real.__qualname__}: {p.name} is not given"
+    return bound
+
+
+def _planner(real, calls, path):
+    """A stand-in for a wrapper's plan: records, and sets the state FlashInfer's plan sets."""
+    sig = inspect.signature(real)
+    attr = patching.PLAN_STATE[path]
+
+    def plan(*args, **kwargs):
+        calls.append(sig.bind(*args, **kwargs).arguments)
+        setattr(args[0], attr, "NONE" if attr == "_pos_encoding_mode" else object())
+
+    plan.__signature__ = sig
+    return plan
+
+
+@pytest.mark.parametrize("path", _paths())
+def test_a_call_that_gives_every_parameter_at_accepted_values_is_routed(path, monkeypatch):
+    # The routed path with every parameter of the real run and plan given (the keywords of
+    # a plan's **kwargs too): a patched API never raises where the original would not, and
+    # strict mode raises if the call is not served by its solution.
+    call = routable.ROUTABLE[path](_catalogue())
+    owner, attr = patching._locate(path)
+    real = getattr(owner, attr)
+    calls: list = []
+    monkeypatch.setattr(owner, attr, _recorder(real, calls))
+    fam = next(f for f in _families() if f.api.path == path)
+    args = call.args
+    if fam.plan is not None:
+        powner, pattr = patching._locate(fam.plan.path)
+        real_plan, plan_calls = getattr(powner, pattr), []
+        monkeypatch.setattr(powner, pattr, _planner(real_plan, plan_calls, fam.plan.path))
+        instance = object.__new__(owner)
+        vars(instance).update(call.state)
+        plan_args, plan_kwargs = call.plan
+        given = _given(real_plan, (instance, *plan_args), plan_kwargs)
+        keywords = [r for r in fam.rules if getattr(r, "target", None) == "plan.kwargs"]
+        for rule in keywords:
+            assert set(given["kwargs"]) == {p.name for p in rule.params}
+        args = (instance, *args)
+    _given(real, args, call.kwargs)
+    seen: list = []
+    rt.enable_apply({call.name: _zeros_solution(call.name, seen)}, strict=True)
+    if fam.plan is not None:
+        getattr(powner, pattr)(instance, *plan_args, **plan_kwargs)
+        assert len(plan_calls) == 1
+    getattr(owner, attr)(*args, **call.kwargs)
+    counts = rt.stats()[path]
+    assert len(seen) == 1 and not calls, counts
+    assert counts["hit"] == 1 and sum(counts[o] for o in OUTCOMES) == 1, counts
 
 
 # ---------------------------------------------------------------------------------------
