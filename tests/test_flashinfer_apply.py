@@ -906,3 +906,22 @@ def test_a_ragged_refusal_is_counted_as_the_rule_not_as_the_mla_familys_miss(mon
         wrapper.run(q, k, k)
     counts = rt.stats()["flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper.run"]
     assert counts["rules"] == {"plan.causal": 1} and counts["fallback_no_candidate"] == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the routed call returns the output alone; FlashInfer returns (output, state)",
+)
+@pytest.mark.parametrize(
+    "path",
+    ["flashinfer.gdn_decode.gated_delta_rule_decode", "flashinfer.gdn_decode.gated_delta_rule_mtp"],
+)
+def test_a_routed_gdn_call_returns_what_flashinfer_returns(path, monkeypatch):
+    # FlashInfer 0.7.2's gated_delta_rule_decode returns (output, state) and
+    # gated_delta_rule_mtp (output, initial_state); `o, s = ...` must work routed too.
+    call = routable.ROUTABLE[path](_catalogue())
+    owner, attr = patching._locate(path)
+    monkeypatch.setattr(owner, attr, _recorder(getattr(owner, attr), []))
+    rt.enable_apply({call.name: _zeros_solution(call.name, [])}, strict=True)
+    result = getattr(owner, attr)(*call.args, **call.kwargs)
+    assert isinstance(result, tuple) and len(result) == 2
