@@ -1,22 +1,28 @@
 """Conformance of Trace Apply with the real FlashInfer 0.7.2, on a GPU.
 
-    python benchmarks/flashinfer_conformance.py [--only SUBSTRING ...] [--json FILE]
-        [--prebuild N]
+    python benchmarks/flashinfer_conformance.py [--only GROUP ...] [--json FILE]
+        [--prebuild N] [--deadline SECONDS] [--budget SECONDS] [--list]
 
-For every API of the catalogue, calls the real FlashInfer function with apply off and with
-apply on, over a grid of cases: several var-axis sizes, and a non-default value of the
-parameters its rules hold. Apply on registers, for every definition of the family, a Python
-solution that runs the definition's reference. Each case must either be routed and match
-FlashInfer within the definition's tolerance (samplers: by their distribution), or fall back
-with the rule the case expects; and apply on may raise nothing that apply off does not.
-Prints one table per API (cases, routed, fell back by rule, max error, failures), then the
-overhead of a hit against FlashInfer's own Trace Apply on rmsnorm, and writes every case's
-figures to --json.
+For every API of the catalogue (every `api` line of `fibgen list --apis`), calls the real
+FlashInfer function with apply off and with apply on, over a grid of cases: several
+var-axis sizes and, for the paged decode, paged and ragged prefill and MLA wrappers, a
+non-default value of every parameter their rules hold (`Var`). Apply on registers, for the
+case's definition, a Python solution that runs the definition's reference. Each case must
+either be routed and match FlashInfer within the definition's tolerance (samplers: by their
+distribution), or fall back with the rule the case expects (the rule on the parameter, read
+from the catalogue); and apply on may raise nothing that apply off does not.
 
-A case that FlashInfer itself cannot run on this GPU (its MoE kernels need SM100; its GDN
-kernels need nvidia-cutlass-dsl) is reported as such: its calls must still behave alike.
-FlashInfer JIT-builds one module per kernel variant; --prebuild N builds them in N processes
-first, for at most --deadline seconds; a call still running then is reported and not run.
+Prints one line per case and one table per API: cases, routed, fell back by rule, max
+error, failures, and cases not run, each with its reason: FlashInfer itself raised (then
+apply on must raise alike), the GPU cannot run the kernel (the trtllm-gen MoE kernels need
+SM100: apply on is still checked, FlashInfer is not called), the prebuild did not finish,
+or --budget ran out. A case not run is never counted as passed. Then the overhead of a hit
+against FlashInfer's own Trace Apply on rmsnorm, and every case's figures to --json.
+
+FlashInfer JIT-builds one module per kernel variant; --prebuild N builds each variant the
+chosen groups need once, in N processes, for at most --deadline seconds. --budget stops
+starting cases after that many seconds. On a CPU the module imports and --help and --list
+work; the cases need a GPU.
 """
 
 from __future__ import annotations
@@ -44,7 +50,9 @@ sys.path.insert(0, str(ROOT / "generated" / "python"))
 import fibgen.runtime as rt  # noqa: E402
 from fibgen.runtime.compare import compare, default_tolerance  # noqa: E402
 
-DEV = "cuda"
+# FIBGEN_CONFORMANCE_DEVICE=cpu runs the cases' own code on the CPU, for tests that stand in
+# for FlashInfer's wrappers there (tests/test_flashinfer_conformance.py).
+DEV = os.environ.get("FIBGEN_CONFORMANCE_DEVICE", "cuda")
 WORKSPACE = 256 * 1024 * 1024
 
 
@@ -116,6 +124,11 @@ class Case:
     expect: str | None = None
     tol: tuple[float, float, float] | None = None
     samples: bool = False  # compare sampled ids by their distribution
+    params: tuple[str, ...] = ()  # ruled parameters the case gives a non-default value
+    # Why this GPU cannot run FlashInfer's kernel, or None: then FlashInfer is not called.
+    needs: Callable[[], str | None] | None = None
+    # Cases of one variant need the same FlashInfer kernels: --prebuild builds one of them.
+    variant: str | None = None
 
 
 @dataclass
@@ -127,6 +140,7 @@ class Outcome:
     error_off: str | None = None
     error_on: str | None = None
     failure: str | None = None
+    not_run: str | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -411,15 +425,15 @@ def _sampling_cases() -> list[Case]:
     # distribution about 0.035 apart in total variation; a wrong filter, 0.1 or more. No two
     # weights tie, so the top-k and top-p sets are unambiguous.
     vocab, rows = 128256, 2048
-    support = torch.tensor([5, 17, 99, 1000, 4242, 70000, 128000, 3], device=DEV)
-    weights = torch.tensor([0.3, 0.2, 0.15, 0.12, 0.09, 0.07, 0.05, 0.02], device=DEV)
+    support = [5, 17, 99, 1000, 4242, 70000, 128000, 3]
+    weights = [0.3, 0.2, 0.15, 0.12, 0.09, 0.07, 0.05, 0.02]
 
     def probs(floor):
         # A small tail of distinct values under every token, as a softmax leaves one:
         # FlashInfer's top_k_top_p sampler did not return within minutes on rows of exact
         # zeros, nor on a tail of one repeated value (H100, 0.7.2).
         p = floor * (1 + torch.rand(rows, vocab, device=DEV, generator=g(41)))
-        p[:, support] = weights
+        p[:, torch.tensor(support, device=DEV)] = torch.tensor(weights, device=DEV)
         return p / p.sum(-1, keepdim=True)
 
     for fn, extra, expect in (
@@ -448,6 +462,133 @@ def _sampling_cases() -> list[Case]:
     return out
 
 
+# ---------------------------------------------------------------------------------------
+# The wrappers: one case per non-default value of a ruled parameter
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Var:
+    """One departure from a wrapper's base call: the parameter it gives, and its value.
+
+    ``param`` is named as the rules name it (``plan.window_left``, ``q_scale``). Values may
+    be callables of the call's context (its tensors), evaluated inside the call. ``route``:
+    the definition's rules accept the value and the call must be routed; otherwise it must
+    fall back by the rule on ``param`` (or ``expect``, where the call fails an earlier one).
+    ``jit`` names the FlashInfer kernel variant the call needs, so that ``--prebuild``
+    builds each variant once.
+    """
+
+    param: str
+    plan: dict = field(default_factory=dict)
+    run: dict = field(default_factory=dict)
+    plan_args: tuple = ()
+    run_args: tuple = ()
+    route: bool = False
+    expect: str | None = None
+    dtypes: tuple[torch.dtype, torch.dtype] | None = None  # (q, kv) tensors
+    layout: str = "NHD"
+    stacked: bool = False
+    q_rows: int | None = None  # queries of another count than the plan's
+    v_dim: int | None = None  # value head size other than the key's
+    jit: str = "base"
+    also: tuple[str, ...] = ()  # other parameters the departure gives
+
+
+def _value(v: Any, ctx: dict) -> Any:
+    return v(ctx) if callable(v) and not isinstance(v, (torch.dtype, type)) else v
+
+
+def _values(d: dict, ctx: dict) -> dict:
+    return {k: _value(v, ctx) for k, v in d.items()}
+
+
+def _short(v: Any) -> str:
+    if callable(v) and not isinstance(v, (torch.dtype, type)):
+        return "<tensor>"
+    text = str(v).removeprefix("torch.")
+    return text if len(text) <= 24 else text[:21] + "..."
+
+
+def _label(var: Var) -> str:
+    given = {**{f"plan.{k}": v for k, v in var.plan.items()}, **var.run}
+    parts = [f"{k}={_short(v)}" for k, v in given.items()]
+    parts += [f"+{len(var.plan_args)} plan positional"] if var.plan_args else []
+    parts += [f"+{len(var.run_args)} run positional"] if var.run_args else []
+    parts += [f"layout={var.layout}"] if var.layout != "NHD" else []
+    parts += ["stacked"] if var.stacked else []
+    parts += [f"{var.q_rows}x queries"] if var.q_rows else []
+    parts += [f"v_dim={var.v_dim}"] if var.v_dim else []
+    return " ".join(parts) or var.param
+
+
+def rule_of(family: str, param: str) -> str:
+    """How stats names the rule a call giving ``param`` a refused value fails."""
+    from fibgen.compiler import ir, rules
+
+    fam = FAMILIES[family]
+    sc = rules.scope(fam, frozenset())
+    for r in fam.rules:
+        if isinstance(r, ir.Keywords) and r.target == param:
+            return r.target
+        if isinstance(r, ir.Require) and param in {x.name for x in rules.refs(r.expr.text, sc)}:
+            return rules.rule_name(r, sc)
+    raise KeyError(f"no rule of {family} names {param}")
+
+
+def ruled_parameters(family: str) -> set[str]:
+    """The parameters with a default (and keywords of ``**kwargs``) that rules hold."""
+    from fibgen.compiler import ir, rules
+
+    fam = FAMILIES[family]
+    sc = rules.scope(fam, frozenset())
+    optional = {
+        prefix + p.name
+        for sig, prefix in ((fam.api, ""), (fam.plan, "plan."))
+        if sig is not None
+        for p in sig.params
+        if p.default is not None or p.kind in ("var_positional", "var_keyword")
+    }
+    named: set[str] = set()
+    for r in fam.rules:
+        if isinstance(r, ir.Require):
+            named |= {x.name for x in rules.refs(r.expr.text, sc)}
+        elif isinstance(r, ir.Ignore):
+            named |= set(r.names)
+        elif isinstance(r, ir.Keywords):
+            named.add(r.target)
+            optional |= {f"{r.target.split('.')[0]}.{p.name}" for p in r.params}
+            named |= {f"{r.target.split('.')[0]}.{p.name}" for p in r.params}
+        else:
+            named.add(r.target)
+    return named & optional
+
+
+def _wrapper_cases(
+    api: str,
+    name: str,
+    variations: list[Var],
+    call_of: Callable[[Var], Callable[[], tuple]],
+    group: str,
+) -> list[Case]:
+    family = CATALOGUE[name][1].name
+    out = []
+    for var in variations:
+        expect = None if var.route else (var.expect or rule_of(family, var.param))
+        out.append(
+            Case(
+                api,
+                f"{name} {_label(var)}",
+                call_of(var),
+                {name: solution(name, family)},
+                expect=expect,
+                params=(var.param, *var.also),
+                variant=f"{group}:{var.jit}",
+            )
+        )
+    return out
+
+
 def _decode_wrapper(layout="NHD"):
     import flashinfer
 
@@ -455,64 +596,107 @@ def _decode_wrapper(layout="NHD"):
     return flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper(ws, kv_layout=layout)
 
 
+def _block_tables(lay: dict) -> torch.Tensor:
+    indptr, indices = lay["indptr"].cpu(), lay["indices"].cpu()
+    pages = indptr[1:] - indptr[:-1]
+    table = torch.zeros(len(pages), int(pages.max()), dtype=torch.int32)
+    for b in range(len(pages)):
+        table[b, : pages[b]] = indices[indptr[b] : indptr[b + 1]]
+    return table.to(DEV)
+
+
+def _kv_lens(lay: dict, page_size: int) -> torch.Tensor:
+    pages = lay["indptr"][1:] - lay["indptr"][:-1]
+    return ((pages - 1) * page_size + lay["last"]).to(torch.int32)
+
+
+F32, F16, BF16, FP8 = torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn
+
+
+def _decode_variations() -> list[Var]:
+    V = Var
+    return [
+        V("paged_kv_cache", layout="HND", stacked=True, route=True),
+        V("args", run_args=(0,)),
+        V("q_scale", run={"q_scale": 0.5}),
+        V("k_scale", run={"k_scale": 0.5}),
+        V("v_scale", run={"v_scale": 0.5}),
+        V("out", run={"out": lambda c: torch.empty_like(c["q"])}, route=True),
+        V(
+            "lse",
+            run={"lse": lambda c: torch.empty(c["q"].shape[:2], device=DEV), "return_lse": True},
+            route=True,
+            also=("return_lse",),
+        ),
+        V("enable_pdl", run={"enable_pdl": True}, route=True),
+        V("window_left", run={"window_left": -1}, route=True),
+        V("sinks", run={"sinks": lambda c: torch.zeros(32, dtype=F32, device=DEV)}, jit="sinks"),
+        V("q_len_per_req", run={"q_len_per_req": 1}, route=True),
+        V("skip_softmax_threshold_scale_factor", run={"skip_softmax_threshold_scale_factor": 1.0}),
+        V("kv_cache_sf", run={"kv_cache_sf": lambda c: (c["k"][..., :8], c["v"][..., :8])}),
+        # More queries than sequences: q's batch axis is not kv_last_page_len's, the first
+        # check the call fails (before the rule on q and plan.indptr).
+        V("q", q_rows=2, expect="tensor:kv_last_page_len"),
+        V("plan.kwargs", plan={"some_future_option": 1}),
+        V("plan.deprecated_positional_args", plan_args=("NONE",)),
+        V("plan.pos_encoding_mode", plan={"pos_encoding_mode": "ROPE_LLAMA"}, jit="rope"),
+        V("plan.window_left", plan={"window_left": 32}, jit="window"),
+        V("plan.window_right", plan={"window_right": -1}, route=True),
+        V("plan.logits_soft_cap", plan={"logits_soft_cap": 30.0}, jit="softcap"),
+        V("plan.q_data_type", plan={"q_data_type": F16}, dtypes=(F16, F16), jit="fp16"),
+        V("plan.kv_data_type", plan={"kv_data_type": FP8}, dtypes=(BF16, FP8), jit="fp8"),
+        V("plan.data_type", plan={"data_type": F16}, dtypes=(BF16, F16), jit="kv16"),
+        V("plan.o_data_type", plan={"o_data_type": F16}, jit="o16"),
+        V("plan.sm_scale", plan={"sm_scale": 0.05}, route=True),
+        V("plan.rope_scale", plan={"rope_scale": 2.0}, route=True),
+        V("plan.rope_theta", plan={"rope_theta": 5e5}, route=True),
+        V("plan.non_blocking", plan={"non_blocking": False}, route=True),
+        V("plan.block_tables", plan={"block_tables": lambda c: _block_tables(c["lay"])}),
+        V("plan.seq_lens", plan={"seq_lens": lambda c: _kv_lens(c["lay"], c["ps"])}),
+        V("plan.fixed_split_size", plan={"fixed_split_size": 4}, route=True),
+        V("plan.disable_split_kv", plan={"disable_split_kv": True}, route=True),
+        V("plan.q_len_per_req", plan={"q_len_per_req": 2}, q_rows=2),
+        V("plan.is_causal", plan={"is_causal": False}, route=True),
+    ]
+
+
+def _decode_call(var: Var, ps: int = 64, batch: int = 4) -> Callable[[], tuple]:
+    def call() -> tuple:
+        lay = _paged_layout(11, batch, ps)
+        q_dtype, kv_dtype = var.dtypes or (BF16, BF16)
+        lay["k"], lay["v"] = lay["k"].to(kv_dtype), lay["v"].to(kv_dtype)
+        q = rnd(batch * (var.q_rows or 1), 32, 128, seed=12, dtype=q_dtype)
+        ctx = {"lay": lay, "ps": ps, "q": q, "k": lay["k"], "v": lay["v"]}
+        wrapper = _decode_wrapper(var.layout)
+        kw = {"q_data_type": BF16, **_values(var.plan, ctx)}
+        wrapper.plan(
+            lay["indptr"], lay["indices"], lay["last"], 32, 8, 128, ps, *var.plan_args, **kw
+        )
+        cache = _kv(var.layout, lay["k"], lay["v"], var.stacked)
+        return _results(wrapper.run(q, cache, *var.run_args, **_values(var.run, ctx)))
+
+    return call
+
+
 def _decode_cases() -> list[Case]:
     api = "flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper.run"
     out = []
-    grid = [
-        # (label, page_size, batch, plan kwargs, run kwargs, layout, expect)
-        ("ps1 full pages", 1, 8, {}, {}, "NHD", None),
-        ("ps64 batch=1", 64, 1, {}, {}, "NHD", None),
-        ("ps64 batch=16", 64, 16, {}, {}, "NHD", None),
-        ("ps16 (named by rule)", 16, 4, {}, {}, "NHD", None),
-        (
-            "ps64 sm_scale=0.1 return_lse",
-            64,
-            4,
-            {"sm_scale": 0.1},
-            {"return_lse": True},
-            "NHD",
-            None,
-        ),
-        ("ps64 HND stacked", 64, 4, {}, {"stacked": True}, "HND", None),
-        ("ps64 enable_pdl=False", 64, 4, {}, {"enable_pdl": False}, "NHD", None),
-        (
-            "ps64 logits_soft_cap=30",
-            64,
-            4,
-            {"logits_soft_cap": 30.0},
-            {},
-            "NHD",
-            "plan.logits_soft_cap",
-        ),
-        ("ps64 window_left=32", 64, 4, {"window_left": 32}, {}, "NHD", "plan.window_left"),
-        ("ps64 q_scale=0.5", 64, 4, {}, {"q_scale": 0.5}, "NHD", "q_scale"),
-        (
-            "ps64 q_data_type=float16",
-            64,
-            4,
-            {"q_data_type": "float16"},
-            {},
-            "NHD",
-            "plan.q_data_type",
-        ),
-    ]
-    for label, ps, batch, plan_kw, run_kw, layout, expect in grid:
-        family = "gqa_paged_decode_full_pages" if ps == 1 else "gqa_paged_decode"
+    # Several sizes and page sizes, the partial last pages of page size 64 included.
+    for ps, batch in ((1, 8), (64, 1), (64, 16), (16, 4)):
         name = f"gqa_paged_decode_h32_kv8_d128_ps{ps}"
-
-        def call(ps=ps, batch=batch, plan_kw=plan_kw, run_kw=run_kw, layout=layout):
-            lay = _paged_layout(11, batch, ps)
-            wrapper = _decode_wrapper(layout)
-            kw = {"q_data_type": torch.bfloat16, **plan_kw}
-            wrapper.plan(lay["indptr"], lay["indices"], lay["last"], 32, 8, 128, ps, **kw)
-            run_kw = dict(run_kw)
-            cache = _kv(layout, lay["k"], lay["v"], run_kw.pop("stacked", False))
-            q = rnd(batch, 32, 128, seed=12)
-            result = wrapper.run(q, cache, **run_kw)
-            return result if isinstance(result, tuple) else (result,)
-
-        sols = {name: solution(name, family)}
-        out.append(Case(api, f"{name} {label}", call, sols, expect=expect))
+        family = "gqa_paged_decode_full_pages" if ps == 1 else "gqa_paged_decode"
+        var = Var("base", route=True)
+        out.append(
+            Case(
+                api,
+                f"{name} batch={batch}" + (" (named by rule)" if ps == 16 else ""),
+                _decode_call(var, ps, batch),
+                {name: solution(name, family)},
+                variant="decode:base",
+            )
+        )
+    name = "gqa_paged_decode_h32_kv8_d128_ps64"
+    out += _wrapper_cases(api, name, _decode_variations(), _decode_call, "decode")
     return out
 
 
@@ -523,91 +707,334 @@ def _prefill_wrapper(layout="NHD"):
     return flashinfer.prefill.BatchPrefillWithPagedKVCacheWrapper(ws, kv_layout=layout)
 
 
+def _mask(q_lens: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor:
+    """A causal mask, flattened per sequence, as FlashInfer's custom_mask takes it."""
+    parts = []
+    for ql, kl in zip(q_lens.tolist(), kv_lens.tolist()):
+        rows = torch.arange(ql)[:, None] + (kl - ql)
+        parts.append((torch.arange(kl)[None, :] <= rows).flatten())
+    return torch.cat(parts).to(DEV)
+
+
+def _packed_mask(q_lens: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor:
+    """``_mask`` packed 8 to a byte, little bit order, as flashinfer.packbits packs it."""
+    bits = _mask(q_lens, kv_lens)
+    bits = torch.cat([bits, bits.new_zeros(-len(bits) % 8)]).view(-1, 8).to(torch.uint8)
+    return (bits << torch.arange(8, dtype=torch.uint8, device=bits.device)).sum(-1).to(torch.uint8)
+
+
+def _prefill_common_variations(ragged: bool) -> list[Var]:
+    """Departures the paged and ragged prefill wrappers share (their plans and runs)."""
+    V = Var
+    lens = (lambda c: c["q_lens"], lambda c: c["kv_lens"])
+    out = [
+        V("args", run_args=(0,)),
+        V("q_scale", run={"q_scale": 0.5}),
+        V("k_scale", run={"k_scale": 0.5}),
+        V("v_scale", run={"v_scale": 0.5}),
+        V("out", run={"out": lambda c: torch.empty_like(c["q"])}, route=True),
+        V(
+            "lse",
+            run={"lse": lambda c: torch.empty(c["q"].shape[:2], device=DEV), "return_lse": True},
+            route=True,
+            also=("return_lse",),
+        ),
+        V("lse_base", run={"lse_base": "ln", "return_lse": True}),
+        V("lse_layout", run={"lse_layout": "HN", "return_lse": True}),
+        V("enable_pdl", run={"enable_pdl": True}, route=True),
+        V("kv_cache_sf", run={"kv_cache_sf": lambda c: c["k"][..., :8]}),
+        V("plan.custom_mask", plan={"custom_mask": lambda c: _mask(c["q_lens"], c["kv_lens"])}),
+        V(
+            "plan.packed_custom_mask",
+            plan={"packed_custom_mask": lambda c: _packed_mask(c["q_lens"], c["kv_lens"])},
+        ),
+        V("plan.causal", plan={"causal": False}),
+        V("plan.pos_encoding_mode", plan={"pos_encoding_mode": "ROPE_LLAMA"}, jit="rope"),
+        V("plan.use_fp16_qk_reduction", plan={"use_fp16_qk_reduction": True}, jit="fp16qk"),
+        V("plan.sm_scale", plan={"sm_scale": 0.05}, route=True),
+        V("plan.window_left", plan={"window_left": 32}, jit="window"),
+        V("plan.logits_soft_cap", plan={"logits_soft_cap": 30.0}, jit="softcap"),
+        V("plan.rope_scale", plan={"rope_scale": 2.0}, route=True),
+        V("plan.rope_theta", plan={"rope_theta": 5e5}, route=True),
+        V("plan.q_data_type", plan={"q_data_type": F16}, dtypes=(F16, F16), jit="fp16"),
+        V("plan.kv_data_type", plan={"kv_data_type": FP8}, dtypes=(BF16, FP8), jit="fp8"),
+        V("plan.o_data_type", plan={"o_data_type": F16}, jit="o16"),
+        V("plan.non_blocking", plan={"non_blocking": False}, route=True),
+        V("plan.prefix_len_ptr", plan={"prefix_len_ptr": lambda c: c["kv_lens"] - c["q_lens"]}),
+        V(
+            "plan.token_pos_in_items_ptr",
+            plan={"token_pos_in_items_ptr": lambda c: torch.zeros(8, dtype=torch.uint16)},
+        ),
+        V("plan.token_pos_in_items_len", plan={"token_pos_in_items_len": 8}),
+        V("plan.max_item_len_ptr", plan={"max_item_len_ptr": lambda c: c["q_lens"].to(DEV)}),
+        V("plan.seq_lens", plan={"seq_lens": lens[1]}),
+        V("plan.seq_lens_q", plan={"seq_lens_q": lens[0]}),
+        V("plan.max_token_per_sequence", plan={"max_token_per_sequence": 64}),
+        V("plan.max_sequence_kv", plan={"max_sequence_kv": 4096}),
+        V("plan.fixed_split_size", plan={"fixed_split_size": 64}, route=True),
+        V("plan.disable_split_kv", plan={"disable_split_kv": True}, route=True),
+        V("plan.uniform_q_len", plan={"uniform_q_len": 3}),
+        V("plan.head_dim_vo", plan={"head_dim_vo": 64}, v_dim=64, jit="vo64"),
+    ]
+    if ragged:
+        out += [
+            V("o_scale", run={"o_scale": 2.0}),
+            V("plan.v_indptr", plan={"v_indptr": lambda c: c["kv_indptr"]}),
+            V("plan.o_indptr", plan={"o_indptr": lambda c: c["qo_indptr"]}),
+            V("k", layout="HND", route=True, also=("v",)),
+        ]
+    else:
+        out += [
+            V("paged_kv_cache", layout="HND", stacked=True, route=True),
+            V("window_left", run={"window_left": -1}, route=True),
+            V("sinks", run={"sinks": lambda c: torch.zeros(32, dtype=F32, device=DEV)}),
+            V(
+                "skip_softmax_threshold_scale_factor",
+                run={"skip_softmax_threshold_scale_factor": 1.0},
+            ),
+            V("use_fp16_softmax", run={"use_fp16_softmax": True}),
+            V("uses_spcompress", run={"uses_spcompress": True}),
+            V("plan.block_tables", plan={"block_tables": lambda c: _block_tables(c["lay"])}),
+        ]
+    return out
+
+
+def _paged_prefill_call(var: Var, ps: int = 64, batch: int = 3) -> Callable[[], tuple]:
+    def call() -> tuple:
+        lay = _paged_layout(21, batch, ps)
+        q_dtype, kv_dtype = var.dtypes or (BF16, BF16)
+        kv_lens = _kv_lens(lay, ps)
+        q_lens = torch.minimum(kv_lens, torch.full_like(kv_lens, 5))
+        qo_indptr = torch.zeros(batch + 1, dtype=torch.int32, device=DEV)
+        qo_indptr[1:] = torch.cumsum(q_lens, 0)
+        k, v = lay["k"].to(kv_dtype), lay["v"].to(kv_dtype)
+        if var.v_dim:
+            v = v[..., : var.v_dim].contiguous()
+        q = rnd(int(qo_indptr[-1]), 32, 128, seed=22, dtype=q_dtype)
+        ctx = {"lay": lay, "q": q, "k": k, "v": v, "q_lens": q_lens, "kv_lens": kv_lens}
+        ctx |= {"qo_indptr": qo_indptr, "kv_indptr": lay["indptr"]}
+        wrapper = _prefill_wrapper(var.layout)
+        kw = {"causal": True, "q_data_type": BF16, **_values(var.plan, ctx)}
+        wrapper.plan(qo_indptr, lay["indptr"], lay["indices"], lay["last"], 32, 8, 128, ps, **kw)
+        cache = _kv(var.layout, k, v, var.stacked)
+        run_kw = {"return_lse": True, **_values(var.run, ctx)}
+        return _results(wrapper.run(q, cache, *var.run_args, **run_kw))
+
+    return call
+
+
 def _prefill_cases() -> list[Case]:
     api = "flashinfer.prefill.BatchPrefillWithPagedKVCacheWrapper.run"
     out = []
-    grid = [
-        ("ps1 full pages", 1, 3, {}, None),
-        ("ps64", 64, 3, {}, None),
-        ("ps64 batch=1", 64, 1, {}, None),
-        ("ps64 not causal", 64, 3, {"causal": False}, "plan.causal"),
-        ("ps64 logits_soft_cap=30", 64, 3, {"logits_soft_cap": 30.0}, "plan.logits_soft_cap"),
-    ]
-    for label, ps, batch, plan_kw, expect in grid:
+    for ps, batch in ((1, 3), (64, 1), (64, 3)):
+        name = f"gqa_paged_prefill_causal_h32_kv8_d128_ps{ps}"
         family = (
             "gqa_paged_prefill_causal_full_pages"
             if ps == 1
             else "gqa_paged_prefill_causal_batch_axis"
         )
-        name = f"gqa_paged_prefill_causal_h32_kv8_d128_ps{ps}"
-
-        def call(ps=ps, batch=batch, plan_kw=plan_kw):
-            lay = _paged_layout(21, batch, ps)
-            lens = (lay["indptr"][1:] - lay["indptr"][:-1] - 1) * ps + lay["last"]
-            q_lens = torch.minimum(lens, torch.full_like(lens, 5))
-            qo_indptr = torch.zeros(batch + 1, dtype=torch.int32, device=DEV)
-            qo_indptr[1:] = torch.cumsum(q_lens, 0)
-            wrapper = _prefill_wrapper()
-            kw = {"causal": True, "q_data_type": torch.bfloat16, **plan_kw}
-            wrapper.plan(
-                qo_indptr, lay["indptr"], lay["indices"], lay["last"], 32, 8, 128, ps, **kw
-            )
-            q = rnd(int(qo_indptr[-1]), 32, 128, seed=22)
-            return wrapper.run(q, (lay["k"], lay["v"]), return_lse=True)
-
         out.append(
-            Case(api, f"{name} {label}", call, {name: solution(name, family)}, expect=expect)
-        )
-
-    api = "flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper.run"
-    for family, name, heads, kv_heads, qk, vo in (
-        ("gqa_ragged_prefill_causal", "gqa_ragged_prefill_causal_h32_kv8_d128", 32, 8, 128, 128),
-        (
-            "mla_ragged_prefill_causal",
-            "mla_ragged_prefill_causal_h16_qk192_vo128",
-            16,
-            16,
-            192,
-            128,
-        ),
-    ):
-        for causal in (True, False):
-
-            def call(heads=heads, kv_heads=kv_heads, qk=qk, vo=vo, causal=causal):
-                import flashinfer
-
-                kv_lens = torch.tensor([7, 30, 3], device=DEV)
-                q_lens = torch.tensor([2, 30, 3], device=DEV)
-                qo = torch.zeros(4, dtype=torch.int32, device=DEV)
-                kvp = torch.zeros(4, dtype=torch.int32, device=DEV)
-                qo[1:], kvp[1:] = torch.cumsum(q_lens, 0), torch.cumsum(kv_lens, 0)
-                ws = torch.empty(WORKSPACE, dtype=torch.uint8, device=DEV)
-                wrapper = flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper(ws)
-                wrapper.plan(
-                    qo,
-                    kvp,
-                    heads,
-                    kv_heads,
-                    qk,
-                    head_dim_vo=vo,
-                    causal=causal,
-                    q_data_type=torch.bfloat16,
-                )
-                q = rnd(int(qo[-1]), heads, qk, seed=31)
-                k = rnd(int(kvp[-1]), kv_heads, qk, seed=32)
-                v = rnd(int(kvp[-1]), kv_heads, vo, seed=33)
-                return wrapper.run(q, k, v, return_lse=True)
-
-            out.append(
-                Case(
-                    api,
-                    f"{name} causal={causal}",
-                    call,
-                    {name: solution(name, family)},
-                    expect=None if causal else "plan.causal",
-                )
+            Case(
+                api,
+                f"{name} batch={batch}",
+                _paged_prefill_call(Var("base", route=True), ps, batch),
+                {name: solution(name, family)},
+                variant="prefill:base",
             )
+        )
+    name = "gqa_paged_prefill_causal_h32_kv8_d128_ps64"
+    variations = _prefill_common_variations(ragged=False)
+    out += _wrapper_cases(api, name, variations, _paged_prefill_call, "prefill")
     return out
+
+
+def _ragged_call(
+    var: Var, heads: int = 32, kv_heads: int = 8, qk: int = 128, vo: int = 128
+) -> Callable[[], tuple]:
+    def call() -> tuple:
+        import flashinfer
+
+        q_dtype, kv_dtype = var.dtypes or (BF16, BF16)
+        vo_dim = var.v_dim or vo
+        kv_lens = torch.tensor([7, 30, 3], device=DEV, dtype=torch.int32)
+        q_lens = torch.tensor([2, 30, 3], device=DEV, dtype=torch.int32)
+        qo = torch.zeros(4, dtype=torch.int32, device=DEV)
+        kvp = torch.zeros(4, dtype=torch.int32, device=DEV)
+        qo[1:], kvp[1:] = torch.cumsum(q_lens, 0), torch.cumsum(kv_lens, 0)
+        q = rnd(int(qo[-1]), heads, qk, seed=31, dtype=q_dtype)
+        k = rnd(int(kvp[-1]), kv_heads, qk, seed=32).to(kv_dtype)
+        v = rnd(int(kvp[-1]), kv_heads, vo_dim, seed=33).to(kv_dtype)
+        if var.layout == "HND":
+            k, v = k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()
+        ctx = {"q": q, "k": k, "v": v, "q_lens": q_lens, "kv_lens": kv_lens}
+        ctx |= {"qo_indptr": qo, "kv_indptr": kvp}
+        ws = torch.empty(WORKSPACE, dtype=torch.uint8, device=DEV)
+        wrapper = flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper(ws, var.layout)
+        kw = {"head_dim_vo": vo, "causal": True, "q_data_type": BF16}
+        kw |= _values(var.plan, ctx)
+        wrapper.plan(qo, kvp, heads, kv_heads, qk, **kw)
+        run_kw = {"return_lse": True, **_values(var.run, ctx)}
+        return _results(wrapper.run(q, k, v, *var.run_args, **run_kw))
+
+    return call
+
+
+def _ragged_cases() -> list[Case]:
+    api = "flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper.run"
+    out = []
+    mla = "mla_ragged_prefill_causal_h16_qk192_vo128"
+    for causal in (True, False):
+        var = Var("plan.causal", plan={"causal": causal}, route=causal)
+        out += _wrapper_cases(
+            api,
+            mla,
+            [var],
+            lambda var: _ragged_call(var, 16, 16, 192, 128),
+            "ragged-mla",
+        )
+    name = "gqa_ragged_prefill_causal_h32_kv8_d128"
+    out.append(
+        Case(
+            api,
+            f"{name} base",
+            _ragged_call(Var("base", route=True)),
+            {name: solution(name)},
+            variant="ragged:base",
+        )
+    )
+    out += _wrapper_cases(
+        api, name, _prefill_common_variations(ragged=True), _ragged_call, "ragged"
+    )
+    return out
+
+
+def _mla_call(var: Var, ps: int = 64, decode: bool = True) -> Callable[[], tuple]:
+    def call() -> tuple:
+        import flashinfer
+
+        batch = 3
+        q_dtype, kv_dtype = var.dtypes or (BF16, BF16)
+        gen = torch.Generator().manual_seed(41)
+        kv_lens = torch.randint(ps if ps > 1 else 1, 4 * ps + 2, (batch,), generator=gen)
+        pages = (kv_lens + ps - 1) // ps
+        kv_indptr = torch.zeros(batch + 1, dtype=torch.int32)
+        kv_indptr[1:] = torch.cumsum(pages, 0)
+        num_pages = int(kv_indptr[-1]) + 2
+        kv_indices = torch.randperm(num_pages, generator=gen)[: int(kv_indptr[-1])].int()
+        q_lens = (
+            torch.full((batch,), var.q_rows or 1, dtype=torch.int64)
+            if decode
+            else torch.minimum(kv_lens, torch.full_like(kv_lens, 4))
+        )
+        qo = torch.zeros(batch + 1, dtype=torch.int32)
+        qo[1:] = torch.cumsum(q_lens, 0)
+        total_q = int(qo[-1])
+        q_nope = rnd(total_q, 16, 512, seed=42, dtype=q_dtype)
+        q_pe = rnd(total_q, 16, 64, seed=43, dtype=q_dtype)
+        ckv = rnd(num_pages, ps, 512, seed=44).to(kv_dtype)
+        kpe = rnd(num_pages, ps, 64, seed=45).to(kv_dtype)
+        ctx = {"q_nope": q_nope, "q_pe": q_pe, "ckv": ckv, "kpe": kpe, "batch": batch}
+        ctx |= {"qo": qo.to(DEV), "kv_indptr": kv_indptr.to(DEV), "kv_lens": kv_lens.int()}
+        ctx |= {"kv_indices": kv_indices.to(DEV), "ps": ps}
+        ws = torch.empty(WORKSPACE, dtype=torch.uint8, device=DEV)
+        wrapper = flashinfer.mla.BatchMLAPagedAttentionWrapper(ws)
+        plan = {
+            "qo_indptr": ctx["qo"],
+            "kv_indptr": ctx["kv_indptr"],
+            "kv_indices": ctx["kv_indices"],
+            "kv_len_arr": kv_lens.int().to(DEV),
+            "num_heads": 16,
+            "head_dim_ckv": 512,
+            "head_dim_kpe": 64,
+            "page_size": ps,
+            "causal": not decode,
+            "sm_scale": 1 / math.sqrt(192),
+            "q_data_type": BF16,
+            "kv_data_type": BF16,
+        }
+        plan |= _values(var.plan, ctx)
+        wrapper.plan(**plan)
+        run = {"q_nope": q_nope, "q_pe": q_pe, "ckv_cache": ckv, "kpe_cache": kpe}
+        run |= {"return_lse": True, **_values(var.run, ctx)}
+        return _results(wrapper.run(*var.run_args, **{k: v for k, v in run.items()}))
+
+    return call
+
+
+def _mla_variations() -> list[Var]:
+    V = Var
+    f32 = lambda *shape: (lambda c: torch.ones(*shape, dtype=F32, device=DEV))  # noqa: E731
+    return [
+        V("out", run={"out": lambda c: torch.empty_like(c["q_nope"])}, route=True),
+        V(
+            "lse",
+            run={"lse": lambda c: torch.empty(c["q_nope"].shape[:2], device=DEV)},
+            route=True,
+            also=("return_lse",),
+        ),
+        V("profiler_buffer", run={"profiler_buffer": lambda c: torch.zeros(1024, device=DEV)}),
+        V("kv_len", run={"kv_len": lambda c: c["kv_lens"].to(DEV)}),
+        V("page_table", run={"page_table": lambda c: c["kv_indices"][None, :]}),
+        V("return_lse_base_on_e", run={"return_lse_base_on_e": True}),
+        V("o_scale", run={"o_scale": 2.0}),
+        # The preferred structural form: q_nope and ckv_cache are then None, so the call's
+        # definition cannot be read from them (its key).
+        V(
+            "query",
+            run={"q_nope": None, "q_pe": None, "query": lambda c: (c["q_nope"], c["q_pe"])},
+            expect="key",
+        ),
+        V(
+            "kv_cache",
+            run={"ckv_cache": None, "kpe_cache": None, "kv_cache": lambda c: (c["ckv"], c["kpe"])},
+            expect="key",
+        ),
+        V("ckv_scale", run={"ckv_scale": 0.5}),
+        V("ckv_scale_arr", run={"ckv_scale_arr": f32(1)}),
+        V("kpe_scale", run={"kpe_scale": 0.5}),
+        V("sinks", run={"sinks": f32(16)}),
+        V("skip_softmax_threshold_scale_factor", run={"skip_softmax_threshold_scale_factor": 1.0}),
+        V("bmm1_scale", run={"bmm1_scale": 1.0, "bmm2_scale": 1.0}),
+        V("bmm2_scale", run={"bmm2_scale": 1.0}),
+        V(
+            "q_nope",
+            run={
+                "q_nope": lambda c: torch.cat([c["q_nope"], c["q_nope"]]),
+                "q_pe": lambda c: torch.cat([c["q_pe"], c["q_pe"]]),
+            },
+            expect="tensor:kv_last_page_len",  # the first check it fails, as for decode
+            also=("plan.kv_indptr",),
+        ),
+        V("plan.qo_indptr", q_rows=2),  # two query tokens per sequence: not a decode
+        V("plan.num_heads", plan={"num_heads": 8}),
+        V("plan.causal", plan={"causal": True}, route=True),
+        V("plan.sm_scale", plan={"sm_scale": None}),
+        V("plan.q_data_type", plan={"q_data_type": F16}, dtypes=(F16, F16), jit="fp16"),
+        V("plan.kv_data_type", plan={"kv_data_type": FP8}, dtypes=(BF16, FP8), jit="fp8"),
+        V("plan.use_profiler", plan={"use_profiler": True}, route=True),
+        V(
+            "plan.metadata",
+            plan={
+                "metadata": lambda c: __import__("flashinfer").mla.MLAPlanMetadata.csr(
+                    c["qo"], c["kv_indptr"], c["kv_indices"], c["kv_lens"].to(DEV)
+                )
+            },
+        ),
+        V("plan.cum_seq_lens_q", plan={"cum_seq_lens_q": lambda c: c["qo"]}),
+        V("plan.block_tables", plan={"block_tables": lambda c: c["kv_indices"][None, :]}),
+        V("plan.seq_lens", plan={"seq_lens": lambda c: c["kv_lens"].to(DEV)}),
+        V("plan.max_q_len", plan={"max_q_len": 1}),
+        V("plan.query_layout", plan={"query_layout": "packed"}),
+        V("plan.kv_cache_layout", plan={"kv_cache_layout": "packed"}),
+        V("plan.lse_mode", plan={"lse_mode": "base2"}, route=True),
+        V("plan.lse_mode", plan={"lse_mode": "basee"}),
+        V("plan.output_dtype", plan={"output_dtype": BF16}, route=True),
+        V("plan.output_scale", plan={"output_scale": "per-tensor"}),
+        V("plan.scale_mode", plan={"scale_mode": "kv-per-tensor"}),
+        V("plan.skip_softmax", plan={"skip_softmax": True}),
+        V("plan.enable_pdl", plan={"enable_pdl": True}, route=True),
+        V("plan.use_sinks", plan={"use_sinks": True}),
+    ]
 
 
 def _mla_cases() -> list[Case]:
@@ -621,47 +1048,20 @@ def _mla_cases() -> list[Case]:
     ):
         kind = "decode" if decode else "prefill_causal"
         name = f"mla_paged_{kind}_h16_ckv512_kpe64_ps{ps}"
-
-        def call(ps=ps, decode=decode):
-            import flashinfer
-
-            batch = 3
-            gen = torch.Generator().manual_seed(41)
-            kv_lens = torch.randint(ps if ps > 1 else 1, 4 * ps + 2, (batch,), generator=gen)
-            pages = (kv_lens + ps - 1) // ps
-            kv_indptr = torch.zeros(batch + 1, dtype=torch.int32)
-            kv_indptr[1:] = torch.cumsum(pages, 0)
-            num_pages = int(kv_indptr[-1]) + 2
-            kv_indices = torch.randperm(num_pages, generator=gen)[: int(kv_indptr[-1])].int()
-            q_lens = (
-                torch.ones(batch, dtype=torch.int64)
-                if decode
-                else torch.minimum(kv_lens, torch.full_like(kv_lens, 4))
+        out.append(
+            Case(
+                api,
+                f"{name} {label}",
+                _mla_call(Var("base", route=True), ps, decode),
+                {name: solution(name, family)},
+                variant="mla:base",
             )
-            qo = torch.zeros(batch + 1, dtype=torch.int32)
-            qo[1:] = torch.cumsum(q_lens, 0)
-            total_q = int(qo[-1])
-            ws = torch.empty(WORKSPACE, dtype=torch.uint8, device=DEV)
-            wrapper = flashinfer.mla.BatchMLAPagedAttentionWrapper(ws)
-            wrapper.plan(
-                qo.to(DEV),
-                kv_indptr.to(DEV),
-                kv_indices.to(DEV),
-                kv_lens.int().to(DEV),
-                16,
-                512,
-                64,
-                ps,
-                not decode,
-                1 / math.sqrt(192),
-                torch.bfloat16,
-                torch.bfloat16,
-            )
-            q_nope, q_pe = rnd(total_q, 16, 512, seed=42), rnd(total_q, 16, 64, seed=43)
-            ckv, kpe = rnd(num_pages, ps, 512, seed=44), rnd(num_pages, ps, 64, seed=45)
-            return wrapper.run(q_nope, q_pe, ckv, kpe, return_lse=True)
-
-        out.append(Case(api, f"{name} {label}", call, {name: solution(name, family)}))
+        )
+    name = "mla_paged_prefill_causal_h16_ckv512_kpe64_ps64"
+    causal = Var("plan.causal", plan={"causal": False})
+    out += _wrapper_cases(api, name, [causal], lambda v: _mla_call(v, 64, False), "mla")
+    name = "mla_paged_decode_h16_ckv512_kpe64_ps64"
+    out += _wrapper_cases(api, name, _mla_variations(), _mla_call, "mla")
     return out
 
 
@@ -715,37 +1115,161 @@ def _mamba_cases() -> list[Case]:
     return out
 
 
-def _moe_and_gdn_cases() -> list[Case]:
-    """One call each: FlashInfer runs these only where this GPU and package allow."""
-    import flashinfer
+# ---------------------------------------------------------------------------------------
+# GDN and MoE: inputs from the definitions' own generators
+# ---------------------------------------------------------------------------------------
+
+
+def _inputs(name: str, seed: int, **axes: int) -> dict:
+    from fibgen.runtime.inputs import InputSpec, generate_inputs
+
+    d, fam = CATALOGUE[name]
+    return generate_inputs(InputSpec.from_ir(d, fam), axes, device=DEV, seed=seed)
+
+
+def _pair(result: Any, fn: str) -> tuple:
+    """FlashInfer's GDN functions return (output, state); a call must return the same."""
+    if not (isinstance(result, tuple) and len(result) == 2):
+        got = type(result).__name__ if not isinstance(result, torch.Tensor) else "one tensor"
+        raise TypeError(f"{fn} returned {got}, where FlashInfer returns (output, state)")
+    return result
+
+
+def _gdn_cases() -> list[Case]:
+    out = []
+    name = "gdn_decode_qk4_v8_d128_k_last"
+    for batch in (1, 4):
+
+        def decode(batch=batch, name=name):
+            import flashinfer.gdn_decode  # not imported by `import flashinfer`
+
+            x = _inputs(name, 61, batch_size=batch)
+            args = [x[k] for k in ("q", "k", "v", "state", "A_log", "a", "dt_bias", "b")]
+            if x["state"] is None:
+                b, hv = x["v"].shape[0], x["v"].shape[2]
+                x["state"] = torch.zeros(b, hv, 128, 128, device=DEV)
+                args[3] = x["state"]
+            result = flashinfer.gdn_decode.gated_delta_rule_decode(*args, scale=float(x["scale"]))
+            return _pair(result, "gated_delta_rule_decode")
+
+        out.append(
+            Case(
+                "flashinfer.gdn_decode.gated_delta_rule_decode",
+                f"{name} batch={batch}",
+                decode,
+                {name: solution(name)},
+                variant="gdn:decode",
+            )
+        )
+    name = "gdn_mtp_qk4_v8_d128_k_last"
+    for batch, seq_len, disable in ((1, 2, True), (4, 3, None), (2, 2, False)):
+
+        def mtp(batch=batch, seq_len=seq_len, disable=disable, name=name):
+            import flashinfer.gdn_decode
+
+            x = _inputs(name, 71, batch_size=batch, seq_len=seq_len, pool_size=2 * batch + 1)
+            names = ("q", "k", "v", "initial_state", "initial_state_indices", "A_log", "a")
+            args = [x[k] for k in names] + [x["dt_bias"], x["b"]]
+            buffer = x["intermediate_states_buffer"]
+            result = flashinfer.gdn_decode.gated_delta_rule_mtp(
+                *args,
+                scale=float(x["scale"]),
+                intermediate_states_buffer=buffer,
+                disable_state_update=disable,
+            )
+            return (*_pair(result, "gated_delta_rule_mtp"), buffer)
+
+        out.append(
+            Case(
+                "flashinfer.gdn_decode.gated_delta_rule_mtp",
+                f"{name} batch={batch} seq_len={seq_len} disable_state_update={disable}",
+                mtp,
+                {name: solution(name)},
+                expect=None if disable in (None, True) else "disable_state_update",
+                variant="gdn:mtp",
+            )
+        )
+    return out
+
+
+def _needs_sm100() -> str | None:
+    major, minor = torch.cuda.get_device_capability()
+    if major >= 10:
+        return None
+    return (
+        "FlashInfer's trtllm-gen MoE kernels need SM100 or newer; this GPU is "
+        f"SM{major}{minor} (apply on is still checked: the call must be routed)"
+    )
+
+
+def _moe_cases() -> list[Case]:
+    from flashinfer.tllm_enums import ActivationType
 
     out = []
-    name = next(n for n in CATALOGUE if n.startswith("gdn_decode"))
-    d, _ = CATALOGUE[name]
-    c = dict(d.consts)
+    name = "moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048"
+    consts = dict(CATALOGUE[name][0].consts)
+    for seq_len, shuffled in ((1, False), (16, False), (4, True)):
 
-    def gdn():
-        import flashinfer.gdn_decode  # not imported by `import flashinfer`
+        def block_scale(seq_len=seq_len, shuffled=shuffled, name=name, consts=consts):
+            import flashinfer.fused_moe
 
-        b, hq, hv, k = 2, c["num_q_heads"], c["num_v_heads"], c["head_size"]
-        q, kk = rnd(b, 1, hq, k, seed=61), rnd(b, 1, hq, k, seed=62)
-        v = rnd(b, 1, hv, k, seed=63)
-        state = rnd(b, hv, k, k, seed=64, dtype=torch.float32)
-        A_log, dt_bias = rnd(hv, seed=65, dtype=torch.float32), rnd(
-            hv, seed=66, dtype=torch.float32
+            x = _inputs(name, 81, seq_len=seq_len)
+            names = ("routing_logits", "routing_bias", "hidden_states", "hidden_states_scale")
+            names += ("gemm1_weights", "gemm1_weights_scale", "gemm2_weights")
+            args = [x[k] for k in names] + [x["gemm2_weights_scale"]]
+            args += [consts["num_experts"], 8, 8, 4, consts["intermediate_size"]]
+            args += [int(x["local_expert_offset"]), consts["num_local_experts"]]
+            args += [float(x["routed_scaling_factor"])]
+            return _results(
+                flashinfer.fused_moe.trtllm_fp8_block_scale_moe(
+                    *args, routing_method_type=2, use_shuffled_weight=shuffled
+                )
+            )
+
+        out.append(
+            Case(
+                "flashinfer.fused_moe.trtllm_fp8_block_scale_moe",
+                f"{name} seq_len={seq_len} use_shuffled_weight={shuffled}",
+                block_scale,
+                {name: solution(name)},
+                expect="use_shuffled_weight" if shuffled else None,
+                needs=_needs_sm100,
+                variant=f"moe:block:{seq_len}",
+            )
         )
-        a, bb = rnd(b, 1, hv, seed=67), rnd(b, 1, hv, seed=68)
-        o, s = flashinfer.gdn_decode.gated_delta_rule_decode(q, kk, v, state, A_log, a, dt_bias, bb)
-        return (o, s)
+    name = "trtllm_fp8_per_tensor_scale_moe_topk8_e128_h2048_i768"
+    consts = dict(CATALOGUE[name][0].consts)
+    for seq_len, cap in ((1, None), (16, None), (4, 7.0)):
 
-    out.append(
-        Case(
-            "flashinfer.gdn_decode.gated_delta_rule_decode",
-            f"{name} batch=2",
-            gdn,
-            {name: solution(name)},
+        def per_tensor(seq_len=seq_len, cap=cap, name=name, consts=consts):
+            import flashinfer.fused_moe
+
+            x = _inputs(name, 91, seq_len=seq_len)
+            e = consts["num_experts"]
+            names = ("hidden_states", "gemm1_weights", "output1_scales_scalar")
+            names += ("output1_scales_gate_scalar", "gemm2_weights", "output2_scales_scalar")
+            args = [x["routing_logits"], None] + [x[k] for k in names]
+            args += [e, 8, None, None, consts["intermediate_size"], 0, e, None, False]
+            return _results(
+                flashinfer.fused_moe.trtllm_fp8_per_tensor_scale_moe(
+                    *args,
+                    routing_method_type=1,
+                    activation_type=ActivationType.Swiglu.value,
+                    gemm1_clamp_limit=cap,
+                )
+            )
+
+        out.append(
+            Case(
+                "flashinfer.fused_moe.trtllm_fp8_per_tensor_scale_moe",
+                f"{name} seq_len={seq_len} gemm1_clamp_limit={cap}",
+                per_tensor,
+                {name: solution(name)},
+                expect="gemm1_clamp_limit" if cap else None,
+                needs=_needs_sm100,
+                variant=f"moe:per-tensor:{seq_len}",
+            )
         )
-    )
     return out
 
 
@@ -756,11 +1280,13 @@ GROUPS = {
     "page": _page_cases,
     "rope": _rope_cases,
     "sampling": _sampling_cases,
+    "mamba": _mamba_cases,
+    "gdn": _gdn_cases,
+    "moe": _moe_cases,
     "decode": _decode_cases,
     "prefill": _prefill_cases,
+    "ragged": _ragged_cases,
     "mla": _mla_cases,
-    "mamba": _mamba_cases,
-    "other": _moe_and_gdn_cases,
 }
 
 
@@ -786,35 +1312,90 @@ def _results(value) -> tuple:
     return (value,) if isinstance(value, torch.Tensor) else tuple(value)
 
 
-def run_case(case: Case) -> Outcome:
-    outcome = Outcome(case.label)
-    try:
-        off = _results(case.call())
+def _synchronize() -> None:
+    if DEV == "cuda":
         torch.cuda.synchronize()
-    except Exception as exc:
-        off, outcome.error_off = None, f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
+def _apply_on(case: Case, strict: bool = False) -> tuple[tuple | None, str | None, dict]:
+    """The call with apply on: its results (or error) and the API's counts."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        rt.enable_apply(case.solutions)
+        rt.enable_apply(case.solutions, strict=strict)
+    on, error, extra = None, None, {}
     try:
         on = _results(case.call())
-        torch.cuda.synchronize()
+        _synchronize()
     except Exception as exc:
-        on, outcome.error_on = None, f"{type(exc).__name__}: {str(exc)[:200]}"
-        outcome.extra["traceback"] = traceback.format_exc()[-1500:]
+        error = _error(exc)
+        extra["traceback"] = traceback.format_exc()[-1500:]
     counts = _stats_of(case.api)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         rt.disable_apply()
+    return on, error, {"counts": counts, **extra}
+
+
+def _routing(outcome: Outcome, counts: dict) -> None:
     outcome.routed = counts.get("hit", 0) > 0
     rules = counts.get("rules", {})
     outcome.rule = ",".join(sorted(rules)) if rules else None
+
+
+def _unservable(case: Case, reason: str) -> Outcome:
+    """A case this GPU cannot run: only apply on, strict, so that FlashInfer is not called."""
+    outcome = Outcome(case.label, not_run=reason)
+    _, error, extra = _apply_on(case, strict=True)
+    counts = extra.pop("counts")
+    outcome.extra.update(extra)
+    _routing(outcome, counts)
+    if case.expect is None and not outcome.routed:
+        outcome.failure = f"not routed: {error or counts}"
+    elif case.expect is None and error:
+        outcome.failure = f"routed, but apply on raised: {error}"
+    elif case.expect is not None and (outcome.routed or outcome.rule != case.expect):
+        # Strict mode raised instead of calling FlashInfer; the rule is in the counts.
+        outcome.failure = f"expected a refusal by {case.expect}, got {counts}"
+    return outcome
+
+
+def run_case(case: Case) -> Outcome:
+    reason = case.needs() if case.needs is not None and DEV == "cuda" else None
+    if reason is not None:
+        return _unservable(case, reason)
+    outcome = Outcome(case.label)
+    try:
+        off = _results(case.call())
+        _synchronize()
+    except Exception as exc:
+        off, outcome.error_off = None, _error(exc)
+    on, outcome.error_on, extra = _apply_on(case)
+    counts = extra.pop("counts")
+    outcome.extra.update(extra)
+    _routing(outcome, counts)
     if counts.get("error"):
         outcome.failure = f"a solution error was counted ({counts})"
     elif outcome.error_on and not outcome.error_off:
         outcome.failure = f"apply on raised where apply off did not: {outcome.error_on}"
+    elif outcome.error_off:
+        # FlashInfer cannot make this call here (or refuses it): nothing to compare with.
+        # Apply on must have raised alike, unless it routed the call.
+        if outcome.error_on and outcome.error_on.split(":")[0] != outcome.error_off.split(":")[0]:
+            outcome.failure = f"apply on raised {outcome.error_on}, FlashInfer {outcome.error_off}"
+        else:
+            alike = "apply on raised alike" if outcome.error_on else "apply on routed it"
+            outcome.not_run = f"FlashInfer raised {outcome.error_off} ({alike})"
+        if case.expect is None and not outcome.routed and not outcome.error_on:
+            outcome.failure = f"not routed ({counts})"
+        elif case.expect is not None and outcome.routed:
+            outcome.failure = f"routed, though it should fall back by {case.expect}"
+        return outcome
     elif case.expect is None and not outcome.routed:
-        outcome.failure = f"not routed ({counts}); FlashInfer off: {outcome.error_off or 'ran'}"
+        outcome.failure = f"not routed ({counts})"
     elif case.expect is not None and (outcome.routed or outcome.rule != case.expect):
         outcome.failure = f"expected a fallback by {case.expect}, got {counts}"
     if outcome.failure or on is None or off is None:
@@ -954,15 +1535,26 @@ def _prebuild_one(group_label: tuple[str, str]) -> tuple[str, str]:
 
 
 def prebuild(workers: int, groups: list[str], deadline: float) -> set[str]:
-    """Build in ``workers`` processes; the labels of calls that did not finish in time."""
+    """Build each kernel variant once, in ``workers`` processes; the variants not built.
+
+    One case per variant is called with apply off; a variant whose call did not return by
+    the deadline is reported, and its cases are not run (a call that hangs would stop the
+    run). Cases FlashInfer cannot run on this GPU (``needs``) are not called.
+    """
     import multiprocessing as mp
 
-    jobs = [(g_, c.label) for g_ in groups for c in GROUPS[g_]()]
-    pending = {label for _, label in jobs}
+    jobs: dict[str, tuple[str, str]] = {}
+    for g_ in groups:
+        for c in GROUPS[g_]():
+            if c.needs is not None and c.needs() is not None:
+                continue
+            jobs.setdefault(c.variant or c.label, (g_, c.label))
+    variant_of = {label: variant for variant, (_, label) in jobs.items()}
+    pending = set(variant_of)
     start = time.time()
     pool = mp.get_context("spawn").Pool(workers)
     try:
-        results = pool.imap_unordered(_prebuild_one, jobs)
+        results = pool.imap_unordered(_prebuild_one, list(jobs.values()))
         while pending:
             try:
                 label, line = results.next(timeout=max(1.0, start + deadline - time.time()))
@@ -974,62 +1566,77 @@ def prebuild(workers: int, groups: list[str], deadline: float) -> set[str]:
         pool.terminate()
     for label in sorted(pending):
         print(f"  prebuild: {label}: did not finish in {deadline:g} s", flush=True)
-    print(f"prebuild: {len(jobs)} calls in {time.time() - start:.0f} s", flush=True)
-    return pending
+    print(f"prebuild: {len(jobs)} variants in {time.time() - start:.0f} s", flush=True)
+    return {variant_of[label] for label in pending}
 
 
 # ---------------------------------------------------------------------------------------
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="groups: " + ", ".join(GROUPS),
+    )
     parser.add_argument("--only", nargs="*", default=[], help="groups to run: " + ", ".join(GROUPS))
     parser.add_argument("--json", help="write every case's figures here")
     parser.add_argument("--prebuild", type=int, default=0, help="processes that JIT-build first")
     parser.add_argument(
         "--deadline", type=float, default=300.0, help="seconds the prebuild may take"
     )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="seconds after which no case is started (the rest are reported as not run)",
+    )
+    parser.add_argument("--list", action="store_true", help="list the cases and exit")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("error: needs a CUDA GPU and flashinfer-python 0.7.2 with its JIT", file=sys.stderr)
+    unknown = [o for o in args.only if not any(o in g_ for g_ in GROUPS)]
+    if unknown:
+        print(f"error: no group matches {', '.join(unknown)}; groups: {', '.join(GROUPS)}")
         return 2
     groups = [g_ for g_ in GROUPS if not args.only or any(o in g_ for o in args.only)]
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    if args.list:
+        for group in groups:
+            for case in GROUPS[group]():
+                expect = f"falls back by {case.expect}" if case.expect else "routed"
+                print(f"{group}: {case.label}: {expect}")
+        return 0
+    if DEV == "cuda" and not torch.cuda.is_available():
+        print("error: needs a CUDA GPU and flashinfer-python 0.7.2 with its JIT", file=sys.stderr)
+        return 2
+    started = time.time()
+    gpu = torch.cuda.get_device_name() if DEV == "cuda" else "cpu"
+    print(f"device: {gpu}, torch {torch.__version__}", flush=True)
     hung: set[str] = set()
     if args.prebuild:
         hung = prebuild(args.prebuild, groups, args.deadline)
     results: dict[str, list[dict]] = {}
-    failures = 0
+    failures = not_run = 0
     for group in groups:
         by_api: dict[str, list[Outcome]] = {}
         for case in GROUPS[group]():
             start = time.time()
-            if case.label in hung:
+            if (case.variant or case.label) in hung:
                 # A call that did not return while building would stop the run here.
-                outcome = Outcome(case.label)
-                outcome.failure = "not run: its call did not finish while building"
+                outcome = Outcome(case.label, not_run="its kernels did not build in time")
+            elif args.budget is not None and start - started > args.budget:
+                outcome = Outcome(case.label, not_run=f"out of time (--budget {args.budget:g})")
             else:
                 outcome = run_case(case)
             outcome.extra["seconds"] = round(time.time() - start, 2)
             by_api.setdefault(case.api, []).append(outcome)
             failures += outcome.failure is not None
-            # A call FlashInfer itself cannot make here has nothing to compare with.
-            mark = "FAIL" if outcome.failure else "not compared" if outcome.error_off else "ok"
-            why = outcome.failure or (
-                f"FlashInfer: {outcome.error_off}" if outcome.error_off else ""
-            )
-            print(
-                f"  [{mark}] {case.label}: routed={outcome.routed} rule={outcome.rule} "
-                f"max_abs={outcome.max_abs:.3g} {why}",
-                flush=True,
-            )
+            not_run += outcome.failure is None and outcome.not_run is not None
+            print(_line(case, outcome), flush=True)
         for api, outcomes in by_api.items():
             _table(api, outcomes)
             results[api] = [o.__dict__ for o in outcomes]
         if args.json:  # after every group: a run stopped later keeps what it measured
             Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     if "norm" not in groups:  # the overhead rows call FlashInfer's rmsnorm
-        return _finish(results, failures, args.json)
+        return _finish(results, failures, not_run, args.json)
     print("\nhit overhead on rmsnorm 1x4096 bf16 (eager loop, same process):")
     try:
         rows = overhead()
@@ -1041,13 +1648,28 @@ def main() -> int:
         results["overhead"] = rows
     except Exception as exc:
         print(f"  could not measure: {type(exc).__name__}: {exc}")
-    return _finish(results, failures, args.json)
+    return _finish(results, failures, not_run, args.json)
 
 
-def _finish(results: dict, failures: int, path: str | None) -> int:
+def _line(case: Case, outcome: Outcome) -> str:
+    if outcome.failure:
+        mark, why = "FAIL", outcome.failure
+    elif outcome.not_run:
+        mark, why = "not run", outcome.not_run
+    else:
+        mark, why = "ok", ""
+    expect = f"expect {case.expect}" if case.expect else "expect routed"
+    return (
+        f"  [{mark}] {case.label}: {expect}; routed={outcome.routed} rule={outcome.rule} "
+        f"max_abs={outcome.max_abs:.3g} {why}"
+    )
+
+
+def _finish(results: dict, failures: int, not_run: int, path: str | None) -> int:
     if path:
         Path(path).write_text(json.dumps(results, indent=1, default=str))
-    print(f"\n{failures} failure(s)")
+    tail = f", {not_run} case(s) not run (reasons above)" if not_run else ""
+    print(f"\n{failures} failure(s){tail}")
     return 1 if failures else 0
 
 
@@ -1057,15 +1679,20 @@ def _table(api: str, outcomes: list[Outcome]) -> None:
     for o in outcomes:
         if o.rule and not o.routed:
             rules[o.rule] = rules.get(o.rule, 0) + 1
-    fi_cannot = sum(1 for o in outcomes if o.error_off)
     worst = max((o.max_abs for o in outcomes), default=0.0)
     failed = sum(o.failure is not None for o in outcomes)
+    skipped = [o for o in outcomes if o.failure is None and o.not_run]
     fell = ", ".join(f"{k}: {v}" for k, v in sorted(rules.items())) or "-"
     print(
-        f"\n{api}\n  cases {len(outcomes)}  routed {routed}  fell back {fell}  "
-        f"FlashInfer raised {fi_cannot}  max error {worst:.3g}  failures {failed}",
+        f"\n{api}\n  cases {len(outcomes)}  routed {routed}  fell back by rule {fell}  "
+        f"max error {worst:.3g}  failures {failed}  not run {len(skipped)}",
         flush=True,
     )
+    reasons: dict[str, int] = {}
+    for o in skipped:
+        reasons[o.not_run] = reasons.get(o.not_run, 0) + 1
+    for reason, n in sorted(reasons.items()):
+        print(f"    not run ({n}): {reason}", flush=True)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,10 @@ argument handling are FlashInfer's own. The paged decode wrapper builds CUDA sta
 constructor and plans on the GPU, so its constructor, ``plan`` and ``run`` are replaced on the
 real class by twins with the real signatures (checked against the originals by
 ``test_flashinfer_apply.py``) that compute the same attention in torch: soft cap, sm_scale and
-its default, q/k scales, partly filled last pages, NHD or HND, tuple or stacked caches.
+its default, q/k scales, sliding window, partly filled last pages, NHD or HND, tuple or
+stacked caches. The twins keep the wrapper state under FlashInfer's own names (``_sm_scale``,
+``_logits_soft_cap``, ``_window_left``, ``_pos_encoding_mode``...), so that the real
+``forward``, which sets some of it and then calls ``run``, works as it does on a GPU.
 """
 
 from __future__ import annotations
@@ -108,8 +111,22 @@ def _plan(
     *deprecated_positional_args: Any,
     **kwargs: Any,
 ):
+    # The state FlashInfer's _plan_impl leaves on the wrapper, under the same names: run()
+    # reads it from there, so forward() (which sets some of it, then calls run) behaves as
+    # FlashInfer's does.
     CALLS.append("plan")
-    self._twin_plan = (indptr, indices, last_page_len, num_kv_heads, head_dim, page_size, kwargs)
+    cap = kwargs.get("logits_soft_cap")
+    self._paged_kv_indptr_buf = indptr
+    self._paged_kv_indices_buf = indices
+    self._paged_kv_last_page_len_buf = last_page_len
+    self._num_qo_heads, self._num_kv_heads, self._page_size = num_qo_heads, num_kv_heads, page_size
+    self._plan_info = [len(last_page_len), head_dim]  # a new object per plan, as the kernel's
+    self._pos_encoding_mode = kwargs.get("pos_encoding_mode", "NONE")
+    self._window_left = kwargs.get("window_left", -1)
+    self._logits_soft_cap = 0.0 if cap is None else cap
+    self._sm_scale = kwargs.get("sm_scale")
+    self._rope_scale = kwargs.get("rope_scale")
+    self._rope_theta = kwargs.get("rope_theta")
 
 
 def _unpack(cache, layout):
@@ -138,21 +155,26 @@ def _run(
     kv_cache_sf=None,
 ):
     CALLS.append("run")
-    indptr, indices, last_page_len, num_kv_heads, head_dim, page_size, kw = self._twin_plan
+    if self._pos_encoding_mode != "NONE":
+        raise NotImplementedError("the CPU twin applies no position encoding")
+    indptr, indices = self._paged_kv_indptr_buf, self._paged_kv_indices_buf
+    last_page_len, page_size = self._paged_kv_last_page_len_buf, self._page_size
     k_cache, v_cache = _unpack(paged_kv_cache, self._kv_layout)
-    sm_scale = kw.get("sm_scale")
-    sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
+    window = self._window_left if window_left is None else window_left
+    sm_scale = self._sm_scale
+    sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
     sm_scale *= (q_scale or 1.0) * (k_scale or 1.0)
-    cap = kw.get("logits_soft_cap") or 0.0
+    cap = self._logits_soft_cap or 0.0
     batch, heads = q.shape[0], q.shape[1]
-    group = heads // num_kv_heads
+    group = heads // self._num_kv_heads
     o = torch.zeros_like(q)
     s = torch.full((batch, heads), -math.inf)
     for b in range(batch):
         pages = indices[indptr[b] : indptr[b + 1]].long()
         n = (pages.numel() - 1) * page_size + int(last_page_len[b])
-        k = k_cache[pages].flatten(0, 1)[:n].float().repeat_interleave(group, dim=1)
-        v = v_cache[pages].flatten(0, 1)[:n].float().repeat_interleave(group, dim=1)
+        first = max(0, n - 1 - window) if window >= 0 else 0  # the query is token n - 1
+        k = k_cache[pages].flatten(0, 1)[first:n].float().repeat_interleave(group, dim=1)
+        v = v_cache[pages].flatten(0, 1)[first:n].float().repeat_interleave(group, dim=1)
         logits = torch.einsum("hd,thd->ht", q[b].float(), k) * sm_scale
         if cap > 0:
             logits = cap * torch.tanh(logits / cap)
@@ -234,6 +256,8 @@ def prefill_wrappers_that_record(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     def plan(self, *args, **kwargs):
         calls.append("plan")
+        # As FlashInfer's plan() does on every path; a run is routed only while it stands.
+        self._pos_encoding_mode = kwargs.get("pos_encoding_mode", "NONE")
 
     def run(self, q, *args, **kwargs):
         calls.append("run")
@@ -245,4 +269,9 @@ def prefill_wrappers_that_record(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     ):
         for name, body in (("__init__", init), ("plan", plan), ("run", run)):
             monkeypatch.setattr(cls, name, _keeping_signature(getattr(cls, name), body))
+        # As in FlashInfer: a partialmethod of the run the class was made with, not of a
+        # patched one.
+        monkeypatch.setattr(
+            cls, "run_return_lse", functools.partialmethod(cls.run, return_lse=True)
+        )
     return calls

@@ -141,6 +141,24 @@ def test_errors_write_nothing(project: Path):
     assert not (project / "gen").exists()
 
 
+@pytest.mark.parametrize(
+    "case",
+    [
+        "variants_indistinguishable",
+        "variants_rule_reads_no_argument",
+        "variants_rule_holds_for_every_size",
+    ],
+)
+def test_build_reports_families_of_one_api_that_nothing_tells_apart(case: str, tmp_path: Path):
+    # The same diagnostics as `fibgen check` (tests/fixtures/diagnostics), and nothing written.
+    root = Path(__file__).resolve().parents[1]
+    fixture = f"tests/fixtures/diagnostics/{case}.fidef"
+    code, _, err = cli("build", fixture, "-o", str(tmp_path / "gen"), cwd=root)
+    assert code == 1
+    assert err == (root / f"tests/fixtures/diagnostics/{case}.expected").read_text()
+    assert not (tmp_path / "gen").exists()
+
+
 def test_writer_refuses_duplicate_and_escaping_paths(tmp_path: Path):
     with pytest.raises(WriteError, match="share the path"):
         write_files(tmp_path, [GeneratedFile("a.txt", "1", "x"), GeneratedFile("a.txt", "2", "y")])

@@ -177,7 +177,9 @@ def test_plan_inputs_are_captured_per_instance_and_used_at_run():
     assert isinstance(both, tuple) and len(both) == 2
     assert CALLS == ["plan", "run"]
     label = "fake_flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper.run"
-    assert rt.stats()[label]["hit"] == 2 and rt.stats()[label]["fallback_no_candidate"] == 1
+    # The never-planned wrapper is refused: fibgen saw no plan of it.
+    assert rt.stats()[label]["hit"] == 2 and rt.stats()[label]["fallback_guard"] == 1
+    assert rt.stats()[label]["rules"] == {"plan:unseen": 1}
 
 
 def test_plan_state_is_weakly_held():

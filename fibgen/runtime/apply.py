@@ -8,7 +8,8 @@ wrapper, ``_api.plans`` as ``_plans``. Its function does, in straight-line code:
 1. ``if _api.direct is not None: return _api.direct(<the API's own arguments>)``. The runtime
    sets ``direct`` to the original API while apply is off (resolved lazily on the first
    call), and to None while apply is on or when there is no original to call.
-2. For a wrapper: ``_plan = _plans.get(self)``; a wrapper whose ``plan()`` fibgen did not see
+2. For a wrapper: ``_plan = _plans.get(self)``; a wrapper whose ``plan()`` fibgen did not see,
+   or whose plan state changed since (Note [plan state] in ``fibgen/runtime/patching.py``),
    is not routed (``_api.miss``). The runtime calls the module's ``_capture`` after every
    successful ``plan()``; it keeps the plan's arguments and the first plan rule they fail.
 3. The `let` rules and the key (const values read from the arguments), in a ``try``: a call
@@ -49,7 +50,6 @@ import importlib
 import itertools
 import threading
 import warnings
-import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -95,6 +95,15 @@ DEFAULT_PACKAGES = ("fibgen_kernels",)
 # Rule indices of checks that are not rules of the family (Note [the dispatch contract]).
 _UNEVALUABLE = -2  # a rule raised while it was checked
 _NO_KEY = -3  # the key (or a `let` before it) could not be computed
+
+# Why a run of a plan/run wrapper is not routed, by the rule it is counted under.
+_UNPLANNED = {
+    "plan:unseen": "fibgen saw no plan() of this wrapper since apply was enabled",
+    "plan:changed": (
+        "the wrapper's plan state changed after the plan() fibgen saw (a plan() through a "
+        "method bound before apply was enabled, or forward())"
+    ),
+}
 
 _UNSET: Any = object()
 # Ticked by routes taken while apply is off: nothing is counted then.
@@ -258,9 +267,10 @@ class Api:
         inplace: bool = False,
     ) -> None:
         self.direct: Callable[..., Any] | None = None
-        # Plan-time arguments per wrapper instance (weak keys: a dropped wrapper is freed).
-        self.plans: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] | None = (
-            None if plan_path is None else weakref.WeakKeyDictionary()
+        # Plan-time arguments per wrapper instance (weak keys: a dropped wrapper is freed),
+        # each valid while the wrapper's state is the one it was captured with.
+        self.plans: patching.PlanStore | None = (
+            None if plan_path is None else patching.PlanStore(plan_path)
         )
         # The next dispatcher standing for the same API: it gets the calls this one misses.
         self.then = then
@@ -762,22 +772,36 @@ class Api:
         )
 
     def miss(self, *args: Any, **kwargs: Any) -> Any:
-        """Fall back for a call that cannot be routed at all (unplanned, unknown selector)."""
+        """Fall back for a call that cannot be routed at all (unplanned, unknown selector).
+
+        A run of a wrapper whose plan fibgen did not see, or whose state changed since
+        (Note [plan state] in ``fibgen/runtime/patching.py``), is counted as a guard
+        fallback under ``plan:unseen`` or ``plan:changed``.
+        """
         if self.then is not None:
             return self.then(*args, **kwargs)
         if _state.on:
+            rule = self._unplanned(args, kwargs)
             with _state.lock:
-                self._miss_tick(None)()
+                (self._miss_tick(None) if rule is None else self._guard_tick(rule))()
             if _state.strict:
-                raise FallbackError(
-                    f"{self.label}: the call is not routed: it matches no definition "
-                    "(for a plan/run API: its plan() was not seen) (strict)"
-                )
+                why = _UNPLANNED.get(rule, "it matches no definition")
+                raise FallbackError(f"{self.label}: the call is not routed: {why} (strict)")
         original = self.original()
         if original is None:
             why = "no original API to fall back to (for a plan/run API, call plan() first)"
             raise LookupError(f"{self.label}: this call matches no definition and {why}")
         return original(*args, **kwargs)
+
+    def _unplanned(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        """The rule a run without a usable plan is counted under; None for other misses."""
+        if self.plans is None:
+            return None
+        instance = args[0] if args else kwargs.get("self")
+        try:
+            return self.plans.state(instance)
+        except TypeError:  # an instance that cannot be weakly referenced
+            return "plan:unseen"
 
     # --------------------------------------------------------------- on and off
     def _turn_on(self) -> None:
@@ -870,9 +894,11 @@ def _patch(api: Api, taken: set[str]) -> None:
 
 
 def _warn_unpatched(api: Api, problem: str) -> None:
-    names = sorted(api.known_names)
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    definitions = f"definitions {shown}" if names else f"{api.label}"
+    # Every family of the path goes unrouted (the variant families of a wrapper, the families
+    # of a dispatch group), so every definition of theirs is named: an integrator looks for
+    # the one they registered.
+    names = sorted({n for a in _state.apis if a.path == api.path for n in a.known_names})
+    definitions = f"definitions {', '.join(names)}" if names else f"{api.label}"
     _warn_once(
         ("unpatched", api.path, problem),
         f"fibgen: {problem}; it is left unpatched, so {definitions} are not routed",

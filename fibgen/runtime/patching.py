@@ -94,22 +94,140 @@ def patch(path: str, wrapper: Callable[..., Any], done: list[Patch]) -> Callable
     return old
 
 
+# Note [plan state]
+# A wrapper's run() computes with what the last plan() left on the wrapper, not with what
+# fibgen captured. The two part when that state changes behind fibgen's back: a plan()
+# through a method bound before apply was enabled (``plan = w.plan`` cached by an engine),
+# or the deprecated ``forward(q, kv, logits_soft_cap=30.0, ...)``, which sets
+# ``_logits_soft_cap``, ``_sm_scale``, ``_window_left`` (and ``_causal``) and calls run().
+# Routing such a run with the captured plan would be a silent wrong result.
+#
+# So each captured plan carries a stamp of the wrapper's state, and a run is routed only
+# while the stamp still stands: one attribute read and an identity test per run. The stamp
+# is an attribute that, in FlashInfer 0.7.2, every successful plan() assigns on every
+# backend path and every forward()/forward_return_lse() assigns too:
+#
+# - the paged decode, paged prefill and ragged prefill wrappers: ``_pos_encoding_mode``,
+#   a str (``"NONE"``), which their run() reads by value. Right after a plan fibgen saw,
+#   the value is replaced by an equal str that is a distinct object (`fresh_state`), so
+#   that any later assignment, even of "NONE" again, replaces that very object.
+#   ``_plan_info`` would not do: the trtllm-gen, cudnn and cutile backends set it to None
+#   (or leave it), and forward() does not touch it.
+# - the MLA wrapper: ``_input_contract``, a new object built by every plan(); it has no
+#   forward().
+#
+# A wrapper without an entry here (a stand-in in tests, an API outside FlashInfer) is
+# routed on the plan fibgen saw, with no stamp. ``run_return_lse`` is a partialmethod of
+# the original run, so it never reaches fibgen and computes with the wrapper's own state.
+PLAN_STATE = {
+    "flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper.plan": "_pos_encoding_mode",
+    "flashinfer.prefill.BatchPrefillWithPagedKVCacheWrapper.plan": "_pos_encoding_mode",
+    "flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper.plan": "_pos_encoding_mode",
+    "flashinfer.mla.BatchMLAPagedAttentionWrapper.plan": "_input_contract",
+}
+
+# The stamp of an attribute that was missing at plan time: no later read is this object,
+# so the runs after such a plan are not routed.
+_ABSENT = object()
+_ref = weakref.ref
+
+
+class PlanStore:
+    """A family's captured plans per wrapper instance (weakly held), with their stamps.
+
+    ``get`` gives the plan only while the wrapper's state is the one it was captured with
+    (Note [plan state]); ``state`` says why a run has no plan. Generated dispatchers call
+    ``get(self)`` on every run and ``store[self] = plan`` from ``_capture``.
+    """
+
+    __slots__ = ("data", "attr", "_remove", "__weakref__")
+
+    def __init__(self, plan_path: str | None = None) -> None:
+        self.data: dict[weakref.ref, tuple[Any, Any]] = {}
+        self.attr = PLAN_STATE.get(plan_path) if plan_path is not None else None
+        selfref = _ref(self)
+
+        def remove(key: weakref.ref, selfref: weakref.ref = selfref) -> None:
+            store = selfref()
+            if store is not None:
+                store.data.pop(key, None)
+
+        self._remove = remove
+
+    def get(self, instance: Any, default: Any = None) -> Any:
+        entry = self.data.get(_ref(instance))
+        if entry is None:
+            return default
+        attr = self.attr
+        if attr is not None and getattr(instance, attr, None) is not entry[1]:
+            return default
+        return entry[0]
+
+    def __getitem__(self, instance: Any) -> Any:
+        return self.data[_ref(instance)][0]
+
+    def __setitem__(self, instance: Any, plan: Any) -> None:
+        stamp = getattr(instance, self.attr, _ABSENT) if self.attr is not None else None
+        self.data[_ref(instance, self._remove)] = (plan, stamp)
+
+    def __contains__(self, instance: Any) -> bool:
+        try:
+            return _ref(instance) in self.data
+        except TypeError:
+            return False
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def pop(self, instance: Any, default: Any = None) -> Any:
+        entry = self.data.pop(_ref(instance), None)
+        return default if entry is None else entry[0]
+
+    def clear(self) -> None:
+        self.data.clear()
+
+    def state(self, instance: Any) -> str:
+        """Why ``get`` has no plan for a wrapper: "plan:unseen" or "plan:changed"."""
+        if instance in self and self.get(instance) is None:
+            return "plan:changed"
+        return "plan:unseen"
+
+
+def fresh_state(instance: Any, attr: str | None) -> None:
+    """Make the stamp attribute of a wrapper an object no other assignment can produce.
+
+    A str is replaced by an equal str built anew (two non-empty halves joined always make a
+    new object): the wrapper reads the same value, and the next plan()/forward() that
+    assigns the attribute, with whatever value, breaks the stamp (Note [plan state]).
+    """
+    if attr is None:
+        return
+    value = getattr(instance, attr, None)
+    if type(value) is str and len(value) >= 2:
+        try:
+            setattr(instance, attr, value[:1] + value[1:])
+        except (AttributeError, TypeError):
+            pass
+
+
 def patch_plan(
     path: str,
-    hooks: Sequence[tuple[weakref.WeakKeyDictionary, Callable[..., Any]]],
+    hooks: Sequence[tuple[PlanStore, Callable[..., Any]]],
     done: list[Patch],
 ) -> Callable[..., Any] | None:
     """Replace a wrapper's ``plan`` by one that runs it, then lets every family keep its plan.
 
     Each hook is (store, capture): the store of a family's plans per wrapper, and the
     generated ``_capture`` that fills it. A plan that raises leaves no plan kept, so the
-    runs after it are not routed; so does a hook that raises.
+    runs after it are not routed; so does a hook that raises. Each plan kept carries the
+    stamp of the wrapper state it was made with (Note [plan state]).
     """
     located = _locate(path)
     if located is None:
         return None
     owner, attr = located
     original_plan = getattr(owner, attr)
+    state = PLAN_STATE.get(path)
 
     @functools.wraps(original_plan)
     def plan(*args: Any, **kwargs: Any) -> Any:
@@ -120,6 +238,7 @@ def patch_plan(
             except TypeError:  # an instance that cannot be weakly referenced
                 pass
         result = original_plan(*args, **kwargs)
+        fresh_state(instance, state)
         for _, capture in hooks:
             try:
                 capture(*args, **kwargs)

@@ -1,0 +1,152 @@
+"""The GPU conformance suite, on the CPU: its coverage, and what it expects of routing.
+
+``benchmarks/flashinfer_conformance.py`` runs on an H100. Here it is imported with its
+cases' tensors on the CPU: every API of the catalogue has cases, the paged decode, paged
+and ragged prefill and MLA wrappers have a case for every parameter their rules hold, and
+the wrapper cases, run with FlashInfer's wrappers replaced by stand-ins that keep their
+signatures, are routed or refused exactly as the suite expects of the real package.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from _shared import require_module
+
+require_module("flashinfer", "flashinfer-python 0.7.2.post1 is not installed (see .ci/run)")
+
+import _flashinfer_cpu as cpu  # noqa: E402
+import flashinfer  # noqa: E402
+import fibgen.runtime as rt  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+WRAPPERS = {
+    "flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper.run": "gqa_paged_decode_h32_kv8_d128_ps64",
+    "flashinfer.prefill.BatchPrefillWithPagedKVCacheWrapper.run": (
+        "gqa_paged_prefill_causal_h32_kv8_d128_ps64"
+    ),
+    "flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper.run": (
+        "gqa_ragged_prefill_causal_h32_kv8_d128"
+    ),
+    "flashinfer.mla.BatchMLAPagedAttentionWrapper.run": "mla_paged_decode_h16_ckv512_kpe64_ps64",
+}
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+
+@functools.cache
+def suite():
+    os.environ["FIBGEN_CONFORMANCE_DEVICE"] = "cpu"
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "flashinfer_conformance", ROOT / "benchmarks" / "flashinfer_conformance.py"
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["flashinfer_conformance"] = module
+        spec.loader.exec_module(module)
+    finally:
+        del os.environ["FIBGEN_CONFORMANCE_DEVICE"]
+    return module
+
+
+@functools.cache
+def cases(group):
+    return tuple(suite().GROUPS[group]())
+
+
+def test_every_api_of_the_catalogue_has_cases():
+    s = suite()
+    apis = {f.api.path for f in s.FAMILIES.values() if f.api is not None}
+    covered = {c.api for group in s.GROUPS for c in cases(group)}
+    assert apis <= covered, sorted(apis - covered)
+    assert {"gdn", "moe"} <= set(s.GROUPS)
+
+
+@pytest.mark.parametrize("api", sorted(WRAPPERS))
+def test_every_ruled_parameter_of_the_wrappers_has_a_case(api):
+    s = suite()
+    name = WRAPPERS[api]
+    given = {p for group in s.GROUPS for c in cases(group) if c.api == api for p in c.params}
+    wanted = s.ruled_parameters(s.CATALOGUE[name][1].name)
+    assert wanted <= given, sorted(wanted - given)
+
+
+def test_a_case_not_run_is_not_counted_as_passed(capsys):
+    s = suite()
+    outcomes = [s.Outcome("a"), s.Outcome("b", not_run="FlashInfer raised X")]
+    s._table("some.api", outcomes)
+    assert s._finish({}, 0, 1, None) == 0
+    out = capsys.readouterr().out
+    assert "not run 1" in out and "not run (1): FlashInfer raised X" in out
+    assert "0 failure(s), 1 case(s) not run" in out
+
+
+def test_the_suite_lists_its_cases_and_helps_on_a_cpu(capsys, monkeypatch):
+    s = suite()
+    monkeypatch.setattr(sys, "argv", ["flashinfer_conformance.py", "--list", "--only", "moe"])
+    assert s.main() == 0
+    out = capsys.readouterr().out
+    assert "falls back by use_shuffled_weight" in out and "moe:" in out
+    monkeypatch.setattr(sys, "argv", ["flashinfer_conformance.py", "--only", "nothing"])
+    assert s.main() == 2
+
+
+# ---------------------------------------------------------------------------------------
+# Routing as the suite expects it, with stand-ins for the wrappers
+# ---------------------------------------------------------------------------------------
+
+
+def _mla_stand_in(monkeypatch):
+    cls = flashinfer.mla.BatchMLAPagedAttentionWrapper
+
+    def init(self, float_workspace_buffer, *args, **kwargs):
+        pass
+
+    def plan(self, *args, **kwargs):
+        self._input_contract = object()  # a new one per plan, as FlashInfer's
+
+    def run(self, *args, **kwargs):
+        q = kwargs.get("q_nope")
+        return torch.zeros_like(q) if q is not None else torch.zeros(1)
+
+    for name, body in (("__init__", init), ("plan", plan), ("run", run)):
+        monkeypatch.setattr(cls, name, cpu._keeping_signature(getattr(cls, name), body))
+
+
+@pytest.mark.parametrize("group", ["decode", "prefill", "ragged", "mla"])
+def test_the_wrapper_cases_route_or_fall_back_as_the_suite_expects(group, monkeypatch):
+    cpu.decode_wrapper_on_cpu(monkeypatch)
+    cpu.prefill_wrappers_that_record(monkeypatch)
+    _mla_stand_in(monkeypatch)
+    wrong, unrunnable = [], []
+    for case in cases(group):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rt.enable_apply(case.solutions)
+        try:
+            case.call()
+        except Exception as exc:  # a stand-in cannot compute what FlashInfer would
+            error = f"{type(exc).__name__}: {exc}"
+        else:
+            error = None
+        counts = rt.stats().get(case.api, {})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rt.disable_apply()
+        routed = counts.get("hit", 0) == 1
+        rules = counts.get("rules", {})
+        if not counts:
+            unrunnable.append((case.label, error))
+        elif case.expect is None and not routed:
+            wrong.append((case.label, "not routed", counts, error))
+        elif case.expect is not None and (routed or list(rules) != [case.expect]):
+            wrong.append((case.label, f"expected {case.expect}", rules, error))
+    assert not wrong, wrong
+    assert not unrunnable, unrunnable
