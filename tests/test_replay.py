@@ -324,3 +324,16 @@ def test_dtype_is_part_of_the_layout(kernel, wrap):
         torch.testing.assert_close(out, x * w * 2.0)
     # float32: compile, record, verify; float64 (Triton keys dtypes): the same again
     assert len(calls) == 6
+
+
+def test_a_failing_replayed_launch_raises_as_the_launch_would(kernel, wrap):
+    calls = []
+    call = wrap(_solution(kernel, calls), ("x", "w", "out"))
+    for _ in range(3):
+        x, w, out = _inputs(kernel.memory)
+        call(x=x, w=w, out=out)
+    x, w, out = _inputs(kernel.memory)
+    del kernel.memory.tensors[x.data_ptr()]  # the launcher cannot find it: it raises
+    with pytest.raises(KeyError):
+        call(x=x, w=w, out=out)
+    assert len(calls) == 3
