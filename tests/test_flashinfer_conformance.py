@@ -150,3 +150,29 @@ def test_the_wrapper_cases_route_or_fall_back_as_the_suite_expects(group, monkey
             wrong.append((case.label, f"expected {case.expect}", rules, error))
     assert not wrong, wrong
     assert not unrunnable, unrunnable
+
+
+def _api_case(results, expect="eps"):
+    """A case of rmsnorm's API whose FlashInfer stand-in returns ``results`` in turn."""
+    m = suite()
+    calls = iter(results)
+    return m.Case(
+        api="flashinfer.norm.rmsnorm",
+        label="stand-in",
+        call=lambda: (next(calls),),
+        solutions={"rmsnorm_h4096": lambda hidden_states, weight: hidden_states},
+        expect=expect,
+    )
+
+
+def test_a_result_flashinfer_itself_does_not_reproduce_is_not_run(monkeypatch):
+    m = suite()
+    fixed, other = torch.zeros(4), torch.ones(4)
+    monkeypatch.setattr(m, "_apply_on", lambda case: ((other,), None, {"counts": {}}))
+    monkeypatch.setattr(m, "_routing", lambda outcome, counts: setattr(outcome, "rule", "eps"))
+    # FlashInfer gives `fixed`, then (asked again) `other`: not comparable, not a failure.
+    outcome = m.run_case(_api_case([fixed, other]))
+    assert outcome.failure is None and "differs between two identical calls" in outcome.not_run
+    # FlashInfer gives `fixed` both times while apply on gave `other`: a failure.
+    outcome = m.run_case(_api_case([fixed, fixed]))
+    assert outcome.not_run is None and outcome.failure.startswith("result 0 differs")
