@@ -173,6 +173,14 @@ def test_list_shows_name_op_type_and_location(project: Path):
     assert out.splitlines()[0].split() == ["rmsnorm_h2048", "rmsnorm", "defs/norm.fidef:18"]
 
 
+def test_list_without_a_folder_lists_the_built_in_catalogue_from_anywhere(tmp_path: Path):
+    # Outside a checkout there is no ./definitions: the catalogue installed with fibgen is it.
+    code, out, err = cli("list", cwd=tmp_path)
+    assert code == 0, err
+    names = [line.split()[0] for line in out.splitlines()]
+    assert "rmsnorm_h4096" in names and len(names) > 100
+
+
 def test_fmt_check_and_rewrite(project: Path):
     messy = RMSNORM.replace("    h=2048\n", "    h = 2048   # small\n")
     (project / "defs" / "norm.fidef").write_text(messy)
