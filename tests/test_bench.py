@@ -116,6 +116,9 @@ def test_report_and_bench_cli(benched, tmp_path, capsys):
     assert "## scale_h64" in capsys.readouterr().out
     assert main(["report", str(tmp_path)]) == 1
     assert "no benchmark traces" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "nonexistent")]) == 1
+    err = capsys.readouterr().err
+    assert err == f"error: dataset folder {tmp_path / 'nonexistent'} does not exist\n"
     assert main(["bench", str(root), "--resume", "--devices", "cpu", "--quiet"]) == 0
     assert "0 traces written" in capsys.readouterr().out
     assert main(["bench", str(tmp_path / "missing"), "--devices", "cpu"]) == 1

@@ -43,6 +43,11 @@ def _axes_text(axes: dict[str, int]) -> str:
 def summarize(root: str | os.PathLike[str]) -> dict[str, Any]:
     """Per definition: each solution's status counts and speedups, and the best per workload."""
     root = Path(root)
+    # Said apart from an empty dataset: a mistyped path is not "run bench first".
+    if not root.exists():
+        raise ReportError(f"dataset folder {root} does not exist")
+    if not root.is_dir():
+        raise ReportError(f"{root} is not a folder; give the dataset folder that holds traces/")
     evaluated = [t for t in load_traces(root) if t.solution is not None and t.evaluation]
     if not evaluated:
         raise ReportError(f"no benchmark traces under {root}/traces; run `fibgen bench` first")
