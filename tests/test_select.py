@@ -245,6 +245,34 @@ def test_bad_config_is_reported(dataset):
         enable_apply({}, Policy())
 
 
+@pytest.mark.parametrize(
+    "policy, message",
+    [
+        ({"atol": "x"}, "config for '*': atol must be None or a finite number 0 or more, not 'x'"),
+        ({"atol": float("nan")}, "atol must be None or a finite number 0 or more, not nan"),
+        ({"rtol": -1}, "rtol must be None or a finite number 0 or more, not -1"),
+        ({"rtol": float("inf")}, "rtol must be None or a finite number 0 or more, not inf"),
+        ({"atol": True}, "atol must be None or a finite number 0 or more, not True"),
+        ({"prebuild": 1.5}, "prebuild must be a whole number, not 1.5"),
+        ({"prebuild": True}, "prebuild must be a whole number, not True"),
+        ({"prebuild": -1}, "prebuild must be 0 or more, not -1"),
+        ({"on_miss": None}, "on_miss must be one of best, nearest, fallback, reference, not None"),
+        ({"metric": ["gpu"]}, "metric must be one of e2e, gpu, not ['gpu']"),
+        ({"atoll": 1e-3}, "config for '*': unknown key 'atoll'; the keys are atol, rtol, on_miss"),
+    ],
+)
+def test_every_policy_field_is_type_and_range_checked_with_its_key_named(dataset, policy, message):
+    with pytest.raises(ApplyConfigError) as info:
+        enable_apply(dataset, {"*": policy})
+    text = str(info.value)
+    assert message in text and "\n" not in text
+    if "atoll" not in policy:  # a Policy built directly is checked alike
+        with pytest.raises(ApplyConfigError, match="must be"):
+            Policy(**policy)
+    # What is valid stays valid: ints for tolerances, zero, None.
+    assert Policy(atol=0, rtol=1, prebuild=0).atol == 0
+
+
 def test_select_imports_no_pydantic_or_compiler():
     import subprocess
     import sys

@@ -38,7 +38,7 @@ import statistics
 import tempfile
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -70,16 +70,36 @@ class Policy:
     metric: str = "e2e"
 
     def __post_init__(self) -> None:
-        if self.on_miss not in ON_MISS:
+        # Checked here, with the key named, so that a bad value fails at enable_apply and not
+        # as a TypeError (or a silent no-op, for NaN) when the table is built.
+        for key in ("atol", "rtol"):
+            value = getattr(self, key)
+            if value is None:
+                continue
+            if not _is_real(value) or not math.isfinite(value) or value < 0:
+                raise ApplyConfigError(
+                    f"{key} must be None or a finite number 0 or more, not {value!r}"
+                )
+        if not isinstance(self.on_miss, str) or self.on_miss not in ON_MISS:
             raise ApplyConfigError(
                 f"on_miss must be one of {', '.join(ON_MISS)}, not {self.on_miss!r}"
             )
+        if not isinstance(self.prebuild, int) or isinstance(self.prebuild, bool):
+            raise ApplyConfigError(f"prebuild must be a whole number, not {self.prebuild!r}")
         if self.prebuild < 0:
             raise ApplyConfigError(f"prebuild must be 0 or more, not {self.prebuild}")
-        if self.metric not in METRICS:
+        if not isinstance(self.metric, str) or self.metric not in METRICS:
             raise ApplyConfigError(
                 f"metric must be one of {', '.join(METRICS)}, not {self.metric!r}"
             )
+
+
+def _is_real(value: Any) -> bool:
+    # bool is an int to Python, but True as a tolerance is a mistake, not 1.0.
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+_POLICY_KEYS = tuple(f.name for f in fields(Policy))
 
 
 def normalize_config(config: Mapping[str, Any] | Policy | None) -> dict[str, Policy]:
@@ -95,9 +115,15 @@ def normalize_config(config: Mapping[str, Any] | Policy | None) -> dict[str, Pol
     out: dict[str, Policy] = {}
     for name, policy in config.items():
         if isinstance(policy, Mapping):
+            unknown = sorted(str(k) for k in policy if k not in _POLICY_KEYS)
+            if unknown:
+                raise ApplyConfigError(
+                    f"config for {name!r}: unknown key {unknown[0]!r}; the keys are "
+                    f"{', '.join(_POLICY_KEYS)}"
+                )
             try:
                 policy = Policy(**policy)
-            except TypeError as exc:
+            except ApplyConfigError as exc:
                 raise ApplyConfigError(f"config for {name!r}: {exc}") from None
         if not isinstance(policy, Policy):
             raise ApplyConfigError(f"config for {name!r} must be a Policy or a dict")
