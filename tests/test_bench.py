@@ -84,6 +84,15 @@ def test_traces_load_with_the_format_and_flashinfer_bench(benched):
     assert passed and all(t.evaluation.performance.latency_ms > 0 for t in passed)
 
 
+def test_a_timeout_says_what_to_change(benched):
+    root, _ = benched
+    logs = {t["evaluation"]["log"] for t in _traces(root) if t["solution"] == "hangs"}
+    assert logs == {
+        "no result after 4 s: the solution hangs or is slower than that; if it is slow, give "
+        "a longer --timeout (now 4 s)"
+    }
+
+
 def test_resume_skips_what_is_traced(benched, tmp_path):
     root, _ = benched
     summary = run_bench(root, BenchOptions(resume=True, timeout=4), progress=False)
