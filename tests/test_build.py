@@ -209,6 +209,26 @@ def test_catalogue_is_formatted_and_generated_is_current():
     assert code == 0, out + err
 
 
+def test_the_committed_manifest_records_the_current_generator():
+    # `build --check` compares the generated files and ignores the `# inputs:` digest of the
+    # manifest (it only lets a build with unchanged inputs skip the work). The digest covers
+    # the generator's own code, so a change there that leaves every generated file as it is
+    # still changes it: unless it is rebuilt, `fibgen build definitions/` in a fresh clone
+    # rewrites the manifest and leaves the clone modified.
+    from fibgen.codegen.writer import inputs_digest, read_manifest
+    from fibgen.compiler import discover, read_source
+
+    found, problems = discover([str(ROOT / "definitions")])
+    assert found and not problems
+    digest = inputs_digest(
+        [(item.stable, read_source(item.path)) for item in found], "package=fibgen_kernels"
+    )
+    assert read_manifest(ROOT / "generated").inputs == digest, (
+        "generated/.fibgen-manifest records another generator: run `fibgen build definitions/` "
+        "and commit it"
+    )
+
+
 def test_catalogue_builds_without_warnings():
     code, _, err = cli("check", "definitions", cwd=ROOT)
     assert code == 0
