@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from fibgen.bench.runner import BenchOptions, run_bench
 from fibgen.cli import main
 
 from _bench_dataset import make_dataset
-from _shared import require_flashinfer_bench
+from _shared import require_flashinfer_bench, require_module
 
 REPO_DEFS = Path(__file__).resolve().parent.parent / "definitions"
 
@@ -174,22 +175,26 @@ def test_timer_takes_the_flush_and_refuses_an_unknown_one():
         time_callable(lambda: None, "cpu", warmup=1, repeat=1, flush="cold")
 
 
-def test_plot_needs_matplotlib_or_draws(benched, tmp_path):
+def test_plot_draws_speedups_on_a_log_axis(benched, tmp_path):
+    require_module("matplotlib", "matplotlib is not installed (pip install 'fibgen[plot]')")
+    root, _ = benched
+    from fibgen.bench.report import figure, plot
+
+    plot(summarize(root), tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 0
+    # Speedups are ratios: drawn on a log axis.
+    assert [ax.get_yscale() for ax in figure(summarize(root)).axes] == ["log"]
+
+
+def test_plot_without_matplotlib_says_how_to_install_it(benched, tmp_path, monkeypatch):
     root, _ = benched
     from fibgen.bench.report import plot
 
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        with pytest.raises(ReportError, match="pip install"):
-            plot(summarize(root), tmp_path / "p.png")
-        return
-    plot(summarize(root), tmp_path / "p.png")
-    assert (tmp_path / "p.png").stat().st_size > 0
-    from fibgen.bench.report import figure
-
-    # Speedups are ratios: drawn on a log axis.
-    assert [ax.get_yscale() for ax in figure(summarize(root)).axes] == ["log"]
+    # None in sys.modules makes the import fail, as when matplotlib is not installed.
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(ReportError, match=r"pip install 'fibgen\[plot\]'"):
+        plot(summarize(root), tmp_path / "p.png")
+    assert not (tmp_path / "p.png").exists()
 
 
 def test_sidecar_tolerance_and_hints_reach_the_runner(tmp_path):
