@@ -103,20 +103,23 @@ def test_resume_skips_what_is_traced(benched, tmp_path):
 def test_report_text_md_json(benched, tmp_path):
     root, _ = benched
     summary = summarize(root)
-    sols = summary["definitions"]["scale_h64"]["solutions"]
+    ((hardware, table),) = summary["definitions"]["scale_h64"]["hardware"].items()
+    # What bench records: the CPU model, as flashinfer-bench records it.
+    assert hardware == _traces(root)[0]["evaluation"]["environment"]["hardware"]
+    sols = table["solutions"]
     assert sols["good_dps"]["passed"] == 2 and sols["hangs"]["statuses"] == {"TIMEOUT": 2}
     assert sols["aborts"]["speedup"] is None and sols["good_returns"]["speedup"]["min"] > 0
-    workloads = summary["definitions"]["scale_h64"]["workloads"]
+    workloads = table["workloads"]
     assert [w["uuid"] for w in workloads] == ["n3", "n17"]
     assert all(w["best"] in ("good_returns", "good_dps") for w in workloads)
     assert all(w["best_e2e"] in ("good_returns", "good_dps") for w in workloads)
     assert all(w["e2e_latency_ms"] > 0 for w in workloads)
     assert sols["good_dps"]["e2e_speedup"]["min"] > 0
     text = render(summary, "text")
-    assert "scale_h64" in text and "TIMEOUT 2" in text and "best solution" in text
+    assert f"scale_h64 on {hardware}" in text and "TIMEOUT 2" in text and "best solution" in text
     assert "best e2e" in text and "e2e speedup geomean" in text
     md = render(summary, "md")
-    assert "## scale_h64" in md and "| good_dps | 2 | 0 | - |" in md
+    assert f"## scale_h64 on {hardware}" in md and "| good_dps | 2 | 0 | - |" in md
     assert json.loads(render(summary, "json")) == json.loads(json.dumps(summary))
 
 

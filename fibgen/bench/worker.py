@@ -64,9 +64,11 @@ def _libs() -> dict[str, str]:
 
 
 def _hardware(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return platform.processor() or platform.machine() or "cpu"
+    # As flashinfer-bench names it: the CPU model rather than "x86_64", so that traces of
+    # both tools on one machine are of one hardware (Note [hardware strings]).
+    from fibgen.runtime.hardware import device_name
+
+    return device_name(device)
 
 
 class _Workload:
