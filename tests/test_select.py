@@ -489,6 +489,22 @@ def test_target_hardware_counts_unless_the_solution_was_measured_here(tmp_path, 
     assert table["unused"]["not_here"] == ["scale_h64/gpu_only: its target_hardware is cuda"]
 
 
+def test_solutions_for_definitions_nobody_has_are_said_at_enable(dataset):
+    from fibgen.format import write_solution
+
+    doc = _solution("steady").model_dump(mode="json")
+    doc.update(name="orphan", definition="no_such_definition_h8")
+    write_solution(dataset, Solution.model_validate(doc), "scale")
+    with pytest.warns(RuntimeWarning) as caught:
+        enable_apply(dataset)
+    (message,) = [str(w.message) for w in caught]
+    assert (
+        f"1 solution(s) are for definitions that neither {dataset}/definitions nor fibgen's "
+        "catalogue has (no_such_definition_h8/orphan); only a dispatcher that knows the name "
+        "can route them"
+    ) in message
+
+
 @pytest.mark.parametrize(
     "text, kind",
     [

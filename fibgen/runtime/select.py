@@ -437,11 +437,27 @@ def _build(root: Path, inputs: dict, config: dict[str, Policy], where: hardware.
             paths,
             specs,
             where,
+            _unknown_definitions(inputs, paths, definitions),
             unreadable,
             evaluated,
             len(inputs["solutions"]),
         ),
     }
+
+
+def _unknown_definitions(
+    inputs: dict, paths: dict[str, dict[str, str]], cache: dict[str, Any]
+) -> list[str]:
+    """Solutions (``definition/solution``) for definitions neither the dataset nor fibgen's
+    catalogue has: only a dispatcher that knows the name can route them."""
+    from fibgen.paths import builtin_definition_file
+
+    return sorted(
+        f"{d}/{s}"
+        for d, by in paths.items()
+        if _definition_json(inputs, d, cache) is None and builtin_definition_file(d) is None
+        for s in by
+    )
 
 
 # Note [selection metric]
@@ -484,6 +500,7 @@ def _unused(
     paths: dict[str, dict[str, str]],
     specs: dict[tuple[str, str], tuple[Any, Any]],
     where: hardware.Here,
+    unknown: list[str],
     unreadable: int,
     evaluated: int,
     files: int,
@@ -529,6 +546,7 @@ def _unused(
         "missing": missing,
         "not_here": not_here,
         "other_hardware": other,
+        "unknown_definitions": unknown,
     }
 
 
@@ -768,6 +786,13 @@ def unused_message(root: Path, table: dict) -> str | None:
             f"which may rank otherwise here ({_examples(elsewhere)}; run `fibgen bench {root}` "
             "here)"
         )
+    if unused.get("unknown_definitions"):
+        notes.append(
+            f"{len(unused['unknown_definitions'])} solution(s) are for definitions that neither "
+            f"{root}/definitions nor fibgen's catalogue has "
+            f"({_examples(unused['unknown_definitions'])}); only a dispatcher that knows the "
+            "name can route them"
+        )
     routed = len(table.get("definitions", {}))
     tail = "".join(f"; {n}" for n in notes)
     if routed == 0:
@@ -786,7 +811,8 @@ def entries(root: str | os.PathLike[str], config: Any = None) -> dict[str, solut
     """Apply entries for every definition the traces under ``root`` rank a solution for.
 
     What the dataset holds but cannot route (failing or untraced solutions, traces of
-    solutions that are not there, solutions that cannot run on this device) is said in one RuntimeWarning.
+    solutions that are not there, solutions that cannot run on this device) and solutions for
+    definitions nobody has are said in one RuntimeWarning.
     """
     root = Path(root).resolve()
     config = normalize_config(config)
