@@ -320,3 +320,12 @@ def test_a_sampler_not_judged_in_time_is_a_timeout_that_says_what_to_change(tmp_
     assert log.startswith("output 'samples': not judged within "), log
     assert "1000 draws per row of the reference took " in log
     assert "give --timeout " in log and "(a sampler gets 5 times --timeout)" in log
+
+
+def test_the_bench_help_gives_the_sampler_timeout_scale(capsys):
+    from fibgen.runtime.compare import SAMPLING_TIMEOUT_SCALE
+
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"(120; a sampler gets {SAMPLING_TIMEOUT_SCALE} times it)" in text
