@@ -72,11 +72,14 @@ def installed(tmp_path_factory) -> Path:
     ours = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
     Path(site, "parent-environment.pth").write_text("\n".join(ours) + "\n")
     (wheel,) = wheels.glob("fibgen-*.whl")
+    # Without PYTHONPATH: a checkout on it holds the fibgen.egg-info the wheel build leaves,
+    # which pip would take for fibgen installed already, and install nothing.
     install = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps"]
         + ["--no-index", str(wheel)],
         capture_output=True,
         text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
     )
     assert install.returncode == 0, install.stderr
     return env_dir / "bin"
