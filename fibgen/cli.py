@@ -110,7 +110,14 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    result = _compile(args.paths)
+    paths = args.paths
+    if not paths:
+        # As scaffold-solution and workloads do: the catalogue installed with fibgen, so the
+        # command works in any folder, not only in a checkout that has definitions/.
+        from fibgen.paths import definitions_dir
+
+        paths = [str(definitions_dir())]
+    result = _compile(paths)
     if result.module is None:
         return EXIT_FAIL
     if args.apis:
@@ -206,7 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_import)
 
     p = sub.add_parser("list", help="list definitions with op_type and source location")
-    p.add_argument("paths", nargs="*", metavar="DIR", default=["definitions"])
+    p.add_argument(
+        "paths",
+        nargs="*",
+        metavar="DIR",
+        help=".fidef files or folders (default: the built-in catalogue)",
+    )
     p.add_argument(
         "--apis",
         action="store_true",

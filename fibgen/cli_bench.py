@@ -68,7 +68,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--resume", action="store_true", help="skip runs already in traces/")
     p.add_argument(
-        "--timeout", type=float, default=120.0, help="seconds per solution and workload (120)"
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="seconds per solution and workload (120; a sampler gets 5 times it)",
     )
     p.add_argument("--warmup", type=int, default=3, help="untimed calls before timing (3)")
     p.add_argument(

@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import os
 import re
 import shutil
 import warnings
@@ -302,6 +303,11 @@ def _solutions(
         for note in _tool_problems(solution):
             report.add("warning", path, note, name)
         if load and name in definitions:
+            why = _not_loadable_here(solution)
+            if why is not None:
+                # Not a fault of the dataset: bench says "not run" for the same solution.
+                report.add("warning", path, why, name)
+                continue
             problem = _load(solution, definitions[name][1])
             if problem:
                 report.add("error", path, problem, name)
@@ -369,6 +375,29 @@ def _tool_problems(solution: Solution) -> list[str]:
     if spec.language == "triton" and importlib.util.find_spec("triton") is None:
         notes.append("a triton solution needs triton, which is not installed")
     return notes
+
+
+def _not_loadable_here(solution: Solution) -> str | None:
+    """Why ``--load`` cannot judge a solution on this machine, or None when it can.
+
+    A CUDA solution is compiled for the GPU it is to run on; without one visible, the tvm-ffi
+    build cannot pick the architecture and fails, which says nothing about the solution.
+    Given the architecture (and nvcc), it is compiled here as a check.
+    """
+    if solution.spec.language != "cuda":
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    arch = "TORCH_CUDA_ARCH_LIST" if solution.spec.binding == "torch" else "TVM_FFI_CUDA_ARCH_LIST"
+    if os.environ.get(arch) and shutil.which("nvcc") is not None:
+        return None
+    return (
+        "not loaded: a cuda solution is built for the GPU it runs on, and no GPU is visible "
+        f"here; run `fibgen validate --load` on a machine with one, or set {arch} (e.g. "
+        '"9.0" for an H100) with nvcc on PATH to compile-check it here'
+    )
 
 
 def _load(solution: Solution, definition: Definition) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import warnings
 
 import pytest
@@ -109,3 +110,77 @@ def test_a_scaffold_folder_is_routed_from_its_files_without_traces(tmp_path):
     rt.enable_apply(root)
     x, w = torch.randn(3, 64), torch.randn(64)
     assert torch.equal(rt.apply(NAME, args=(x, w), fallback=_fallback), x * w + 1)
+
+
+# ---------------------------------------------------------------------------------------
+# Without a fallback: flashinfer-bench 0.1.2 takes `fallback` as optional.
+
+
+@pytest.mark.parametrize("dps", [True, False], ids=["dps-solution", "returning-solution"])
+def test_apply_without_a_fallback_routes_both_styles(tmp_path, dps):
+    root = make_dataset(tmp_path / "ds", [], sizes=(3,))
+    write_solution(root, _solution("s", DPS if dps else RETURNS, dps), "scale")
+    rt.enable_apply(root)
+    x, w = torch.randn(3, 64), torch.randn(64)
+    assert torch.equal(rt.apply(NAME, args=(x, w)), x * w)
+    assert torch.equal(rt.apply(NAME, args=(x,), kwargs={"w": w}), x * w)
+    y = torch.zeros(3, 64)
+    assert rt.apply(NAME, args=(x, w, y)) is None
+    assert torch.equal(y, x * w)
+    (counts,) = rt.stats().values()
+    assert counts["hit"] == 3 and counts["fallback_no_candidate"] == 0
+
+
+def _rmsnorm(x, w):
+    y = x.float() * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + 1e-5) * w.float()
+    return y.to(x.dtype)
+
+
+@pytest.mark.parametrize("enabled", [True, False], ids=["miss", "apply-off"])
+def test_a_call_no_solution_serves_runs_the_reference_without_a_fallback(
+    tmp_path, monkeypatch, enabled
+):
+    # rmsnorm_h128 is in fibgen's catalogue: its reference computes the result, in the
+    # style of the call, where flashinfer-bench would raise "no fallback provided".
+    monkeypatch.setattr(sys.modules["fibgen.runtime.apply"]._state, "warned", set())
+    if enabled:
+        rt.enable_apply(make_dataset(tmp_path / "ds", ["good_returns"], sizes=(3,)))
+    x, w = torch.randn(2, 128, dtype=torch.bfloat16), torch.randn(128, dtype=torch.bfloat16)
+    with pytest.warns(RuntimeWarning, match=r"apply\('rmsnorm_h128'\) without a fallback"):
+        out = rt.apply("rmsnorm_h128", args=(x, w))
+    assert torch.allclose(out.float(), _rmsnorm(x, w).float(), atol=1e-2)
+    y = torch.empty_like(x)
+    assert rt.apply("rmsnorm_h128", args=(x, w, y)) is None
+    assert torch.equal(y, out)
+    if enabled:
+        counts = rt.stats()["fibgen.runtime.apply('rmsnorm_h128')"]
+        assert counts["fallback_no_candidate"] == 2 and counts["hit"] == 0
+
+
+def test_a_failing_solution_falls_back_to_the_datasets_reference_without_a_fallback(tmp_path):
+    root = make_dataset(tmp_path / "ds", ["raises"], sizes=(3,))
+    rt.enable_apply(root)
+    x, w = torch.randn(3, 64), torch.randn(64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert torch.equal(rt.apply(NAME, args=(x, w)), x * w)  # scale_h64's reference
+    (counts,) = rt.stats().values()
+    assert counts["error"] == 1
+
+
+def test_a_miss_without_a_fallback_or_a_definition_raises_naming_it(tmp_path):
+    root = make_dataset(tmp_path / "ds", ["good_returns"], sizes=(3,))
+    rt.enable_apply(root)
+    with pytest.raises(LookupError) as info:
+        rt.apply("no_such_definition_h1", args=(torch.randn(3),))
+    message = str(info.value)
+    assert message.startswith("apply('no_such_definition_h1'): no solution serves this call")
+    where = f"definition 'no_such_definition_h1' is not in {root}/definitions or fibgen's catalogue"
+    assert where in message
+    assert "pass fallback=" in message
+
+
+def test_strict_apply_without_a_fallback_raises_on_a_miss(tmp_path):
+    rt.enable_apply(make_dataset(tmp_path / "ds", ["good_returns"], sizes=(3,)), strict=True)
+    with pytest.raises(rt.FallbackError, match="rmsnorm_h128"):
+        rt.apply("rmsnorm_h128", args=(torch.randn(2, 128), torch.randn(128)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from fibgen.bench.runner import BenchOptions, run_bench
 from fibgen.cli import main
 
 from _bench_dataset import make_dataset
-from _shared import require_flashinfer_bench
+from _shared import require_flashinfer_bench, require_module
 
 REPO_DEFS = Path(__file__).resolve().parent.parent / "definitions"
 
@@ -84,6 +85,15 @@ def test_traces_load_with_the_format_and_flashinfer_bench(benched):
     assert passed and all(t.evaluation.performance.latency_ms > 0 for t in passed)
 
 
+def test_a_timeout_says_what_to_change(benched):
+    root, _ = benched
+    logs = {t["evaluation"]["log"] for t in _traces(root) if t["solution"] == "hangs"}
+    assert logs == {
+        "no result after 4 s: the solution hangs or is slower than that; if it is slow, give "
+        "a longer --timeout (now 4 s)"
+    }
+
+
 def test_resume_skips_what_is_traced(benched, tmp_path):
     root, _ = benched
     summary = run_bench(root, BenchOptions(resume=True, timeout=4), progress=False)
@@ -93,20 +103,23 @@ def test_resume_skips_what_is_traced(benched, tmp_path):
 def test_report_text_md_json(benched, tmp_path):
     root, _ = benched
     summary = summarize(root)
-    sols = summary["definitions"]["scale_h64"]["solutions"]
+    ((hardware, table),) = summary["definitions"]["scale_h64"]["hardware"].items()
+    # What bench records: the CPU model, as flashinfer-bench records it.
+    assert hardware == _traces(root)[0]["evaluation"]["environment"]["hardware"]
+    sols = table["solutions"]
     assert sols["good_dps"]["passed"] == 2 and sols["hangs"]["statuses"] == {"TIMEOUT": 2}
     assert sols["aborts"]["speedup"] is None and sols["good_returns"]["speedup"]["min"] > 0
-    workloads = summary["definitions"]["scale_h64"]["workloads"]
+    workloads = table["workloads"]
     assert [w["uuid"] for w in workloads] == ["n3", "n17"]
     assert all(w["best"] in ("good_returns", "good_dps") for w in workloads)
     assert all(w["best_e2e"] in ("good_returns", "good_dps") for w in workloads)
     assert all(w["e2e_latency_ms"] > 0 for w in workloads)
     assert sols["good_dps"]["e2e_speedup"]["min"] > 0
     text = render(summary, "text")
-    assert "scale_h64" in text and "TIMEOUT 2" in text and "best solution" in text
+    assert f"scale_h64 on {hardware}" in text and "TIMEOUT 2" in text and "best solution" in text
     assert "best e2e" in text and "e2e speedup geomean" in text
     md = render(summary, "md")
-    assert "## scale_h64" in md and "| good_dps | 2 | 0 | - |" in md
+    assert f"## scale_h64 on {hardware}" in md and "| good_dps | 2 | 0 | - |" in md
     assert json.loads(render(summary, "json")) == json.loads(json.dumps(summary))
 
 
@@ -116,6 +129,9 @@ def test_report_and_bench_cli(benched, tmp_path, capsys):
     assert "## scale_h64" in capsys.readouterr().out
     assert main(["report", str(tmp_path)]) == 1
     assert "no benchmark traces" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "nonexistent")]) == 1
+    err = capsys.readouterr().err
+    assert err == f"error: dataset folder {tmp_path / 'nonexistent'} does not exist\n"
     assert main(["bench", str(root), "--resume", "--devices", "cpu", "--quiet"]) == 0
     assert "0 traces written" in capsys.readouterr().out
     assert main(["bench", str(tmp_path / "missing"), "--devices", "cpu"]) == 1
@@ -162,22 +178,26 @@ def test_timer_takes_the_flush_and_refuses_an_unknown_one():
         time_callable(lambda: None, "cpu", warmup=1, repeat=1, flush="cold")
 
 
-def test_plot_needs_matplotlib_or_draws(benched, tmp_path):
+def test_plot_draws_speedups_on_a_log_axis(benched, tmp_path):
+    require_module("matplotlib", "matplotlib is not installed (pip install 'fibgen[plot]')")
+    root, _ = benched
+    from fibgen.bench.report import figure, plot
+
+    plot(summarize(root), tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 0
+    # Speedups are ratios: drawn on a log axis.
+    assert [ax.get_yscale() for ax in figure(summarize(root)).axes] == ["log"]
+
+
+def test_plot_without_matplotlib_says_how_to_install_it(benched, tmp_path, monkeypatch):
     root, _ = benched
     from fibgen.bench.report import plot
 
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        with pytest.raises(ReportError, match="pip install"):
-            plot(summarize(root), tmp_path / "p.png")
-        return
-    plot(summarize(root), tmp_path / "p.png")
-    assert (tmp_path / "p.png").stat().st_size > 0
-    from fibgen.bench.report import figure
-
-    # Speedups are ratios: drawn on a log axis.
-    assert [ax.get_yscale() for ax in figure(summarize(root)).axes] == ["log"]
+    # None in sys.modules makes the import fail, as when matplotlib is not installed.
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(ReportError, match=r"pip install 'fibgen\[plot\]'"):
+        plot(summarize(root), tmp_path / "p.png")
+    assert not (tmp_path / "p.png").exists()
 
 
 def test_sidecar_tolerance_and_hints_reach_the_runner(tmp_path):

@@ -283,3 +283,49 @@ def test_a_sampler_is_judged_by_its_distribution(tmp_path, monkeypatch):
     assert extra["tvd"] <= 0.2 and len(extra["tvds_per_batch"]) == 4 and extra["draws"] >= 1000
     assert "total variation distance" in traces["argmax"]["log"]
     assert "outside its valid top_k set" in traces["ignores_top_k"]["log"]
+
+
+SLOW_REFERENCE = """
+import time
+
+import torch
+
+
+def run(probs, top_k):
+    # A second per thousand rows: the draws that judge a sampler outlast a short --timeout.
+    time.sleep(0.001 * probs.shape[0])
+    k = top_k.to(torch.int64).unsqueeze(-1)
+    vals, idx = probs.sort(dim=-1, descending=True)
+    kept = torch.where(torch.arange(probs.shape[-1]) < k, vals, torch.zeros_like(vals))
+    return idx.gather(-1, torch.multinomial(kept, 1)).squeeze(-1)
+"""
+
+
+def test_a_sampler_not_judged_in_time_is_a_timeout_that_says_what_to_change(tmp_path, monkeypatch):
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    root = _sampling_dataset(tmp_path / "ds")
+    path = root / "definitions" / "sampling" / f"{SAMPLER}.json"
+    doc = json.loads(path.read_text())
+    doc["reference"] = SLOW_REFERENCE
+    path.write_text(json.dumps(doc))
+    options = BenchOptions(devices=("cpu",), solutions=("gumbel",), repeat=1, warmup=0, timeout=2)
+    summary = run_bench(root, options, progress=False)
+    (path,) = summary.trace_files
+    (trace,) = map(json.loads, path.read_text().splitlines())
+    evaluation = trace["evaluation"]
+    # The worker answers before the runner's limit (5 times --timeout for a sampler), with
+    # the time judging would take and the --timeout that gives it.
+    assert evaluation["status"] == "TIMEOUT", evaluation
+    log = evaluation["log"]
+    assert log.startswith("output 'samples': not judged within "), log
+    assert "1000 draws per row of the reference took " in log
+    assert "give --timeout " in log and "(a sampler gets 5 times --timeout)" in log
+
+
+def test_the_bench_help_gives_the_sampler_timeout_scale(capsys):
+    from fibgen.runtime.compare import SAMPLING_TIMEOUT_SCALE
+
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"(120; a sampler gets {SAMPLING_TIMEOUT_SCALE} times it)" in text

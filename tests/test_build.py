@@ -191,6 +191,14 @@ def test_list_shows_name_op_type_and_location(project: Path):
     assert out.splitlines()[0].split() == ["rmsnorm_h2048", "rmsnorm", "defs/norm.fidef:18"]
 
 
+def test_list_without_a_folder_lists_the_built_in_catalogue_from_anywhere(tmp_path: Path):
+    # Outside a checkout there is no ./definitions: the catalogue installed with fibgen is it.
+    code, out, err = cli("list", cwd=tmp_path)
+    assert code == 0, err
+    names = [line.split()[0] for line in out.splitlines()]
+    assert "rmsnorm_h4096" in names and len(names) > 100
+
+
 def test_fmt_check_and_rewrite(project: Path):
     messy = RMSNORM.replace("    h=2048\n", "    h = 2048   # small\n")
     (project / "defs" / "norm.fidef").write_text(messy)
@@ -217,6 +225,26 @@ def test_catalogue_is_formatted_and_generated_is_current():
     assert code == 0, err
     code, out, err = cli("build", "definitions/", "--check", cwd=ROOT)
     assert code == 0, out + err
+
+
+def test_the_committed_manifest_records_the_current_generator():
+    # `build --check` compares the generated files and ignores the `# inputs:` digest of the
+    # manifest (it only lets a build with unchanged inputs skip the work). The digest covers
+    # the generator's own code, so a change there that leaves every generated file as it is
+    # still changes it: unless it is rebuilt, `fibgen build definitions/` in a fresh clone
+    # rewrites the manifest and leaves the clone modified.
+    from fibgen.codegen.writer import inputs_digest, read_manifest
+    from fibgen.compiler import discover, read_source
+
+    found, problems = discover([str(ROOT / "definitions")])
+    assert found and not problems
+    digest = inputs_digest(
+        [(item.stable, read_source(item.path)) for item in found], "package=fibgen_kernels"
+    )
+    assert read_manifest(ROOT / "generated").inputs == digest, (
+        "generated/.fibgen-manifest records another generator: run `fibgen build definitions/` "
+        "and commit it"
+    )
 
 
 def test_catalogue_builds_without_warnings():

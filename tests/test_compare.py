@@ -91,3 +91,71 @@ def test_compare_outputs_by_name():
     assert "FAILED" in str(res["lse"]) and "max_abs_err" in str(res["output"])
     with pytest.raises(ValueError, match="got 1 outputs, expected 2"):
         compare_outputs(torch.ones(2), out)
+
+
+# ---------------------------------------------------------------------------------------
+# Samplers: draws in rounds, within a time budget (Note [judging samplers])
+
+SAMPLER = {"name": "top_k_sampling_from_probs_v256", "op_type": "sampling"}
+
+
+def _top_k_inputs(rows: int = 4, vocab: int = 256) -> dict:
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.rand(rows, vocab, generator=gen)
+    return {"probs": probs / probs.sum(-1, keepdim=True), "top_k": torch.full((rows,), 48)}
+
+
+def _top_k_reference(inputs: dict) -> torch.Tensor:
+    probs, k = inputs["probs"], int(inputs["top_k"][0])
+    vals, idx = probs.sort(-1, descending=True)
+    vals[:, k:] = 0
+    return idx.gather(-1, torch.multinomial(vals, 1)).squeeze(-1)
+
+
+def _gumbel(inputs: dict) -> torch.Tensor:
+    # Correct, and draws otherwise than the reference.
+    probs, k = inputs["probs"], int(inputs["top_k"][0])
+    vals, idx = probs.sort(-1, descending=True)
+    logp = vals.log()
+    logp[:, k:] = float("-inf")
+    g = -torch.empty_like(logp).exponential_().log()
+    return idx.gather(-1, (logp + g).argmax(-1, keepdim=True)).squeeze(-1)
+
+
+def _top_token(inputs: dict) -> torch.Tensor:
+    return inputs["probs"].argmax(-1)
+
+
+def test_a_correct_sampler_passes_at_the_first_round_of_draws():
+    from fibgen.runtime.compare import SAMPLING_MIN_DRAWS, compare_sampling
+
+    result = compare_sampling(_gumbel, _top_k_reference, _top_k_inputs(), SAMPLER)
+    # 48 tokens a row need several thousand draws for a tight figure; the pass is clear sooner.
+    assert result.ok and result.draws == SAMPLING_MIN_DRAWS < result.needed, result
+
+
+def test_a_sampler_far_off_fails_at_the_first_round_of_draws():
+    from fibgen.runtime.compare import SAMPLING_MIN_DRAWS, compare_sampling
+
+    # Always the top token: inside the top-k set, so only the distribution gives it away.
+    result = compare_sampling(_top_token, _top_k_reference, _top_k_inputs(), SAMPLER)
+    assert not result.ok and not result.timed_out and result.draws == SAMPLING_MIN_DRAWS
+    assert result.reason.startswith("total variation distance")
+
+
+def test_draws_that_do_not_fit_the_budget_leave_the_sampler_undecided():
+    import time
+
+    from fibgen.runtime.compare import compare_sampling
+
+    def slow(inputs):
+        time.sleep(0.05)
+        return _top_k_reference(inputs)
+
+    started = time.perf_counter()
+    result = compare_sampling(_gumbel, slow, _top_k_inputs(), SAMPLER, budget_s=0.06)
+    # The reference's first round (one batched call) is made; the solution's would overrun.
+    assert time.perf_counter() - started < 2
+    assert result.timed_out and not result.ok and result.needed > result.draws
+    assert result.reason.startswith("not judged within 0.06 s: 1000 draws per row of the reference")
+    assert result.seconds_needed > 0.1

@@ -149,9 +149,16 @@ def _write_dataset(root: Path, fib) -> None:
                             "speedup_factor": 2.0},
         }
     )  # fmt: skip
+    # The CUDA solution, far faster there: its H100 figures must not rank it on a CPU.
+    on_gpu = evaluation.model_copy(
+        update={"performance": fib.Performance(latency_ms=2e-5, reference_latency_ms=0.02,
+                                               speedup_factor=1000.0)}
+    )  # fmt: skip
     # add_traces writes traces/<op_type>/<definition>.jsonl; a merge, traces/<definition>.jsonl.
     trace_set.add_traces(
         [fib.Trace(definition=NAME, workload=workloads[0], solution="gather_py", evaluation=evaluation)]
+        + [fib.Trace(definition=NAME, workload=w, solution="gather_cu", evaluation=on_gpu)
+           for w in workloads]
     )  # fmt: skip
     merged = fib.Trace(
         definition=NAME, workload=workloads[1], solution="gather_py", evaluation=evaluation
@@ -180,38 +187,55 @@ def test_a_flashinfer_bench_dataset_through_validate_bench_report_and_apply(
         monkeypatch.setenv("TVM_FFI_CUDA_ARCH_LIST", "9.0")
         if Path("/usr/local/cuda").is_dir() and not os.environ.get("CUDA_HOME"):
             monkeypatch.setenv("CUDA_HOME", "/usr/local/cuda")
-    if not nvcc:
-        # Without nvcc the CUDA solution cannot be built; validate says so as a warning.
-        (root / "solutions" / "curator" / "gather" / NAME / "gather_cu.json").unlink()
-    assert main(["validate", str(root), "--load"]) == 0, capsys.readouterr().out
+    # Where a GPU is and nvcc is not, the CUDA solution cannot be built, which --load reports
+    # as an error: the files alone are validated there.
+    load = ["--load"] if nvcc or not torch.cuda.is_available() else []
+    assert main(["validate", str(root), *load]) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
-    keys = 5 if nvcc else 4  # the definition's, each solution's, the merged trace's
-    assert out.splitlines()[-1] == f"validate: ok: 0 error(s), {keys} warning(s)", out
+    keys = 5  # the definition's, each solution's, the merged trace's
+    # Without nvcc or a GPU: "needs nvcc" and "not loaded", both warnings.
+    notes = 0 if nvcc else 1 + (not torch.cuda.is_available())
+    assert out.splitlines()[-1] == f"validate: ok: 0 error(s), {keys + notes} warning(s)", out
     assert out.count("unknown key") == keys
     row = next(line for line in out.splitlines() if line.startswith(NAME)).split()
-    assert row[1:5] == ["3" if nvcc else "2", "2", "2", "2"]
+    assert row[1:5] == ["3", "2", "4", "4"]
 
     # bench on this CPU: the Python and the tvm-ffi C++ solutions run and pass; the CUDA
     # one is said not to run here. Traces go where flashinfer-bench's add_traces puts them.
     assert main(["bench", str(root), "--devices", "cpu", "--quiet", "--repeat", "3"]) == 0
     out, err = capsys.readouterr()
     assert out.splitlines()[-1] == "bench: all 4 run(s) PASSED", out + err
-    if nvcc:
-        assert "not run: 1 cuda solution(s) on a CPU (gather_cu)" in err
+    assert "not run: 1 cuda solution(s) on a CPU (gather_cu)" in err
     lines = (root / "traces" / "gather" / f"{NAME}.jsonl").read_text().splitlines()
-    assert len(lines) == 1 + 4
+    assert len(lines) == 1 + 2 + 4
 
-    # report reads both writers' traces, at both depths.
+    # report reads both writers' traces, at both depths, one table per hardware: the CPU
+    # runs supersede nothing of the H100's.
+    from fibgen.runtime import hardware, select
+
+    cpu = hardware.device_name(torch.device("cpu"))
     assert main(["report", str(root), "--format", "json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    solutions = summary["definitions"][NAME]["solutions"]
-    assert {s: (v["passed"], v["failed"]) for s, v in solutions.items()} == {
-        "gather_cpp": (2, 0),
-        "gather_py": (2, 0),
+    tables = summary["definitions"][NAME]["hardware"]
+    assert sorted(tables) == sorted(["NVIDIA H100", cpu])
+    counts = {
+        hw: {s: (v["passed"], v["failed"]) for s, v in t["solutions"].items()}
+        for hw, t in tables.items()
     }
-    assert summary["superseded"] == 2  # flashinfer-bench's gather_py traces, run again
+    assert counts == {
+        "NVIDIA H100": {"gather_cu": (2, 0), "gather_py": (2, 0)},
+        cpu: {"gather_cpp": (2, 0), "gather_py": (2, 0)},
+    }
+    assert summary["superseded"] == 0
+    assert main(["report", str(root)]) == 0
+    text = capsys.readouterr().out
+    assert f"{NAME} on NVIDIA H100" in text and f"{NAME} on {cpu}" in text
 
-    # apply on the dataset routes a hand-written call to a solution that passed here.
+    # apply on this CPU (as this process sees it, whatever the machine) ranks the solutions
+    # on the CPU's traces alone and skips the CUDA one, saying so once.
+    monkeypatch.setattr(hardware, "_gpu_name", lambda: None)
+    info = select.build_table(root)["definitions"][NAME]
+    assert sorted(info["ranking"]) == ["gather_cpp", "gather_py"] and info["hardware"] == cpu
     table = torch.randn(16, 64)
     idx = torch.tensor([3, 0, 15, 3], dtype=torch.int32)
 
@@ -220,18 +244,22 @@ def test_a_flashinfer_bench_dataset_through_validate_bench_report_and_apply(
         raise AssertionError("not routed")
 
     try:
-        rt.enable_apply(root)
+        with pytest.warns(RuntimeWarning) as caught:
+            rt.enable_apply(root)
+        (message,) = [str(w.message) for w in caught]
+        assert f"fibgen: {root}: 1 definition(s) routed; not usable: " in message
+        assert f"1 solution(s) cannot run on this CPU ({NAME}/gather_cu: cuda needs a " in message
         y = torch.empty(4, 64)
         gather(table, idx, y)
         assert torch.equal(y, table[idx.long()])
         (counts,) = [c for label, c in rt.stats().items() if label.endswith(".gather")]
-        assert counts["hit"] == 1
+        assert counts["hit"] == 1 and counts["error"] == 0
     finally:
         rt.disable_apply()
 
     # And flashinfer-bench still loads everything, fibgen's traces included.
     trace_set = fib.TraceSet.from_path(str(root))
-    assert sum(len(v) for v in trace_set.traces.values()) == 2 + 4
+    assert sum(len(v) for v in trace_set.traces.values()) == 2 + 2 + 4
     assert sorted(s.name for v in trace_set.solutions.values() for s in v) == sorted(
-        ["gather_py", "gather_cpp"] + (["gather_cu"] if nvcc else [])
+        ["gather_py", "gather_cpp", "gather_cu"]
     )

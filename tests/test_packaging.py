@@ -72,11 +72,14 @@ def installed(tmp_path_factory) -> Path:
     ours = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
     Path(site, "parent-environment.pth").write_text("\n".join(ours) + "\n")
     (wheel,) = wheels.glob("fibgen-*.whl")
+    # Without PYTHONPATH: a checkout on it holds the fibgen.egg-info the wheel build leaves,
+    # which pip would take for fibgen installed already, and install nothing.
     install = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps"]
         + ["--no-index", str(wheel)],
         capture_output=True,
         text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
     )
     assert install.returncode == 0, install.stderr
     return env_dir / "bin"
@@ -206,3 +209,41 @@ def test_a_kernel_author_from_scaffold_to_apply_with_the_installed_package(insta
         "traces": 4,
         "passed": 2,
     }
+
+
+# ---------------------------------------------------------------------------------------
+# What the package and its test extra declare
+
+
+def _pyproject() -> dict:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def _names(requirements: list[str]) -> set[str]:
+    import re
+
+    return {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower() for r in requirements}
+
+
+def test_importing_the_runtime_warns_about_nothing():
+    # torch warns at import in every process when numpy is missing, and numpy is not among
+    # torch's own requirements: fibgen declares it, and the import is silent.
+    assert "numpy" in _names(_pyproject()["project"]["dependencies"])
+    environ = dict(os.environ)
+    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environ.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, "-c", "import fibgen.runtime"],
+        capture_output=True,
+        text=True,
+        env=environ,
+    )
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
+def test_the_test_extra_holds_what_the_tests_need_and_ci_installs_it():
+    test = _names(_pyproject()["project"]["optional-dependencies"]["test"])
+    # matplotlib: the plot is tested, not skipped (FIBGEN_REQUIRE_OPTIONAL=1 in CI);
+    # setuptools: the wheel above is built without build isolation.
+    assert {"pytest", "hypothesis", "matplotlib", "setuptools"} <= test
+    assert "-e '.[test]'" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")

@@ -186,3 +186,76 @@ def test_runtime_and_generated_modules_import_without_compiler_lark_jinja_or_pyd
     assert bad == "[]"
     # The budget is 50 ms on top of torch; the bound here leaves room for a loaded CI box.
     assert float(elapsed) < 0.25
+
+
+# ---------------------------------------------------------------------------------------
+# Triton without a GPU (Note [Triton without a GPU] in fibgen/runtime/solutions.py)
+
+TRITON_APPLY = """
+import json, sys, warnings
+from pathlib import Path
+import torch
+{prelude}
+import fibgen.runtime as rt
+from fibgen.format.dataset import read_solution
+
+path = next(Path(sys.argv[1]).glob("fibgen/*/rmsnorm_h128/*/*.json"))
+rt.enable_apply({{"rmsnorm_h128": read_solution(path)}}, patch=False)
+x, w = torch.randn(2, 128, dtype=torch.bfloat16), torch.randn(128, dtype=torch.bfloat16)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    out = rt.apply("rmsnorm_h128", args=(x, w))
+ref = x.float() * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + 1e-5) * w.float()
+(counts,) = rt.stats().values()
+print(json.dumps({{"counts": counts, "warnings": [str(w.message) for w in caught],
+                   "diff": float((out.float() - ref).abs().max())}}))
+"""
+
+
+def _triton_apply(tmp_path, prelude: str = "", **env: str) -> dict:
+    from _shared import require_module
+
+    require_module("triton", "triton is not installed")
+    if torch.cuda.is_available():
+        pytest.skip("with a GPU, Triton compiles its kernels")
+    environ = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    environ.update(
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), environ.get("PYTHONPATH")])),
+        FIBGEN_CACHE_DIR=str(tmp_path / "cache"),
+        **env,
+    )
+    code = TRITON_APPLY.format(prelude=prelude)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(REPO / "solutions")],
+        capture_output=True,
+        text=True,
+        env=environ,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_a_triton_solution_applied_without_a_gpu_runs_under_the_interpreter(tmp_path):
+    result = _triton_apply(tmp_path)
+    assert result["counts"]["hit"] == 1 and result["counts"]["error"] == 0, result
+    assert result["diff"] < 0.05
+    (message,) = [m for m in result["warnings"] if "interpreter" in m]
+    assert "runs under Triton's interpreter, slowly (TRITON_INTERPRET=1; set " in message
+
+
+@pytest.mark.parametrize(
+    "prelude, env, why",
+    [
+        ("import triton", {}, "Triton was imported with its interpreter off, so its kernels"),
+        ("", {"TRITON_INTERPRET": "0"}, "TRITON_INTERPRET=0 keeps Triton's interpreter off"),
+    ],
+    ids=["triton-imported-first", "interpreter-off"],
+)
+def test_a_triton_solution_that_cannot_run_without_a_gpu_says_what_to_do(
+    tmp_path, prelude, env, why
+):
+    result = _triton_apply(tmp_path, prelude, **env)
+    # Not the "0 active drivers" of a compiled kernel: a load failure that says what to do.
+    assert result["counts"]["error"] == 1 and result["diff"] < 0.05  # the reference ran
+    (message,) = [m for m in result["warnings"] if "failed to load" in m]
+    assert why in message and "0 active drivers" not in message

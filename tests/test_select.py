@@ -12,6 +12,7 @@ import torch
 from fibgen.format import Solution, Trace, append_traces
 from fibgen.runtime import apply, disable_apply, enable_apply, stats
 from fibgen.runtime.errors import ApplyConfigError
+from fibgen.runtime import select
 from fibgen.runtime.select import Policy, build_table, entries, load_table
 
 from _bench_dataset import DEFINITION, make_dataset
@@ -245,6 +246,34 @@ def test_bad_config_is_reported(dataset):
         enable_apply({}, Policy())
 
 
+@pytest.mark.parametrize(
+    "policy, message",
+    [
+        ({"atol": "x"}, "config for '*': atol must be None or a finite number 0 or more, not 'x'"),
+        ({"atol": float("nan")}, "atol must be None or a finite number 0 or more, not nan"),
+        ({"rtol": -1}, "rtol must be None or a finite number 0 or more, not -1"),
+        ({"rtol": float("inf")}, "rtol must be None or a finite number 0 or more, not inf"),
+        ({"atol": True}, "atol must be None or a finite number 0 or more, not True"),
+        ({"prebuild": 1.5}, "prebuild must be a whole number, not 1.5"),
+        ({"prebuild": True}, "prebuild must be a whole number, not True"),
+        ({"prebuild": -1}, "prebuild must be 0 or more, not -1"),
+        ({"on_miss": None}, "on_miss must be one of best, nearest, fallback, reference, not None"),
+        ({"metric": ["gpu"]}, "metric must be one of e2e, gpu, not ['gpu']"),
+        ({"atoll": 1e-3}, "config for '*': unknown key 'atoll'; the keys are atol, rtol, on_miss"),
+    ],
+)
+def test_every_policy_field_is_type_and_range_checked_with_its_key_named(dataset, policy, message):
+    with pytest.raises(ApplyConfigError) as info:
+        enable_apply(dataset, {"*": policy})
+    text = str(info.value)
+    assert message in text and "\n" not in text
+    if "atoll" not in policy:  # a Policy built directly is checked alike
+        with pytest.raises(ApplyConfigError, match="must be"):
+            Policy(**policy)
+    # What is valid stays valid: ints for tolerances, zero, None.
+    assert Policy(atol=0, rtol=1, prebuild=0).atol == 0
+
+
 def test_select_imports_no_pydantic_or_compiler():
     import subprocess
     import sys
@@ -319,3 +348,187 @@ def test_an_empty_solutions_folder_says_so(tmp_path):
     with pytest.warns(RuntimeWarning, match="holds no Solution JSON under"):
         enable_apply(tmp_path)
     disable_apply()
+
+
+# ---------------------------------------------------------------------------------------
+# Hardware: ranked per hardware, this machine's traces first, what cannot run here skipped
+
+from fibgen.runtime import hardware  # noqa: E402
+
+H100 = hardware.Here("cuda", (hardware.normalize("NVIDIA H100 80GB HBM3"),))
+CPU_HERE = hardware.Here("cpu", ("amd epyc", "x86 64", "cpu"))
+
+
+def _on(trace, hw: str):
+    doc = trace.model_dump(mode="json")
+    doc["evaluation"]["environment"]["hardware"] = hw
+    return Trace.model_validate(doc)
+
+
+def _cuda_solution(name: str, target=("cuda",), language="cuda") -> Solution:
+    file = "k.cu" if language == "cuda" else "main.py"
+    return Solution.model_validate(
+        {
+            "name": name,
+            "definition": DEFINITION["name"],
+            "author": "tester",
+            "spec": {
+                "language": language,
+                "target_hardware": list(target),
+                "entry_point": f"{file}::run",
+                "destination_passing_style": False,
+            },
+            "sources": [{"path": file, "content": "def run(x, w):\n    return x * w\n"}],
+        }
+    )
+
+
+@pytest.fixture()
+def mixed(tmp_path, monkeypatch):
+    """steady (python) timed on this CPU and on an H100; fast_cu (cuda) on the H100 only,
+    far faster there than anything on the CPU."""
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    root = make_dataset(tmp_path / "ds", [])
+    from fibgen.format import write_solution
+
+    write_solution(root, _solution("steady"), "scale")
+    write_solution(root, _solution("small_fast"), "scale")
+    write_solution(root, _cuda_solution("fast_cu"), "scale")
+    gpu = "NVIDIA H100"
+    append_traces(
+        root,
+        "scale",
+        [
+            _on(_trace("steady", 3, 0.5), gpu),
+            _on(_trace("fast_cu", 3, 0.001), gpu),
+            _on(_trace("fast_cu", 17, 0.001), gpu),
+            # Run later on the CPU: these supersede nothing of the H100's.
+            _on(_trace("steady", 3, 2.0), "AMD EPYC"),
+            _on(_trace("steady", 3, 2.0, status="RUNTIME_ERROR"), gpu + " 80GB HBM3"),
+            _on(_trace("small_fast", 3, 1.0), "x86_64"),  # an older fibgen's CPU name
+            _on(_trace("small_fast", 17, 1.0), "x86_64"),
+        ],
+    )
+    yield root
+    disable_apply()
+
+
+def test_a_cpu_ranks_on_its_own_traces_and_skips_what_needs_a_gpu(mixed):
+    table = build_table(mixed, where=CPU_HERE)
+    info = table["definitions"][DEFINITION["name"]]
+    # fast_cu's 10,000x on the H100 is not compared with CPU latencies, nor can it run here.
+    assert info["ranking"] == ["small_fast", "steady"] and info["measured_here"]
+    assert table["unused"]["not_here"] == ["scale_h64/fast_cu: cuda needs a CUDA GPU"]
+
+
+def test_a_gpu_ranks_on_its_traces_which_a_cpu_run_does_not_supersede(mixed):
+    from fibgen.format import write_solution
+
+    # For any device, timed on the CPU only: not ranked against the H100's traces.
+    write_solution(mixed, _cuda_solution("anywhere", ("cuda", "cpu"), "python"), "scale")
+    append_traces(mixed, "scale", [_on(_trace("anywhere", 3, 0.0001), "AMD EPYC")])
+    table = build_table(mixed, where=H100)
+    info = table["definitions"][DEFINITION["name"]]
+    # "NVIDIA H100" and "NVIDIA H100 80GB HBM3" both name this GPU; steady failed here.
+    assert info["ranking"] == ["fast_cu"] and info["hardware"] == "NVIDIA H100"
+    assert table["unused"]["failed"] == ["scale_h64/steady"]
+    # Declared for the CPU and never run here: not for this GPU.
+    assert table["unused"]["not_here"] == ["scale_h64/small_fast: its target_hardware is cpu"]
+    assert table["unused"]["other_hardware"] == ["scale_h64/anywhere"]
+    assert "1 solution(s) have traces only from other hardware than their definition is " in (
+        select.unused_message(mixed, table)
+    )
+
+
+def test_another_gpu_is_ranked_on_gpu_traces_and_the_warning_says_so(mixed):
+    h200 = hardware.Here("cuda", ("nvidia h200",))
+    table = build_table(mixed, where=h200)
+    info = table["definitions"][DEFINITION["name"]]
+    assert info["ranking"] == ["fast_cu"] and not info["measured_here"]
+    message = select.unused_message(mixed, table)
+    assert "1 definition(s) ranked on traces from other hardware than nvidia h200, which " in (
+        message
+    )
+    assert "scale_h64 (NVIDIA H100)" in message
+
+
+def test_enable_apply_on_this_cpu_routes_to_what_runs_here_and_says_why_not_the_rest(
+    mixed, monkeypatch
+):
+    monkeypatch.setattr(hardware, "_gpu_name", lambda: None)
+    with pytest.warns(RuntimeWarning) as caught:
+        enable_apply(mixed)
+    (message,) = [str(w.message) for w in caught]
+    assert message.startswith(f"fibgen: {mixed}: 1 definition(s) routed; not usable: ")
+    assert "1 solution(s) cannot run on this CPU (scale_h64/fast_cu: cuda needs a CUDA GPU)" in (
+        message
+    )
+    assert _call(3) == FILLS["small_fast"]
+    ((_, counts),) = stats().items()
+    assert counts["hit"] == 1 and counts["error"] == 0
+
+
+def test_target_hardware_counts_unless_the_solution_was_measured_here(tmp_path, monkeypatch):
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    root = make_dataset(tmp_path / "ds", [])
+    from fibgen.format import write_solution
+
+    # Both Python, both declared for CUDA only; one has traces from this CPU.
+    write_solution(root, _cuda_solution("gpu_only", language="python"), "scale")
+    write_solution(root, _cuda_solution("ran_here", language="python"), "scale")
+    append_traces(
+        root,
+        "scale",
+        [
+            _on(_trace("gpu_only", 3, 0.1), "NVIDIA H100"),
+            _on(_trace("ran_here", 3, 1.0), "AMD EPYC"),
+        ],
+    )
+    table = build_table(root, where=CPU_HERE)
+    assert table["definitions"][DEFINITION["name"]]["ranking"] == ["ran_here"]
+    assert table["unused"]["not_here"] == ["scale_h64/gpu_only: its target_hardware is cuda"]
+
+
+def test_solutions_for_definitions_nobody_has_are_said_at_enable(dataset):
+    from fibgen.format import write_solution
+
+    doc = _solution("steady").model_dump(mode="json")
+    doc.update(name="orphan", definition="no_such_definition_h8")
+    write_solution(dataset, Solution.model_validate(doc), "scale")
+    with pytest.warns(RuntimeWarning) as caught:
+        enable_apply(dataset)
+    (message,) = [str(w.message) for w in caught]
+    assert (
+        f"1 solution(s) are for definitions that neither {dataset}/definitions nor fibgen's "
+        "catalogue has (no_such_definition_h8/orphan); only a dispatcher that knows the name "
+        "can route them"
+    ) in message
+
+
+@pytest.mark.parametrize(
+    "text, kind",
+    [
+        ("NVIDIA H100 80GB HBM3", "cuda"),
+        ("NVIDIA_H100", "cuda"),
+        ("Tesla T4", "cuda"),
+        ("gpu", "cuda"),
+        ("cpu", "cpu"),
+        ("x86_64", "cpu"),
+        ("Intel(R) Xeon(R) Platinum 8480+", "cpu"),
+        ("AMD EPYC 7B13", "cpu"),
+        ("AMD Instinct MI300X GPU", "other"),
+        ("Apple GPU (MPS)", "other"),
+        ("Intel(R) Data Center GPU Max 1550", "other"),
+        ("TPU v5e", "other"),
+    ],
+)
+def test_hardware_strings_are_classified(text, kind):
+    assert hardware.kind_of(text) == kind
+
+
+def test_a_hardware_string_names_this_machine_by_its_leading_words():
+    assert H100.is_here("NVIDIA H100") and H100.is_here("nvidia-h100-80gb-hbm3")
+    assert not H100.is_here("NVIDIA H200") and not H100.is_here("cpu")
+    assert CPU_HERE.is_here("x86_64") and CPU_HERE.is_here("AMD EPYC")
+    assert not CPU_HERE.is_here("Intel(R) Xeon(R)") and CPU_HERE.tier("Intel(R) Xeon(R)") == 1
+    assert CPU_HERE.tier("NVIDIA H100") == 2 and H100.tier("NVIDIA A100") == 1

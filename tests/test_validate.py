@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fibgen.cli import main
-from fibgen.format import Trace, append_traces, dump_trace_line, write_solution
+from fibgen.format import Solution, Trace, append_traces, dump_trace_line, write_solution
 from fibgen.validate import validate_dataset
 
 from _bench_dataset import DEFINITION, make_dataset, solution
@@ -166,6 +166,39 @@ def test_load_imports_every_solution(tmp_path):
     assert validate_dataset(root).errors == []
     (problem,) = validate_dataset(root, load=True).errors
     assert "no_such_module_here" in problem.message and problem.definition == "scale_h64"
+
+
+CUDA_SOURCE = """
+#include <tvm/ffi/function.h>
+void Scale(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView y) {}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(run, Scale);
+"""
+
+
+def test_load_without_a_gpu_warns_about_a_cuda_solution_instead_of_failing(
+    tmp_path, capsys, monkeypatch
+):
+    # bench says "not run" for a CUDA solution on a CPU; validate --load must not call it an
+    # error of the dataset either, but say why it was not loaded and what to do.
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("TVM_FFI_CUDA_ARCH_LIST", raising=False)
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    root = make_dataset(tmp_path / "ds", ["good_returns"], sizes=(3,))
+    doc = solution("good_dps").model_dump(mode="json")
+    doc["name"] = "scale_cu"
+    doc["spec"].update(
+        language="cuda", target_hardware=["cuda"], entry_point="scale.cu::run", binding=None
+    )
+    doc["sources"] = [{"path": "scale.cu", "content": CUDA_SOURCE}]
+    write_solution(root, Solution.model_validate(doc), "scale")
+    code, out = _validate(capsys, str(root), "--load")
+    assert code == 0, out
+    (line,) = [x for x in out.splitlines() if "not loaded" in x]
+    assert line.startswith(f"warning: {root}/solutions/") and "scale_cu.json" in line
+    assert "no GPU is visible here; run `fibgen validate --load` on a machine with one, or " in line
+    assert 'set TVM_FFI_CUDA_ARCH_LIST (e.g. "9.0" for an H100)' in line
 
 
 def test_the_real_dataset_has_only_its_missing_blobs_to_report():

@@ -3,6 +3,11 @@
 Traces are read at any depth under traces/ (flashinfer-bench's and fibgen's alike); of
 several traces of one solution on one workload, the last one read counts.
 
+Latencies of different hardware are never compared: each definition has one table per
+hardware its traces were measured on (``evaluation.environment.hardware``; strings that
+differ only in case and punctuation are one), and a trace supersedes only earlier ones of
+the same hardware.
+
 ``summarize(root)`` reads ``traces/`` and returns plain data; ``render(summary, fmt)`` prints
 it as text, Markdown or JSON; ``plot(summary, path)`` draws speedup per workload and
 solution (needs matplotlib, the ``plot`` extra).
@@ -17,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fibgen.format import load_traces
+from fibgen.runtime.hardware import normalize
 
 FORMATS = ("text", "md", "json")
 
@@ -41,21 +47,31 @@ def _axes_text(axes: dict[str, int]) -> str:
 
 
 def summarize(root: str | os.PathLike[str]) -> dict[str, Any]:
-    """Per definition: each solution's status counts and speedups, and the best per workload."""
+    """Per definition and hardware: each solution's status counts and speedups, and the best
+    per workload."""
     root = Path(root)
+    # Said apart from an empty dataset: a mistyped path is not "run bench first".
+    if not root.exists():
+        raise ReportError(f"dataset folder {root} does not exist")
+    if not root.is_dir():
+        raise ReportError(f"{root} is not a folder; give the dataset folder that holds traces/")
     evaluated = [t for t in load_traces(root) if t.solution is not None and t.evaluation]
     if not evaluated:
         raise ReportError(f"no benchmark traces under {root}/traces; run `fibgen bench` first")
-    # The last trace of a solution on a workload supersedes earlier ones (a run after a fix).
-    latest: dict[tuple[str, str, str], Any] = {}
+    # The last trace of a solution on a workload supersedes earlier ones (a run after a fix),
+    # on the same hardware only: a CPU run says nothing about the H100 figures.
+    latest: dict[tuple[str, str, str, str], Any] = {}
+    labels: dict[str, str] = {}
     for trace in evaluated:
-        key = (trace.definition, trace.workload.uuid, trace.solution)
+        hw = trace.evaluation.environment.hardware
+        group = normalize(hw) or hw
+        labels.setdefault(group, hw)
+        key = (trace.definition, trace.workload.uuid, trace.solution, group)
         latest.pop(key, None)
         latest[key] = trace
-    traces = list(latest.values())
-    definitions: dict[str, Any] = {}
-    for trace in traces:
-        d = definitions.setdefault(trace.definition, {"solutions": {}, "workloads": {}})
+    tables: dict[tuple[str, str], Any] = {}
+    for (_, _, _, group), trace in latest.items():
+        d = tables.setdefault((trace.definition, group), {"solutions": {}, "workloads": {}})
         evaluation = trace.evaluation
         status = evaluation.status.value
         s = d["solutions"].setdefault(
@@ -82,8 +98,8 @@ def summarize(root: str | os.PathLike[str]) -> dict[str, Any]:
             if "best_e2e" not in w or e2e < w["e2e_latency_ms"]:
                 w.update(best_e2e=trace.solution, e2e_latency_ms=e2e)
     out: dict[str, Any] = {}
-    for name in sorted(definitions):
-        d = definitions[name]
+    for name, group in sorted(tables, key=lambda k: (k[0], labels[k[1]])):
+        d = tables[(name, group)]
         solutions = {}
         for sol in sorted(d["solutions"]):
             s = d["solutions"][sol]
@@ -97,8 +113,18 @@ def summarize(root: str | os.PathLike[str]) -> dict[str, Any]:
         workloads = sorted(
             d["workloads"].values(), key=lambda w: (sorted(w["axes"].items()), w["uuid"])
         )
-        out[name] = {"solutions": solutions, "workloads": workloads}
-    return {"definitions": out, "superseded": len(evaluated) - len(traces)}
+        hardware = out.setdefault(name, {"hardware": {}})["hardware"]
+        hardware[labels[group]] = {"solutions": solutions, "workloads": workloads}
+    return {"definitions": out, "superseded": len(evaluated) - len(latest)}
+
+
+def _each(summary: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(definition, hardware, its solutions and workloads), one per table of the report."""
+    return [
+        (name, hw, d)
+        for name, by in summary["definitions"].items()
+        for hw, d in by["hardware"].items()
+    ]
 
 
 def _speedup(stats: dict[str, float] | None) -> tuple[str, str, str]:
@@ -116,7 +142,7 @@ def _tables(
     summary: dict[str, Any],
 ) -> list[tuple[str, list[str], list[list[str]], list[list[str]]]]:
     out = []
-    for name, d in summary["definitions"].items():
+    for name, hw, d in _each(summary):
         rows = [
             [
                 sol,
@@ -142,7 +168,7 @@ def _tables(
         ]
         out.append(
             (
-                name,
+                f"{name} on {hw}",
                 [
                     "solution",
                     "passed",
@@ -189,7 +215,7 @@ def render(summary: dict[str, Any], fmt: str = "text") -> str:
     if summary.get("superseded"):
         lines += [
             f"({summary['superseded']} earlier trace(s) superseded by a later run of the same "
-            "solution on the same workload)",
+            "solution on the same workload and hardware)",
             "",
         ]
     for name, header, rows, best in _tables(summary):
@@ -208,7 +234,8 @@ def render(summary: dict[str, Any], fmt: str = "text") -> str:
 
 
 def plot(summary: dict[str, Any], path: str | os.PathLike[str]) -> None:
-    """Draw speedup over the reference per workload, one line per solution, one panel per definition."""
+    """Draw speedup over the reference per workload, one line per solution, one panel per
+    definition and hardware."""
     fig = figure(summary)  # says how to install matplotlib when it is missing
     import matplotlib.pyplot as plt
 
@@ -227,9 +254,9 @@ def figure(summary: dict[str, Any]) -> Any:
         raise ReportError(
             "--plot needs matplotlib; install it with `pip install 'fibgen[plot]'`"
         ) from None
-    definitions = summary["definitions"]
-    fig, axes = plt.subplots(len(definitions), 1, figsize=(8, 3 * len(definitions)), squeeze=False)
-    for ax, (name, d) in zip(axes[:, 0], definitions.items()):
+    panels = _each(summary)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 3 * len(panels)), squeeze=False)
+    for ax, (name, hw, d) in zip(axes[:, 0], panels):
         labels = [_axes_text(w["axes"]) for w in d["workloads"]]
         for sol in d["solutions"]:
             ys = [w.get("speedups", {}).get(sol, math.nan) for w in d["workloads"]]
@@ -237,7 +264,7 @@ def figure(summary: dict[str, Any]) -> Any:
         ax.axhline(1.0, color="grey", linewidth=0.8)
         # Ratios: 2x faster and 2x slower are the same distance from 1.
         ax.set_yscale("log")
-        ax.set_title(name)
+        ax.set_title(f"{name} on {hw}")
         ax.set_ylabel("speedup over reference (log scale)")
         ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=7)
         ax.legend(fontsize=7)

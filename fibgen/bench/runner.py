@@ -4,8 +4,9 @@ Work is grouped by (definition, workload): a worker makes the inputs and the ref
 outputs once, then evaluates each solution of the definition on them. One worker runs per
 device entry (``cuda:0,cuda:1`` runs two in parallel; ``cpu,cpu`` also works), each driven by
 a thread of the runner. A solution that kills its worker (a crash, ``os.abort()``, a CUDA
-error) is recorded as RUNTIME_ERROR, one that outlasts ``timeout`` as TIMEOUT; the worker is
-started again and the run goes on.
+error) is recorded as RUNTIME_ERROR, one that outlasts ``timeout`` (a sampler, judged by
+thousands of draws, ``SAMPLING_TIMEOUT_SCALE`` times it) as TIMEOUT; the worker is started
+again and the run goes on.
 
 Results are appended as Trace lines to ``traces/<op_type>/<definition>.jsonl`` (where
 flashinfer-bench writes them) after each workload, so an interrupted run keeps what it
@@ -51,6 +52,7 @@ from fibgen.format import (
     read_solution,
 )
 from fibgen.format.dataset import EXTRAS_SUFFIX, is_stale, pack_solution, read_extras
+from fibgen.runtime.compare import SAMPLING_TIMEOUT_SCALE, is_sampling
 from fibgen.runtime.workloads import load_workloads
 
 __all__ = [
@@ -574,8 +576,15 @@ def _run_group(handle: _Handle, group: _Group, root: Path, options: BenchOptions
     reply = handle.ask(request, prepare_timeout)
     where = f"{group.definition.name} workload {group.workload.uuid}"
     if reply[0] != "ready":
-        why = {"timeout": f"timed out after {prepare_timeout:g} s"}.get(reply[0], reply[-1])
+        timed_out = (
+            f"making the inputs and timing the reference took over {prepare_timeout:g} s "
+            f"({PREPARE_TIMEOUTS} times --timeout); give a longer --timeout, or fewer --repeat"
+        )
+        why = {"timeout": timed_out}.get(reply[0], reply[-1])
         return [], f"{where}: {why}", []
+    # A sampler is judged by thousands of draws, each a call (Note [judging samplers]).
+    sampler = is_sampling({"op_type": group.definition.op_type, "inputs": group.definition.inputs})
+    limit = options.timeout * (SAMPLING_TIMEOUT_SCALE if sampler else 1)
     _, reference, hardware, libs = reply
     noisy = []
     if _spread(reference) > NOISY_SPREAD:
@@ -590,13 +599,21 @@ def _run_group(handle: _Handle, group: _Group, root: Path, options: BenchOptions
                 options.warmup,
                 options.repeat,
                 options.flush,
+                limit,
             ),
-            options.timeout,
+            limit,
         )
         if reply[0] == "result":
             result = reply[1]
         elif reply[0] == "timeout":
-            result = {"status": w.TIMEOUT, "log": f"no result after {options.timeout:g} s"}
+            scaled = (
+                f" ({SAMPLING_TIMEOUT_SCALE} times --timeout, for a sampler)" if sampler else ""
+            )
+            result = {
+                "status": w.TIMEOUT,
+                "log": f"no result after {limit:g} s{scaled}: the solution hangs or is slower "
+                f"than that; if it is slow, give a longer --timeout (now {options.timeout:g} s)",
+            }
         else:
             result = {"status": w.RUNTIME_ERROR, "log": reply[1]}
         if "timing" in result and _spread(result["timing"]) > NOISY_SPREAD:

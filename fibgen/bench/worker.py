@@ -5,10 +5,11 @@ The runner starts one worker per device (multiprocessing, spawn) and talks to it
 - ``("workload", definition, workload, root, hints, seed, warmup, repeat, flush)``: make the
   workload's inputs on the device, run the reference on them and time it as solutions are
   timed; replies ``("ready", reference timing, hardware, libs)`` or ``("error", message)``.
-- ``("solution", solution, tolerance, warmup, repeat, flush)``: load the solution, run it once on a
-  copy of the inputs, compare with the reference (a sampler by the distribution of its
-  draws, Note [judging samplers] in fibgen/runtime/compare.py), and time it when it passed;
-  replies ``("result", evaluation fields)``.
+- ``("solution", solution, tolerance, warmup, repeat, flush, limit_s)``: load the solution,
+  run it once on a copy of the inputs, compare with the reference (a sampler by the
+  distribution of its draws, as many as fit in ``limit_s``, Note [judging samplers] in
+  fibgen/runtime/compare.py), and time it when it passed; replies ``("result", evaluation
+  fields)``.
 
 A CPU worker runs torch with one thread and Triton under its interpreter (Note [CPU workers]).
 
@@ -20,8 +21,10 @@ every later call on that context would fail too.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
+import time
 import traceback
 from typing import Any
 
@@ -61,9 +64,11 @@ def _libs() -> dict[str, str]:
 
 
 def _hardware(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return platform.processor() or platform.machine() or "cpu"
+    # As flashinfer-bench names it: the CPU model rather than "x86_64", so that traces of
+    # both tools on one machine are of one hardware (Note [hardware strings]).
+    from fibgen.runtime.hardware import device_name
+
+    return device_name(device)
 
 
 class _Workload:
@@ -213,9 +218,20 @@ class Worker:
         return time_eager(call, device=self.device, rounds=5) / 1e3
 
     def evaluate(
-        self, solution: dict, tolerance: dict, warmup: int, repeat: int | None, flush: str
+        self,
+        solution: dict,
+        tolerance: dict,
+        warmup: int,
+        repeat: int | None,
+        flush: str,
+        limit_s: float | None = None,
     ) -> dict:
-        """Run one solution on the current workload; the fields of its Evaluation."""
+        """Run one solution on the current workload; the fields of its Evaluation.
+
+        ``limit_s`` is how long the runner waits for the reply: a sampler's draws are sized
+        to fit in it (Note [judging samplers] in fibgen/runtime/compare.py).
+        """
+        started = time.perf_counter()
         from fibgen.format.models import Solution
         from fibgen.runtime import solutions
         from fibgen.runtime.errors import SolutionError
@@ -253,7 +269,7 @@ class Worker:
         problem, errors = self._check(actual, tolerance, values=not sampler)
         if problem is None and sampler:
             try:
-                problem, errors = self._check_sampler(loaded)
+                problem, errors = self._check_sampler(loaded, started, limit_s)
             except Exception as exc:
                 return self._failure(exc)
         if problem is not None:
@@ -271,9 +287,15 @@ class Worker:
             return self._failure(exc)
         return {"status": PASSED, "correctness": errors, "timing": _timing(timing, e2e)}
 
-    def _check_sampler(self, loaded: Any) -> tuple[dict | None, dict]:
+    def _check_sampler(
+        self, loaded: Any, started: float, limit_s: float | None
+    ) -> tuple[dict | None, dict]:
         """Judge a sampler by its draws against the reference's (Note [judging samplers])."""
-        from fibgen.runtime.compare import compare_sampling
+        from fibgen.runtime.compare import (
+            SAMPLING_BUDGET_SHARE,
+            SAMPLING_TIMEOUT_SCALE,
+            compare_sampling,
+        )
         from fibgen.runtime.solutions import allocate_outputs
 
         work = self.work
@@ -286,12 +308,25 @@ class Worker:
                 return next(iter(outputs.values()))
             return _as_tuple(loaded.fn(**inputs))[0]
 
+        spent = time.perf_counter() - started
+        budget = None if limit_s is None else max(0.0, limit_s * SAMPLING_BUDGET_SHARE - spent)
         result = compare_sampling(
             draw,
             lambda inputs: _as_tuple(reference(**inputs))[0],
             _clone(work.inputs),
             work.definition,
+            budget_s=budget,
         )
+        if result.timed_out:
+            share = SAMPLING_BUDGET_SHARE * SAMPLING_TIMEOUT_SCALE
+            timeout = math.ceil((spent + result.seconds_needed) / share / 10) * 10
+            return {
+                "status": TIMEOUT,
+                "log": f"output {work.output_names[0]!r}: {result.reason}; judging it may "
+                f"take up to {result.needed} draws per row, about {result.seconds_needed:.0f} s "
+                f"here: give --timeout {timeout} (a sampler gets {SAMPLING_TIMEOUT_SCALE} times "
+                "--timeout), or bench it at smaller batch sizes",
+            }, {}
         errors = {
             "max_absolute_error": result.max_abs_err,
             "max_relative_error": result.max_rel_err,

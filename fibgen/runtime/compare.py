@@ -15,6 +15,7 @@ thresholds (``compare_sampling``, Note [judging samplers]).
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -215,6 +216,18 @@ def compare_outputs(
 # n))), p the filtered probabilities), at most flashinfer-bench's count, in batches of at
 # most ``SAMPLING_BATCH_BYTES`` of probs. Fewer draws only add noise, which raises the
 # measured distance: a wrong sampler is not let through by it.
+#
+# On a CPU a draw can cost a full sort of the vocabulary (the catalogue's references do
+# one): 6,000 draws of 4 rows of 128,256 tokens take the reference alone over two minutes.
+# So the draws come in rounds, ``SAMPLING_MIN_DRAWS`` per row and then doubling up to what
+# the rows need, and the verdict is given as soon as it is clear: a pass once every row is
+# within the threshold (the noise only raises the distance, so a pass at fewer draws stands),
+# a failure once a row is further off than the threshold and twice its expected noise, or
+# whatever the distance is at the full count. A correct sampler of a few dozen tokens passes
+# after the first round. Given a time budget, a round that would not fit in it is not started:
+# the result is then undecided (``timed_out``), with the time the full count would take.
+# Bench gives a sampler ``SAMPLING_TIMEOUT_SCALE`` times its --timeout, and spends
+# ``SAMPLING_BUDGET_SHARE`` of that on the draws, the rest on loading and timing.
 
 SAMPLING_VALIDATION_TRIALS = 100
 SAMPLING_TVD_THRESHOLD = 0.2
@@ -223,6 +236,8 @@ SAMPLING_MAX_DRAWS = 500_000
 SAMPLING_MIN_DRAWS = 1_000
 SAMPLING_ROWS = 10_000
 SAMPLING_BATCH_BYTES = 256 << 20
+SAMPLING_TIMEOUT_SCALE = 5
+SAMPLING_BUDGET_SHARE = 0.75
 
 
 def is_sampling(definition: dict[str, Any]) -> bool:
@@ -268,7 +283,11 @@ def sampling_mask(probs: torch.Tensor, method: str, inputs: dict[str, Any]) -> t
 
 @dataclass(frozen=True)
 class SamplingResult:
-    """The outcome of judging a sampler; ``reason`` says why it failed (empty when ok)."""
+    """The outcome of judging a sampler; ``reason`` says why it failed (empty when ok).
+
+    ``timed_out``: the time budget ran out before a verdict; ``needed`` draws per row would
+    have settled it, in about ``seconds_needed`` at the speed measured.
+    """
 
     ok: bool
     max_tvd: float
@@ -277,6 +296,9 @@ class SamplingResult:
     max_rel_err: float
     draws: int
     reason: str = ""
+    timed_out: bool = False
+    needed: int = 0
+    seconds_needed: float = 0.0
 
     def __str__(self) -> str:
         status = "ok" if self.ok else f"FAILED ({self.reason})"
@@ -286,11 +308,17 @@ class SamplingResult:
         )
 
 
-def _draws_needed(probs: torch.Tensor, mask: torch.Tensor) -> int:
-    # Note [judging samplers]: the noise of two correct samplers, a quarter of the threshold.
+def _noise(probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per row, the distance two correct samplers of one draw each are expected to differ by;
+    of n draws each, it is this over sqrt(n) (Note [judging samplers])."""
     masked = probs.double() * mask
     p = masked / masked.sum(-1, keepdim=True)
-    c = math.sqrt(2) * (0.5 * torch.sqrt(2 * p * (1 - p) / math.pi).sum(-1)).max().item()
+    return math.sqrt(2) * 0.5 * torch.sqrt(2 * p * (1 - p) / math.pi).sum(-1)
+
+
+def _draws_needed(probs: torch.Tensor, mask: torch.Tensor) -> int:
+    # Note [judging samplers]: the noise of two correct samplers, a quarter of the threshold.
+    c = _noise(probs, mask).max().item()
     n = math.ceil((c / (SAMPLING_TVD_THRESHOLD / 4)) ** 2)
     return max(SAMPLING_MIN_DRAWS, min(SAMPLING_MAX_DRAWS, n))
 
@@ -344,12 +372,15 @@ def compare_sampling(
     *,
     trials: int = SAMPLING_VALIDATION_TRIALS,
     max_draws: int = SAMPLING_MAX_DRAWS,
+    budget_s: float | None = None,
 ) -> SamplingResult:
     """Judge a sampler by its draws against the reference's (Note [judging samplers]).
 
     ``draw(inputs)`` and ``reference(inputs)`` call the solution and the reference on a dict
-    of inputs (whose rows may be repeated) and return the sampled token ids.
+    of inputs (whose rows may be repeated) and return the sampled token ids. With
+    ``budget_s``, no round of draws is started that would end after that many seconds.
     """
+    started = time.perf_counter()
     probs = inputs["probs"]
     flat = probs.detach().float().cpu().reshape(-1, probs.shape[-1])
     rows, vocab = flat.shape
@@ -357,14 +388,38 @@ def compare_sampling(
     params = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in params.items()}
     method = _thresholding(definition["name"])
     mask = sampling_mask(flat, method, params)
-    draws = min(max_draws, _draws_needed(flat, mask))
+    noise = _noise(flat, mask)
+    needed = min(max_draws, _draws_needed(flat, mask))
     per_call = max(1, min(SAMPLING_ROWS // rows, SAMPLING_BATCH_BYTES // max(1, rows * vocab * 4)))
+    draws = min(needed, SAMPLING_MIN_DRAWS)
 
     def fail(reason: str) -> SamplingResult:
         inf = float("inf")
-        return SamplingResult(False, inf, (), inf, inf, draws, reason)
+        return SamplingResult(False, inf, (), inf, inf, draws, reason, needed=needed)
+
+    def out_of_time(what: str, elapsed: float) -> SamplingResult:
+        # What the full count would take, at the speed of the draws made so far.
+        inf = float("inf")
+        return SamplingResult(
+            False,
+            inf,
+            (),
+            inf,
+            inf,
+            draws,
+            (
+                f"not judged within {budget_s:.0f} s: {what}"
+                if budget_s >= 1
+                else f"not judged within {budget_s:.2f} s: {what}"
+            ),
+            timed_out=True,
+            needed=needed,
+            seconds_needed=elapsed * needed / draws,
+        )
 
     target = _counts(reference, inputs, rows, vocab, draws, per_call)
+    # The solution's draws are expected to cost what the reference's did.
+    round_s = time.perf_counter() - started
     valid = mask | (target > 0)
     try:
         for _ in range(trials):
@@ -375,15 +430,36 @@ def compare_sampling(
                 return fail(
                     f"row {row} drew token {int(samples[row])}, outside its valid " f"{method} set"
                 )
+        elapsed = time.perf_counter() - started
+        if budget_s is not None and elapsed + round_s > budget_s:
+            what = f"{draws} draws per row of the reference took {round_s:.0f} s"
+            return out_of_time(what, elapsed + round_s)
         got = _counts(draw, inputs, rows, vocab, draws, per_call)
+        while True:
+            diff = (got.double() - target.double()).abs() / draws
+            tvd = 0.5 * diff.sum(-1)
+            max_tvd = float(tvd.max())
+            if max_tvd <= SAMPLING_TVD_THRESHOLD or draws >= needed:
+                break
+            if bool((tvd > SAMPLING_TVD_THRESHOLD + 2 * noise / math.sqrt(draws)).any()):
+                break  # further off than noise explains: more draws would not change it
+            more = min(draws, needed - draws)
+            elapsed = time.perf_counter() - started
+            if budget_s is not None and elapsed * (draws + more) / draws > budget_s:
+                what = (
+                    f"total variation distance {max_tvd:.3g} after {draws} draws per row, which "
+                    f"more draws may bring under {SAMPLING_TVD_THRESHOLD:g}"
+                )
+                return out_of_time(what, elapsed)
+            target += _counts(reference, inputs, rows, vocab, more, per_call)
+            got += _counts(draw, inputs, rows, vocab, more, per_call)
+            draws += more
     except _Bad as exc:
         return fail(str(exc))
-    diff = (got.double() - target.double()).abs() / draws
-    tvds = tuple(float(t) for t in 0.5 * diff.sum(-1))
-    max_tvd = max(tvds)
+    tvds = tuple(float(t) for t in tvd)
     expected = target.double() / draws
     max_abs = float(diff.max())
     max_rel = float((diff / (expected + _EPS)).max())
     ok = max_tvd <= SAMPLING_TVD_THRESHOLD
     reason = "" if ok else f"total variation distance {max_tvd:.3g} > {SAMPLING_TVD_THRESHOLD:g}"
-    return SamplingResult(ok, max_tvd, tvds, max_abs, max_rel, draws, reason)
+    return SamplingResult(ok, max_tvd, tvds, max_abs, max_rel, draws, reason, needed=needed)

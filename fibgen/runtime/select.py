@@ -1,9 +1,12 @@
 """The best-solution table: from benchmark traces, which solution serves each call.
 
-Per definition, a solution is a candidate when it has passing traces and no failing ones
-(a solution wrong on one workload is not trusted on another), and each passing trace meets
-the policy's tolerances. Of several traces of one solution on one workload, the last one
-read counts: a solution repaired and benchmarked again is judged on what it is now. The table holds, per definition:
+Per definition, the traces of one hardware are used: this machine's where it has any, else
+another device of its kind, else any (Note [selection per hardware]); latencies of different
+hardware are never compared. A solution is a candidate when it can run on this device, has
+passing traces and no failing ones on that hardware (a solution wrong on one workload is not
+trusted on another), and each passing trace meets the policy's tolerances. Of several traces
+of one solution on one workload and hardware, the last one read counts: a solution repaired
+and benchmarked again is judged on what it is now. The table holds, per definition:
 
 - ``ranking``: candidates by the geometric mean of their speedup over the reference, best
   first; the first is the definition's best;
@@ -23,7 +26,8 @@ is the original API (``"fallback"``, through ``Decline``), or the definition's r
 (``"reference"``, slow: for checking).
 
 The table is cached in ``$FIBGEN_CACHE_DIR/select/`` under a digest of its inputs (paths,
-sizes and mtimes of the trace, solution and definition files, and the configuration), and
+sizes and mtimes of the trace, solution and definition files, the configuration and this
+process's hardware), and
 rebuilt when they change. Nothing is imported or built at enable except the ``prebuild``
 top solutions a policy asks for. This module imports neither pydantic nor the compiler.
 """
@@ -38,17 +42,17 @@ import statistics
 import tempfile
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from fibgen.runtime import solutions
+from fibgen.runtime import hardware, solutions
 from fibgen.runtime.errors import ApplyConfigError, Decline
 
 __all__ = ["Policy", "build_table", "entries", "load_table", "normalize_config"]
 
 # Bumped when the table's layout changes, so that old cache files are not read.
-TABLE_VERSION = 4
+TABLE_VERSION = 5
 ON_MISS = ("best", "nearest", "fallback", "reference")
 METRICS = ("e2e", "gpu")
 
@@ -70,16 +74,36 @@ class Policy:
     metric: str = "e2e"
 
     def __post_init__(self) -> None:
-        if self.on_miss not in ON_MISS:
+        # Checked here, with the key named, so that a bad value fails at enable_apply and not
+        # as a TypeError (or a silent no-op, for NaN) when the table is built.
+        for key in ("atol", "rtol"):
+            value = getattr(self, key)
+            if value is None:
+                continue
+            if not _is_real(value) or not math.isfinite(value) or value < 0:
+                raise ApplyConfigError(
+                    f"{key} must be None or a finite number 0 or more, not {value!r}"
+                )
+        if not isinstance(self.on_miss, str) or self.on_miss not in ON_MISS:
             raise ApplyConfigError(
                 f"on_miss must be one of {', '.join(ON_MISS)}, not {self.on_miss!r}"
             )
+        if not isinstance(self.prebuild, int) or isinstance(self.prebuild, bool):
+            raise ApplyConfigError(f"prebuild must be a whole number, not {self.prebuild!r}")
         if self.prebuild < 0:
             raise ApplyConfigError(f"prebuild must be 0 or more, not {self.prebuild}")
-        if self.metric not in METRICS:
+        if not isinstance(self.metric, str) or self.metric not in METRICS:
             raise ApplyConfigError(
                 f"metric must be one of {', '.join(METRICS)}, not {self.metric!r}"
             )
+
+
+def _is_real(value: Any) -> bool:
+    # bool is an int to Python, but True as a tolerance is a mistake, not 1.0.
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+_POLICY_KEYS = tuple(f.name for f in fields(Policy))
 
 
 def normalize_config(config: Mapping[str, Any] | Policy | None) -> dict[str, Policy]:
@@ -95,9 +119,15 @@ def normalize_config(config: Mapping[str, Any] | Policy | None) -> dict[str, Pol
     out: dict[str, Policy] = {}
     for name, policy in config.items():
         if isinstance(policy, Mapping):
+            unknown = sorted(str(k) for k in policy if k not in _POLICY_KEYS)
+            if unknown:
+                raise ApplyConfigError(
+                    f"config for {name!r}: unknown key {unknown[0]!r}; the keys are "
+                    f"{', '.join(_POLICY_KEYS)}"
+                )
             try:
                 policy = Policy(**policy)
-            except TypeError as exc:
+            except ApplyConfigError as exc:
                 raise ApplyConfigError(f"config for {name!r}: {exc}") from None
         if not isinstance(policy, Policy):
             raise ApplyConfigError(f"config for {name!r} must be a Policy or a dict")
@@ -142,12 +172,13 @@ def _inputs(root: Path) -> dict[str, list[tuple[str, int, int]]]:
     return found
 
 
-def _digest(root: Path, inputs: dict, config: dict[str, Policy]) -> str:
+def _digest(root: Path, inputs: dict, config: dict[str, Policy], where: hardware.Here) -> str:
     payload = {
         "version": TABLE_VERSION,
         "root": str(root),
         "inputs": inputs,
         "config": {k: asdict(v) for k, v in sorted(config.items())},
+        "hardware": where.as_dict(),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
@@ -197,10 +228,14 @@ def _is_dps(path: Path) -> bool:
     return bool(spec.get("destination_passing_style", True))
 
 
-def build_table(root: str | os.PathLike[str], config: Any = None) -> dict:
-    """Build the table from the traces under ``root`` (no cache)."""
+def build_table(
+    root: str | os.PathLike[str], config: Any = None, where: hardware.Here | None = None
+) -> dict:
+    """Build the table from the traces under ``root`` (no cache), for the hardware ``where``
+    (default: this process's)."""
     root = Path(root).resolve()
-    return _build(root, _inputs(root), normalize_config(config))
+    where = hardware.here() if where is None else where
+    return _build(root, _inputs(root), normalize_config(config), where)
 
 
 def _read_json(path: str) -> Any:
@@ -211,9 +246,13 @@ def _read_json(path: str) -> Any:
         return None  # reported with the file named when the solution is loaded, or counted
 
 
-def _solution_index(root: Path, inputs: dict) -> tuple[dict[str, dict[str, str]], int]:
-    """definition → solution name → JSON path relative to root; and unreadable files."""
+def _solution_index(
+    root: Path, inputs: dict
+) -> tuple[dict[str, dict[str, str]], dict[tuple[str, str], tuple[Any, Any]], int]:
+    """definition → solution name → JSON path relative to root; each solution's (language,
+    target_hardware); and the number of unreadable files."""
     paths: dict[str, dict[str, str]] = {}
+    specs: dict[tuple[str, str], tuple[Any, Any]] = {}
     unreadable = 0
     for path, _, _ in inputs["solutions"]:
         data = _read_json(path)
@@ -222,8 +261,11 @@ def _solution_index(root: Path, inputs: dict) -> tuple[dict[str, dict[str, str]]
         if not isinstance(name, str) or not isinstance(definition, str):
             unreadable += 1
             continue
-        paths.setdefault(definition, {}).setdefault(name, os.path.relpath(path, root))
-    return paths, unreadable
+        if name not in paths.setdefault(definition, {}):
+            paths[definition][name] = os.path.relpath(path, root)
+            spec = data.get("spec") if isinstance(data.get("spec"), dict) else {}
+            specs[(definition, name)] = (spec.get("language"), spec.get("target_hardware"))
+    return paths, specs, unreadable
 
 
 def _definition_json(inputs: dict, name: str, cache: dict[str, Any]) -> dict | None:
@@ -241,14 +283,47 @@ def _definition_json(inputs: dict, name: str, cache: dict[str, Any]) -> dict | N
     return None
 
 
-def _build(root: Path, inputs: dict, config: dict[str, Policy]) -> dict:
-    # definition -> solution -> {"ok": [(key, latency, speedup)], "failed": bool}
-    stats: dict[str, dict[str, dict[str, Any]]] = {}
+# Note [selection per hardware]
+# Latencies measured on different hardware are never compared: an H100 trace of a CUDA
+# solution says nothing about how it compares with a Python solution timed on a CPU, and the
+# CUDA solution cannot run on the CPU at all. Traces are grouped by the hardware they were
+# measured on (Note [hardware strings] in fibgen/runtime/hardware.py; every string that names
+# this machine is one group), and the last trace of a (definition, workload, solution) counts
+# within its group only: a CPU run does not supersede an H100 one. A solution is judged in a
+# group by its traces there (passed on every workload, within the policy's tolerances), and
+# each definition is ranked on one group: of those with a candidate that can run here, the
+# one measured on this machine, else on hardware of this kind (another GPU), else any other;
+# more candidates, then more traces, break ties. A candidate can run here when its language
+# can (cuda needs a GPU; triton a GPU or its interpreter) and, unless it was measured on this
+# machine, its spec.target_hardware names this kind of device or no kind at all
+# (flashinfer-bench itself does not read target_hardware, so a trace from here outweighs it).
+
+
+def _hardware_of(evaluation: dict) -> str:
+    environment = evaluation.get("environment")
+    hw = environment.get("hardware") if isinstance(environment, dict) else None
+    return hw if isinstance(hw, str) and hw.strip() else "unknown"
+
+
+def _runnable(spec: tuple[Any, Any], where: hardware.Here, measured_here: bool) -> str | None:
+    """Why a solution cannot run on ``where``, or None (Note [selection per hardware])."""
+    language, target = spec
+    problem = hardware.language_problem(str(language), where)
+    if problem is None and not measured_here:
+        problem = hardware.target_problem(target, where)
+    return problem
+
+
+def _build(root: Path, inputs: dict, config: dict[str, Policy], where: hardware.Here) -> dict:
+    # definition -> hardware group -> solution -> {"ok": [(key, figures...)], "failed": bool}
+    stats: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+    labels: dict[str, str] = {}  # hardware group -> the first hardware string read of it
     axes_of: dict[str, list[str]] = {}
     evaluated = 0
-    # The last trace of a (definition, workload, solution) in reading order supersedes the
-    # earlier ones: a solution repaired and benchmarked again is judged on what it is now.
-    latest: dict[tuple[str, str, str], tuple[dict, dict]] = {}
+    # The last trace of a (definition, workload, solution) on one hardware, in reading order,
+    # supersedes the earlier ones: a solution repaired and benchmarked again is judged on
+    # what it is now. Traces of other hardware do not (Note [selection per hardware]).
+    latest: dict[tuple[str, str, str, str], tuple[dict, dict]] = {}
     for path, _, _ in inputs["traces"]:
         with open(path, encoding="utf-8") as f:
             for line in f:
@@ -262,14 +337,20 @@ def _build(root: Path, inputs: dict, config: dict[str, Policy]) -> dict:
                     axes, uuid = workload["axes"], workload["uuid"]
                 except (ValueError, KeyError, TypeError):
                     continue  # a damaged line tells nothing about speed
-                if solution is None or not evaluation:
+                if solution is None or not isinstance(evaluation, dict) or not evaluation:
                     continue
                 evaluated += 1
-                latest.pop((name, uuid, solution), None)
-                latest[(name, uuid, solution)] = (evaluation, axes)
-    for (name, _, solution), (evaluation, axes) in latest.items():
-        record = stats.setdefault(name, {}).setdefault(
-            solution, {"ok": [], "failed": False, "tolerance": False}
+                hw = _hardware_of(evaluation)
+                group = "" if where.is_here(hw) else hardware.normalize(hw) or "unknown"
+                labels.setdefault(group, hw)
+                key = (name, uuid, solution, group)
+                latest.pop(key, None)
+                latest[key] = (evaluation, axes)
+    for (name, _, solution, group), (evaluation, axes) in latest.items():
+        record = (
+            stats.setdefault(name, {})
+            .setdefault(group, {})
+            .setdefault(solution, {"ok": [], "failed": False, "tolerance": False})
         )
         policy = _policy(config, name)
         if evaluation.get("status") != "PASSED":
@@ -282,16 +363,31 @@ def _build(root: Path, inputs: dict, config: dict[str, Policy]) -> dict:
         order = axes_of.setdefault(name, list(axes))
         key = tuple(axes.get(a) for a in order)
         record["ok"].append((key, *_figures(perf, policy.metric)))
-    paths, unreadable = _solution_index(root, inputs)
+    paths, specs, unreadable = _solution_index(root, inputs)
     definitions: dict[str, Any] = {}
     table: dict[str, Any] = {}
-    for name, by_solution in sorted(stats.items()):
+    chosen_groups: dict[str, str] = {}
+    for name, by_group in sorted(stats.items()):
         known = paths.get(name, {})
-        good = {
-            s: r["ok"] for s, r in by_solution.items() if r["ok"] and not r["failed"] and s in known
-        }
-        if not good:
+        choices = []
+        measured_here = by_group.get("", {})
+        for group, by_solution in by_group.items():
+            good = {
+                s: r["ok"]
+                for s, r in by_solution.items()
+                if r["ok"]
+                and not r["failed"]
+                and s in known
+                and _runnable(specs[(name, s)], where, s in measured_here) is None
+            }
+            if good:
+                tier = 0 if group == "" else where.tier(labels[group])
+                size = sum(len(rows) for rows in good.values())
+                choices.append(((tier, -len(good), -size, labels[group]), group, good))
+        if not choices:
             continue
+        _, group, good = min(choices)
+        chosen_groups[name] = group
         # The metric asked for where every candidate's traces record it, GPU time otherwise.
         e2e = all(x[3] is not None for rows in good.values() for x in rows)
         ranking = sorted(
@@ -309,6 +405,8 @@ def _build(root: Path, inputs: dict, config: dict[str, Policy]) -> dict:
         entry: dict[str, Any] = {
             "ranking": ranking,
             "solutions": {s: known[s] for s in ranking},
+            "hardware": labels[group],
+            "measured_here": group == "",
         }
         definition = None
         if any(s != ranking[0] for s in keys.values()):
@@ -331,9 +429,35 @@ def _build(root: Path, inputs: dict, config: dict[str, Policy]) -> dict:
         table[name] = entry
     return {
         "root": str(root),
+        "hardware": where.as_dict(),
         "definitions": table,
-        "unused": _unused(stats, paths, unreadable, evaluated, len(inputs["solutions"])),
+        "unused": _unused(
+            stats,
+            chosen_groups,
+            paths,
+            specs,
+            where,
+            _unknown_definitions(inputs, paths, definitions),
+            unreadable,
+            evaluated,
+            len(inputs["solutions"]),
+        ),
     }
+
+
+def _unknown_definitions(
+    inputs: dict, paths: dict[str, dict[str, str]], cache: dict[str, Any]
+) -> list[str]:
+    """Solutions (``definition/solution``) for definitions neither the dataset nor fibgen's
+    catalogue has: only a dispatcher that knows the name can route them."""
+    from fibgen.paths import builtin_definition_file
+
+    return sorted(
+        f"{d}/{s}"
+        for d, by in paths.items()
+        if _definition_json(inputs, d, cache) is None and builtin_definition_file(d) is None
+        for s in by
+    )
 
 
 # Note [selection metric]
@@ -371,30 +495,46 @@ def _fastest(candidates: dict[str, list[tuple]]) -> str:
 
 
 def _unused(
-    stats: dict[str, dict[str, dict[str, Any]]],
+    stats: dict[str, dict[str, dict[str, dict[str, Any]]]],
+    chosen: dict[str, str],
     paths: dict[str, dict[str, str]],
+    specs: dict[tuple[str, str], tuple[Any, Any]],
+    where: hardware.Here,
+    unknown: list[str],
     unreadable: int,
     evaluated: int,
     files: int,
 ) -> dict[str, Any]:
     """What the table could not use, counted by reason, for the warning at enable."""
-    failed = sorted(
-        f"{d}/{s}"
-        for d, by in stats.items()
-        for s, r in by.items()
-        if s in paths.get(d, {}) and r["failed"] and not r["tolerance"]
-    )
-    tolerance = sorted(
-        f"{d}/{s}"
-        for d, by in stats.items()
-        for s, r in by.items()
-        if s in paths.get(d, {}) and r["tolerance"]
-    )
-    untraced = sorted(
-        f"{d}/{s}" for d, by in paths.items() for s in by if s not in stats.get(d, {})
-    )
+    failed, tolerance, untraced, other, not_here = [], [], [], [], []
+    for d, by in sorted(paths.items()):
+        groups = stats.get(d, {})
+        for s in sorted(by):
+            label = f"{d}/{s}"
+            records = {g: r[s] for g, r in groups.items() if s in r}
+            why = _runnable(specs[(d, s)], where, "" in records)
+            if why is not None:
+                not_here.append(f"{label}: {why}")
+            elif not records:
+                untraced.append(label)
+            elif d in chosen and chosen[d] not in records:
+                other.append(label)
+            else:
+                # Judged where its definition is ranked; with no group ranked, anywhere.
+                judged = [records[chosen[d]]] if d in chosen else list(records.values())
+                if all(r["failed"] for r in judged):
+                    if any(r["tolerance"] for r in judged):
+                        tolerance.append(label)
+                    else:
+                        failed.append(label)
     missing = sorted(
-        {f"{d}/{s}" for d, by in stats.items() for s in by if s not in paths.get(d, {})}
+        {
+            f"{d}/{s}"
+            for d, by in stats.items()
+            for records in by.values()
+            for s in records
+            if s not in paths.get(d, {})
+        }
     )
     return {
         "solution_files": files,
@@ -404,15 +544,20 @@ def _unused(
         "tolerance": tolerance,
         "untraced": untraced,
         "missing": missing,
+        "not_here": not_here,
+        "other_hardware": other,
+        "unknown_definitions": unknown,
     }
 
 
 def load_table(root: str | os.PathLike[str], config: Any = None) -> tuple[dict, bool]:
-    """The table for ``root`` and ``config``, from the cache when current; (table, from_cache)."""
+    """The table for ``root`` and ``config`` on this process's hardware, from the cache when
+    current; (table, from_cache)."""
     root = Path(root).resolve()
     config = normalize_config(config)
     inputs = _inputs(root)
-    digest = _digest(root, inputs, config)
+    where = hardware.here()
+    digest = _digest(root, inputs, config, where)
     cache = _cache_file(root)
     try:
         cached = json.loads(cache.read_text(encoding="utf-8"))
@@ -420,7 +565,7 @@ def load_table(root: str | os.PathLike[str], config: Any = None) -> tuple[dict, 
             return cached["table"], True
     except (OSError, ValueError):
         pass
-    table = _build(root, inputs, config)
+    table = _build(root, inputs, config, where)
     _write_cache(cache, {"digest": digest, "table": table})
     return table, False
 
@@ -616,23 +761,58 @@ def unused_message(root: Path, table: dict) -> str | None:
             f"{unused['unreadable']} file(s) under {root}/solutions are not Solution JSON "
             f"(`fibgen validate {root}` names them)"
         )
+    where = table.get("hardware") or {}
+    here = where.get("names", ["?"])[0] if where.get("kind") == "cuda" else "this CPU"
+    if unused.get("not_here"):
+        parts.append(
+            f"{len(unused['not_here'])} solution(s) cannot run on {here} "
+            f"({_examples(unused['not_here'])})"
+        )
+    if unused.get("other_hardware"):
+        parts.append(
+            f"{len(unused['other_hardware'])} solution(s) have traces only from other hardware "
+            f"than their definition is ranked on ({_examples(unused['other_hardware'])}; "
+            f"run `fibgen bench {root}` here)"
+        )
+    notes = []
+    elsewhere = sorted(
+        f"{name} ({info['hardware']})"
+        for name, info in table.get("definitions", {}).items()
+        if not info.get("measured_here", True)
+    )
+    if elsewhere:
+        notes.append(
+            f"{len(elsewhere)} definition(s) ranked on traces from other hardware than {here}, "
+            f"which may rank otherwise here ({_examples(elsewhere)}; run `fibgen bench {root}` "
+            "here)"
+        )
+    if unused.get("unknown_definitions"):
+        notes.append(
+            f"{len(unused['unknown_definitions'])} solution(s) are for definitions that neither "
+            f"{root}/definitions nor fibgen's catalogue has "
+            f"({_examples(unused['unknown_definitions'])}); only a dispatcher that knows the "
+            "name can route them"
+        )
     routed = len(table.get("definitions", {}))
+    tail = "".join(f"; {n}" for n in notes)
     if routed == 0:
         head = (
             f"fibgen: {root}: nothing is routed: {unused.get('solution_files', 0)} solution "
             f"file(s), {unused.get('evaluated_traces', 0)} evaluated trace(s)"
         )
-        return head + (": " + "; ".join(parts) if parts else "")
-    if not parts:
+        return head + (": " + "; ".join(parts) if parts else "") + tail
+    if not parts and not notes:
         return None
-    return f"fibgen: {root}: {routed} definition(s) routed; not usable: " + "; ".join(parts)
+    message = f"fibgen: {root}: {routed} definition(s) routed"
+    return message + ("; not usable: " + "; ".join(parts) if parts else "") + tail
 
 
 def entries(root: str | os.PathLike[str], config: Any = None) -> dict[str, solutions.Entry]:
     """Apply entries for every definition the traces under ``root`` rank a solution for.
 
     What the dataset holds but cannot route (failing or untraced solutions, traces of
-    solutions that are not there) is said in one RuntimeWarning.
+    solutions that are not there, solutions that cannot run on this device) and solutions for
+    definitions nobody has are said in one RuntimeWarning.
     """
     root = Path(root).resolve()
     config = normalize_config(config)

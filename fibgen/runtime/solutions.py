@@ -302,6 +302,8 @@ def _import_solution(entry: Entry) -> Callable[..., Any]:
         entry_file, symbol = spec.entry_point.split("::")
         if not entry_file.endswith(".py"):
             raise ValueError(f"entry file {entry_file!r} is not a .py file")
+        if spec.language == "triton":
+            _triton_without_gpu(entry.label)
         folder, digest = materialize(solution)
         # Each solution is its own package, so its files may import each other relatively
         # and two solutions with a file of the same name do not collide.
@@ -331,6 +333,49 @@ def _import_solution(entry: Entry) -> Callable[..., Any]:
             entry.definition,
             entry.label,
         ) from exc
+
+
+# Note [Triton without a GPU]
+# Without a GPU, a kernel Triton compiled fails at its first launch with "0 active drivers
+# ([]). There should only be one." Its interpreter runs the same kernels on the CPU, slowly,
+# but only kernels decorated while TRITON_INTERPRET=1 is set, Triton's own library
+# (`tl.sum`, `tl.cdiv`, ...) included, which it decorates when it is first imported. So
+# where there is no GPU and Triton is not imported yet, TRITON_INTERPRET=1 is set before the
+# solution is imported, as bench's CPU workers do, for the whole process (a compiled Triton
+# kernel could not run in it anyway), and said once. Where Triton was imported already with
+# its interpreter off, or TRITON_INTERPRET=0 is set, the solution fails to load, saying what
+# to do.
+
+
+def _triton_without_gpu(label: str) -> None:
+    """Turn Triton's interpreter on where no GPU can run its kernels (Note above)."""
+    import torch
+
+    setting = os.environ.get("TRITON_INTERPRET", "").strip()
+    if setting not in ("", "0") or torch.cuda.is_available():
+        return  # a GPU, or a setting Triton reads its own way ("1", "true", ...)
+    if setting == "0":
+        raise ValueError(
+            "there is no GPU here and TRITON_INTERPRET=0 keeps Triton's interpreter off: run "
+            "on a machine with a GPU, or unset TRITON_INTERPRET to run the kernels under the "
+            "interpreter (slow)"
+        )
+    if "triton" in sys.modules:
+        standard = sys.modules.get("triton.language.standard")
+        if type(getattr(standard, "cdiv", None)).__name__ != "InterpretedFunction":
+            raise ValueError(
+                "there is no GPU here, and Triton was imported with its interpreter off, so "
+                "its kernels cannot run: start the process with TRITON_INTERPRET=1 to run them "
+                "under the interpreter (slow), or run on a machine with a GPU"
+            )
+    os.environ["TRITON_INTERPRET"] = "1"
+    warnings.warn(
+        f"fibgen: there is no GPU here: {label} (and any Triton kernel imported from now on) "
+        "runs under Triton's interpreter, slowly (TRITON_INTERPRET=1; set TRITON_INTERPRET=0 "
+        "to refuse instead)",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 
 def allocate_outputs(definition: Mapping[str, Any], inputs: Mapping[str, Any]) -> dict[str, Any]:
