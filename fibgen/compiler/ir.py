@@ -313,12 +313,13 @@ class Returns(Node):
     not written into an input, one bare or several as a tuple, and an output a flag asks for
     (``return_lse``) after them when asked. An API whose result differs says what it
     returns instead: each name is an output; an output written into a buffer of the caller
-    (``-> output``) is returned as that buffer, and an output written into an input
-    (``-> state``) as the caller's own tensor, the one the API wrote, so that the result is
-    what FlashInfer's own function returns (``gated_delta_rule_decode`` gives
-    ``(output, state)``). One name returns the value bare, several a tuple, and ``returns
-    none`` (``names`` empty) returns None. Outputs a flag asks for still follow when asked.
-    This is dispatch information only: the definition JSON does not carry it.
+    (``-> output``) is returned as that buffer (a new one where the call gave none), and an
+    output written into an input (``-> state``) as the caller's own tensor, the one the API
+    wrote, so that the result is what FlashInfer's own function returns
+    (``gated_delta_rule_decode`` gives ``(output, state)``). One name returns the value
+    bare, several a tuple, and ``returns none`` (``names`` empty) returns None. Outputs a
+    flag asks for still follow when asked. This is dispatch information only: the
+    definition JSON does not carry it.
     """
 
     names: tuple[str, ...]
