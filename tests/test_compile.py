@@ -225,6 +225,49 @@ def test_a_wrong_shape_gets_the_same_message_compiled_as_eager(on_cpu):
     )
 
 
+def _gdn_step(q, k, v, state, A_log, a, dt_bias, b, scale):
+    SOLVED.append("gdn")
+    return v * 2, state + 1
+
+
+def _gdn_inputs(batch):
+    gen = torch.Generator().manual_seed(batch)
+
+    def randn(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    q, k = randn(batch, 1, 4, 128), randn(batch, 1, 4, 128)
+    v, state = randn(batch, 1, 8, 128), randn(batch, 8, 128, 128, dtype=torch.float32)
+    a_log, dt_bias = randn(8, dtype=torch.float32), randn(8, dtype=torch.float32)
+    return q, k, v, state, a_log, randn(batch, 1, 8), dt_bias, randn(batch, 1, 8)
+
+
+def test_a_routed_gdn_call_returns_output_and_state_compiled_as_eager(on_cpu):
+    # FlashInfer's gated_delta_rule_decode returns (output, state), `state` being the
+    # caller's tensor it updated; the family's `returns` makes a routed call do the same,
+    # in the graph as eagerly.
+    def step(q, k, v, state, A_log, a, dt_bias, b):
+        return flashinfer.gdn_decode.gated_delta_rule_decode(
+            q, k, v, state, A_log, a, dt_bias, b, use_qk_l2norm=False
+        )
+
+    rt.enable_apply({"gdn_decode_qk4_v8_d128_k_last": _gdn_step})
+    backend = _Counting()
+    compiled = torch.compile(step, backend=backend, fullgraph=True, dynamic=True)
+    for batch in (2, 3):
+        inputs = _gdn_inputs(batch)
+        again = tuple(x.clone() for x in inputs)
+        want = step(*inputs)
+        got = compiled(*again)
+        assert isinstance(want, tuple) and len(want) == 2 and want[1] is inputs[3]
+        assert isinstance(got, tuple) and len(got) == 2 and got[1] is again[3]
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert torch.equal(want[0], inputs[2] * 2)
+    assert backend.graphs == 1
+    assert SOLVED == ["gdn"] * 4
+    assert rt.stats()["flashinfer.gdn_decode.gated_delta_rule_decode"]["hit"] == 4
+
+
 def test_inductor_compiles_the_model(on_cpu):
     # The default backend, once: the ops' fake implementations give inductor every shape.
     rt.enable_apply(SOLUTIONS)

@@ -292,3 +292,67 @@ def test_list_apis_names_the_api_of_every_definition_or_why_it_has_none(capsys):
     # Every definition without an api says why.
     assert not [line for line in out if "no reason given" in line]
     assert out[-1].startswith(f"{len(rows)} definitions: ")
+
+
+_STEP = """
+    family step {
+      op_type step
+      api pkg.step(x, state, out=None)
+      RETURNS
+      axes { n : var }
+      inputs {
+        x : float32[n]
+        state : float32[n]
+      }
+      outputs {
+        output : float32[n] -> out
+        new_state : float32[n] -> state
+      }
+    }
+    """
+
+
+def _family(returns: str) -> ir.Family:
+    result = compile_text(_STEP.replace("RETURNS", returns))
+    assert result.module is not None, [d.message for d in result.diagnostics]
+    return result.module.families()[0]
+
+
+def test_returns_lowers_its_outputs_in_order_with_their_positions():
+    r = _family("returns new_state,  output").returns
+    assert r.names == ("new_state", "output")
+    # Line 5 of the dedented text: the statement, and each name where it is written.
+    assert (r.span.line, r.span.column) == (5, 3)
+    assert [(s.line, s.column) for s in r.name_spans] == [(5, 11), (5, 23)]
+    with pytest.raises(Exception):
+        r.names = ()  # frozen, like every IR node
+    assert _family("returns none").returns.names == ()
+    assert _family("").returns is None  # the default convention
+
+
+def test_returns_is_dispatch_information_the_definition_json_leaves_out():
+    from fibgen.codegen.definition_json import emit_definition_json
+
+    def json_of(returns: str) -> list[tuple[str, str]]:
+        module = compile_text(_STEP.replace("RETURNS", returns)).module
+        return [(f.path, f.text) for f in emit_definition_json(module)]
+
+    assert json_of("returns output, new_state") == json_of("") == json_of("returns none")
+
+
+@pytest.mark.parametrize(
+    "written, canonical",
+    [
+        ("returns   output ,new_state  # why", "  returns output, new_state  # why\n"),
+        ("returns none", "  returns none\n"),
+        ("returns output;", "  returns output\n"),
+    ],
+)
+def test_fmt_prints_returns_after_the_api_line(written, canonical):
+    text = textwrap.dedent(_STEP.replace("RETURNS", written))
+    once, diags = format_text(text, "t.fidef")
+    assert once is not None, diags
+    lines = once.splitlines(keepends=True)
+    api = next(i for i, line in enumerate(lines) if line.startswith("  api "))
+    assert lines[api + 1] == canonical
+    assert format_text(once, "t.fidef")[0] == once

@@ -110,3 +110,106 @@ def test_unreadable_name_field_is_named():
     )
     with pytest.raises(DispatchGenError, match="tile names the definition but cannot be read"):
         _emit(hidden, definitions=[])
+
+
+def _source_of(text: str, family: str) -> str:
+    import textwrap
+
+    from fibgen.compiler import compile_sources
+
+    result = compile_sources([("t.fidef", "t.fidef", textwrap.dedent(text))])
+    assert result.module is not None, [d.message for d in result.diagnostics]
+    module = emit_python_dispatch(result.module, "pkg")
+    return next(f.text for f in module if f.path == f"python/pkg/{family}.py")
+
+
+def _returns_of(text: str, family: str = "step") -> dict[str, list[str]]:
+    """What each generated function returns where it returns a routed call's result (the
+    fallbacks return what the original API or the eager dispatcher return)."""
+    import ast
+
+    source = _source_of(text, family)
+    found: dict[str, list[str]] = {}
+    for fn in ast.parse(source).body:
+        if isinstance(fn, ast.FunctionDef) and fn.name in (family, "_compiled"):
+            found[fn.name] = [
+                ast.unparse(node.value) if node.value is not None else "None"
+                for node in ast.walk(fn)
+                if isinstance(node, ast.Return)
+                and not (node.value is not None and isinstance(node.value, ast.Call))
+            ]
+    return found
+
+
+_STATEFUL = """
+    family step {
+      op_type step
+      api pkg.step(x, state, out=None)
+      RETURNS
+      EFFECT
+      rules {
+        LET
+      }
+      axes { n : var }
+      inputs {
+        x : float32[n]
+        state : float32[n]
+      }
+      outputs {
+        output : float32[n] -> out
+        new_state : float32[n] -> state
+      }
+    }
+    """
+
+
+def _stateful(returns: str, let: str = "x.numel() > 0", effect: str = "") -> str:
+    return _STATEFUL.replace("RETURNS", returns).replace("LET", let).replace("EFFECT", effect)
+
+
+def test_returns_gives_the_caller_tensor_written_in_place_on_every_path():
+    found = _returns_of(_stateful("returns output, new_state"))
+    assert found == {"step": ["(_o_output, state)"], "_compiled": ["(_o_output, state)"]}
+    # Without the statement: the outputs not written into an input, as before.
+    assert _returns_of(_stateful("")) == {"step": ["_o_output"], "_compiled": ["_o_output"]}
+
+
+def test_returns_gives_the_argument_not_the_view_a_let_reads():
+    # The API returns its own `state`; the definition reads a view of it.
+    found = _returns_of(_stateful("returns new_state", "let state = state.view(-1)"))
+    assert found["step"] == ["state"]
+
+
+def test_returns_one_name_bare_none_as_none_and_in_the_inplace_path():
+    assert _returns_of(_stateful("returns none")) == {"step": ["None"], "_compiled": ["None"]}
+    # An effect makes the family call in-place solutions: their path returns alike.
+    effect = "effect x = x + state"
+    found = _returns_of(_stateful("returns new_state, output", effect=effect))
+    assert found["step"] == ["(state, _o_output)", "(state, _o_output)"]
+
+
+def test_an_output_a_flag_asks_for_still_follows_returns():
+    text = """
+        family attend {
+          op_type attend
+          api pkg.attend(q, state, out=None, lse=None, return_lse=False)
+          returns output, new_state
+          axes { n : var }
+          inputs {
+            q : float32[n]
+            state : float32[n]
+          }
+          outputs {
+            output : float32[n] -> out
+            new_state : float32[n] -> state
+            lse : float32[n] -> lse
+          }
+        }
+        """
+    source = _source_of(text, "attend")
+    assert "_result = (_o_output, state) + ((_o_lse,) if return_lse else ())" in source
+    assert "return _result[0] if len(_result) == 1 else _result\n" in source
+    # Nothing else returned: a call that asks for no flag returns None, not ().
+    source = _source_of(text.replace("returns output, new_state", "returns none"), "attend")
+    assert "_result = () + ((_o_lse,) if return_lse else ())" in source
+    assert "return _result[0] if len(_result) == 1 else (_result or None)\n" in source

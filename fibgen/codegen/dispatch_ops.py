@@ -107,8 +107,7 @@ class OpView:
 
     def _values(self) -> list[str]:
         """The outputs the API returns that are not buffers of the caller: the op's result."""
-        always, _ = self.v._returned()
-        return [local for local in always if self.v.targets[local[3:]] is None]  # `_o_<name>`
+        return [expr for o, expr in self.v.returned_outputs() if self.v.targets[o.name] is None]
 
     def schema(self) -> str:
         letters = iter(string.ascii_lowercase)

@@ -518,19 +518,67 @@ class _Family:
                 return f"{self.input_expr[t.name]}.device"
         raise self.error("no required tensor input to take the device of outputs from")
 
+    def _flag(self, o: ir.Tensor) -> str | None:
+        """The ``return_<buffer>`` parameter that asks for output ``o``, or None."""
+        target = self.targets[o.name]
+        if self.f.api is None or target is None or target[0] != "buffer":
+            return None
+        flag = f"return_{target[1]}"
+        return flag if flag in self.run_names else None
+
+    def returned_outputs(self) -> list[tuple[ir.Tensor, str]]:
+        """(output, expression) of what the function always returns, in order.
+
+        The family's ``returns`` where it has one (Note [returns] in ``fibgen/compiler/ir.py``),
+        else every output not written into an input nor asked for by a flag. An output written
+        into a buffer is returned as its local, which holds the caller's buffer once written
+        back; one written into an input as the caller's tensor (``_caller_tensor``).
+        """
+        if self.f.returns is not None and self.f.api is not None:
+            by_name = {o.name: o for o in self.f.outputs}
+            out = []
+            for name in self.f.returns.names:
+                o = by_name.get(name)
+                if o is None:
+                    raise self.error(f"returns names {name}, not an output")
+                target = self.targets[o.name]
+                inplace = target is not None and target[0] == "inplace"
+                out.append((o, self._caller_tensor(o) if inplace else f"_o_{o.name}"))
+            return out
+        return [
+            (o, f"_o_{o.name}")
+            for o in self.f.outputs
+            if self._flag(o) is None
+            and not (self.targets[o.name] is not None and self.targets[o.name][0] == "inplace")
+        ]
+
+    def _caller_tensor(self, o: ir.Tensor) -> str:
+        """The caller's own tensor that output ``o`` is written into, as the API returns it.
+
+        Where the input reads a whole argument, the argument itself, not the view a `let` may
+        make of it (a layout converted for the definition would be returned converted); for an
+        element of a tuple argument or a plan parameter, the tensor the input reads.
+        """
+        if o.target in self.run_names:
+            return o.target  # `_target` found an input that reads the whole argument
+        t = next(t for t in self.f.inputs if t.name == o.target)
+        src = t.source
+        if src is None and t.name in self.run_names:
+            return t.name
+        if src is not None and not src.from_plan and src.index is None:
+            return src.param
+        return self.input_expr[t.name]
+
     def _returned(self) -> tuple[list[str], list[tuple[str, str]]]:
-        """Outputs the function returns: always, and (output, flag) when a flag asks."""
-        always, flagged = [], []
-        for o in self.f.outputs:
-            target = self.targets[o.name]
-            if target is not None and target[0] == "inplace":
-                continue
-            flag = f"return_{target[1]}" if target is not None else None
-            if self.f.api is not None and flag in self.run_names:
-                # FlashInfer's convention: ``return_lse=True`` adds lse to the result.
-                flagged.append((f"_o_{o.name}", flag))
-            else:
-                always.append(f"_o_{o.name}")
+        """What the function returns: always, and (output, flag) when a flag asks."""
+        always = [expr for _, expr in self.returned_outputs()]
+        named = set(self.f.returns.names) if self.f.returns is not None else set()
+        # FlashInfer's convention: ``return_lse=True`` adds lse to the result.
+        flagged = [
+            (f"_o_{o.name}", self._flag(o))
+            for o in self.f.outputs
+            if self._flag(o) is not None and o.name not in named
+        ]
         return always, flagged
 
     def _effect_expr(self, e: ir.Effect) -> str:
@@ -888,9 +936,11 @@ class _Family:
         always, flagged = self._returned()
         if flagged:
             extra = " + ".join(f"(({local},) if {flag} else ())" for local, flag in flagged)
+            # With nothing else returned, a call that asks for no flag returns None.
+            rest = "_result" if always else "(_result or None)"
             body += [
                 f"_result = {_tuple(always)} + {extra}",
-                "return _result[0] if len(_result) == 1 else _result",
+                f"return _result[0] if len(_result) == 1 else {rest}",
             ]
         elif always:
             body.append(f"return {', '.join(always)}")

@@ -305,6 +305,27 @@ class Effect(Node):
     expr: Expr
 
 
+class Returns(Node):
+    """``returns output, new_state``: what a call of the API returns, in order.
+
+    Note [returns]
+    Without the statement a dispatcher returns fibgen's convention: every output that is
+    not written into an input, one bare or several as a tuple, and an output a flag asks for
+    (``return_lse``) after them when asked. An API whose result differs says what it
+    returns instead: each name is an output; an output written into a buffer of the caller
+    (``-> output``) is returned as that buffer (a new one where the call gave none), and an
+    output written into an input (``-> state``) as the caller's own tensor, the one the API
+    wrote, so that the result is what FlashInfer's own function returns
+    (``gated_delta_rule_decode`` gives ``(output, state)``). One name returns the value
+    bare, several a tuple, and ``returns none`` (``names`` empty) returns None. Outputs a
+    flag asks for still follow when asked. This is dispatch information only: the
+    definition JSON does not carry it.
+    """
+
+    names: tuple[str, ...]
+    name_spans: tuple[Span, ...] = Field(default=(), repr=False)
+
+
 class Tolerance(Node):
     atol: float | None = None
     rtol: float | None = None
@@ -340,6 +361,7 @@ class Family(Node):
     name_template_span: Span = Field(default=NO_SPAN, repr=False)
     api: ApiSignature | None = None
     no_api: str | None = None  # ``api none "why"``: why the family stands for no API
+    returns: Returns | None = None  # None: the default convention (Note [returns])
     effects: tuple[Effect, ...] = ()
     plan: ApiSignature | None = None
     rules: tuple[Rule, ...] = ()

@@ -243,6 +243,25 @@ class Lower(Transformer):
     def plan_stmt(self, meta: Meta, c: list) -> _Stmt:
         return self._signature(meta, c, "plan")
 
+    def returns_stmt(self, meta: Meta, c: list) -> _Stmt:
+        span = self._span(meta)
+        names = tuple(str(t) for t in c)
+        spans = tuple(self._tok_span(t) for t in c)
+        if "none" in names:
+            # `returns none`: the API returns None. Spelled as a word, like `api none`, since
+            # an empty list would read as a statement left unfinished.
+            if len(names) > 1:
+                at = names.index("none")
+                self._error(
+                    "`none` in a list of outputs",
+                    spans[at],
+                    help="`returns none` stands alone: the API returns None; otherwise name "
+                    "the outputs it returns",
+                )
+            names, spans = (), ()
+        value = ir.Returns(names=names, name_spans=spans, span=span)
+        return _Stmt("returns", value, span, "returns")
+
     def effect_stmt(self, meta: Meta, c: list) -> _Stmt:
         target, expr = c
         span = self._span(meta)

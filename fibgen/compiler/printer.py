@@ -143,7 +143,7 @@ def _anchors(sf: ir.SourceFile) -> list[tuple[int, int]]:
 
     for fam in sf.families:
         add(fam)
-        for node in (fam.api, fam.plan, fam.tolerance):
+        for node in (fam.api, fam.returns, fam.plan, fam.tolerance):
             add(node)
         for seq in (
             fam.effects,
@@ -221,6 +221,9 @@ class Printer:
             self.emit(i, f"api {fam.api.path}{_params(fam.api.params)}", fam.api.span)
         if fam.no_api is not None:
             self.emit(i, f"api none {quote(fam.no_api)}")
+        if fam.returns is not None:
+            names = ", ".join(fam.returns.names) or "none"
+            self.emit(i, f"returns {names}", fam.returns.span)
         for e in fam.effects:
             self.emit(i, f"effect {e.target} = {e.expr.text}", e.span)
         if fam.plan is not None:
