@@ -1462,6 +1462,21 @@ def _unstable(case: Case, off: list) -> bool:
     return len(again) != len(off)
 
 
+# Parameters whose stand-in values FlashInfer reads as device memory of its own layout
+# (multi-item scoring): on a GPU its kernel can fault on them, which ends the CUDA context
+# for every later case; they run last.
+_FAULTING = ("prefix_len_ptr", "token_pos_in_items", "max_item_len_ptr")
+
+
+def _faulting_last(cases: list[Case]) -> list[Case]:
+    return sorted(cases, key=lambda c: any(f in c.label for f in _FAULTING))
+
+
+def _sticky(outcome: Outcome) -> bool:
+    errors = f"{outcome.error_off} {outcome.error_on}"
+    return "illegal memory access" in errors or "AcceleratorError" in errors
+
+
 def _family_of(case: Case) -> str | None:
     for fam in FAMILIES.values():
         if fam.api is not None and fam.api.path == case.api:
@@ -1640,17 +1655,27 @@ def main() -> int:
         hung = prebuild(args.prebuild, groups, args.deadline)
     results: dict[str, list[dict]] = {}
     failures = not_run = 0
+    broken = None  # the case after which the CUDA context is unusable
     for group in groups:
         by_api: dict[str, list[Outcome]] = {}
-        for case in GROUPS[group]():
+        for case in _faulting_last(GROUPS[group]()):
             start = time.time()
             if (case.variant or case.label) in hung:
                 # A call that did not return while building would stop the run here.
                 outcome = Outcome(case.label, not_run="its kernels did not build in time")
             elif args.budget is not None and start - started > args.budget:
                 outcome = Outcome(case.label, not_run=f"out of time (--budget {args.budget:g})")
+            elif broken is not None:
+                outcome = Outcome(case.label, not_run=f"the CUDA context was lost at {broken}")
+            elif DEV == "cuda" and any(f in case.label for f in _FAULTING):
+                # FlashInfer reads these stand-ins as its multi-item-scoring metadata and
+                # faults (an illegal address, or SIGFPE) on them; apply on is checked alone.
+                outcome = _unservable(case, "FlashInfer faults on stand-in multi-item metadata")
             else:
                 outcome = run_case(case)
+                if _sticky(outcome):
+                    # An illegal address is sticky: every later call in this process fails.
+                    broken = f"{case.label!r} ({outcome.error_off or outcome.error_on})"[:160]
             outcome.extra["seconds"] = round(time.time() - start, 2)
             by_api.setdefault(case.api, []).append(outcome)
             failures += outcome.failure is not None
