@@ -132,7 +132,7 @@ def test_enable_patches_every_api_and_its_aliases_and_disable_restores_them():
     plan_before = decode.plan
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no API of the catalogue is left unpatched
-        rt.enable_apply({})
+        rt.enable_apply({}, strict=True)  # strict: every path, even with nothing to route
     for path, original in before.items():
         assert _live(path) is not original, f"{path} is not patched"
     assert flashinfer.rmsnorm is flashinfer.norm.rmsnorm is not before["flashinfer.norm.rmsnorm"]
@@ -160,7 +160,7 @@ def test_a_changed_signature_is_left_unpatched_with_one_warning(monkeypatch):
     assert flashinfer.norm.rmsnorm(x, w) == "the original"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        rt.enable_apply({})  # the same problem again: warned once per process
+        rt.enable_apply({}, strict=True)  # the same problem again: warned once per process
 
 
 def test_the_warning_names_the_definitions_of_every_family_of_the_path(monkeypatch):
@@ -172,7 +172,7 @@ def test_the_warning_names_the_definitions_of_every_family_of_the_path(monkeypat
 
     monkeypatch.setattr(decode, "run", run)
     with pytest.warns(RuntimeWarning) as caught:
-        rt.enable_apply({})
+        rt.enable_apply({}, strict=True)
     (message,) = [str(w.message) for w in caught if path in str(w.message)]
     families = [f for f in _families() if f.api.path == path]
     names = [n for f in families for n in _names_of(f)]
@@ -181,10 +181,26 @@ def test_the_warning_names_the_definitions_of_every_family_of_the_path(monkeypat
     assert "more" not in message
 
 
+def test_an_api_with_nothing_to_route_is_left_unpatched():
+    # Note [idle paths]: its calls reach FlashInfer at no cost.
+    norm, silu = flashinfer.norm.rmsnorm, flashinfer.activation.silu_and_mul
+    with rt.enable_apply({"rmsnorm_h4096": lambda hidden_states, weight: hidden_states}):
+        assert flashinfer.norm.rmsnorm is not norm
+        assert flashinfer.activation.silu_and_mul is silu
+    # A name no family knows may be one a name rule spells: every path stays patched.
+    with rt.enable_apply({"silu_and_mul_h999_bf16": lambda input: input}):
+        assert flashinfer.norm.rmsnorm is not norm
+        assert flashinfer.activation.silu_and_mul is not silu
+    # Strict mode patches every path: a call nothing serves must raise.
+    with rt.enable_apply({}, strict=True):
+        assert flashinfer.activation.silu_and_mul is not silu
+    assert flashinfer.activation.silu_and_mul is silu
+
+
 def test_a_missing_target_is_left_unpatched_with_one_warning(monkeypatch):
     monkeypatch.delattr(flashinfer.activation, "gelu_and_mul")
     with pytest.warns(RuntimeWarning, match="flashinfer.activation.gelu_and_mul does not exist"):
-        rt.enable_apply({})
+        rt.enable_apply({}, strict=True)
 
 
 def _sample(p: inspect.Parameter, i: int):

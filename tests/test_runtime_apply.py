@@ -184,7 +184,7 @@ def test_plan_inputs_are_captured_per_instance_and_used_at_run():
 
 def test_plan_state_is_weakly_held():
     wrapper, indptr, indices, _, _ = _decode_inputs()
-    with rt.enable_apply({}):
+    with rt.enable_apply({}, strict=True):  # strict: patched with nothing to route
         wrapper.plan(indptr, indices, None, 4, 2, 8, 1)
         assert len(gqa_paged_decode._plans) == 1
         del wrapper
