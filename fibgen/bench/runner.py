@@ -573,6 +573,9 @@ def _run_group(handle: _Handle, group: _Group, root: Path, options: BenchOptions
     prepare_timeout = options.timeout * PREPARE_TIMEOUTS
     reply = handle.ask(request, prepare_timeout)
     where = f"{group.definition.name} workload {group.workload.uuid}"
+    if reply[0] == "invalid":
+        # The worker's one line names the workload, its definition and the input.
+        return [], reply[1], []
     if reply[0] != "ready":
         why = {"timeout": f"timed out after {prepare_timeout:g} s"}.get(reply[0], reply[-1])
         return [], f"{where}: {why}", []

@@ -4,7 +4,8 @@ The runner starts one worker per device (multiprocessing, spawn) and talks to it
 
 - ``("workload", definition, workload, root, hints, seed, warmup, repeat, flush)``: make the
   workload's inputs on the device, run the reference on them and time it as solutions are
-  timed; replies ``("ready", reference timing, hardware, libs)`` or ``("error", message)``.
+  timed; replies ``("ready", reference timing, hardware, libs)``, ``("invalid", one line)``
+  when the dataset's workload cannot be used, or ``("error", traceback)``.
 - ``("solution", solution, tolerance, warmup, repeat, flush)``: load the solution, run it once on a
   copy of the inputs, compare with the reference (a sampler by the distribution of its
   draws, Note [judging samplers] in fibgen/runtime/compare.py), and time it when it passed;
@@ -188,8 +189,15 @@ class Worker:
     ):
         """Make inputs and the reference outputs; time the reference as solutions are timed."""
         from fibgen.bench.timing import measure
+        from fibgen.runtime.workloads import WorkloadError
 
-        inputs = _make_inputs(definition, workload, root, hints, seed, self.device)
+        try:
+            inputs = _make_inputs(definition, workload, root, hints, seed, self.device)
+        except WorkloadError as exc:
+            # A refused workload (a stored path that escapes the dataset, a missing blob, a
+            # tensor of another shape) is the dataset's mistake, said in one line that names
+            # the workload and input; a traceback would only show where fibgen noticed.
+            return ("invalid", str(exc))
         namespace: dict[str, Any] = {"__name__": f"fibgen_reference_{definition['name']}"}
         exec(
             compile(definition["reference"], f"<reference of {definition['name']}>", "exec"),

@@ -136,11 +136,30 @@ def blob_path(root: PathLike, op_type: str, definition: str, uuid: str) -> Path:
 
 
 def resolve_dataset_path(root: PathLike, relpath: str) -> Path:
-    """Resolve a path stored in the dataset (relative to ``root``); refuse ones that escape."""
+    """Resolve a path stored in the dataset (relative to ``root``); refuse ones that escape.
+
+    The text is checked first (absolute, ``..``, NUL), then the file system: with symbolic
+    links followed, the path must still lie inside the dataset root, so that a link in the
+    dataset (a blob, or a folder above it) cannot make bench read a file elsewhere. Returns
+    the path under ``root`` as written, which messages show.
+    """
     parts = relpath.replace("\\", "/").split("/")
     if relpath.startswith(("/", "\\")) or ".." in parts or (len(relpath) > 1 and relpath[1] == ":"):
         raise ValueError(f"dataset path {relpath!r} must be relative to the dataset root")
-    return Path(root).joinpath(*[p for p in parts if p not in ("", ".")])
+    if "\0" in relpath:
+        raise ValueError(f"dataset path {relpath!r} contains a NUL byte")
+    path = Path(root).joinpath(*[p for p in parts if p not in ("", ".")])
+    try:
+        real_root = Path(root).resolve()
+        real = path.resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop
+        raise ValueError(f"dataset path {relpath!r} cannot be resolved: {exc}") from None
+    if real != real_root and real_root not in real.parents:
+        raise ValueError(
+            f"dataset path {relpath!r} leads outside the dataset through a symbolic link; "
+            "a stored file must lie inside the dataset root"
+        )
+    return path
 
 
 # ---------------------------------------------------------------------------------------

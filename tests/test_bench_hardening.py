@@ -1,0 +1,105 @@
+"""`fibgen bench` and `report` on hostile or damaged datasets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from _bench_dataset import make_dataset
+from fibgen.cli import main
+from fibgen.format import Workload, write_workloads
+from fibgen.format.dataset import resolve_dataset_path
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _fibgen(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _bench(capsys, root: Path, *args: str) -> tuple[int, str, str]:
+    return _fibgen(
+        capsys, "bench", str(root), "--devices", "cpu", "--quiet", "--repeat", "3", *args
+    )
+
+
+def _stored(uuid: str, path: str) -> Workload:
+    return Workload.model_validate(
+        {
+            "uuid": uuid,
+            "axes": {"n": 3},
+            "inputs": {
+                "x": {"type": "safetensors", "path": path, "tensor_key": "x"},
+                "w": {"type": "random"},
+            },
+        }
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Stored paths are resolved and must stay inside the dataset (issue 14, item 10)
+
+
+def test_a_symlink_out_of_the_dataset_is_refused_in_one_line(tmp_path, capsys):
+    root = make_dataset(tmp_path / "ds", ["good_returns"], sizes=())
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    save_file({"x": torch.randn(3, 64)}, str(outside / "x.safetensors"))
+    (root / "blob").mkdir()
+    (root / "blob" / "link.safetensors").symlink_to(outside / "x.safetensors")
+    (root / "blob" / "folder").symlink_to(outside)
+    inside = root / "blob" / "real"
+    inside.mkdir()
+    save_file({"x": torch.randn(3, 64)}, str(inside / "x.safetensors"))
+    (root / "blob" / "alias").symlink_to(inside)  # a link that stays inside is fine
+    write_workloads(
+        root,
+        "scale",
+        "scale_h64",
+        [
+            _stored("link", "blob/link.safetensors"),
+            _stored("folder", "blob/folder/x.safetensors"),
+            _stored("up", "../outside/x.safetensors"),
+            _stored("absolute", str(outside / "x.safetensors")),
+            _stored("missing", "blob/none.safetensors"),
+            _stored("alias", "blob/alias/x.safetensors"),
+        ],
+    )
+    code, out, err = _bench(capsys, root)
+    assert code == 1
+    prefix = "error: workload {} of scale_h64, input 'x': "
+    escape = (
+        "dataset path {!r} leads outside the dataset through a symbolic link; a stored file "
+        "must lie inside the dataset root"
+    )
+    relative = "dataset path {!r} must be relative to the dataset root"
+    assert err.splitlines() == [
+        prefix.format("link") + escape.format("blob/link.safetensors"),
+        prefix.format("folder") + escape.format("blob/folder/x.safetensors"),
+        prefix.format("up") + relative.format("../outside/x.safetensors"),
+        prefix.format("absolute") + relative.format(str(outside / "x.safetensors")),
+        prefix.format("missing") + f"{root}/blob/none.safetensors: safetensors blob not found",
+    ]
+    assert out.splitlines()[0] == "1 traces written (PASSED 1); 0 already traced, skipped"
+    (line,) = (root / "traces" / "scale" / "scale_h64.jsonl").read_text().splitlines()
+    assert json.loads(line)["workload"]["uuid"] == "alias"
+
+
+def test_resolve_dataset_path_follows_links(tmp_path):
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "up").symlink_to(tmp_path)
+    (tmp_path / "ds" / "self").symlink_to(tmp_path / "ds")
+    assert resolve_dataset_path(tmp_path / "ds", "self/a") == tmp_path / "ds" / "self" / "a"
+    with pytest.raises(ValueError, match="leads outside the dataset through a symbolic link"):
+        resolve_dataset_path(tmp_path / "ds", "up/elsewhere")
+    with pytest.raises(ValueError, match="contains a NUL byte"):
+        resolve_dataset_path(tmp_path / "ds", "a\0b")
