@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+import _bench_dataset
 from _bench_dataset import make_dataset
 from fibgen.cli import main
 from fibgen.format import Workload, write_workloads
@@ -103,3 +104,52 @@ def test_resolve_dataset_path_follows_links(tmp_path):
         resolve_dataset_path(tmp_path / "ds", "up/elsewhere")
     with pytest.raises(ValueError, match="contains a NUL byte"):
         resolve_dataset_path(tmp_path / "ds", "a\0b")
+
+
+# ---------------------------------------------------------------------------------------
+# None and NaN outputs get the status and errors flashinfer-bench gives (item 11)
+
+
+def test_a_none_output_is_incorrect_shape_and_a_nan_output_records_nan(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setitem(
+        _bench_dataset.SOLUTIONS, "returns_none", ("def run(x, w):\n    return None\n", False)
+    )
+    monkeypatch.setitem(
+        _bench_dataset.SOLUTIONS,
+        "all_nan",
+        ("import torch\n\ndef run(x, w):\n    return torch.full_like(x, float('nan'))\n", False),
+    )
+    monkeypatch.setitem(
+        _bench_dataset.SOLUTIONS,
+        "nan_and_inf",
+        (
+            "def run(x, w):\n    y = x * w\n    y[0, 0] = float('nan')\n"
+            "    y[1, 1] = float('inf')\n    return y\n",
+            False,
+        ),
+    )
+    root = make_dataset(tmp_path / "ds", ["returns_none", "all_nan", "nan_and_inf"], sizes=(3,))
+    code, _, err = _bench(capsys, root)
+    assert code == 1 and err == ""
+    lines = (root / "traces" / "scale" / "scale_h64.jsonl").read_text().splitlines()
+    evaluations = {t["solution"]: t["evaluation"] for t in map(json.loads, lines)}
+    none = evaluations["returns_none"]
+    assert none["status"] == "INCORRECT_SHAPE" and "correctness" not in none
+    assert none["log"] == (
+        "output 'y' is None, expected a tensor of shape [3, 64] and dtype torch.float32"
+    )
+    nan = evaluations["all_nan"]
+    assert nan["status"] == "INCORRECT_NUMERICAL"
+    # As flashinfer-bench writes a non-finite error: the string "NaN", not "Infinity".
+    assert nan["correctness"] == {"max_absolute_error": "NaN", "max_relative_error": "NaN"}
+    assert nan["log"].endswith("(it holds NaN where the reference does not)")
+    # An infinity wins over a NaN, as in flashinfer-bench's check.
+    both = evaluations["nan_and_inf"]
+    assert both["correctness"] == {
+        "max_absolute_error": "Infinity",
+        "max_relative_error": "Infinity",
+    }
+    code, out, err = _fibgen(capsys, "report", str(root))
+    assert code == 0 and err == "" and "returns_none" in out

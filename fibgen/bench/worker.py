@@ -21,6 +21,7 @@ every later call on that context would fail too.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import traceback
@@ -332,7 +333,17 @@ class Worker:
         numerical = []
         for name, got, want in zip(names, actual, work.expected):
             if not isinstance(got, torch.Tensor):
-                got = torch.as_tensor(got)
+                # A number stands for a 0-D output, as flashinfer-bench converts it. Anything
+                # else (None: a forgotten return) is no tensor at all, so it has no shape: it
+                # is INCORRECT_SHAPE, checked before the dtype as every output is.
+                converted = _number_tensor(got)
+                if converted is None:
+                    log = (
+                        f"output {name!r} is {_kind_of(got)}, expected a tensor of shape "
+                        f"{list(want.shape)} and dtype {want.dtype}"
+                    )
+                    return {"status": INCORRECT_SHAPE, "log": log}, {}
+                got = converted
             if tuple(got.shape) != tuple(want.shape):
                 log = f"output {name!r} has shape {list(got.shape)}, expected {list(want.shape)}"
                 return {"status": INCORRECT_SHAPE, "log": log}, {}
@@ -342,15 +353,63 @@ class Worker:
             if not values:
                 continue
             result = compare(got, want, **tolerance)
-            max_abs = max(max_abs, result.max_abs_err)
-            max_rel = max(max_rel, result.max_rel_err)
+            abs_err, rel_err = result.max_abs_err, result.max_rel_err
+            special = _non_finite_error(got, want)
+            if special is not None:
+                abs_err = rel_err = special
+            max_abs = _worse(max_abs, abs_err)
+            max_rel = _worse(max_rel, rel_err)
             if not result.ok:
-                numerical.append(f"output {name!r}: {result}")
+                # compare counts a NaN as an infinite error; say what the output holds.
+                nan = " (it holds NaN where the reference does not)" if special != special else ""
+                numerical.append(f"output {name!r}: {result}{nan}")
         errors = {"max_absolute_error": max_abs, "max_relative_error": max_rel}
         if numerical:
             log = "\n".join(numerical)
             return {"status": INCORRECT_NUMERICAL, "log": log, "correctness": errors}, errors
         return None, errors
+
+
+def _number_tensor(value: Any) -> torch.Tensor | None:
+    """A Python or NumPy number as a 0-D tensor; None for anything else."""
+    if isinstance(value, (bool, int, float)) or type(value).__module__ == "numpy":
+        try:
+            return torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError):
+            return None
+    return None
+
+
+def _kind_of(value: Any) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return f"a {type(value).__name__}"
+
+
+def _non_finite_error(got: torch.Tensor, want: torch.Tensor) -> float | None:
+    """The error flashinfer-bench records for non-finite output values: inf when the output
+    has an infinity the reference does not, else NaN when it has a NaN the reference does not;
+    None when neither (values the reference has at the same place match, as in compare)."""
+    if not got.is_floating_point() or "float4" in str(got.dtype) or got.numel() == 0:
+        return None
+    g = got.detach().to("cpu", torch.float64)
+    e = want.detach().to("cpu", torch.float64)
+    if bool((g.isinf() & (g != e)).any()):
+        return math.inf
+    if bool((g.isnan() & ~e.isnan()).any()):
+        return math.nan
+    return None
+
+
+def _worse(a: float, b: float) -> float:
+    # max() ignores NaN (every comparison with it is false): an infinity wins, then a NaN.
+    if math.isinf(a) or math.isinf(b):
+        return math.inf
+    if math.isnan(a) or math.isnan(b):
+        return math.nan
+    return max(a, b)
 
 
 def _is_sampling(definition: dict) -> bool:
