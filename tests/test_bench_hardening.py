@@ -153,3 +153,76 @@ def test_a_none_output_is_incorrect_shape_and_a_nan_output_records_nan(
     }
     code, out, err = _fibgen(capsys, "report", str(root))
     assert code == 0 and err == "" and "returns_none" in out
+
+
+# ---------------------------------------------------------------------------------------
+# A torn last trace line: dropped by --resume, skipped by report with its file:line (item 13)
+
+
+def _tear(path: Path) -> bytes:
+    """Append the first 120 bytes of the file's first line, as a writer killed mid-line."""
+    data = path.read_bytes()
+    torn = data.split(b"\n")[0][:120]
+    path.write_bytes(data + torn)
+    return data
+
+
+def test_resume_drops_a_torn_last_line_and_says_so_once(tmp_path, capsys):
+    root = make_dataset(tmp_path / "ds", ["good_returns", "good_dps"], sizes=(3, 5))
+    code, _, _ = _bench(capsys, root, "--solutions", "good_returns")
+    assert code == 0
+    path = root / "traces" / "scale" / "scale_h64.jsonl"
+    whole = _tear(path)
+    code, out, err = _bench(capsys, root, "--resume")
+    assert code == 0
+    assert err.splitlines() == [
+        f"note: {path}:3: dropped a torn last line (120 bytes, not JSON): its writer was "
+        "stopped before finishing it"
+    ]
+    assert out.splitlines()[0] == "2 traces written (PASSED 2); 2 already traced, skipped"
+    data = path.read_bytes()
+    assert data.startswith(whole) and data.endswith(b"\n")
+    traces = [json.loads(line) for line in data.decode().splitlines()]
+    assert sorted((t["solution"], t["workload"]["uuid"]) for t in traces) == [
+        ("good_dps", "n3"),
+        ("good_dps", "n5"),
+        ("good_returns", "n3"),
+        ("good_returns", "n5"),
+    ]
+
+
+def test_report_names_a_bad_line_and_goes_on(tmp_path, capsys):
+    root = make_dataset(tmp_path / "ds", ["good_returns"], sizes=(3, 5))
+    assert _bench(capsys, root)[0] == 0
+    path = root / "traces" / "scale" / "scale_h64.jsonl"
+    _tear(path)
+    code, out, err = _fibgen(capsys, "report", str(root))
+    assert code == 0
+    assert err == (
+        f"warning: {path}:3: invalid JSON: Unterminated string starting at (column 114); "
+        "line skipped\n"
+    )
+    assert "good_returns  2       0" in out
+    # A bad line in the middle too (a file another tool wrote): named, skipped.
+    path.write_text(path.read_text().replace("\n", "\n{}\n", 1))
+    code, out, err = _fibgen(capsys, "report", str(root), "--format", "json")
+    assert code == 0 and json.loads(out)["definitions"]["scale_h64"]["solutions"]
+    assert err.splitlines()[0].startswith(f"warning: {path}:2: ")
+
+
+def test_an_appender_drops_a_torn_last_line_with_a_warning(tmp_path):
+    from fibgen.format import FormatWarning
+    from fibgen.format.dataset import append_lines_atomic
+
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b'{"a": 1}\n{"b": 2}')  # whole JSON without its newline: kept
+    append_lines_atomic(path, ['{"c": 3}'])
+    assert path.read_bytes() == b'{"a": 1}\n{"b": 2}\n{"c": 3}\n'
+    path.write_bytes(path.read_bytes() + b'{"d": "to')
+    with pytest.warns(FormatWarning) as caught:
+        append_lines_atomic(path, ['{"e": 5}'])
+    assert [str(w.message) for w in caught] == [
+        f"{path}:4: dropped a torn last line (9 bytes, not JSON): its writer was stopped "
+        "before finishing it"
+    ]
+    assert path.read_bytes() == b'{"a": 1}\n{"b": 2}\n{"c": 3}\n{"e": 5}\n'

@@ -50,7 +50,14 @@ from fibgen.format import (
     load_definition_files,
     read_solution,
 )
-from fibgen.format.dataset import EXTRAS_SUFFIX, is_stale, pack_solution, read_extras
+from fibgen.format.dataset import (
+    EXTRAS_SUFFIX,
+    drop_torn_last_line,
+    is_stale,
+    pack_solution,
+    read_extras,
+    trace_path,
+)
 from fibgen.runtime.workloads import load_workloads
 
 __all__ = [
@@ -648,6 +655,16 @@ def run_bench(
         work.put(group)
     bar = _Progress(groups, progress)
     lock = threading.Lock()
+
+    # A run killed while writing a trace leaves a torn last line: it is dropped before this
+    # run appends (Note [torn lines]), and said once here rather than by each append.
+    for path in sorted({trace_path(root, g.definition.op_type, g.definition.name) for g in groups}):
+        try:
+            dropped = drop_torn_last_line(path)
+        except OSError as exc:
+            raise BenchError(f"cannot read {path}: {exc}") from None
+        if dropped is not None:
+            summary.notes.append(dropped)
 
     def drive(device: str) -> None:
         handle = _Handle(device)
