@@ -1,4 +1,5 @@
-"""`fibgen bench` and `report` on hostile or damaged datasets."""
+"""`fibgen bench` and `report` on hostile or damaged datasets: stored paths that escape, outputs
+that are no tensor or not finite, torn trace lines, a runner that cannot write its traces."""
 
 from __future__ import annotations
 
@@ -90,7 +91,11 @@ def test_a_symlink_out_of_the_dataset_is_refused_in_one_line(tmp_path, capsys):
         prefix.format("absolute") + relative.format(str(outside / "x.safetensors")),
         prefix.format("missing") + f"{root}/blob/none.safetensors: safetensors blob not found",
     ]
-    assert out.splitlines()[0] == "1 traces written (PASSED 1); 0 already traced, skipped"
+    assert out.splitlines() == [
+        "1 traces written (PASSED 1); 0 already traced, skipped",
+        f"  {root}/traces/scale/scale_h64.jsonl",
+        f"bench: FAILED: 5 error(s) above; 1 trace(s) written; see `fibgen report {root}`",
+    ]
     (line,) = (root / "traces" / "scale" / "scale_h64.jsonl").read_text().splitlines()
     assert json.loads(line)["workload"]["uuid"] == "alias"
 
@@ -226,3 +231,45 @@ def test_an_appender_drops_a_torn_last_line_with_a_warning(tmp_path):
         "before finishing it"
     ]
     assert path.read_bytes() == b'{"a": 1}\n{"b": 2}\n{"c": 3}\n{"e": 5}\n'
+
+
+# ---------------------------------------------------------------------------------------
+# A runner thread that fails fails the run and says what was lost (item 14)
+
+
+def test_traces_that_cannot_be_written_fail_the_run(tmp_path, capsys):
+    root = make_dataset(tmp_path / "ds", ["good_returns", "good_dps"], sizes=(3, 5))
+    (root / "traces").mkdir()
+    (root / "traces" / "scale").write_text("a file where the folder should be\n")
+    code, out, err = _bench(capsys, root)
+    assert code == 1
+    assert out.splitlines() == [
+        "0 traces written (none); 0 already traced, skipped",
+        "bench: FAILED: 2 error(s) above; 0 trace(s) written",
+    ]
+    assert err.splitlines() == [
+        f"error: cannot write 2 trace(s) of scale_h64 workload n3 to "
+        f"{root}/traces/scale/scale_h64.jsonl: [Errno 17] File exists: '{root}/traces/scale'; "
+        "their results are lost",
+        "error: not run: 2 run(s) of 1 workload(s) after the error(s) above: scale_h64 "
+        "workload n5",
+    ]
+
+
+def test_a_failure_inside_the_runner_thread_fails_the_run(tmp_path, capsys, monkeypatch):
+    from fibgen.bench import runner
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the runner broke")
+
+    monkeypatch.setattr(runner, "_run_group", broken)
+    root = make_dataset(tmp_path / "ds", ["good_returns"], sizes=(3, 5))
+    code, out, err = _bench(capsys, root)
+    assert code == 1 and not (root / "traces").exists()
+    assert err.splitlines() == [
+        "error: device cpu: RuntimeError: the runner broke; not run: 1 run(s) of scale_h64 "
+        "workload n3",
+        "error: not run: 1 run(s) of 1 workload(s) after the error(s) above: scale_h64 "
+        "workload n5",
+    ]
+    assert out.splitlines()[-1] == "bench: FAILED: 2 error(s) above; 0 trace(s) written"

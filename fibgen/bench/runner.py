@@ -125,17 +125,25 @@ class BenchSummary:
 
     def verdict(self, root: str | os.PathLike[str]) -> str:
         """The last line of a run: passed, failed, or nothing run, and where to look."""
+        failed = {k: v for k, v in sorted(self.statuses.items()) if k != w.PASSED}
+        shown = ", ".join(f"{k} {v}" for k, v in failed.items())
+        report = f"; see `fibgen report {root}`" if self.traces else ""
+        if self.problems:
+            # An error (a workload that could not be prepared, traces that could not be
+            # written) fails the run even when every trace that was written passed.
+            did_not_pass = f", {self.failed} did not pass ({shown})" if failed else ""
+            return (
+                f"bench: FAILED: {len(self.problems)} error(s) above; {self.traces} trace(s) "
+                f"written{did_not_pass}{report}"
+            )
         if not self.traces:
             return f"bench: nothing run ({self.skipped} run(s) already traced, skipped)"
-        failed = {k: v for k, v in sorted(self.statuses.items()) if k != w.PASSED}
-        problems = f"; {len(self.problems)} error(s) above" if self.problems else ""
         if failed:
-            shown = ", ".join(f"{k} {v}" for k, v in failed.items())
             return (
                 f"bench: FAILED: {self.failed} of {self.traces} run(s) did not pass ({shown})"
-                f"{problems}; see `fibgen report {root}`"
+                f"{report}"
             )
-        return f"bench: all {self.traces} run(s) PASSED{problems}"
+        return f"bench: all {self.traces} run(s) PASSED"
 
 
 @dataclass(frozen=True)
@@ -667,6 +675,8 @@ def run_bench(
             summary.notes.append(dropped)
 
     def drive(device: str) -> None:
+        # Every failure of this thread ends up in summary.problems, which fails the run: an
+        # exception escaping here would only print a traceback while the run exits 0.
         handle = _Handle(device)
         try:
             while True:
@@ -674,33 +684,46 @@ def run_bench(
                     group = work.get_nowait()
                 except queue.Empty:
                     return
+                where = f"{group.definition.name} workload {group.workload.uuid}"
                 try:
                     results, problem, noisy = _run_group(handle, group, root, options)
+                    traces = [
+                        Trace.model_validate(
+                            {
+                                "definition": group.definition.name,
+                                "workload": group.workload.model_dump(mode="json"),
+                                "solution": solution.name,
+                                "evaluation": evaluation,
+                            }
+                        )
+                        for solution, evaluation in results
+                    ]
                 except Exception as exc:
                     # The runner itself failed on this device (no worker could start):
                     # report it and leave the remaining work to the other devices.
                     with lock:
-                        summary.problems.append(f"device {device}: {type(exc).__name__}: {exc}")
+                        summary.problems.append(
+                            f"device {device}: {type(exc).__name__}: {exc}; not run: "
+                            f"{len(group.solutions)} run(s) of {where}"
+                        )
                     return
-                traces = [
-                    Trace.model_validate(
-                        {
-                            "definition": group.definition.name,
-                            "workload": group.workload.model_dump(mode="json"),
-                            "solution": solution.name,
-                            "evaluation": evaluation,
-                        }
-                    )
-                    for solution, evaluation in results
-                ]
                 with lock:
+                    if traces:
+                        path = trace_path(root, group.definition.op_type, group.definition.name)
+                        try:
+                            summary.trace_files.update(
+                                append_traces(root, group.definition.op_type, traces)
+                            )
+                        except (OSError, ValueError) as exc:
+                            summary.problems.append(
+                                f"cannot write {len(traces)} trace(s) of {where} to {path}: "
+                                f"{exc}; their results are lost"
+                            )
+                            return
                     for trace in traces:
                         summary.statuses[trace.evaluation.status.value] += 1
                         if on_trace is not None:
                             on_trace(trace)
-                    if traces:
-                        paths = append_traces(root, group.definition.op_type, traces)
-                        summary.trace_files.update(paths)
                     if problem is not None:
                         summary.problems.append(problem)
                     summary.noisy.extend(noisy)
@@ -714,4 +737,17 @@ def run_bench(
     for t in threads:
         t.join()
     bar.close()
+    left = []
+    while True:
+        try:
+            left.append(work.get_nowait())
+        except queue.Empty:
+            break
+    if left:
+        # Every runner thread stopped on an error above before the work was done.
+        runs = sum(len(g.solutions) for g in left)
+        shown = _listing([f"{g.definition.name} workload {g.workload.uuid}" for g in left], 5)
+        summary.problems.append(
+            f"not run: {runs} run(s) of {len(left)} workload(s) after the error(s) above: {shown}"
+        )
     return summary
