@@ -20,6 +20,7 @@ and the dataset's JSON are of the same sources (and --resume runs it again).
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import math
@@ -31,7 +32,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -418,7 +419,9 @@ class _Handle:
     def start(self) -> None:
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
-        process = context.Process(target=w.main, args=(child, self.device), daemon=True)
+        process = context.Process(
+            target=w.main, args=(child, self.device, os.getpid()), daemon=True
+        )
         try:
             process.start()
         finally:
@@ -449,6 +452,15 @@ class _Handle:
             except ValueError:
                 return f"worker process killed by signal {-code}"
         return f"worker process exited with status {code}"
+
+    def signal_kill(self) -> None:
+        """SIGKILL the worker and return at once: all a signal handler may do."""
+        process = self.process
+        if process is not None and process.pid is not None:
+            try:
+                os.kill(process.pid, signal.SIGKILL)
+            except OSError:  # gone already
+                pass
 
     def kill(self) -> None:
         if self.process is not None and self.process.is_alive():
@@ -635,6 +647,36 @@ def _run_group(handle: _Handle, group: _Group, root: Path, options: BenchOptions
     return traces, None, noisy
 
 
+@contextlib.contextmanager
+def _workers_die_on_sigterm(handles: list[_Handle]) -> Iterator[None]:
+    """While the run lasts, a SIGTERM that would end the runner kills its workers first.
+
+    Only where SIGTERM has its default action (the runner then dies) and only on the main
+    thread, where Python runs handlers; elsewhere the workers still die with the runner
+    (Note [worker lifetime] in worker.py).
+    """
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        for handle in list(handles):
+            handle.signal_kill()
+        # Then die of the signal, as the runner would have without this handler.
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGTERM) is on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def run_bench(
     root: str | os.PathLike[str],
     options: BenchOptions = BenchOptions(),
@@ -659,6 +701,7 @@ def run_bench(
             f"the dataset's JSON holds what is run: " + ", ".join(str(p) for p in work_plan.stale)
         )
     work: queue.Queue[_Group] = queue.Queue()
+    handles: list[_Handle] = []
     for group in groups:
         work.put(group)
     bar = _Progress(groups, progress)
@@ -678,6 +721,8 @@ def run_bench(
         # Every failure of this thread ends up in summary.problems, which fails the run: an
         # exception escaping here would only print a traceback while the run exits 0.
         handle = _Handle(device)
+        with lock:
+            handles.append(handle)
         try:
             while True:
                 try:
@@ -732,10 +777,11 @@ def run_bench(
             handle.stop()
 
     threads = [threading.Thread(target=drive, args=(d,), daemon=True) for d in options.devices]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with _workers_die_on_sigterm(handles):
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     bar.close()
     left = []
     while True:
