@@ -196,6 +196,17 @@ def test_resume_drops_a_torn_last_line_and_says_so_once(tmp_path, capsys):
     ]
 
 
+def test_resume_drops_a_torn_last_line_when_everything_is_traced(tmp_path, capsys):
+    root = make_dataset(tmp_path / "ds", ["good_returns"], sizes=(3, 5))
+    assert _bench(capsys, root)[0] == 0
+    path = root / "traces" / "scale" / "scale_h64.jsonl"
+    whole = _tear(path)
+    code, out, err = _bench(capsys, root, "--resume")
+    assert code == 0 and path.read_bytes() == whole
+    assert err.startswith(f"note: {path}:3: dropped a torn last line (120 bytes, not JSON)")
+    assert out.splitlines()[-1] == "bench: nothing run (2 run(s) already traced, skipped)"
+
+
 def test_report_names_a_bad_line_and_goes_on(tmp_path, capsys):
     root = make_dataset(tmp_path / "ds", ["good_returns"], sizes=(3, 5))
     assert _bench(capsys, root)[0] == 0

@@ -257,6 +257,8 @@ class Plan:
     skipped: int = 0
     notes: list[str] = field(default_factory=list)
     stale: list[Path] = field(default_factory=list)
+    # The trace files of the definitions the run covers (run or already traced).
+    trace_files: list[Path] = field(default_factory=list)
 
 
 def plan(root: Path, options: BenchOptions) -> Plan:
@@ -330,6 +332,7 @@ def plan(root: Path, options: BenchOptions) -> Plan:
     groups: list[_Group] = []
     skipped = 0
     no_workloads = []
+    trace_files: list[Path] = []
     for name in sorted(definitions):
         if not _matches(name, list(options.definitions)):
             continue
@@ -340,6 +343,7 @@ def plan(root: Path, options: BenchOptions) -> Plan:
             no_workloads.append(name)
             continue
         definition = definitions[name]
+        trace_files.append(trace_path(root, definition.op_type, name))
         extras = load_extras(definition_files[name][0], definition)
         for workload in workloads[name]:
             # A solution whose files changed has traces of other sources: it runs again.
@@ -374,7 +378,7 @@ def plan(root: Path, options: BenchOptions) -> Plan:
             else "no solution is for a selected definition"
         )
         raise BenchError(f"nothing to run in {root}{chosen}: {reasons}")
-    return Plan(groups, skipped, notes, stale)
+    return Plan(groups, skipped, notes, stale, trace_files)
 
 
 def check_devices(devices: tuple[str, ...]) -> tuple[str, ...]:
@@ -708,8 +712,9 @@ def run_bench(
     lock = threading.Lock()
 
     # A run killed while writing a trace leaves a torn last line: it is dropped before this
-    # run appends (Note [torn lines]), and said once here rather than by each append.
-    for path in sorted({trace_path(root, g.definition.op_type, g.definition.name) for g in groups}):
+    # run appends (Note [torn lines]), and said once here rather than by each append; also
+    # where --resume finds everything traced, so that what the run leaves reads cleanly.
+    for path in work_plan.trace_files:
         try:
             dropped = drop_torn_last_line(path)
         except OSError as exc:
