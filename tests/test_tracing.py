@@ -527,3 +527,28 @@ def test_a_var_axis_of_two_sizes_is_a_mismatch(tmp_path):
     ]
     assert rt.tracing_stats()["mismatched"] == 1
     assert _records(tmp_path, "fused_add_rmsnorm_h4096") == []
+
+
+def test_records_after_a_torn_line_start_on_a_line_of_their_own(tmp_path):
+    rt.enable_tracing(tmp_path)
+    rmsnorm.rmsnorm(torch.randn(2, 4096), torch.randn(4096))
+    rt.disable_tracing()
+    path = tmp_path / "workloads" / "rmsnorm" / "rmsnorm_h4096.jsonl"
+    whole = path.read_text()
+    path.write_text(whole + whole[:50])  # a process killed in the middle of a line
+    rt.enable_tracing(tmp_path)
+    with pytest.warns(RuntimeWarning) as caught:
+        rmsnorm.rmsnorm(torch.randn(3, 4096), torch.randn(4096))
+        rt.flush_tracing()
+        rmsnorm.rmsnorm(torch.randn(4, 4096), torch.randn(4096))
+        rt.disable_tracing()
+    assert [str(w.message) for w in caught] == [
+        f"fibgen tracing: {path} did not end with a newline (a writer stopped mid-line?); new "
+        "records start on a line of their own"
+    ]
+    lines = path.read_text().splitlines()
+    assert lines[:2] == [whole.strip(), whole[:50]]
+    assert [json.loads(line)["workload"]["axes"] for line in lines[2:]] == [
+        {"batch_size": 3},
+        {"batch_size": 4},
+    ]

@@ -220,6 +220,8 @@ class _Tracer:
         self.warned: set[str] = set()
         self.unknown = itertools.count()
         self.mismatched = itertools.count()
+        # Workload files this tracer has appended to: their last line was checked.
+        self.appended: set[Path] = set()
         # Definition name -> the check of a call's inputs (Note [checked records]).
         self.checks: dict[str, Callable[[Sequence[Any]], str | None]] = {}
         # Definition name -> its JSON file beside the dispatcher (None: not found), filled
@@ -364,7 +366,16 @@ class _Tracer:
         for (op_type, definition), batch in lines.items():
             self._ensure_definition(definition)
             try:
-                _append(workload_file(self.root, op_type, definition), batch)
+                path = workload_file(self.root, op_type, definition)
+                # A file this tracer has not written yet may end in a line torn by a process
+                # killed while writing it (Note [torn lines] in fibgen/format/dataset.py).
+                if _append(path, batch, check_tail=path not in self.appended):
+                    self._warn_once(
+                        "torn",
+                        f"{path} did not end with a newline (a writer stopped mid-line?); "
+                        "new records start on a line of their own",
+                    )
+                self.appended.add(path)
                 self.written += len(batch)
             except OSError as exc:
                 for _ in batch:
@@ -525,17 +536,31 @@ def workload_file(root: Path, op_type: str, definition: str) -> Path:
     return workload_path(root, op_type, definition)
 
 
-def _append(path: Path, lines: list[str]) -> None:
+def _append(path: Path, lines: list[str], check_tail: bool = False) -> bool:
+    """Append lines to a JSONL file; with ``check_tail``, first end a torn last line.
+
+    Returns whether the file ended in a torn line (Note [torn lines] in
+    fibgen/format/dataset.py). Other processes may be appending to the same file, so it
+    is not cut: the new lines start on a line of their own, and the torn one stays a bad
+    line that readers name by file and line.
+    """
     # One O_APPEND write per batch: processes tracing into one dataset do not tear lines.
     path.parent.mkdir(parents=True, exist_ok=True)
     data = "".join(line + "\n" for line in lines).encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    torn = False
     try:
+        if check_tail:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                torn = True
+                data = b"\n" + data
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
+    return torn
 
 
 # ---------------------------------------------------------------------------------------
