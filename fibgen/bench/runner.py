@@ -38,6 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from fibgen.bench import child as entry
 from fibgen.bench import worker as w
 from fibgen.bench.timing import check_flush
 from fibgen.format import (
@@ -423,8 +424,10 @@ class _Handle:
     def start(self) -> None:
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
+        # Started through the light entry module, which ties the worker's life to this
+        # process's before it imports torch (Note [worker lifetime] in child.py).
         process = context.Process(
-            target=w.main, args=(child, self.device, os.getpid()), daemon=True
+            target=entry.main, args=(child, self.device, os.getpid()), daemon=True
         )
         try:
             process.start()
@@ -657,7 +660,7 @@ def _workers_die_on_sigterm(handles: list[_Handle]) -> Iterator[None]:
 
     Only where SIGTERM has its default action (the runner then dies) and only on the main
     thread, where Python runs handlers; elsewhere the workers still die with the runner
-    (Note [worker lifetime] in worker.py).
+    (Note [worker lifetime] in child.py).
     """
     if (
         threading.current_thread() is not threading.main_thread()

@@ -433,59 +433,15 @@ def _format(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
 
 
-# Note [worker lifetime]
-# A worker must not outlive its runner: one left running a solution (a hang, a long timing
-# loop) holds a CPU or a GPU, and the multiprocessing resource tracker, which exits only when
-# every process that holds its pipe has exited, stays with it. A runner that exits normally
-# stops its workers, and one stopped by SIGTERM kills them first (runner.py); but a runner
-# killed outright (SIGKILL, the OOM killer) can do nothing. So each worker, as it starts:
-#
-# - asks Linux to send it SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG). The
-#   "parent" is the runner thread that started the worker; that thread stops its worker
-#   before it ends, so the signal comes only when the runner dies;
-# - checks that the parent is still the runner, since it may have died before the prctl;
-# - runs a thread that watches the parent's pid, for systems without prctl and in case the
-#   signal is lost: when the worker is re-parented, it exits.
-
-_PR_SET_PDEATHSIG = 1
-_WATCH_PERIOD_S = 0.25
-
-
-def die_with_parent(parent: int) -> None:
-    """Make this process end when process ``parent`` does (Note [worker lifetime])."""
-    import ctypes
-    import signal
-    import sys
-    import threading
-    import time
-
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        except (OSError, AttributeError):
-            pass  # the watchdog below still holds
-    if os.getppid() != parent:
-        os._exit(1)
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(_WATCH_PERIOD_S)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="fibgen-parent-watch", daemon=True).start()
-
-
-def main(conn: Any, device: str, parent: int | None = None) -> None:
+def main(conn: Any, device: str) -> None:
     """The worker's loop: answer requests until told to stop or the pipe closes.
 
-    ``parent`` is the runner's pid: the worker ends when the runner does.
+    The runner starts it through ``fibgen.bench.child.main``, which first ties the
+    worker's life to the runner's (Note [worker lifetime] there).
     """
     # A worker must not be stopped by the Ctrl-C meant for the runner: the runner stops it.
     import signal
 
-    if parent is not None:
-        die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         worker: Worker | None = Worker(device)
