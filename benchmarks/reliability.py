@@ -6,9 +6,10 @@ Run from the repository root (each prints its figures; exit 1 when a trial lost 
     python benchmarks/reliability.py tracer-sigterm [--trials 5] [--seconds 2]
     python benchmarks/reliability.py threads [--trials 5] [--threads 8] [--calls 10000]
 
-* kill-resume: a dataset of 12 workloads x 3 solutions is benchmarked by `fibgen bench`,
-  which is killed with SIGKILL at a random moment, `--kills` times in a row (each restart
-  with `--resume`), then run to the end with `--resume`. Every (workload, solution) must
+* kill-resume: a dataset of 30 workloads x 3 solutions is benchmarked by `fibgen bench`,
+  which is killed with SIGKILL mid-run (once a random number of traces is written, plus a
+  random delay), `--kills` times in a row (each restart with `--resume`), then run to the
+  end with `--resume`. Every (workload, solution) must
   then have exactly one trace, every trace line must parse, no temporary file may be left,
   and no worker or resource tracker of a killed run may be alive 3 s after its kill.
 * tracer-sigterm: a process calls a traced dispatcher in a loop (dump policy none, every
@@ -77,11 +78,18 @@ def _children(pid: int) -> list[int]:
 # kill -9 and --resume
 
 
+def _lines(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
 def _dataset(root: Path) -> set[tuple[str, str]]:
-    """12 workloads x 3 solutions; the (workload uuid, solution) pairs a full run traces."""
+    """30 workloads x 3 solutions; the (workload uuid, solution) pairs a full run traces."""
     from _bench_dataset import make_dataset
 
-    sizes = tuple(range(1, 13))
+    sizes = tuple(range(1, 31))
     names = ["good_returns", "good_dps", "slow_returns"]
     make_dataset(root, names, sizes=sizes)
     return {(f"n{n}", s) for n in sizes for s in names}
@@ -111,9 +119,18 @@ def kill_resume(args: argparse.Namespace) -> int:
             survivors = 0
             at_kill = []  # traces on disk after each kill: a kill mid-run leaves some
             for kill in range(args.kills):
+                done = _lines(traces)
                 bench = _bench(root, cache, resume=kill > 0)
-                # Past start-up (about 3 s here) and into the runs, at a random moment.
-                time.sleep(rng.uniform(3.0, 8.0))
+                # Mid-run: once a random number of further traces is on disk, then a random
+                # moment later (inside the next workload's runs, or between them).
+                low = min(done + 1, len(expected))
+                target = rng.randint(low, max(low, len(expected) - 1))
+                deadline = time.monotonic() + 300
+                while (
+                    _lines(traces) < target and bench.poll() is None and time.monotonic() < deadline
+                ):
+                    time.sleep(0.02)
+                time.sleep(rng.uniform(0.0, 0.2))
                 children = _children(bench.pid)
                 bench.kill()
                 bench.wait()
@@ -121,7 +138,7 @@ def kill_resume(args: argparse.Namespace) -> int:
                 deadline = time.monotonic() + 3.0
                 while time.monotonic() < deadline and any(_alive(p) for p in children):
                     time.sleep(0.05)
-                at_kill.append(len(traces.read_text().splitlines()) if traces.exists() else 0)
+                at_kill.append(_lines(traces))
                 left = [p for p in children if _alive(p)]
                 survivors += len(left)
                 for pid in left:
