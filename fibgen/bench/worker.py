@@ -361,8 +361,9 @@ class Worker:
             max_rel = _worse(max_rel, rel_err)
             if not result.ok:
                 # compare counts a NaN as an infinite error; say what the output holds.
-                nan = " (it holds NaN where the reference does not)" if special != special else ""
-                numerical.append(f"output {name!r}: {result}{nan}")
+                holds_nan = special is not None and math.isnan(special)
+                note = " (it holds NaN where the reference does not)" if holds_nan else ""
+                numerical.append(f"output {name!r}: {result}{note}")
         errors = {"max_absolute_error": max_abs, "max_relative_error": max_rel}
         if numerical:
             log = "\n".join(numerical)
