@@ -36,23 +36,48 @@ def run_case(case: str, workdir: Path) -> tuple[str, dict]:
     for name, text in spec.get("files", {}).items():
         (workdir / name).parent.mkdir(parents=True, exist_ok=True)
         (workdir / name).write_text(text, encoding="utf-8", newline="")
+    for name, target in spec.get("symlinks", {}).items():
+        (workdir / name).parent.mkdir(parents=True, exist_ok=True)
+        (workdir / name).symlink_to(target)
     cwd = os.getcwd()
+    cache = os.environ.get("FIBGEN_CACHE_DIR")
     os.chdir(workdir)
+    # Solutions that bench runs are materialized in the case's folder, not the user's cache.
+    os.environ["FIBGEN_CACHE_DIR"] = str(workdir / ".cache")
     try:
-        for argv in spec.get("before", []):
+        for before in spec.get("before", []):
+            argv, expected = (
+                (before, 0) if isinstance(before, list) else (before["argv"], before["exit"])
+            )
             code, _, err = _fibgen(argv)
-            assert code == 0, f"{case}: `fibgen {' '.join(argv)}` failed: {err}"
+            assert code == expected, f"{case}: `fibgen {' '.join(argv)}` exited {code}: {err}"
         for name, text in spec.get("create_after", {}).items():
             Path(name).write_text(text, encoding="utf-8")
         code, out, err = _fibgen(spec["argv"])
     finally:
         os.chdir(cwd)
+        if cache is None:
+            del os.environ["FIBGEN_CACHE_DIR"]
+        else:
+            os.environ["FIBGEN_CACHE_DIR"] = cache
     return f"exit: {code}\n--- stdout\n{out}--- stderr\n{err}", spec
+
+
+def _evaluations(path: Path) -> list[list[str]]:
+    """[solution, status, log] of each evaluated trace of a trace file (the rest varies)."""
+    traces = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    return [
+        [t["solution"], t["evaluation"]["status"], t["evaluation"]["log"]]
+        for t in traces
+        if t.get("evaluation")
+    ]
 
 
 def test_every_handled_item_of_issue_14_has_a_case():
     items = {json.loads((CORPUS / c / "case.json").read_text())["item"] for c in CASES}
-    assert {0, 5, 6, 7, 8, 9, 15, 16} <= items
+    # 17 (the tracer) and 19 (killing bench) are not commands: tests/test_tracing.py and
+    # tests/test_bench_lifetime.py hold them.
+    assert {0, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18} <= items
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -64,3 +89,5 @@ def test_case(case: str, tmp_path: Path):
         assert not (tmp_path / name).exists(), f"{case}: {name} exists"
     for name, text in spec.get("files_after", {}).items():
         assert (tmp_path / name).read_text(encoding="utf-8") == text, name
+    for name, evaluations in spec.get("traces_after", {}).items():
+        assert _evaluations(tmp_path / name) == evaluations, name

@@ -80,6 +80,7 @@ def test_keep_all_records_equal_the_calls(tmp_path):
         "failed": 0,
         "pending": 0,
         "unknown": 0,
+        "mismatched": 0,
     }
     # The dataset is complete: each definition's JSON sits beside its workloads.
     assert sorted(load_definitions(tmp_path)) == ["rmsnorm_h2048", "rmsnorm_h4096"]
@@ -448,3 +449,112 @@ def test_environment_switch_traces_a_program_that_calls_flashinfer(tmp_path):
     assert run.stdout.split() == ["fibgen_kernels.rmsnorm", "(3,", "4096)"], run.stderr
     records = _records(tmp_path / "ds", "rmsnorm_h4096")
     assert [r.axes for r in records] == [{"batch_size": 3}]
+
+
+@pytest.mark.parametrize(
+    "hidden, weight, reason",
+    [
+        (
+            torch.randn(2, 3, 4096),
+            torch.randn(4096),
+            "input hidden_states has 3 dims, the definition's has 2 [batch_size, hidden_size]",
+        ),
+        (
+            torch.randn(2, 4096, dtype=torch.float64),
+            torch.randn(4096),
+            "input hidden_states is float64, the definition's is float32",
+        ),
+        (
+            torch.randn(2, 4096),
+            torch.randn(1),
+            "input weight has size 1 along axis hidden_size (dim 0), the definition's is 4096",
+        ),
+    ],
+    ids=["rank", "dtype", "const size"],
+)
+def test_calls_that_do_not_match_their_definition_are_counted_not_recorded(
+    tmp_path, monkeypatch, hidden, weight, reason
+):
+    # The definition JSON the tracer finds beside the dispatcher (the fake catalogue's JSON
+    # has no tensors: without one the dispatcher's table checks dtypes and ranks only).
+    definition = tmp_path / "def" / "rmsnorm" / "rmsnorm_h4096.json"
+    definition.parent.mkdir(parents=True)
+    tensor = {"dtype": "float32"}
+    definition.write_text(
+        json.dumps(
+            {
+                "name": "rmsnorm_h4096",
+                "op_type": "rmsnorm",
+                "axes": {
+                    "batch_size": {"type": "var"},
+                    "hidden_size": {"type": "const", "value": 4096},
+                },
+                "inputs": {
+                    "hidden_states": {**tensor, "shape": ["batch_size", "hidden_size"]},
+                    "weight": {**tensor, "shape": ["hidden_size"]},
+                },
+                "outputs": {"output": {**tensor, "shape": ["batch_size", "hidden_size"]}},
+                "reference": "def run(hidden_states, weight):\n    return hidden_states\n",
+            }
+        )
+    )
+    monkeypatch.setattr(tracing, "_definition_file", lambda api, name: definition)
+    rt.enable_tracing(tmp_path / "ds")
+    with pytest.warns(RuntimeWarning) as caught:
+        for _ in range(3):
+            rmsnorm.rmsnorm(hidden, weight)  # the call itself still runs
+        rmsnorm.rmsnorm(torch.randn(5, 4096), torch.randn(4096))
+    rt.disable_tracing()
+    assert [str(w.message) for w in caught] == [
+        f"fibgen tracing: a call of rmsnorm_h4096 does not match its definition: {reason}; "
+        "such calls are not recorded, and tracing_stats()['mismatched'] counts them"
+    ]
+    assert CALLS == ["rmsnorm"] * 4
+    stats = rt.tracing_stats()
+    assert (stats["mismatched"], stats["recorded"], stats["failed"]) == (3, 1, 0)
+    assert [r.axes for r in _records(tmp_path / "ds", "rmsnorm_h4096")] == [{"batch_size": 5}]
+
+
+def test_a_var_axis_of_two_sizes_is_a_mismatch(tmp_path):
+    from fake_kernels import fused_add_rmsnorm
+
+    rt.enable_tracing(tmp_path)
+    with pytest.warns(RuntimeWarning) as caught, pytest.raises(RuntimeError, match="broadcast"):
+        # Recorded (here: refused) before FlashInfer's function fails on it.
+        fused_add_rmsnorm.fused_add_rmsnorm(
+            torch.randn(1, 4096), torch.randn(3, 4096), torch.randn(4096)
+        )
+    rt.disable_tracing()
+    assert [str(w.message) for w in caught] == [
+        "fibgen tracing: a call of fused_add_rmsnorm_h4096 does not match its definition: "
+        "input residual has size 3 along axis batch_size (dim 0), expected 1 as in "
+        "hidden_states (dim 0); such calls are not recorded, and "
+        "tracing_stats()['mismatched'] counts them"
+    ]
+    assert rt.tracing_stats()["mismatched"] == 1
+    assert _records(tmp_path, "fused_add_rmsnorm_h4096") == []
+
+
+def test_records_after_a_torn_line_start_on_a_line_of_their_own(tmp_path):
+    rt.enable_tracing(tmp_path)
+    rmsnorm.rmsnorm(torch.randn(2, 4096), torch.randn(4096))
+    rt.disable_tracing()
+    path = tmp_path / "workloads" / "rmsnorm" / "rmsnorm_h4096.jsonl"
+    whole = path.read_text()
+    path.write_text(whole + whole[:50])  # a process killed in the middle of a line
+    rt.enable_tracing(tmp_path)
+    with pytest.warns(RuntimeWarning) as caught:
+        rmsnorm.rmsnorm(torch.randn(3, 4096), torch.randn(4096))
+        rt.flush_tracing()
+        rmsnorm.rmsnorm(torch.randn(4, 4096), torch.randn(4096))
+        rt.disable_tracing()
+    assert [str(w.message) for w in caught] == [
+        f"fibgen tracing: {path} did not end with a newline (a writer stopped mid-line?); new "
+        "records start on a line of their own"
+    ]
+    lines = path.read_text().splitlines()
+    assert lines[:2] == [whole.strip(), whole[:50]]
+    assert [json.loads(line)["workload"]["axes"] for line in lines[2:]] == [
+        {"batch_size": 3},
+        {"batch_size": 4},
+    ]

@@ -18,10 +18,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
-from fibgen.format import load_traces
+from fibgen.format import FormatError, FormatWarning, load_traces
 from fibgen.runtime.hardware import normalize
 
 FORMATS = ("text", "md", "json")
@@ -55,7 +56,14 @@ def summarize(root: str | os.PathLike[str]) -> dict[str, Any]:
         raise ReportError(f"dataset folder {root} does not exist")
     if not root.is_dir():
         raise ReportError(f"{root} is not a folder; give the dataset folder that holds traces/")
-    evaluated = [t for t in load_traces(root) if t.solution is not None and t.evaluation]
+
+    def skip(exc: FormatError) -> None:
+        # One damaged line (a run killed while writing it) must not hide every other trace.
+        column = f" (column {exc.col})" if exc.col is not None else ""
+        warnings.warn(FormatWarning(exc.path, f"{exc.message}{column}; line skipped", exc.line))
+
+    loaded = load_traces(root, on_bad=skip)
+    evaluated = [t for t in loaded if t.solution is not None and t.evaluation]
     if not evaluated:
         raise ReportError(f"no benchmark traces under {root}/traces; run `fibgen bench` first")
     # The last trace of a solution on a workload supersedes earlier ones (a run after a fix),

@@ -21,6 +21,7 @@ and the dataset's JSON are of the same sources (and --resume runs it again).
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import math
@@ -32,12 +33,13 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from fibgen.bench import child as entry
 from fibgen.bench import worker as w
 from fibgen.bench.timing import check_flush
 from fibgen.format import (
@@ -51,7 +53,14 @@ from fibgen.format import (
     load_definition_files,
     read_solution,
 )
-from fibgen.format.dataset import EXTRAS_SUFFIX, is_stale, pack_solution, read_extras
+from fibgen.format.dataset import (
+    EXTRAS_SUFFIX,
+    drop_torn_last_line,
+    is_stale,
+    pack_solution,
+    read_extras,
+    trace_path,
+)
 from fibgen.runtime.compare import SAMPLING_TIMEOUT_SCALE, is_sampling
 from fibgen.runtime.workloads import load_workloads
 
@@ -120,17 +129,25 @@ class BenchSummary:
 
     def verdict(self, root: str | os.PathLike[str]) -> str:
         """The last line of a run: passed, failed, or nothing run, and where to look."""
+        failed = {k: v for k, v in sorted(self.statuses.items()) if k != w.PASSED}
+        shown = ", ".join(f"{k} {v}" for k, v in failed.items())
+        report = f"; see `fibgen report {root}`" if self.traces else ""
+        if self.problems:
+            # An error (a workload that could not be prepared, traces that could not be
+            # written) fails the run even when every trace that was written passed.
+            did_not_pass = f", {self.failed} did not pass ({shown})" if failed else ""
+            return (
+                f"bench: FAILED: {len(self.problems)} error(s) above; {self.traces} trace(s) "
+                f"written{did_not_pass}{report}"
+            )
         if not self.traces:
             return f"bench: nothing run ({self.skipped} run(s) already traced, skipped)"
-        failed = {k: v for k, v in sorted(self.statuses.items()) if k != w.PASSED}
-        problems = f"; {len(self.problems)} error(s) above" if self.problems else ""
         if failed:
-            shown = ", ".join(f"{k} {v}" for k, v in failed.items())
             return (
                 f"bench: FAILED: {self.failed} of {self.traces} run(s) did not pass ({shown})"
-                f"{problems}; see `fibgen report {root}`"
+                f"{report}"
             )
-        return f"bench: all {self.traces} run(s) PASSED{problems}"
+        return f"bench: all {self.traces} run(s) PASSED"
 
 
 @dataclass(frozen=True)
@@ -243,6 +260,8 @@ class Plan:
     skipped: int = 0
     notes: list[str] = field(default_factory=list)
     stale: list[Path] = field(default_factory=list)
+    # The trace files of the definitions the run covers (run or already traced).
+    trace_files: list[Path] = field(default_factory=list)
 
 
 def plan(root: Path, options: BenchOptions) -> Plan:
@@ -316,6 +335,7 @@ def plan(root: Path, options: BenchOptions) -> Plan:
     groups: list[_Group] = []
     skipped = 0
     no_workloads = []
+    trace_files: list[Path] = []
     for name in sorted(definitions):
         if not _matches(name, list(options.definitions)):
             continue
@@ -326,6 +346,7 @@ def plan(root: Path, options: BenchOptions) -> Plan:
             no_workloads.append(name)
             continue
         definition = definitions[name]
+        trace_files.append(trace_path(root, definition.op_type, name))
         extras = load_extras(definition_files[name][0], definition)
         for workload in workloads[name]:
             # A solution whose files changed has traces of other sources: it runs again.
@@ -360,7 +381,7 @@ def plan(root: Path, options: BenchOptions) -> Plan:
             else "no solution is for a selected definition"
         )
         raise BenchError(f"nothing to run in {root}{chosen}: {reasons}")
-    return Plan(groups, skipped, notes, stale)
+    return Plan(groups, skipped, notes, stale, trace_files)
 
 
 def check_devices(devices: tuple[str, ...]) -> tuple[str, ...]:
@@ -405,7 +426,11 @@ class _Handle:
     def start(self) -> None:
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
-        process = context.Process(target=w.main, args=(child, self.device), daemon=True)
+        # Started through the light entry module, which ties the worker's life to this
+        # process's before it imports torch (Note [worker lifetime] in child.py).
+        process = context.Process(
+            target=entry.main, args=(child, self.device, os.getpid()), daemon=True
+        )
         try:
             process.start()
         finally:
@@ -436,6 +461,15 @@ class _Handle:
             except ValueError:
                 return f"worker process killed by signal {-code}"
         return f"worker process exited with status {code}"
+
+    def signal_kill(self) -> None:
+        """SIGKILL the worker and return at once: all a signal handler may do."""
+        process = self.process
+        if process is not None and process.pid is not None:
+            try:
+                os.kill(process.pid, signal.SIGKILL)
+            except OSError:  # gone already
+                pass
 
     def kill(self) -> None:
         if self.process is not None and self.process.is_alive():
@@ -575,6 +609,9 @@ def _run_group(handle: _Handle, group: _Group, root: Path, options: BenchOptions
     prepare_timeout = options.timeout * PREPARE_TIMEOUTS
     reply = handle.ask(request, prepare_timeout)
     where = f"{group.definition.name} workload {group.workload.uuid}"
+    if reply[0] == "invalid":
+        # The worker's one line names the workload, its definition and the input.
+        return [], reply[1], []
     if reply[0] != "ready":
         timed_out = (
             f"making the inputs and timing the reference took over {prepare_timeout:g} s "
@@ -634,6 +671,36 @@ def _run_group(handle: _Handle, group: _Group, root: Path, options: BenchOptions
     return traces, None, noisy
 
 
+@contextlib.contextmanager
+def _workers_die_on_sigterm(handles: list[_Handle]) -> Iterator[None]:
+    """While the run lasts, a SIGTERM that would end the runner kills its workers first.
+
+    Only where SIGTERM has its default action (the runner then dies) and only on the main
+    thread, where Python runs handlers; elsewhere the workers still die with the runner
+    (Note [worker lifetime] in child.py).
+    """
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        for handle in list(handles):
+            handle.signal_kill()
+        # Then die of the signal, as the runner would have without this handler.
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGTERM) is on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def run_bench(
     root: str | os.PathLike[str],
     options: BenchOptions = BenchOptions(),
@@ -658,46 +725,75 @@ def run_bench(
             f"the dataset's JSON holds what is run: " + ", ".join(str(p) for p in work_plan.stale)
         )
     work: queue.Queue[_Group] = queue.Queue()
+    handles: list[_Handle] = []
     for group in groups:
         work.put(group)
     bar = _Progress(groups, progress)
     lock = threading.Lock()
 
+    # A run killed while writing a trace leaves a torn last line: it is dropped before this
+    # run appends (Note [torn lines]), and said once here rather than by each append; also
+    # where --resume finds everything traced, so that what the run leaves reads cleanly.
+    for path in work_plan.trace_files:
+        try:
+            dropped = drop_torn_last_line(path)
+        except OSError as exc:
+            raise BenchError(f"cannot read {path}: {exc}") from None
+        if dropped is not None:
+            summary.notes.append(dropped)
+
     def drive(device: str) -> None:
+        # Every failure of this thread ends up in summary.problems, which fails the run: an
+        # exception escaping here would only print a traceback while the run exits 0.
         handle = _Handle(device)
+        with lock:
+            handles.append(handle)
         try:
             while True:
                 try:
                     group = work.get_nowait()
                 except queue.Empty:
                     return
+                where = f"{group.definition.name} workload {group.workload.uuid}"
                 try:
                     results, problem, noisy = _run_group(handle, group, root, options)
+                    traces = [
+                        Trace.model_validate(
+                            {
+                                "definition": group.definition.name,
+                                "workload": group.workload.model_dump(mode="json"),
+                                "solution": solution.name,
+                                "evaluation": evaluation,
+                            }
+                        )
+                        for solution, evaluation in results
+                    ]
                 except Exception as exc:
                     # The runner itself failed on this device (no worker could start):
                     # report it and leave the remaining work to the other devices.
                     with lock:
-                        summary.problems.append(f"device {device}: {type(exc).__name__}: {exc}")
+                        summary.problems.append(
+                            f"device {device}: {type(exc).__name__}: {exc}; not run: "
+                            f"{len(group.solutions)} run(s) of {where}"
+                        )
                     return
-                traces = [
-                    Trace.model_validate(
-                        {
-                            "definition": group.definition.name,
-                            "workload": group.workload.model_dump(mode="json"),
-                            "solution": solution.name,
-                            "evaluation": evaluation,
-                        }
-                    )
-                    for solution, evaluation in results
-                ]
                 with lock:
+                    if traces:
+                        path = trace_path(root, group.definition.op_type, group.definition.name)
+                        try:
+                            summary.trace_files.update(
+                                append_traces(root, group.definition.op_type, traces)
+                            )
+                        except (OSError, ValueError) as exc:
+                            summary.problems.append(
+                                f"cannot write {len(traces)} trace(s) of {where} to {path}: "
+                                f"{exc}; their results are lost"
+                            )
+                            return
                     for trace in traces:
                         summary.statuses[trace.evaluation.status.value] += 1
                         if on_trace is not None:
                             on_trace(trace)
-                    if traces:
-                        paths = append_traces(root, group.definition.op_type, traces)
-                        summary.trace_files.update(paths)
                     if problem is not None:
                         summary.problems.append(problem)
                     summary.noisy.extend(noisy)
@@ -706,9 +802,23 @@ def run_bench(
             handle.stop()
 
     threads = [threading.Thread(target=drive, args=(d,), daemon=True) for d in options.devices]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with _workers_die_on_sigterm(handles):
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     bar.close()
+    left = []
+    while True:
+        try:
+            left.append(work.get_nowait())
+        except queue.Empty:
+            break
+    if left:
+        # Every runner thread stopped on an error above before the work was done.
+        runs = sum(len(g.solutions) for g in left)
+        shown = _listing([f"{g.definition.name} workload {g.workload.uuid}" for g in left], 5)
+        summary.problems.append(
+            f"not run: {runs} run(s) of {len(left)} workload(s) after the error(s) above: {shown}"
+        )
     return summary

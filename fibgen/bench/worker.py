@@ -4,7 +4,8 @@ The runner starts one worker per device (multiprocessing, spawn) and talks to it
 
 - ``("workload", definition, workload, root, hints, seed, warmup, repeat, flush)``: make the
   workload's inputs on the device, run the reference on them and time it as solutions are
-  timed; replies ``("ready", reference timing, hardware, libs)`` or ``("error", message)``.
+  timed; replies ``("ready", reference timing, hardware, libs)``, ``("invalid", one line)``
+  when the dataset's workload cannot be used, or ``("error", traceback)``.
 - ``("solution", solution, tolerance, warmup, repeat, flush, limit_s)``: load the solution,
   run it once on a copy of the inputs, compare with the reference (a sampler by the
   distribution of its draws, as many as fit in ``limit_s``, Note [judging samplers] in
@@ -193,8 +194,15 @@ class Worker:
     ):
         """Make inputs and the reference outputs; time the reference as solutions are timed."""
         from fibgen.bench.timing import measure
+        from fibgen.runtime.workloads import WorkloadError
 
-        inputs = _make_inputs(definition, workload, root, hints, seed, self.device)
+        try:
+            inputs = _make_inputs(definition, workload, root, hints, seed, self.device)
+        except WorkloadError as exc:
+            # A refused workload (a stored path that escapes the dataset, a missing blob, a
+            # tensor of another shape) is the dataset's mistake, said in one line that names
+            # the workload and input; a traceback would only show where fibgen noticed.
+            return ("invalid", str(exc))
         namespace: dict[str, Any] = {"__name__": f"fibgen_reference_{definition['name']}"}
         exec(
             compile(definition["reference"], f"<reference of {definition['name']}>", "exec"),
@@ -365,7 +373,17 @@ class Worker:
         numerical = []
         for name, got, want in zip(names, actual, work.expected):
             if not isinstance(got, torch.Tensor):
-                got = torch.as_tensor(got)
+                # A number stands for a 0-D output, as flashinfer-bench converts it. Anything
+                # else (None: a forgotten return) is no tensor at all, so it has no shape: it
+                # is INCORRECT_SHAPE, checked before the dtype as every output is.
+                converted = _number_tensor(got)
+                if converted is None:
+                    log = (
+                        f"output {name!r} is {_kind_of(got)}, expected a tensor of shape "
+                        f"{list(want.shape)} and dtype {want.dtype}"
+                    )
+                    return {"status": INCORRECT_SHAPE, "log": log}, {}
+                got = converted
             if tuple(got.shape) != tuple(want.shape):
                 log = f"output {name!r} has shape {list(got.shape)}, expected {list(want.shape)}"
                 return {"status": INCORRECT_SHAPE, "log": log}, {}
@@ -375,10 +393,17 @@ class Worker:
             if not values:
                 continue
             result = compare(got, want, **tolerance)
-            max_abs = max(max_abs, result.max_abs_err)
-            max_rel = max(max_rel, result.max_rel_err)
+            abs_err, rel_err = result.max_abs_err, result.max_rel_err
+            special = _non_finite_error(got, want)
+            if special is not None:
+                abs_err = rel_err = special
+            max_abs = _worse(max_abs, abs_err)
+            max_rel = _worse(max_rel, rel_err)
             if not result.ok:
-                numerical.append(f"output {name!r}: {result}")
+                # compare counts a NaN as an infinite error; say what the output holds.
+                holds_nan = special is not None and math.isnan(special)
+                note = " (it holds NaN where the reference does not)" if holds_nan else ""
+                numerical.append(f"output {name!r}: {result}{note}")
         errors = {"max_absolute_error": max_abs, "max_relative_error": max_rel}
         if numerical:
             log = "\n".join(numerical)
@@ -389,6 +414,48 @@ class Worker:
 def _scalars(definition: dict) -> frozenset[str]:
     """The inputs of a definition that are values, not tensors (``shape: null``)."""
     return frozenset(n for n, t in definition["inputs"].items() if t.get("shape") is None)
+
+
+def _number_tensor(value: Any) -> torch.Tensor | None:
+    """A Python or NumPy number as a 0-D tensor; None for anything else."""
+    if isinstance(value, (bool, int, float)) or type(value).__module__ == "numpy":
+        try:
+            return torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError):
+            return None
+    return None
+
+
+def _kind_of(value: Any) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return f"a {type(value).__name__}"
+
+
+def _non_finite_error(got: torch.Tensor, want: torch.Tensor) -> float | None:
+    """The error flashinfer-bench records for non-finite output values: inf when the output
+    has an infinity the reference does not, else NaN when it has a NaN the reference does not;
+    None when neither (values the reference has at the same place match, as in compare)."""
+    if not got.is_floating_point() or "float4" in str(got.dtype) or got.numel() == 0:
+        return None
+    g = got.detach().to("cpu", torch.float64)
+    e = want.detach().to("cpu", torch.float64)
+    if bool((g.isinf() & (g != e)).any()):
+        return math.inf
+    if bool((g.isnan() & ~e.isnan()).any()):
+        return math.nan
+    return None
+
+
+def _worse(a: float, b: float) -> float:
+    # max() ignores NaN (every comparison with it is false): an infinity wins, then a NaN.
+    if math.isinf(a) or math.isinf(b):
+        return math.inf
+    if math.isnan(a) or math.isnan(b):
+        return math.nan
+    return max(a, b)
 
 
 def _is_sampling(definition: dict) -> bool:
@@ -413,7 +480,11 @@ def _format(exc: BaseException) -> str:
 
 
 def main(conn: Any, device: str) -> None:
-    """The worker's loop: answer requests until told to stop or the pipe closes."""
+    """The worker's loop: answer requests until told to stop or the pipe closes.
+
+    The runner starts it through ``fibgen.bench.child.main``, which first ties the
+    worker's life to the runner's (Note [worker lifetime] there).
+    """
     # A worker must not be stopped by the Ctrl-C meant for the runner: the runner stops it.
     import signal
 

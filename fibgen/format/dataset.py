@@ -35,12 +35,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+import warnings
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
-from fibgen.format.errors import FormatError
+from fibgen.format.errors import FormatError, FormatWarning
 from fibgen.fsutil import replace_atomically
 from fibgen.format.jsonio import (
     dump_definition,
@@ -136,11 +137,30 @@ def blob_path(root: PathLike, op_type: str, definition: str, uuid: str) -> Path:
 
 
 def resolve_dataset_path(root: PathLike, relpath: str) -> Path:
-    """Resolve a path stored in the dataset (relative to ``root``); refuse ones that escape."""
+    """Resolve a path stored in the dataset (relative to ``root``); refuse ones that escape.
+
+    The text is checked first (absolute, ``..``, NUL), then the file system: with symbolic
+    links followed, the path must still lie inside the dataset root, so that a link in the
+    dataset (a blob, or a folder above it) cannot make bench read a file elsewhere. Returns
+    the path under ``root`` as written, which messages show.
+    """
     parts = relpath.replace("\\", "/").split("/")
     if relpath.startswith(("/", "\\")) or ".." in parts or (len(relpath) > 1 and relpath[1] == ":"):
         raise ValueError(f"dataset path {relpath!r} must be relative to the dataset root")
-    return Path(root).joinpath(*[p for p in parts if p not in ("", ".")])
+    if "\0" in relpath:
+        raise ValueError(f"dataset path {relpath!r} contains a NUL byte")
+    path = Path(root).joinpath(*[p for p in parts if p not in ("", ".")])
+    try:
+        real_root = Path(root).resolve()
+        real = path.resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop
+        raise ValueError(f"dataset path {relpath!r} cannot be resolved: {exc}") from None
+    if real != real_root and real_root not in real.parents:
+        raise ValueError(
+            f"dataset path {relpath!r} leads outside the dataset through a symbolic link; "
+            "a stored file must lie inside the dataset root"
+        )
+    return path
 
 
 # ---------------------------------------------------------------------------------------
@@ -215,9 +235,14 @@ def load_solution_files(root: PathLike) -> list[tuple[Path, Solution]]:
     return [(path, read_solution(path)) for path in dataset_files(root, "solutions")]
 
 
-def load_traces(root: PathLike) -> list[Trace]:
-    """All traces under ``root/traces`` (any depth), in sorted path order, then line order."""
-    return [trace for path in dataset_files(root, "traces") for _, trace in _numbered(path)]
+def load_traces(root: PathLike, on_bad: Callable[[FormatError], None] | None = None) -> list[Trace]:
+    """All traces under ``root/traces`` (any depth), in sorted path order, then line order.
+
+    A line that does not parse raises FormatError naming its file and line; with ``on_bad``
+    it is handed to ``on_bad`` and skipped instead, so that one damaged line (a run killed
+    while writing it) does not hide every other trace of the dataset.
+    """
+    return [trace for path in dataset_files(root, "traces") for _, trace in _numbered(path, on_bad)]
 
 
 # ---------------------------------------------------------------------------------------
@@ -327,13 +352,21 @@ def pack_solution(path: PathLike, output: PathLike | None = None, *, check: bool
     return Packed(target, solution, changed)
 
 
-def _numbered(path: Path) -> list[tuple[int, Trace]]:
+def _numbered(
+    path: Path, on_bad: Callable[[FormatError], None] | None = None
+) -> list[tuple[int, Trace]]:
     # Keep each trace's line number: checks made after parsing still point at the line.
-    return [
-        (lineno, parse_trace_line(line, path, lineno))
-        for lineno, line in enumerate(read_text(path).splitlines(), start=1)
-        if line.strip()
-    ]
+    out = []
+    for lineno, line in enumerate(read_text(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append((lineno, parse_trace_line(line, path, lineno)))
+        except FormatError as exc:
+            if on_bad is None:
+                raise
+            on_bad(exc)
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -357,8 +390,59 @@ def write_text_atomic(path: PathLike, text: str) -> bool:
     return write_bytes_atomic(path, text.encode("utf-8"))
 
 
+# Note [torn lines]
+# A JSONL writer stopped in the middle of a line (killed, out of disk; flashinfer-bench and
+# the tracer append in place) leaves a last line without its newline that is not JSON.
+# Appending after it would glue the next record to it and lose both, and a reader that stops
+# at the first bad line would lose the whole file. So every appender here drops such a torn
+# last line first and says so (it never was a record: its writer did not finish it), a last
+# line that is whole JSON without its newline only gets the newline, and readers that can go
+# on (``load_traces(..., on_bad=...)``) name each bad line by file and line and skip it.
+
+
+def _torn_tail(data: bytes) -> tuple[int, int] | None:
+    """(offset, line number) of a torn last line of JSONL ``data``, or None (Note [torn lines])."""
+    if not data or data.endswith(b"\n"):
+        return None
+    start = data.rfind(b"\n") + 1
+    try:
+        json.loads(data[start:].decode("utf-8"))
+        return None
+    except ValueError:  # not UTF-8 or not JSON: cut off mid-line
+        return start, data.count(b"\n", 0, start) + 1
+
+
+def _torn_message(data: bytes, torn: tuple[int, int]) -> str:
+    return (
+        f"dropped a torn last line ({len(data) - torn[0]} bytes, not JSON): its writer was "
+        "stopped before finishing it"
+    )
+
+
+def drop_torn_last_line(path: PathLike) -> str | None:
+    """Drop a torn last line of a JSONL file (Note [torn lines]); what was done, or None."""
+    from filelock import FileLock
+
+    path = Path(path)
+    if not path.is_file():
+        return None  # nothing to repair; and no lock file beside a path that is not there
+    with FileLock(str(path.with_name(f".{path.name}.lock"))):
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        torn = _torn_tail(data)
+        if torn is None:
+            return None
+        write_bytes_atomic(path, data[: torn[0]])
+        return str(FormatWarning(path, _torn_message(data, torn), torn[1]))
+
+
 def append_lines_atomic(path: PathLike, lines: Iterable[str]) -> None:
-    """Append lines (without newlines) to a JSONL file by atomically replacing it."""
+    """Append lines (without newlines) to a JSONL file by atomically replacing it.
+
+    A torn last line is dropped first, with a FormatWarning (Note [torn lines]).
+    """
     from filelock import FileLock
 
     path = Path(path)
@@ -372,7 +456,11 @@ def append_lines_atomic(path: PathLike, lines: Iterable[str]) -> None:
             old = path.read_bytes()
         except FileNotFoundError:
             old = b""
-        if old and not old.endswith(b"\n"):
+        torn = _torn_tail(old)
+        if torn is not None:
+            warnings.warn(FormatWarning(path, _torn_message(old, torn), torn[1]), stacklevel=2)
+            old = old[: torn[0]]
+        elif old and not old.endswith(b"\n"):
             old += b"\n"
         write_bytes_atomic(path, old + new)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import re
 import typing
+import unicodedata
 from enum import Enum
 from typing import Annotated, Any, Literal, Optional, Union, get_args
 
@@ -295,6 +296,14 @@ def source_path_problem(path: str) -> str | None:
         return f"source path {path!r} is absolute; use a path relative to the solution"
     if ".." in parts:
         return f"source path {path!r} contains '..'; a source may not leave the solution directory"
+    # A NUL cannot be in a file name at all (the OS call fails), and other control characters
+    # (newline, escape, DEL, C1) make names that terminals and logs show as something else.
+    control = next((c for c in path if unicodedata.category(c) == "Cc"), None)
+    if control is not None:
+        return (
+            f"source path {path!r} contains the control character {control!r}; a source path "
+            "is printable text"
+        )
     return None
 
 

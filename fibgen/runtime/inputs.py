@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ast
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +44,9 @@ __all__ = [
     "Hint",
     "InputGenerationError",
     "InputSpec",
+    "available_memory",
     "estimate_nbytes",
+    "format_bytes",
     "generate_inputs",
     "generate_inputs_with_axes",
     "parse_hint",
@@ -90,6 +93,52 @@ _FUNCS.update(min=min, max=max, abs=abs, int=int, float=float, round=round, len=
 
 class InputGenerationError(ValueError):
     """Inputs that cannot be made, or that violate a constraint of the definition."""
+
+
+# Note [input sizes]
+# Var-axis values come from users and datasets: `--axes batch_size=100000000` asks for a
+# 763 GiB tensor, and the allocator's answer is a traceback (or the OOM killer). So before
+# each tensor is made its bytes are counted, and a tensor that would take the inputs past the
+# memory the host has free is refused with the input's name, shape and size; the same holds
+# for the device the inputs are moved to. The count leaves out the temporaries of a fill (a
+# float32 draw converted to bfloat16): it refuses what cannot fit, never what might.
+
+
+def available_memory() -> int | None:
+    """Bytes the host can still give this process (MemAvailable, capped by RLIMIT_AS); None
+    when the system does not say."""
+    free = None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    free = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError):
+        pass
+    if free is None:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, ValueError, OSError):
+            free = None
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if limit != resource.RLIM_INFINITY:
+            free = limit if free is None else min(free, limit)
+    except (ImportError, OSError, ValueError):
+        pass
+    return free
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes in the largest binary unit that keeps it at least 1: ``763.0 GiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
 
 
 def torch_dtype(dtype: str) -> torch.dtype:
@@ -227,8 +276,22 @@ def generate_inputs_with_axes(
     values = gen.run()
     dev = torch.device(device)
     if dev.type != "cpu":
+        _check_device_memory(spec, values, dev)
         values = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in values.items()}
     return values, dict(gen.axes)
+
+
+def _check_device_memory(spec: InputSpec, values: dict[str, Any], device: torch.device) -> None:
+    """Refuse inputs that the device has no room for (Note [input sizes])."""
+    if device.type != "cuda":
+        return
+    need = sum(v.numel() * v.element_size() for v in values.values() if isinstance(v, torch.Tensor))
+    free, _ = torch.cuda.mem_get_info(device)
+    if need > free:
+        raise InputGenerationError(
+            f"{spec.name}: the inputs take {format_bytes(need)}, more than the "
+            f"{format_bytes(free)} free on {device}; give smaller var-axis values"
+        )
 
 
 def estimate_nbytes(spec: InputSpec, axes: dict[str, int] | None = None) -> int:
@@ -294,6 +357,9 @@ class _Generator:
             if hint is not None:
                 self.bound[name] = bind_hint(hint[0], hint[1], hint[2])
         self.axis_constraints = [c for c in spec.constraints if not self._mentions_inputs(c)]
+        # Bytes of the tensors made so far, and what the host can give (Note [input sizes]).
+        self.nbytes = 0
+        self.memory = available_memory()
 
     # -- environment ------------------------------------------------------------------
 
@@ -565,6 +631,8 @@ class _Generator:
             return None
         if shape_names is None:
             return self._make_scalar(name, dtype, kind)
+        if all(d in self.axes for d in shape_names):
+            self._reserve(name, dtype, tuple(self.axes[d] for d in shape_names))
         if kind == "indptr":
             return self._make_indptr(name, dtype, shape_names)
         if kind == "last_page_len":
@@ -579,6 +647,19 @@ class _Generator:
         if kind == "packed_topk":
             return self._make_packed_topk(name, dtype, shape)
         return self._make_plain(name, dtype, shape, kind)
+
+    def _reserve(self, name: str, dtype: str, shape: tuple[int, ...]) -> None:
+        """Count a tensor's bytes before it is made; refuse one that cannot fit."""
+        numel = math.prod(shape)
+        size = numel * DTYPE_BYTES[dtype]
+        if self.memory is not None and self.nbytes + size > self.memory:
+            before = f" (with the inputs before it, {format_bytes(self.nbytes + size)})"
+            raise InputGenerationError(
+                f"{self.spec.name}: input `{name}` of shape {list(shape)} ({dtype}) takes "
+                f"{format_bytes(size)}{before if self.nbytes else ''}, more than this machine's "
+                "free memory; give smaller var-axis values"
+            )
+        self.nbytes += size
 
     def _make_scalar(self, name: str, dtype: str, kind: str | None) -> Any:
         cast = bool if dtype == "bool" else int if dtype in _INT_DTYPES else float

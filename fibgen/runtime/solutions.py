@@ -273,10 +273,12 @@ def materialize(solution: Any) -> tuple[Path, str]:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(source.content, encoding="utf-8")
         os.rename(tmp, final)
-    except OSError:
+    except BaseException as exc:
+        # Whatever stopped the writing (a name the OS refuses, content that is not encodable,
+        # Ctrl-C), the half-written folder is not left in the cache.
         shutil.rmtree(tmp, ignore_errors=True)
         # Another process won the race: its folder holds the same content.
-        if not final.is_dir():
+        if not (isinstance(exc, OSError) and final.is_dir()):
             raise
     return final, digest
 

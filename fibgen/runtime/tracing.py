@@ -17,6 +17,17 @@ no instance declares (``rmsnorm`` at a hidden size of 1234) names a definition t
 JSON, contract or reference, so it is not recorded; such calls are counted
 (``tracing_stats()["unknown"]``) and the first one is reported.
 
+Note [checked records]
+A record is a workload of its definition only if the call's inputs are what the definition
+declares: a [2, 3, 128] tensor routed to ``rmsnorm_h128`` by its last axis would be recorded
+as ``batch_size=3``, a float32 input to a bfloat16 definition as a bfloat16 workload, and
+bench would later refuse both. So before a call is recorded, every input tensor is checked
+against the definition: its dtype, its rank, the size of each const axis, and that a var
+axis has one size across the inputs that carry it. A call that fails is not recorded; it is
+counted (``tracing_stats()["mismatched"]``) and the first one is reported with the reason.
+The contract comes from the definition JSON found for the dataset (Note [complete
+datasets]), else from the dispatcher's own tensor table (dtypes and ranks, no const sizes).
+
 Note [tracing hooks]
 Tracing costs nothing while it is off because it lives on the dispatcher's slow path. When it
 turns on, ``set_tracer`` clears every dispatcher's routes and ``direct`` hook, so each
@@ -208,6 +219,11 @@ class _Tracer:
         self.pending_signal: tuple[int, Any] | None = None
         self.warned: set[str] = set()
         self.unknown = itertools.count()
+        self.mismatched = itertools.count()
+        # Workload files this tracer has appended to: their last line was checked.
+        self.appended: set[Path] = set()
+        # Definition name -> the check of a call's inputs (Note [checked records]).
+        self.checks: dict[str, Callable[[Sequence[Any]], str | None]] = {}
         # Definition name -> its JSON file beside the dispatcher (None: not found), filled
         # when a route is wrapped; names whose JSON the writer has put in the dataset.
         self.sources: dict[str, Path | None] = {}
@@ -219,7 +235,18 @@ class _Tracer:
 
     # ------------------------------------------------------------ calling thread
     def record(self, api: Api, name: str, values: Sequence[Any]) -> None:
-        """Queue one call's workload (or count it as filtered or dropped)."""
+        """Queue one call's workload (or count it as mismatched, filtered or dropped)."""
+        check = self.checks.get(name)
+        if check is not None:
+            problem = check(values)
+            if problem is not None:
+                next(self.mismatched)
+                self._warn_once(
+                    "mismatched",
+                    f"a call of {name} does not match its definition: {problem}; such calls "
+                    "are not recorded, and tracing_stats()['mismatched'] counts them",
+                )
+                return
         axes = api.trace_axes(*values)
         if self.filtering:
             with self.lock:
@@ -339,7 +366,16 @@ class _Tracer:
         for (op_type, definition), batch in lines.items():
             self._ensure_definition(definition)
             try:
-                _append(workload_file(self.root, op_type, definition), batch)
+                path = workload_file(self.root, op_type, definition)
+                # A file this tracer has not written yet may end in a line torn by a process
+                # killed while writing it (Note [torn lines] in fibgen/format/dataset.py).
+                if _append(path, batch, check_tail=path not in self.appended):
+                    self._warn_once(
+                        "torn",
+                        f"{path} did not end with a newline (a writer stopped mid-line?); "
+                        "new records start on a line of their own",
+                    )
+                self.appended.add(path)
                 self.written += len(batch)
             except OSError as exc:
                 for _ in batch:
@@ -449,6 +485,7 @@ class _Tracer:
             "failed": read(self.failed),
             "pending": len(self.queue),
             "unknown": read(self.unknown),
+            "mismatched": read(self.mismatched),
         }
 
 
@@ -499,17 +536,31 @@ def workload_file(root: Path, op_type: str, definition: str) -> Path:
     return workload_path(root, op_type, definition)
 
 
-def _append(path: Path, lines: list[str]) -> None:
+def _append(path: Path, lines: list[str], check_tail: bool = False) -> bool:
+    """Append lines to a JSONL file; with ``check_tail``, first end a torn last line.
+
+    Returns whether the file ended in a torn line (Note [torn lines] in
+    fibgen/format/dataset.py). Other processes may be appending to the same file, so it
+    is not cut: the new lines start on a line of their own, and the torn one stays a bad
+    line that readers name by file and line.
+    """
     # One O_APPEND write per batch: processes tracing into one dataset do not tear lines.
     path.parent.mkdir(parents=True, exist_ok=True)
     data = "".join(line + "\n" for line in lines).encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    torn = False
     try:
+        if check_tail:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                torn = True
+                data = b"\n" + data
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
+    return torn
 
 
 # ---------------------------------------------------------------------------------------
@@ -550,6 +601,136 @@ def _definition_file(api: Api, name: str) -> Path | None:
     return None
 
 
+def _contract(
+    api: Api, source: Path | None
+) -> tuple[list[tuple[str, str | None, tuple[str, ...]]], dict[str, int]]:
+    """(name, dtype, shape) of each tensor input in ``api.inputs`` order, and the const axes'
+    values: from the definition JSON when there is one, else the dispatcher's table."""
+    if source is not None:
+        try:
+            data = json.loads(source.read_text(encoding="utf-8"))
+            inputs = data["inputs"]
+            if list(inputs) == list(api.inputs):
+                tensors = [
+                    (n, t.get("dtype"), tuple(t["shape"]))
+                    for n, t in inputs.items()
+                    if t.get("shape") is not None
+                ]
+                consts = {
+                    a: int(spec["value"])
+                    for a, spec in data.get("axes", {}).items()
+                    if spec.get("type") == "const" and spec.get("value") is not None
+                }
+                return tensors, consts
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass  # the dispatcher's table still checks dtypes and ranks
+    tensors = [
+        (n, api.tensors[n][0], tuple(api.tensors[n][1])) for n in api.inputs if n in api.tensors
+    ]
+    return tensors, {}
+
+
+def _input_check(api: Api, source: Path | None) -> Callable[[Sequence[Any]], str | None]:
+    """The check of a call's input values against the definition (Note [checked records]):
+    the reason of the first mismatch, or None."""
+    from fibgen.runtime.inputs import torch_dtype
+
+    tensors, consts = _contract(api, source)
+    index = {n: i for i, n in enumerate(api.inputs)}
+    wants: dict[str, torch.dtype | None] = {}
+    for name, dtype, _ in tensors:
+        try:
+            wants[name] = torch_dtype(dtype) if dtype is not None else None
+        except ValueError:  # a dtype this torch lacks: left unchecked
+            wants[name] = None
+    # A var axis is checked only where two dims carry it: alone, any size is its value.
+    uses = collections.Counter(axis for _, _, shape in tensors for axis in shape)
+    shared_axes = sorted(a for a, n in uses.items() if n > 1 and a not in consts)
+    slots = {a: k for k, a in enumerate(shared_axes)}
+    # Worked out once per definition, so that a call pays only comparisons; the reason is
+    # worked out again, slowly, for a call that fails.
+    plan = tuple(
+        (
+            index[name],
+            wants[name],
+            len(shape),
+            tuple((d, consts[axis]) for d, axis in enumerate(shape) if axis in consts),
+            tuple((d, slots[axis]) for d, axis in enumerate(shape) if axis in slots),
+        )
+        for name, _, shape in tensors
+    )
+    empty = [None] * len(slots)
+    tensor = torch.Tensor
+
+    def why(values: Sequence[Any]) -> str:
+        return _mismatch(tensors, wants, consts, index, values)
+
+    def check(values: Sequence[Any]) -> str | None:
+        sizes = empty.copy() if empty else empty
+        for i, want, rank, sized, shared in plan:
+            value = values[i]
+            if value is None:
+                continue  # an optional input left out
+            if not isinstance(value, tensor) or (want is not None and value.dtype is not want):
+                return why(values)
+            if value.ndim != rank:
+                return why(values)
+            if sized or shared:
+                size = value.shape
+                for d, expected in sized:
+                    if size[d] != expected:
+                        return why(values)
+                for d, k in shared:
+                    first = sizes[k]
+                    if first is None:
+                        sizes[k] = size[d]
+                    elif first != size[d]:
+                        return why(values)
+        return None
+
+    return check
+
+
+def _mismatch(
+    tensors: list[tuple[str, str | None, tuple[str, ...]]],
+    wants: Mapping[str, torch.dtype | None],
+    consts: Mapping[str, int],
+    index: Mapping[str, int],
+    values: Sequence[Any],
+) -> str:
+    """Why a call's inputs do not match the definition, said as the launchers say it."""
+    seen: dict[str, tuple[int, str, int]] = {}
+    for name, dtype, shape in tensors:
+        value = values[index[name]]
+        if value is None:
+            continue
+        if not isinstance(value, torch.Tensor):
+            return f"input {name} is a {type(value).__name__}, not a tensor"
+        want = wants[name]
+        if want is not None and value.dtype is not want:
+            got = str(value.dtype).removeprefix("torch.")
+            return f"input {name} is {got}, the definition's is {dtype}"
+        if value.ndim != len(shape):
+            return (
+                f"input {name} has {value.ndim} dims, the definition's has {len(shape)} "
+                f"[{', '.join(shape)}]"
+            )
+        for d, axis in enumerate(shape):
+            size = int(value.shape[d])
+            if axis in consts and size != consts[axis]:
+                return (
+                    f"input {name} has size {size} along axis {axis} (dim {d}), the "
+                    f"definition's is {consts[axis]}"
+                )
+            first = seen.setdefault(axis, (size, name, d))
+            if first[0] != size:
+                return (
+                    f"input {name} has size {size} along axis {axis} (dim {d}), expected "
+                    f"{first[0]} as in {first[1]} (dim {first[2]})"
+                )
+    return "its inputs differ from the definition's"  # not reached: check() found one
+
+
 def _wrap(tracer: _Tracer) -> Callable[[Api, str | None, Any], Any]:
     def wrap(api: Api, name: str | None, route: Any) -> Any:
         kind, fn, tick, values = route
@@ -561,6 +742,8 @@ def _wrap(tracer: _Tracer) -> Callable[[Api, str | None, Any], Any]:
             return (kind, _uncounted(tracer, api, name, fn), tick, values)
         if name not in tracer.sources:
             tracer.sources[name] = _definition_file(api, name)
+        if name not in tracer.checks:
+            tracer.checks[name] = _input_check(api, tracer.sources[name])
         record = tracer.record
         if kind == ORIGINAL:
             to_inputs = api.trace_inputs
@@ -620,7 +803,16 @@ _atexit_registered = False
 # signal number → the handler that was installed before ours
 _previous_handlers: dict[int, Any] = {}
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_STATS = ("recorded", "filtered", "dropped", "written", "failed", "pending", "unknown")
+_STATS = (
+    "recorded",
+    "filtered",
+    "dropped",
+    "written",
+    "failed",
+    "pending",
+    "unknown",
+    "mismatched",
+)
 
 
 def enable_tracing(
@@ -698,7 +890,8 @@ def is_tracing() -> bool:
 
 def tracing_stats() -> dict[str, int]:
     """Counts of the current (or last) tracing: recorded, filtered, dropped, written, failed,
-    pending, and unknown (calls of definitions that do not exist, not recorded)."""
+    pending, unknown (calls of definitions that do not exist, not recorded) and mismatched
+    (calls whose inputs do not match their definition, not recorded)."""
     tracer = _tracer
     if tracer is not None:
         return tracer.stats()

@@ -1,0 +1,61 @@
+"""The entry point of a benchmark worker process: tie its life to the runner's, then work.
+
+It imports nothing heavy, so that the worker asks to die with its runner before it spends
+seconds importing torch (fibgen.bench.worker), a window in which a killed runner would
+otherwise leave it running.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+# Note [worker lifetime]
+# A worker must not outlive its runner: one left running a solution (a hang, a long timing
+# loop) holds a CPU or a GPU, and the multiprocessing resource tracker, which exits only when
+# every process that holds its pipe has exited, stays with it. A runner that exits normally
+# stops its workers, and one stopped by SIGTERM kills them first (runner.py); but a runner
+# killed outright (SIGKILL, the OOM killer) can do nothing. So each worker, as it starts:
+#
+# - asks Linux to send it SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG). The
+#   "parent" is the runner thread that started the worker; that thread stops its worker
+#   before it ends, so the signal comes only when the runner dies;
+# - checks that the parent is still the runner, since it may have died before the prctl;
+# - runs a thread that watches the parent's pid, for systems without prctl and in case the
+#   signal is lost: when the worker is re-parented, it exits.
+
+_PR_SET_PDEATHSIG = 1
+_WATCH_PERIOD_S = 0.25
+
+
+def die_with_parent(parent: int) -> None:
+    """Make this process end when process ``parent`` does (Note [worker lifetime])."""
+    import ctypes
+    import signal
+    import sys
+    import threading
+    import time
+
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # the watchdog below still holds
+    if os.getppid() != parent:
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_WATCH_PERIOD_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="fibgen-parent-watch", daemon=True).start()
+
+
+def main(conn: Any, device: str, parent: int) -> None:
+    """Run a benchmark worker that ends when process ``parent`` (the runner) does."""
+    die_with_parent(parent)
+    from fibgen.bench import worker
+
+    worker.main(conn, device)

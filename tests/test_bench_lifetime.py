@@ -1,0 +1,168 @@
+"""Bench's worker processes and multiprocessing's resource tracker die with the runner, however
+it dies (issue 14, item 19; Note [worker lifetime] in fibgen/bench/child.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import _bench_dataset
+from _bench_dataset import make_dataset
+
+REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name; None when there is no such pid."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()
+
+
+def _alive(pid: int) -> bool:
+    # A zombie has ended: only its parent's wait is missing (PID 1 of a container may not reap).
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def _children(pid: int) -> dict[int, str]:
+    """Live processes whose parent is ``pid``, with their command lines."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat(int(entry))
+            if fields is not None and int(fields[1]) == pid and fields[0] != "Z":
+                try:
+                    cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                out[int(entry)] = cmdline.replace(b"\0", b" ").decode(errors="replace")
+    return out
+
+
+def _wait_for(condition, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["TERM", "KILL"])
+def test_workers_and_the_resource_tracker_die_with_the_runner(tmp_path, monkeypatch, sig):
+    started = tmp_path / "started"
+    # A solution busy in a loop: its worker is not waiting on the pipe, where an end of file
+    # would stop it anyway.
+    monkeypatch.setitem(
+        _bench_dataset.SOLUTIONS,
+        "busy",
+        (
+            f"import pathlib, time\n\ndef run(x, w):\n    pathlib.Path({str(started)!r}).touch()\n"
+            "    while True:\n        time.sleep(0.1)\n",
+            False,
+        ),
+    )
+    root = make_dataset(tmp_path / "ds", ["busy"], sizes=(3,))
+    env = dict(
+        os.environ,
+        FIBGEN_CACHE_DIR=str(tmp_path / "cache"),
+        PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS)]),
+    )
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "fibgen.cli", "bench", str(root), "--devices", "cpu", "--quiet"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    children: dict[int, str] = {}
+    try:
+        assert _wait_for(started.exists, 120), "the solution never started"
+        children = _children(runner.pid)
+        kinds = sorted(
+            "worker" if "multiprocessing.spawn" in c else "tracker"
+            for c in children.values()
+            if "multiprocessing" in c
+        )
+        assert kinds == ["tracker", "worker"], children
+        runner.send_signal(sig)
+        assert runner.wait(timeout=30) == -sig
+        survivors = lambda: [pid for pid in children if _alive(pid)]  # noqa: E731
+        assert _wait_for(lambda: not survivors(), 3.0), {p: children[p] for p in survivors()}
+    finally:
+        # Whatever the outcome, nothing of this test is left running.
+        runner.kill()
+        for pid in [*children, *_children(runner.pid)]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+_WATCHED = """
+import ctypes, sys, time
+
+from fibgen.bench.child import die_with_parent
+
+def no_prctl(*args, **kwargs):
+    raise OSError("no prctl on this system")
+
+ctypes.CDLL = no_prctl  # as where prctl does not exist: the watchdog alone must hold
+die_with_parent(int(sys.argv[1]))
+print("watching", flush=True)
+time.sleep(60)
+"""
+
+_MIDDLE = """
+import subprocess, sys, os, time
+
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], str(os.getpid())],
+                         stdout=subprocess.PIPE, text=True)
+assert child.stdout.readline().strip() == "watching"
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_without_prctl_the_watchdog_ends_an_orphaned_worker():
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    middle = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(_MIDDLE), textwrap.dedent(_WATCHED)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    watched = None
+    try:
+        watched = int(middle.stdout.readline())
+        assert _alive(watched)
+        middle.kill()
+        middle.wait(timeout=30)
+        assert _wait_for(lambda: not _alive(watched), 3.0)
+    finally:
+        middle.kill()
+        if watched is not None and _alive(watched):
+            os.kill(watched, signal.SIGKILL)
+
+
+def test_a_worker_whose_runner_is_gone_before_it_starts_exits_at_once():
+    # The runner may die while the worker imports torch, before it could ask for a signal.
+    code = "from fibgen.bench.child import die_with_parent; die_with_parent(1); print('ran on')"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        timeout=120,
+    )
+    assert (result.returncode, result.stdout) == (1, "")
