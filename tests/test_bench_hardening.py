@@ -222,7 +222,8 @@ def test_report_names_a_bad_line_and_goes_on(tmp_path, capsys):
     # A bad line in the middle too (a file another tool wrote): named, skipped.
     path.write_text(path.read_text().replace("\n", "\n{}\n", 1))
     code, out, err = _fibgen(capsys, "report", str(root), "--format", "json")
-    assert code == 0 and json.loads(out)["definitions"]["scale_h64"]["solutions"]
+    (tables,) = json.loads(out)["definitions"]["scale_h64"]["hardware"].values()
+    assert code == 0 and tables["solutions"]
     assert err.splitlines()[0].startswith(f"warning: {path}:2: ")
 
 
