@@ -287,9 +287,25 @@ def main() -> None:
         if isinstance(theirs, str):
             print(f"{kernel:<20} {theirs}")
     print(
+        "result check of one output, as the hit path spells it (isinstance, dtype, shape "
+        f"against the input's cached shape): {_result_check_us():.3f} us (target <= 0.3 us)"
+    )
+    print(
         f"import of fibgen.runtime + fibgen_kernels.rmsnorm on top of torch: "
         f"{_import_cost_ms():.1f} ms (median of 7 fresh interpreters, bytecode cached; target <= 50 ms)"
     )
+
+
+def _result_check_us() -> float:
+    """The generated check of a value-returning solution's output (Note [shape cache])."""
+    x = torch.randn(1, 4096)
+    o = torch.randn(1, 4096)
+    names = {"_o": o, "_Tensor": torch.Tensor, "_F32": torch.float32, "_s": x.shape}
+    check = "isinstance(_o, _Tensor) and _o.dtype is _F32 and _o.shape == _s"
+    number = 200000
+    timed = min(timeit.repeat(check, globals=names, number=number, repeat=9))
+    empty = min(timeit.repeat("pass", number=number, repeat=9))
+    return (timed - empty) / number * 1e6
 
 
 _IMPORT_PROBE = """

@@ -1265,7 +1265,14 @@ def _constants(family: ir.Family) -> list[str]:
             and t.dtype.name not in {d.name for d in family.dtype_params}
         }
     )
-    return ["_Tensor = torch.Tensor", "_compiling = torch.compiler.is_compiling"] + [
+    # Dynamo folds is_dynamo_compiling to True where it traces; eagerly it is a function that
+    # returns False, which costs a third of is_compiling's (which asks torch.jit first): 0.08
+    # µs of a hit on the 2-core machine. (torch before 2.3 has only is_compiling.)
+    compiling = (
+        '_compiling = getattr(torch.compiler, "is_dynamo_compiling", None) '
+        "or torch.compiler.is_compiling"
+    )
+    return ["_Tensor = torch.Tensor", compiling] + [
         f"{_dtype_constant(n)} = {_TORCH_DTYPE[n]}" for n in names
     ]
 
