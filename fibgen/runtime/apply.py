@@ -450,6 +450,10 @@ class Api:
     def _miss_tick(self, name: str | None) -> Callable[[], Any]:
         """Count a call with no candidate, or the refusal it was handed with."""
         own = self._tick("fallback_no_candidate", name)
+        if not any(a.then is self.function for a in _state.apis):
+            # No family hands calls on to this one: a miss here is its own, and counting it
+            # needs no look at what a handing family left (a thread-local read per call).
+            return own
 
         def tick() -> None:
             handed = getattr(_handed, "tick", None)
