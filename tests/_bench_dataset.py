@@ -48,6 +48,12 @@ SOLUTIONS = {
     "wrong_dtype": ("def run(x, w):\n    return (x * w).double()\n", False),
     "raises": ("def run(x, w):\n    raise ValueError('not today')\n", False),
     "bad_import": ("import no_such_module_here\n\ndef run(x, w):\n    return x\n", False),
+    # Right on its first call only: the calls bench times must be right too.
+    "wrong_later": (
+        "calls = []\n\ndef run(x, w):\n    calls.append(1)\n"
+        "    return x * w if len(calls) == 1 else x * w + 1\n",
+        False,
+    ),
 }
 
 

@@ -27,6 +27,7 @@ EXPECTED = {
     "wrong_dtype": "INCORRECT_DTYPE",
     "raises": "RUNTIME_ERROR",
     "bad_import": "COMPILE_ERROR",
+    "wrong_later": "INCORRECT_NUMERICAL",
 }
 
 
@@ -69,6 +70,7 @@ def test_every_status_comes_out_and_good_solutions_are_timed(benched):
     assert "SIGABRT" in logs["aborts"]
     assert "not today" in logs["raises"]
     assert "no_such_module_here" in logs["bad_import"]
+    assert logs["wrong_later"].startswith("after timing, a call of the solution: ")
     assert "[3, 63]" in logs["wrong_shape"] or "[17, 63]" in logs["wrong_shape"]
 
 
