@@ -162,7 +162,7 @@ def cmd_fmt(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from fibgen.compiler.importer import import_paths
+    from fibgen.pipeline import import_paths
 
     return import_paths(
         args.inputs, Path(args.output), force=args.force, out=sys.stdout, err=sys.stderr

@@ -41,6 +41,11 @@ def replace_atomically(path: Path, data: bytes, *, durable: bool = False) -> Non
         raise
 
 
+def atomic_write(target: Path, text: str) -> None:
+    """Replace target's content atomically; readers see the old or the new file, never half."""
+    replace_atomically(target, text.encode("utf-8"))
+
+
 def _mode_for(path: Path) -> int:
     try:
         return os.stat(path).st_mode & 0o777  # never carry a setuid bit over to new content

@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from fibgen.codegen.files import GeneratedFile, content_hash
-from fibgen.fsutil import replace_atomically, stale_temp_files
+from fibgen.fsutil import atomic_write, stale_temp_files
 
 MANIFEST = ".fibgen-manifest"
 
@@ -143,11 +143,6 @@ def _temp_files(out: Path, *groups) -> list[str]:
 def _safe_relative(path: str) -> bool:
     p = Path(path)
     return not p.is_absolute() and ".." not in p.parts and path != ""
-
-
-def atomic_write(target: Path, text: str) -> None:
-    """Replace target's content atomically; readers see the old or the new file, never half."""
-    replace_atomically(target, text.encode("utf-8"))
 
 
 def _plan(out: Path, files: list[GeneratedFile]) -> tuple[dict[str, str], list[str], list[str]]:

@@ -51,7 +51,7 @@ def _internal(what: str) -> Diagnostic:
 
 def format_paths(paths: list[str], *, check: bool, out: TextIO, err: TextIO) -> int:
     """Format files in place (or, with check, report those that are not formatted)."""
-    from fibgen.codegen.writer import atomic_write
+    from fibgen.fsutil import atomic_write
     from pathlib import Path
 
     inputs, diags = discover(paths)

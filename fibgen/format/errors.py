@@ -12,6 +12,8 @@ import typing
 from pathlib import Path
 from typing import Any, Union
 
+from fibgen.format.schema_walk import allowed_keys_at, strip_union_tags
+
 if typing.TYPE_CHECKING:
     from pydantic import BaseModel, ValidationError
 
@@ -128,17 +130,13 @@ def _strip_union_tags(loc: tuple[Any, ...], root: type[BaseModel] | None) -> tup
     # (``axes.M.const.value``); a curator never wrote that part, so drop it.
     if root is None:
         return loc
-    from fibgen.format import models
-
-    return models.strip_union_tags(root, loc)
+    return strip_union_tags(root, loc)
 
 
 def _allowed_keys(root: type[BaseModel] | None, loc: tuple[Any, ...]) -> list[str]:
     if root is None:
         return []
-    from fibgen.format import models
-
-    return models.allowed_keys_at(root, loc)
+    return allowed_keys_at(root, loc)
 
 
 def validation_messages(exc: ValidationError, root: type[BaseModel] | None = None) -> list[str]:

@@ -31,8 +31,8 @@ from fibgen.format.models import (
     TensorSpec,
     Trace,
     Workload,
-    strip_unknown_keys,
 )
+from fibgen.format.schema_walk import strip_unknown_keys
 
 M = TypeVar("M", bound=BaseModel)
 PathLike = Union[str, Path]

@@ -1,0 +1,251 @@
+"""Checks of a family's declarations: axes, parameters, tensors, dtypes, hints, constraints."""
+
+from __future__ import annotations
+
+import keyword
+import re
+
+from fibgen.compiler import ir
+from fibgen.compiler.checks.common import (
+    EXPR_BUILTINS,
+    CheckerBase,
+    _closest,
+    _did_you_mean,
+    _FamilyView,
+    _names_in,
+    _sub_span,
+)
+
+_REQUIRES = re.compile(r"^sm_?(\d{2,3})a?$")
+
+
+def _hint_signatures() -> dict | None:
+    try:
+        from fibgen.format.hints import HINT_SIGNATURES
+    except ImportError:  # the hint table is optional for the compiler
+        return None
+    return HINT_SIGNATURES
+
+
+class DeclarationChecks(CheckerBase):
+    """Names declared once, shapes over declared axes, dtypes, generation hints, constraints."""
+
+    def _declarations(self, fam: ir.Family) -> _FamilyView:
+        axes: dict[str, ir.VarAxis | ir.ConstAxis] = {}
+        for ax in fam.axes:
+            if ax.name in axes:
+                self.err(
+                    f"axis `{ax.name}` is declared twice",
+                    ax.span,
+                    help=f"the first is at {axes[ax.name].span}",
+                )
+            else:
+                axes[ax.name] = ax
+        abbrevs: dict[str, ir.Node] = {}
+        for ax in fam.axes:
+            if isinstance(ax, ir.ConstAxis) and ax.abbrev:
+                if ax.abbrev in abbrevs and abbrevs[ax.abbrev] is not ax:
+                    self.err(
+                        f"abbreviation `{ax.abbrev}` is used by two consts",
+                        ax.span,
+                        help="each name part needs its own abbreviation",
+                    )
+                abbrevs[ax.abbrev] = ax
+        params: dict[str, ir.Param] = {}
+        for p in fam.params:
+            if p.name in params or p.name in axes:
+                self.err(
+                    f"parameter `{p.name}` clashes with another declaration",
+                    p.span,
+                    help="parameters, axes and tensors need distinct names",
+                )
+            params[p.name] = p
+        dtype_params: dict[str, ir.DtypeParam] = {}
+        for dp in fam.dtype_params:
+            if dp.name in dtype_params:
+                self.err(f"dtype parameter `{dp.name}` is declared twice", dp.span)
+            dtype_params[dp.name] = dp
+            for choice in dp.choices:
+                if choice not in ir.DTYPES:
+                    self.err(
+                        f"unknown dtype `{choice}` in `dtype {dp.name}`",
+                        dp.span,
+                        help=f"allowed dtypes: {', '.join(ir.DTYPES)}",
+                    )
+        inputs: dict[str, ir.Tensor] = {}
+        for t in fam.inputs:
+            if t.name in inputs:
+                self.err(
+                    f"input `{t.name}` is declared twice",
+                    t.span,
+                    help=f"the first is at {inputs[t.name].span}",
+                )
+            inputs[t.name] = t
+        outputs: dict[str, ir.Tensor] = {}
+        for t in fam.outputs:
+            if t.name in outputs:
+                self.err(
+                    f"output `{t.name}` is declared twice",
+                    t.span,
+                    help=f"the first is at {outputs[t.name].span}",
+                )
+            elif t.name in inputs:
+                self.err(
+                    f"`{t.name}` is both an input and an output",
+                    t.span,
+                    help="give the output its own name; an in-place kernel writes back "
+                    f"with `-> {inputs[t.name].source.param if inputs[t.name].source else t.name}`",
+                )
+            outputs[t.name] = t
+        for name in list(inputs) + list(outputs):
+            if name in axes:
+                self.err(
+                    f"tensor `{name}` has the name of an axis",
+                    (inputs.get(name) or outputs[name]).span,
+                    help="constraints refer to both by name, so they must differ",
+                )
+        # These names become parameters and variables of generated Python.
+        named = [("an axis", a) for a in fam.axes] + [("a parameter", p) for p in fam.params]
+        named += [("an input", t) for t in fam.inputs] + [("an output", t) for t in fam.outputs]
+        for what, node in named:
+            if keyword.iskeyword(node.name):
+                self.err(
+                    f"`{node.name}` is a Python keyword and cannot name {what}",
+                    node.span,
+                    help="generated Python uses this name as a variable: choose another",
+                )
+        return _FamilyView(fam, axes, params, dtype_params, inputs, outputs)
+
+    def _tensors(self, v: _FamilyView) -> None:
+        for t in v.family.inputs + v.family.outputs:
+            is_output = t.name in v.outputs and v.outputs[t.name] is t
+            self._dtype(v, t)
+            for i, dim in enumerate(t.shape or ()):
+                if dim not in v.axes:
+                    self.err(
+                        f"unknown axis `{dim}` in the shape of `{t.name}`",
+                        t.dim_spans[i] if i < len(t.dim_spans) else t.span,
+                        help=_did_you_mean(dim, v.axes, "axes"),
+                    )
+            if is_output:
+                if t.gen is not None:
+                    self.err(
+                        f"output `{t.name}` has a generation hint",
+                        t.gen.span,
+                        help="only inputs are generated",
+                    )
+            elif t.target is not None:
+                self.err(
+                    f"input `{t.name}` has a write-back target `-> {t.target}`",
+                    t.span,
+                    help="`->` belongs to outputs; an input is read with `<-`",
+                )
+            if t.gen is not None:
+                self._hint(v, t)
+
+    def _dtype(self, v: _FamilyView, t: ir.Tensor) -> None:
+        ref = t.dtype
+        if ref.kind == "from":
+            if ref.name not in v.inputs:
+                self.err(
+                    f"`dtype({ref.name})` names no input",
+                    ref.span,
+                    help=_did_you_mean(ref.name, v.inputs, "inputs"),
+                )
+            elif v.inputs[ref.name].dtype.kind == "from":
+                self.err(
+                    f"`dtype({ref.name})` refers to an input whose dtype is itself copied",
+                    ref.span,
+                    help="copy from an input with a declared dtype",
+                )
+        elif ref.name not in ir.DTYPES and ref.name not in v.dtype_params:
+            close = _closest(ref.name, list(ir.DTYPES) + list(v.dtype_params))
+            self.err(
+                f"unknown dtype `{ref.name}` for `{t.name}`",
+                ref.span,
+                help=(f"did you mean `{close}`? " if close else "")
+                + f"allowed dtypes: {', '.join(ir.DTYPES)}",
+            )
+
+    def _hint(self, v: _FamilyView, t: ir.Tensor) -> None:
+        hint = t.gen
+        assert hint is not None
+        known = self._expr_names(v)
+        for expr in list(hint.args) + [e for _, e in hint.kwargs]:
+            for name, offset in _names_in(expr.text):
+                if name not in known:
+                    self.err(
+                        f"unknown name `{name}` in the generation hint of `{t.name}`",
+                        _sub_span(expr.span, offset, len(name)),
+                        help=_did_you_mean(name, known - EXPR_BUILTINS, "names"),
+                    )
+        table = _hint_signatures()
+        if table is None:
+            return
+        sig = table.get(hint.kind)
+        if sig is None:
+            self.err(
+                f"unknown generation hint `{hint.kind}`",
+                hint.span,
+                help=_did_you_mean(hint.kind, sorted(table), "hints"),
+            )
+            return
+        positional = tuple(getattr(sig, "positional", ()))
+        keywords = tuple(getattr(sig, "keywords", ()))
+        required = tuple(getattr(sig, "required", ()))
+        if len(hint.args) > len(positional):
+            self.err(
+                f"`{hint.kind}` takes at most {len(positional)} positional argument"
+                f"{'s' if len(positional) != 1 else ''}",
+                hint.span,
+                help=f"signature: {hint.kind}({', '.join(positional + keywords)})",
+            )
+        given = set(positional[: len(hint.args)]) | {k for k, _ in hint.kwargs}
+        for key, _ in hint.kwargs:
+            if key not in positional and key not in keywords:
+                self.err(
+                    f"`{hint.kind}` has no argument `{key}`",
+                    hint.span,
+                    help=f"signature: {hint.kind}({', '.join(positional + keywords)})",
+                )
+        for key in required:
+            if key not in given:
+                self.err(
+                    f"`{hint.kind}` needs the argument `{key}`",
+                    hint.span,
+                    help=f"signature: {hint.kind}({', '.join(positional + keywords)})",
+                )
+
+    def _expr_names(self, v: _FamilyView) -> set[str]:
+        return set(v.axes) | set(v.params) | set(v.inputs) | set(v.outputs) | EXPR_BUILTINS
+
+    def _var_axes_bound(self, v: _FamilyView) -> None:
+        bound = {d for t in v.family.inputs for d in (t.shape or ())}
+        for ax in v.family.axes:
+            if isinstance(ax, ir.VarAxis) and ax.name not in bound:
+                self.err(
+                    f"var axis `{ax.name}` is bound by no input shape",
+                    ax.span,
+                    help="a var axis takes its value from an input's shape at run time; "
+                    "use it in an input's shape, or make it `const`",
+                )
+
+    def _constraints(self, v: _FamilyView) -> None:
+        known = self._expr_names(v)
+        for c in v.family.constraints:
+            for name, offset in _names_in(c.text):
+                if name not in known:
+                    self.err(
+                        f"unknown name `{name}` in constraint",
+                        _sub_span(c.span, offset, len(name)),
+                        help=_did_you_mean(name, known - EXPR_BUILTINS, "names"),
+                    )
+
+    def _requires(self, fam: ir.Family) -> None:
+        for req in fam.requires:
+            if not _REQUIRES.match(req):
+                self.err(
+                    f"unknown requirement `{req}`",
+                    fam.span,
+                    help="write a minimum compute capability such as `sm90` or `sm100`",
+                )

@@ -1,0 +1,53 @@
+"""Checks of dispatch groups: cases, families, one API, a selector it takes."""
+
+from __future__ import annotations
+
+from fibgen.compiler import ir
+from fibgen.compiler.checks.common import CheckerBase, _did_you_mean
+
+
+class DispatchChecks(CheckerBase):
+    """Dispatch groups: known families of one API, a selector they take."""
+
+    def dispatch(self, group: ir.DispatchGroup, families: dict[str, ir.Family]) -> None:
+        if not group.cases:
+            self.err(
+                f"dispatch `{group.name}` has no cases",
+                group.span,
+                help="add a line `VALUE -> FAMILY` for each family the selector picks",
+            )
+        apis: set[str] = set()
+        seen_values: dict[object, ir.DispatchCase] = {}
+        for case in group.cases:
+            if case.value in seen_values:
+                self.err(
+                    f"selector value `{case.value}` appears twice",
+                    case.span,
+                    help=f"the first is at {seen_values[case.value].span}",
+                )
+            seen_values[case.value] = case
+            for name in case.families:
+                fam = families.get(name)
+                if fam is None:
+                    self.err(
+                        f"unknown family `{name}` in dispatch `{group.name}`",
+                        case.span,
+                        help=_did_you_mean(name, families, "families"),
+                    )
+                    continue
+                if fam.api is None:
+                    self.err(f"family `{fam.name}` declares no `api` to dispatch on", case.span)
+                    continue
+                apis.add(fam.api.path)
+                if group.selector not in fam.api.param_names():
+                    self.err(
+                        f"selector `{group.selector}` is not a parameter of `{fam.api.path}`",
+                        group.span,
+                        help=_did_you_mean(group.selector, fam.api.param_names(), "parameters"),
+                    )
+        if len(apis) > 1:
+            self.err(
+                f"the families of dispatch `{group.name}` declare different APIs",
+                group.span,
+                help=f"found: {', '.join(sorted(apis))}",
+            )

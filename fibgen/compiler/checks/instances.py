@@ -1,0 +1,326 @@
+"""Instantiation: each instance's values checked, its consts computed, its definition named."""
+
+from __future__ import annotations
+
+import re
+
+from fibgen.compiler import ir
+from fibgen.compiler.checks.common import (
+    EXPR_BUILTINS,
+    CheckerBase,
+    _did_you_mean,
+    _FamilyView,
+    _names_in,
+    _shown,
+)
+from fibgen.compiler.checks.const_eval import _UNPARSABLE, INT64_MAX, _evaluate
+from fibgen.format.models import NAME_RULE, name_problem
+
+_TEMPLATE_FIELD = re.compile(r"\{([^{}]*)\}")
+
+
+class InstanceChecks(CheckerBase):
+    """Each instance's values, its definition and its name."""
+
+    def _name_template(self, v: _FamilyView) -> None:
+        fam = v.family
+        if fam.name_template is None:
+            return
+        span = fam.name_template_span if fam.name_template_span.line > 0 else fam.span
+        allowed = set(v.axes) | set(v.params) | set(v.dtype_params)
+        for m in _TEMPLATE_FIELD.finditer(fam.name_template):
+            key = m.group(1)
+            if key not in allowed:
+                self.err(
+                    f"name template field `{{{_shown(key)}}}` is not an axis or parameter",
+                    span,
+                    help=_did_you_mean(key, allowed, "names"),
+                )
+            elif key in v.axes and isinstance(v.axes[key], ir.VarAxis):
+                self.err(
+                    f"name template field `{{{key}}}` is a var axis",
+                    span,
+                    help="a definition name can only use const values",
+                )
+        # The text around the fields is in every name: check it once, here.
+        problem = name_problem(_TEMPLATE_FIELD.sub("0", fam.name_template))
+        if problem is not None:
+            self.err(
+                f"name template `{_shown(fam.name_template)}` gives unsafe definition names: "
+                f"the text {problem}",
+                span,
+                help=NAME_RULE,
+            )
+
+    def _instances(self, v: _FamilyView, path: str, build: bool) -> list[ir.Definition]:
+        fam = v.family
+        instances = fam.instances or (ir.Instance(values=(), span=fam.span),)
+        key_of: dict[str, str] = {}
+        for ax in fam.axes:
+            if isinstance(ax, ir.ConstAxis):
+                key_of[ax.name] = ax.name
+                if ax.abbrev:
+                    key_of.setdefault(ax.abbrev, ax.name)
+        for p in fam.params:
+            key_of[p.name] = p.name
+            if p.abbrev:
+                key_of.setdefault(p.abbrev, p.name)
+        for dp in fam.dtype_params:
+            key_of[dp.name] = dp.name
+        defs: list[ir.Definition] = []
+        for index, inst in enumerate(instances):
+            values: dict[str, ir.Assignment] = {}
+            ok = True
+            for a in inst.values:
+                target = key_of.get(a.key)
+                if target is None:
+                    ok = False
+                    self.err(
+                        f"`{a.key}` is not a const axis, parameter or dtype parameter of "
+                        f"`{fam.name}`",
+                        a.span,
+                        help=_did_you_mean(a.key, key_of, "keys"),
+                    )
+                    continue
+                if target in values:
+                    ok = False
+                    self.err(f"`{target}` is given twice in this instance", a.span)
+                    continue
+                ax = v.axes.get(target)
+                if isinstance(ax, ir.ConstAxis) and ax.value is not None:
+                    ok = False
+                    self.err(
+                        f"`{target}` is pinned to `{ax.value.text}` and cannot be set per "
+                        "instance",
+                        a.span,
+                        help="remove it from the instance",
+                    )
+                    continue
+                values[target] = a
+            if not ok:
+                continue
+            for choice in self._dtype_choices(v, values, inst):
+                d = self._definition(v, inst, index, values, choice, path, build)
+                if d is not None:
+                    defs.append(d)
+        return defs
+
+    def _dtype_choices(
+        self, v: _FamilyView, values: dict[str, ir.Assignment], inst: ir.Instance
+    ) -> list[dict[str, str]]:
+        combos: list[dict[str, str]] = [{}]
+        for dp in v.family.dtype_params:
+            if dp.name in values:
+                value = values[dp.name].value
+                if value not in dp.choices:
+                    self.err(
+                        f"`{dp.name} = {value}` is not one of {', '.join(dp.choices)}",
+                        values[dp.name].span,
+                    )
+                    return []
+                options = [str(value)]
+            else:
+                options = list(dp.choices)
+            combos = [dict(c, **{dp.name: o}) for c in combos for o in options]
+        return combos
+
+    def _definition(
+        self,
+        v: _FamilyView,
+        inst: ir.Instance,
+        index: int,
+        values: dict[str, ir.Assignment],
+        dtypes: dict[str, str],
+        path: str,
+        build: bool,
+    ) -> ir.Definition | None:
+        fam = v.family
+        params: dict[str, int | float | str | bool] = {}
+        ok = True
+        for p in fam.params:
+            if p.name in values:
+                params[p.name] = values[p.name].value
+            elif p.default is not None:
+                params[p.name] = p.default
+            else:
+                ok = False
+                self.err(
+                    f"parameter `{p.name}` has no value in this instance",
+                    inst.span,
+                    help=f"add `{p.name} = VALUE`, or give the parameter a default",
+                )
+        consts = self._const_values(v, inst, values, params)
+        if consts is None or not ok or not build:
+            return None
+        name = self._name(v, consts, params, dtypes)
+        problem = name_problem(name)
+        if problem is not None:
+            # From a value: the name template (or the family name) was checked on its own.
+            self.err(f"definition name `{_shown(name)}` {problem}", inst.span, help=NAME_RULE)
+            return None
+
+        def dtype_of(t: ir.Tensor) -> str:
+            ref = t.dtype
+            if ref.kind == "from":
+                return dtype_of(v.inputs[ref.name])
+            return dtypes.get(ref.name, ref.name)
+
+        def def_tensor(t: ir.Tensor) -> ir.DefTensor:
+            return ir.DefTensor(
+                name=t.name,
+                dtype=dtype_of(t),
+                shape=t.shape,
+                optional=t.optional,
+                description=t.description,
+                span=t.span,
+            )
+
+        reference = inst.reference if inst.reference is not None else fam.reference
+        if reference is not None and params:
+            prelude = "".join(f"{k} = {params[k]!r}\n" for k in params)
+            reference = prelude + reference
+        return ir.Definition(
+            name=name,
+            op_type=fam.op_type,
+            description=inst.description if inst.description is not None else fam.description,
+            tags=fam.tags + inst.tags,
+            axes=tuple(
+                ir.DefAxis(
+                    name=ax.name,
+                    kind=ax.kind,
+                    value=consts.get(ax.name) if ax.kind == "const" else None,
+                    description=ax.description,
+                    span=ax.span,
+                )
+                for ax in fam.axes
+            ),
+            constraints=tuple(c.text for c in fam.constraints),
+            inputs=tuple(def_tensor(t) for t in fam.inputs),
+            outputs=tuple(def_tensor(t) for t in fam.outputs),
+            reference=reference,
+            family=fam.name,
+            source_file=path,
+            instance_index=index,
+            consts=tuple((ax.name, consts[ax.name]) for ax in fam.axes if ax.kind == "const"),
+            param_values=tuple(params.items()),
+            dtype_values=tuple(dtypes.items()),
+            span=inst.span,
+        )
+
+    def _const_values(
+        self, v: _FamilyView, inst: ir.Instance, values: dict[str, ir.Assignment], params: dict
+    ) -> dict[str, int] | None:
+        consts: dict[str, int] = {}
+        pending: list[ir.ConstAxis] = []
+        ok = True
+        for ax in v.family.axes:
+            if not isinstance(ax, ir.ConstAxis):
+                continue
+            if ax.value is not None:
+                pending.append(ax)
+            elif ax.name in values:
+                value = values[ax.name].value
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    ok = False
+                    self.err(
+                        f"const `{ax.name}` must be a non-negative integer, got `{value}`",
+                        values[ax.name].span,
+                    )
+                elif value > INT64_MAX:
+                    ok = False
+                    self.err(
+                        f"const `{ax.name}` = {value} does not fit in 64 bits",
+                        values[ax.name].span,
+                        help=f"a size is at most {INT64_MAX}",
+                    )
+                else:
+                    consts[ax.name] = value
+            else:
+                ok = False
+                key = ax.abbrev or ax.name
+                self.err(
+                    f"const axis `{ax.name}` has no value in this instance",
+                    inst.span,
+                    help=f"add `{key} = VALUE`, or pin it with `{ax.name} : const = VALUE`",
+                )
+        # Derived consts may refer to each other in any order: evaluate until nothing changes.
+        while pending and ok:
+            progressed = False
+            for ax in list(pending):
+                assert ax.value is not None
+                names = {n for n, _ in _names_in(ax.value.text)} - EXPR_BUILTINS
+                unknown = names - set(consts) - set(params) - {p.name for p in pending}
+                if unknown:
+                    bad = sorted(unknown)[0]
+                    self.err(
+                        f"`{bad}` in the value of `{ax.name}` is not a const or parameter",
+                        ax.value.span,
+                    )
+                    return None
+                if names & {p.name for p in pending}:
+                    continue
+                value = _evaluate(ax.value.text, {**params, **consts})
+                if value is _UNPARSABLE:
+                    return None  # lowering reported the syntax error in this expression
+                if isinstance(value, str):  # `<why>`: the expression has no value
+                    self.err(
+                        f"`{ax.name} = {ax.value.text}` has no value: {value[1:-1]}",
+                        ax.value.span,
+                    )
+                    return None
+                if (isinstance(value, float) and not value.is_integer()) or value < 0:
+                    self.err(
+                        f"`{ax.name} = {ax.value.text}` gives {value!r}, not a "
+                        "non-negative integer",
+                        ax.value.span,
+                        help="use `//` for integer division" if isinstance(value, float) else None,
+                    )
+                    return None
+                if value > INT64_MAX:
+                    self.err(
+                        f"`{ax.name} = {ax.value.text}` gives {int(value)}, which does not fit "
+                        "in 64 bits",
+                        ax.value.span,
+                        help=f"a size is at most {INT64_MAX}",
+                    )
+                    return None
+                consts[ax.name] = int(value)
+                pending.remove(ax)
+                progressed = True
+            if not progressed:
+                self.err(
+                    f"the values of {', '.join(a.name for a in pending)} depend on each " "other",
+                    pending[0].span,
+                )
+                return None
+        return consts if ok else None
+
+    def _name(
+        self, v: _FamilyView, consts: dict[str, int], params: dict, dtypes: dict[str, str]
+    ) -> str:
+        fam = v.family
+        if fam.name_template is not None:
+            fields = {
+                **{k: str(x) for k, x in params.items()},
+                **{k: str(x) for k, x in consts.items()},
+                **{k: ir.DTYPE_NAME_PART[x] for k, x in dtypes.items()},
+            }
+            return _TEMPLATE_FIELD.sub(
+                lambda m: fields.get(m.group(1), m.group(0)), fam.name_template
+            )
+        return definition_name(fam, consts, params, dtypes)
+
+
+def definition_name(
+    fam: ir.Family, consts: dict[str, int], params: dict, dtypes: dict[str, str]
+) -> str:
+    """The name rule: family, then named params, named consts (declaration order), dtype parts."""
+    parts = [fam.name]
+    parts += [f"{p.abbrev}{params[p.name]}" for p in fam.params if p.abbrev]
+    parts += [
+        f"{ax.abbrev}{consts[ax.name]}"
+        for ax in fam.axes
+        if isinstance(ax, ir.ConstAxis) and ax.abbrev
+    ]
+    parts += [ir.DTYPE_NAME_PART[dtypes[dp.name]] for dp in fam.dtype_params]
+    return "_".join(parts)

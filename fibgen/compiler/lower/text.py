@@ -1,0 +1,100 @@
+"""Text inside tokens: triple-quoted blocks dedented, block statements split, comments cut."""
+
+from __future__ import annotations
+
+import textwrap
+
+from lark import Token
+
+
+def dedent_block(body: str) -> str:
+    """The text of a triple-quoted block, exactly as `printer.long_string` wrote it.
+
+    In the block form (opening quotes end their line, closing quotes start theirs) the framing
+    newline and the closing line's indentation are dropped and the common indentation of the
+    non-blank lines is removed; everything else is kept byte for byte, so references survive
+    a round trip with their blank lines, trailing whitespace and final newline.
+    """
+    lines = body.split("\n")
+    if len(lines) == 1:
+        return body.strip()
+    if lines[0].strip():
+        # Text starts on the opening line: keep that line, dedent the rest on its own.
+        return (lines[0].strip() + "\n" + textwrap.dedent("\n".join(lines[1:]))).rstrip()
+    lines = lines[1:]
+    if lines and not lines[-1].strip():
+        lines = lines[:-1]
+    margin = None
+    for line in lines:
+        if line.strip():
+            indent = line[: len(line) - len(line.lstrip(" \t"))]
+            margin = indent if margin is None else _common_prefix(margin, indent)
+    margin = margin or ""
+    return "\n".join(
+        line[len(margin) :] if line.startswith(margin) else line.lstrip(" \t") for line in lines
+    )
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
+def _token(text: str, line: int, column: int) -> Token:
+    first = text.split("\n")[0]
+    return Token(
+        "EXPR", text, line=line, column=column, end_line=line, end_column=column + len(first)
+    )
+
+
+def _code_positions(line: str):
+    """(index, character) of each character of a line that is outside string literals."""
+    quote = None
+    escaped = False
+    for i, ch in enumerate(line):
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        else:
+            yield i, ch
+
+
+def _split_comment(line: str) -> tuple[str, int | None]:
+    """Split a line at a '#' that is not inside a string literal."""
+    for i, ch in _code_positions(line):
+        if ch == "#":
+            return line[:i], i
+    return line, None
+
+
+def _open_brackets(text: str) -> int:
+    """How many brackets are open at the end of ``text`` (outside string literals)."""
+    depth = 0
+    for _, ch in _code_positions(text):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+    return depth
+
+
+def _split_statements(code: str) -> list[str]:
+    """Split a line at the ';' that are outside string literals and brackets."""
+    cuts, depth = [], 0
+    for i, ch in _code_positions(code):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        elif ch == ";" and depth <= 0:
+            cuts.append(i)
+    bounds = zip([-1] + cuts, cuts + [len(code)])
+    return [code[start + 1 : end] for start, end in bounds]

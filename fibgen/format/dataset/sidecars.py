@@ -1,0 +1,49 @@
+"""Sidecars: what flashinfer-bench's definition has no field for, beside its JSON file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fibgen.format.dataset.layout import PathLike
+from fibgen.format.errors import FormatError
+from fibgen.format.jsonio import parse_json
+
+# Beside ``<name>.json``: ``<name>.fibgen`` holds ``{"tolerance": {...}, "hints": {...}}``,
+# a family's `tolerance(...)` and its inputs' `gen` hints. Not `.json`, so that
+# flashinfer-bench's loader, which reads every JSON file under definitions/, skips it.
+EXTRAS_SUFFIX = ".fibgen"
+
+
+def sidecar_path(definition_file: PathLike) -> Path:
+    """The sidecar beside a definition JSON file."""
+    return Path(definition_file).with_suffix(EXTRAS_SUFFIX)
+
+
+def read_extras(definition_file: PathLike) -> dict:
+    """The sidecar of the definition JSON at ``definition_file``; empty when there is none."""
+    path = sidecar_path(definition_file)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise FormatError(path, f"cannot read: {exc.strerror or exc}") from None
+    data = parse_json(text, path)
+    problems = []
+    if not isinstance(data, dict):
+        problems.append("expected a JSON object with 'tolerance' and 'hints'")
+    else:
+        for key, value in data.items():
+            if key not in ("tolerance", "hints"):
+                problems.append(f"unknown key {key!r} (allowed keys: tolerance, hints)")
+            elif not isinstance(value, dict):
+                problems.append(f"{key}: expected an object")
+    if problems:
+        raise FormatError(path, "; ".join(problems))
+    return data
+
+
+def dump_extras(extras: dict) -> str:
+    """Canonical text of a sidecar (what ``fibgen build`` writes)."""
+    return json.dumps(extras, indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,166 @@
+"""Writing a dataset: atomic replacement, JSONL appends that survive a torn line, each record."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+
+from fibgen.format.dataset.layout import (
+    PathLike,
+    definition_path,
+    solution_path,
+    trace_path,
+    workload_path,
+)
+from fibgen.format.dataset.sidecars import dump_extras, sidecar_path
+from fibgen.format.errors import FormatWarning
+from fibgen.format.jsonio import dump_definition, dump_solution, dump_trace_line
+from fibgen.format.models import Definition, Solution, Trace, Workload
+from fibgen.fsutil import replace_atomically
+
+
+def write_bytes_atomic(path: PathLike, data: bytes) -> bool:
+    """Write ``data`` to ``path`` atomically; return False when it already held exactly that."""
+    path = Path(path)
+    try:
+        if path.read_bytes() == data:
+            return False
+    except FileNotFoundError:
+        pass
+    replace_atomically(path, data, durable=True)
+    return True
+
+
+def write_text_atomic(path: PathLike, text: str) -> bool:
+    """Write UTF-8 ``text`` to ``path`` atomically; return False when unchanged."""
+    return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+# Note [torn lines]
+# A JSONL writer stopped in the middle of a line (killed, out of disk; flashinfer-bench and
+# the tracer append in place) leaves a last line without its newline that is not JSON.
+# Appending after it would glue the next record to it and lose both, and a reader that stops
+# at the first bad line would lose the whole file. So every appender here drops such a torn
+# last line first and says so (it never was a record: its writer did not finish it), a last
+# line that is whole JSON without its newline only gets the newline, and readers that can go
+# on (``load_traces(..., on_bad=...)``) name each bad line by file and line and skip it.
+
+
+def _torn_tail(data: bytes) -> tuple[int, int] | None:
+    """(offset, line number) of a torn last line of JSONL ``data``, or None (Note [torn lines])."""
+    if not data or data.endswith(b"\n"):
+        return None
+    start = data.rfind(b"\n") + 1
+    try:
+        json.loads(data[start:].decode("utf-8"))
+        return None
+    except ValueError:  # not UTF-8 or not JSON: cut off mid-line
+        return start, data.count(b"\n", 0, start) + 1
+
+
+def _torn_message(data: bytes, torn: tuple[int, int]) -> str:
+    return (
+        f"dropped a torn last line ({len(data) - torn[0]} bytes, not JSON): its writer was "
+        "stopped before finishing it"
+    )
+
+
+def drop_torn_last_line(path: PathLike) -> str | None:
+    """Drop a torn last line of a JSONL file (Note [torn lines]); what was done, or None."""
+    from filelock import FileLock
+
+    path = Path(path)
+    if not path.is_file():
+        return None  # nothing to repair; and no lock file beside a path that is not there
+    with FileLock(str(path.with_name(f".{path.name}.lock"))):
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        torn = _torn_tail(data)
+        if torn is None:
+            return None
+        write_bytes_atomic(path, data[: torn[0]])
+        return str(FormatWarning(path, _torn_message(data, torn), torn[1]))
+
+
+def append_lines_atomic(path: PathLike, lines: Iterable[str]) -> None:
+    """Append lines (without newlines) to a JSONL file by atomically replacing it.
+
+    A torn last line is dropped first, with a FormatWarning (Note [torn lines]).
+    """
+    from filelock import FileLock
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = "".join(line + "\n" for line in lines).encode("utf-8")
+    if not new:
+        return
+    # Read-modify-replace loses lines when two writers race; the lock serializes them.
+    with FileLock(str(path.with_name(f".{path.name}.lock"))):
+        try:
+            old = path.read_bytes()
+        except FileNotFoundError:
+            old = b""
+        torn = _torn_tail(old)
+        if torn is not None:
+            warnings.warn(FormatWarning(path, _torn_message(old, torn), torn[1]), stacklevel=2)
+            old = old[: torn[0]]
+        elif old and not old.endswith(b"\n"):
+            old += b"\n"
+        write_bytes_atomic(path, old + new)
+
+
+def write_definition(root: PathLike, defn: Definition, extras: dict | None = None) -> Path:
+    """Write a definition to its place in the layout, and its sidecar when given; its path."""
+    path = definition_path(root, defn.op_type, defn.name)
+    if extras:
+        # The sidecar first: a definition never sits without the hints it was made with.
+        write_text_atomic(sidecar_path(path), dump_extras(extras))
+    write_text_atomic(path, dump_definition(defn))
+    return path
+
+
+def write_solution(root: PathLike, solution: Solution, op_type: str) -> Path:
+    """Write a solution to its place in the layout (the op_type of its definition)."""
+    path = solution_path(root, solution.author, op_type, solution.definition, solution.name)
+    write_text_atomic(path, dump_solution(solution))
+    return path
+
+
+def write_workloads(
+    root: PathLike, op_type: str, definition: str, workloads: Iterable[Workload]
+) -> Path:
+    """Replace a definition's workload file with these workloads."""
+    path = workload_path(root, op_type, definition)
+    text = "".join(
+        dump_trace_line(Trace(definition=definition, workload=w)) + "\n" for w in workloads
+    )
+    write_text_atomic(path, text)
+    return path
+
+
+def append_workloads(
+    root: PathLike, op_type: str, definition: str, workloads: Iterable[Workload]
+) -> Path:
+    """Append workloads to a definition's workload file."""
+    path = workload_path(root, op_type, definition)
+    append_lines_atomic(
+        path, (dump_trace_line(Trace(definition=definition, workload=w)) for w in workloads)
+    )
+    return path
+
+
+def append_traces(root: PathLike, op_type: str, traces: Iterable[Trace]) -> list[Path]:
+    """Append traces to ``traces/<op_type>/<definition>.jsonl``, one file per definition."""
+    by_definition: dict[str, list[str]] = {}
+    for trace in traces:
+        by_definition.setdefault(trace.definition, []).append(dump_trace_line(trace))
+    paths = []
+    for definition, lines in by_definition.items():
+        path = trace_path(root, op_type, definition)
+        append_lines_atomic(path, lines)
+        paths.append(path)
+    return paths
