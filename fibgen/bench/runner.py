@@ -62,7 +62,7 @@ from fibgen.format.dataset import (
     trace_path,
 )
 from fibgen.runtime.compare import SAMPLING_TIMEOUT_SCALE, is_sampling
-from fibgen.runtime.workloads import load_workloads
+from fibgen.curation.workloads import load_workloads
 
 __all__ = [
     "EXTRAS_SUFFIX",

@@ -88,7 +88,7 @@ def _make_inputs(
 ) -> dict[str, Any]:
     from fibgen.format.models import Workload
     from fibgen.runtime.inputs import InputSpec
-    from fibgen.runtime.workloads import materialize
+    from fibgen.curation.workloads import materialize
 
     spec = InputSpec.from_definition_json(definition, hints)
     return materialize(spec, Workload.model_validate(workload), root, device=device, seed=seed)
@@ -194,7 +194,7 @@ class Worker:
     ):
         """Make inputs and the reference outputs; time the reference as solutions are timed."""
         from fibgen.bench.timing import measure
-        from fibgen.runtime.workloads import WorkloadError
+        from fibgen.curation.workloads import WorkloadError
 
         try:
             inputs = _make_inputs(definition, workload, root, hints, seed, self.device)
