@@ -17,7 +17,7 @@ Every file is read, and every problem is collected rather than the first one rai
   whose JSON holds its files; with ``load``, each is imported or built.
 
 The result is plain data (``Report``); ``render`` prints the per-definition table and the
-problems. These modules import torch only to read blob headers and, with ``load``, to load.
+problems. Blob headers are read as JSON; torch is imported only with ``load``, to load.
 
 Each kind of check has its module, run here in order: ``check_files`` (layout, definitions,
 record lines), ``check_solutions``, ``check_workloads`` (and blobs), ``check_traces``; what
