@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from fibgen.cli import main
+from fibgen.curation.validate import validate_dataset
 from fibgen.format import Solution, Trace, append_traces, dump_trace_line, write_solution
-from fibgen.validate import validate_dataset
 
 from _bench_dataset import DEFINITION, make_dataset, solution
 from _shared import require_shared

@@ -9,16 +9,10 @@ import torch
 
 from _shared import require_shared
 from fibgen.cli import main
+from fibgen.curation.synthetic import parse_grid, synthesize
+from fibgen.curation.workloads import WorkloadError, input_spec, load_workloads, materialize
 from fibgen.format import load_definitions, workload_problems
 from fibgen.runtime.inputs import InputSpec
-from fibgen.runtime.workloads import (
-    WorkloadError,
-    input_spec,
-    load_workloads,
-    materialize,
-    parse_grid,
-    synthesize,
-)
 
 REPO = Path(__file__).resolve().parents[1]
 DECODE = "gqa_paged_decode_h32_kv8_d128_ps1"

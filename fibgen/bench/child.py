@@ -14,8 +14,9 @@ from typing import Any
 # A worker must not outlive its runner: one left running a solution (a hang, a long timing
 # loop) holds a CPU or a GPU, and the multiprocessing resource tracker, which exits only when
 # every process that holds its pipe has exited, stays with it. A runner that exits normally
-# stops its workers, and one stopped by SIGTERM kills them first (runner.py); but a runner
-# killed outright (SIGKILL, the OOM killer) can do nothing. So each worker, as it starts:
+# stops its workers, and one stopped by SIGTERM kills them first (worker_handle.py); but a
+# runner killed outright (SIGKILL, the OOM killer) can do nothing. So each worker, as it
+# starts:
 #
 # - asks Linux to send it SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG). The
 #   "parent" is the runner thread that started the worker; that thread stops its worker

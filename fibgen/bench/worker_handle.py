@@ -1,0 +1,119 @@
+"""The runner's side of a worker process: start it on its device, ask it with a timeout, say
+why it died, stop or kill it; and kill every worker when a SIGTERM ends the runner."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from fibgen.bench import child as entry
+
+
+class _Handle:
+    """One worker process on one device, started again after it dies or hangs."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.process: Any = None
+        self.conn: Any = None
+
+    def start(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        parent, child = context.Pipe()
+        # Started through the light entry module, which ties the worker's life to this
+        # process's before it imports torch (Note [worker lifetime] in child.py).
+        process = context.Process(
+            target=entry.main, args=(child, self.device, os.getpid()), daemon=True
+        )
+        try:
+            process.start()
+        finally:
+            child.close()
+        self.process, self.conn = process, parent
+
+    def ask(self, request: tuple, timeout: float) -> tuple:
+        """Send a request; the reply, or ("timeout",) / ("died", why)."""
+        if self.process is None or not self.process.is_alive():
+            self.start()
+        try:
+            self.conn.send(request)
+            if not self.conn.poll(timeout):
+                self.kill()
+                return ("timeout",)
+            return self.conn.recv()
+        except (EOFError, OSError, BrokenPipeError):
+            why = self._death()
+            self.kill()
+            return ("died", why)
+
+    def _death(self) -> str:
+        self.process.join(timeout=5)
+        code = self.process.exitcode
+        if code is not None and code < 0:
+            try:
+                return f"worker process killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"worker process killed by signal {-code}"
+        return f"worker process exited with status {code}"
+
+    def signal_kill(self) -> None:
+        """SIGKILL the worker and return at once: all a signal handler may do."""
+        process = self.process
+        if process is not None and process.pid is not None:
+            try:
+                os.kill(process.pid, signal.SIGKILL)
+            except OSError:  # gone already
+                pass
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.is_alive():
+            self.process.kill()
+        if self.process is not None:
+            self.process.join(timeout=5)
+        if self.conn is not None:
+            self.conn.close()
+        self.process = self.conn = None
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.is_alive():
+            try:
+                self.conn.send(("stop",))
+                self.process.join(timeout=5)
+            except (OSError, BrokenPipeError):
+                pass
+        self.kill()
+
+
+@contextlib.contextmanager
+def _workers_die_on_sigterm(handles: list[_Handle]) -> Iterator[None]:
+    """While the run lasts, a SIGTERM that would end the runner kills its workers first.
+
+    Only where SIGTERM has its default action (the runner then dies) and only on the main
+    thread, where Python runs handlers; elsewhere the workers still die with the runner
+    (Note [worker lifetime] in child.py).
+    """
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        for handle in list(handles):
+            handle.signal_kill()
+        # Then die of the signal, as the runner would have without this handler.
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGTERM) is on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)

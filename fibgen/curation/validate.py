@@ -1,0 +1,62 @@
+"""`fibgen validate DATASET`: check a whole FlashInfer Trace dataset before anything runs on it.
+
+Every file is read, and every problem is collected rather than the first one raised:
+
+- schemas: each definition, solution, workload line and trace line against the format's
+  models (unknown keys are warnings, as flashinfer-bench ignores them), and each sidecar;
+- layout: files that no reader takes (a ``.json`` under workloads/, anything beside the
+  four folders and blob/), duplicate definition and solution names (flashinfer-bench
+  refuses a dataset that has them), workload lines in traces/ and results in workloads/;
+- references: solutions, workloads and traces of definitions the dataset does not have,
+  traces of solutions it does not have, workloads whose axes or inputs do not fit their
+  definition;
+- blobs: every safetensors input's file and tensor, with the shape and dtype its
+  definition gives;
+- solutions: a language fibgen runs, an entry that exists (Python sources parse and define
+  it; C++/CUDA sources export it), a binding whose tools are installed, a solution folder
+  whose JSON holds its files; with ``load``, each is imported or built.
+
+The result is plain data (``Report``); ``render`` prints the per-definition table and the
+problems. Blob headers are read as JSON; torch is imported only with ``load``, to load.
+
+Each kind of check has its module, run here in order: ``check_files`` (layout, definitions,
+record lines), ``check_solutions``, ``check_workloads`` (and blobs), ``check_traces``; what
+they find goes into ``findings.Report``, which ``findings.render`` prints.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fibgen.curation.check_files import _definitions, _layout
+from fibgen.curation.check_solutions import _solutions
+from fibgen.curation.check_traces import _traces
+from fibgen.curation.check_workloads import _unused_blobs, _workloads
+from fibgen.curation.findings import Report
+from fibgen.format.dataset import DATASET_FOLDERS
+
+__all__ = ["validate_dataset"]
+
+
+def validate_dataset(root: str | Path, *, load: bool = False) -> Report:
+    """Check every file of the dataset at ``root`` (see the module's docstring)."""
+    root = Path(root)
+    report = Report(root)
+    if not root.is_dir():
+        report.add("error", root, "no such dataset folder")
+        return report
+    present = [name for name in DATASET_FOLDERS if (root / name).is_dir()]
+    if not present:
+        report.add(
+            "error",
+            root,
+            "not a dataset: it has none of definitions/, solutions/, workloads/, traces/",
+        )
+        return report
+    _layout(report)
+    definitions = _definitions(report)
+    solutions = _solutions(report, definitions, load)
+    blobs = _workloads(report, definitions)
+    _traces(report, definitions, solutions)
+    _unused_blobs(report, blobs)
+    return report
