@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
-from fibgen.cli import EXIT_FAIL, EXIT_OK, EXIT_USAGE
+from fibgen.cli.console import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 
 if TYPE_CHECKING:  # torch and pydantic load when the command runs, not when the CLI starts
     from fibgen.format import Definition
