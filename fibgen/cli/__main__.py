@@ -2,6 +2,6 @@
 
 import sys
 
-from fibgen.cli.main import main
+from fibgen.cli import main
 
 sys.exit(main())
