@@ -12,7 +12,7 @@ import pytest
 
 from fibgen.cli import main
 from fibgen.format.jsonio import load_solution
-from fibgen.scaffold import ScaffoldError, scaffold_solution
+from fibgen.codegen.scaffold import ScaffoldError, scaffold_solution
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFINITIONS = str(ROOT / "definitions")

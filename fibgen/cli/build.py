@@ -1,23 +1,13 @@
-"""The `fibgen` command: parse arguments, call the library, print, exit.
-
-Exit codes: 0 success; 1 the input has errors (diagnostics), or `--check` found differences;
-2 the command line itself is wrong.
-"""
+"""`fibgen build`, `check`, `fmt`, `import` and `list`: the commands that compile `.fidef` files."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
-import warnings
 from pathlib import Path
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
-
-
-def _eprint(text: str) -> None:
-    if text:
-        sys.stderr.write(text if text.endswith("\n") else text + "\n")
+from fibgen.cli.console import EXIT_FAIL, EXIT_OK
+from fibgen.cli.console import eprint as _eprint
 
 
 def _compile(paths: list[str]):
@@ -169,15 +159,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the `fibgen` command."""
-    parser = argparse.ArgumentParser(
-        prog="fibgen",
-        description="Kernel definitions for LLM serving: compile .fidef files, generate code.",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the `build`, `check`, `fmt`, `import` and `list` subcommands."""
     p = sub.add_parser("build", help="compile definitions and write generated files")
     p.add_argument("paths", nargs="+", metavar="DIR", help=".fidef files or folders")
     p.add_argument("-o", "--output", default="generated", help="output folder (default: generated)")
@@ -225,43 +208,3 @@ def build_parser() -> argparse.ArgumentParser:
         help="show the API that routes each definition, or why it has none",
     )
     p.set_defaults(func=cmd_list)
-
-    for name in _COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
-    return parser
-
-
-# Commands that live beside the library they drive; each module has `register(subparsers)`
-# adding its subcommand(s) with `set_defaults(func=...)` (the function returns an exit code).
-_COMMAND_MODULES: tuple[str, ...] = (
-    "fibgen.cli_workloads",
-    "fibgen.cli_scaffold",
-    "fibgen.cli_bench",
-    "fibgen.cli_validate",
-)
-
-
-def _show_warning(
-    message, category, filename, lineno, file=None, line=None
-) -> None:  # noqa: ANN001
-    _eprint(f"warning: {message}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `fibgen` console script."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        with warnings.catch_warnings():
-            # A warning is a line for the person at the terminal, not a Python source location.
-            warnings.showwarning = _show_warning
-            return args.func(args)
-    except KeyboardInterrupt:
-        _eprint("interrupted")
-        return 130
-    except BrokenPipeError:
-        return EXIT_OK
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,12 +7,12 @@ import os
 import sys
 from pathlib import Path
 
-from fibgen.scaffold import LANGUAGES
+from fibgen.codegen.scaffold import LANGUAGES
 
 
 def cmd_scaffold(args: argparse.Namespace) -> int:
     """Write the scaffold; print where, or the reason it was not written."""
-    from fibgen.scaffold import ScaffoldError, scaffold_solution
+    from fibgen.codegen.scaffold import ScaffoldError, scaffold_solution
 
     try:
         result = scaffold_solution(

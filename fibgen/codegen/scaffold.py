@@ -1,10 +1,11 @@
-"""`fibgen scaffold-solution`: a new solution folder for one definition, ready to fill in.
+"""Solution scaffolds: a new solution folder for one definition, ready to fill in.
 
 The folder is ``<output>/<author>/<op_type>/<definition>/<name>/``: a Solution JSON
 (flashinfer-bench's schema, every source listed) and the sources, whose entry function has
 the definition's exact signature. The python and triton scaffolds hold a correct body (the
 reference's math, or a real triton kernel for the families in ``_TRITON_KERNELS``), so a
 fresh scaffold passes its generated test; the cuda scaffold comes from the CUDA target.
+`fibgen scaffold-solution` (fibgen/cli/scaffold.py) is the command over it.
 """
 
 from __future__ import annotations
