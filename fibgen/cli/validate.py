@@ -33,7 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Validate; exit 1 when an error was found."""
-    from fibgen.validate import render, validate_dataset
+    from fibgen.curation.findings import render
+    from fibgen.curation.validate import validate_dataset
 
     report = validate_dataset(args.dataset, load=args.load)
     sys.stdout.write(render(report, None if args.all else 40))

@@ -59,8 +59,9 @@ def cmd_workloads(args: argparse.Namespace) -> int:
     """Run `fibgen workloads`."""
     from fibgen.format import FormatError
     from fibgen.format.models import NAME_RULE, name_problem
-    from fibgen.runtime.workloads import WorkloadError, parse_grid, write_synthetic
-    from fibgen.workload_definitions import add_definition, definition_for_workloads
+    from fibgen.curation.synthetic import parse_grid, write_synthetic
+    from fibgen.curation.workloads import WorkloadError
+    from fibgen.pipeline.workload_definitions import add_definition, definition_for_workloads
 
     # The name becomes a file name under the dataset (Note [safe names]).
     problem = name_problem(args.definition)

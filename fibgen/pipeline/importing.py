@@ -1,4 +1,4 @@
-"""Steps that span the compiler and the code generator: `fibgen import`, checked by a rebuild.
+"""`fibgen import`: flashinfer-bench definitions to `.fidef` families, checked by a rebuild.
 
 The importer (`fibgen.compiler.importer`) turns flashinfer-bench definitions into `.fidef`
 families; whether those families mean what the JSON meant is only known after compiling them

@@ -78,7 +78,7 @@ def _from_fidef(name: str, path: str) -> Union[_Found, str, None]:
 def _from_dataset(name: str, path: str) -> Union[_Found, str]:
     from fibgen.format import FormatError, load_definition_files
     from fibgen.format.dataset import read_extras
-    from fibgen.runtime.workloads import input_spec
+    from fibgen.curation.workloads import input_spec
 
     try:
         definitions = load_definition_files(path)
@@ -95,7 +95,7 @@ def _from_builtin(name: str) -> Union[_Found, str]:
     from fibgen.format import FormatError, load_definition
     from fibgen.format.dataset import read_extras
     from fibgen.paths import builtin_definition_file, catalogue_root
-    from fibgen.runtime.workloads import input_spec
+    from fibgen.curation.workloads import input_spec
 
     file = builtin_definition_file(name)
     if file is None:
