@@ -36,7 +36,7 @@ def _tuple(items: list[str]) -> str:
 
 
 class OpView:
-    """Computes the op functions of one family from its dispatcher view (``_Family``)."""
+    """Computes the op functions of one family from its dispatcher's plan (``FamilyPlan``)."""
 
     def __init__(self, view, fields: tuple[str, ...], plan, forward: str, signature: str) -> None:
         self.v = view
