@@ -155,7 +155,10 @@ def test_a_worker_killed_from_outside_is_replaced_and_its_job_sent_again(cluster
         "        time.sleep(60)\n"
         "    return x * w\n",
     )
-    root = make_dataset(tmp_path / "ds", ["good_returns"], sizes=(3, 17))
+    # More workloads than workers: each worker also holds a queued job, which goes back to
+    # the queue uncharged when its worker is lost.
+    sizes = (3, 17, 4, 5, 6, 7)
+    root = make_dataset(tmp_path / "ds", ["good_returns"], sizes=sizes)
     _add(root, waits)
     killed: list[int] = []
     watcher = _kill_when_marked(mark, killed)
@@ -164,7 +167,7 @@ def test_a_worker_killed_from_outside_is_replaced_and_its_job_sent_again(cluster
     assert killed, "the solution never ran"
     traces = _lines(root)
     runs = sorted((t["workload"]["uuid"], t["solution"]) for t in traces)
-    assert runs == sorted((w, s) for w in ("n3", "n17") for s in ("good_returns", waits.name))
+    assert runs == sorted((f"n{n}", s) for n in sizes for s in ("good_returns", waits.name))
     assert {t["evaluation"]["status"] for t in traces} == {"PASSED"}
     assert not summary.problems
     assert (summary.lost, summary.retried) == (1, 1)

@@ -105,14 +105,16 @@ class NodeStats:
 
 @dataclass
 class RaySummary(BenchSummary):
-    """A BenchSummary and what the cluster did: per node, retries, startup and the driver's
-    own cost per job (the time from sending a job to recording it, less the node's work)."""
+    """A BenchSummary and what the cluster did: per node; jobs sent again and workers lost;
+    seconds until the first worker was ready; each job's seconds on its node; and the
+    seconds the driver spent other than waiting (sending, recording, watching)."""
 
     nodes: dict[str, NodeStats] = field(default_factory=dict)
     retried: int = 0
     lost: int = 0
     startup_s: float = 0.0
-    overhead_s: list[float] = field(default_factory=list)
+    job_s: list[float] = field(default_factory=list)
+    driver_s: float = 0.0
 
 
 def import_ray() -> Any:
@@ -339,7 +341,13 @@ class _Slot:
         self.actor = actor
         self.ready_ref = ready_ref
         self.node = "?"
+        # The jobs sent to it, in the order it runs them: the first is running.
+        self.refs: deque[Any] = deque()
+        self.head_since = 0.0
         self.kill_reason: str | None = None
+        # Set once it is found lost: the job it was running then.
+        self.lost_head: Any = None
+        self.lost = False
 
 
 class _Progress:
@@ -422,8 +430,9 @@ class _Driver:
         self.bar = _Progress(jobs, progress)
         self.actor_class = ray.remote(ray_worker.NodeWorker)
         self.starting: dict[Any, _Slot] = {}
-        self.idle: list[_Slot] = []
-        self.inflight: dict[Any, tuple[_Slot, _Job, float]] = {}
+        # Workers that passed the check and run jobs.
+        self.ready: list[_Slot] = []
+        self.inflight: dict[Any, tuple[_Slot, _Job]] = {}
         self.slots: list[_Slot] = []
         self.start_failures = 0
         self.started = time.monotonic()
@@ -439,14 +448,16 @@ class _Driver:
         self.starting[slot.ready_ref] = slot
         self.slots.append(slot)
 
-    def _drop(self, slot: _Slot) -> None:
+    def _end(self, slot: _Slot) -> None:
         with contextlib.suppress(Exception):
             self.ray.kill(slot.actor, no_restart=True)
-        if slot in self.slots:
-            self.slots.remove(slot)
-        if slot in self.idle:
-            self.idle.remove(slot)
-        # Replace it while there is work: on a lost node Ray places the new one elsewhere.
+        for group in (self.slots, self.ready):
+            if slot in group:
+                group.remove(slot)
+
+    def _replace(self, slot: _Slot) -> None:
+        self._end(slot)
+        # While there is work: on a lost node Ray places the new one elsewhere.
         if (self.queue or self.inflight) and len(self.slots) < self.size:
             self._start_worker()
 
@@ -458,51 +469,59 @@ class _Driver:
             self.start_failures += 1
             why = _first_line(exc)
             if self.start_failures > max(3, self.size) * (self.retries + 1):
-                self._drop_without_replacement(slot)
+                self._end(slot)
                 raise BenchError(
                     f"workers of the Ray cluster at {self.where} keep failing to start; the "
                     f"last: {why}"
                 ) from None
             self.summary.notes.append(f"a worker failed to start and was replaced: {why}")
-            self._drop(slot)
+            self._replace(slot)
             return
         problem = _mismatch(self.local, got)
         if problem is not None:
             # A node that joined after the check: nothing more is sent anywhere.
-            self._drop_without_replacement(slot)
+            self._end(slot)
             raise BenchError(f"{problem} (Ray cluster at {self.where})")
         slot.node = got["node"]
         stats = self.summary.nodes.setdefault(slot.node, NodeStats())
         stats.workers += 1
         if not self.summary.startup_s:
             self.summary.startup_s = time.monotonic() - self.started
-        self.idle.append(slot)
-
-    def _drop_without_replacement(self, slot: _Slot) -> None:
-        with contextlib.suppress(Exception):
-            self.ray.kill(slot.actor, no_restart=True)
-        if slot in self.slots:
-            self.slots.remove(slot)
+        self.ready.append(slot)
 
     # Jobs ------------------------------------------------------------------------------
 
     def _send(self) -> None:
-        while self.idle and self.queue:
-            slot = self.idle.pop()
-            job = self.queue.popleft()
-            ref = slot.actor.run.remote(job.spec, self.options_ref)
-            self.inflight[ref] = (slot, job, time.monotonic())
-            stats = self.summary.nodes[slot.node]
-            if math.isnan(stats.first):
-                stats.first = time.monotonic()
+        # A worker gets a second job while the queue holds at least one per worker: Ray
+        # queues it on the actor, which starts it as soon as the first is done instead of
+        # waiting for the driver to record the first and send the next. Near the end only
+        # one each, so that no worker idles while another holds two.
+        for depth in (1, 2):
+            for slot in self.ready:
+                if not self.queue or (depth == 2 and len(self.queue) < len(self.ready)):
+                    return
+                if len(slot.refs) >= depth:
+                    continue
+                job = self.queue.popleft()
+                ref = slot.actor.run.remote(job.spec, self.options_ref)
+                now = time.monotonic()
+                if not slot.refs:
+                    slot.head_since = now
+                slot.refs.append(ref)
+                self.inflight[ref] = (slot, job)
+                stats = self.summary.nodes[slot.node]
+                if math.isnan(stats.first):
+                    stats.first = now
 
     def _finished(self, ref: Any) -> None:
-        slot, job, sent = self.inflight.pop(ref)
+        slot, job = self.inflight.pop(ref)
         try:
             reply = self.ray.get(ref)
         except self.ray.exceptions.RayError as exc:
-            self._lost(slot, job, exc)
+            self._lost(slot, job, ref, exc)
             return
+        slot.refs.remove(ref)
+        slot.head_since = time.monotonic()
         node_root = reply["root"]
 
         def here(text: str) -> str:
@@ -518,30 +537,34 @@ class _Driver:
         problem = None if reply["problem"] is None else here(reply["problem"])
         noisy = [here(line) for line in reply["noisy"]]
         record_group(self.root, job.group, results, problem, noisy, self.summary, self.on_trace)
-        now = time.monotonic()
-        self.summary.overhead_s.append(max(0.0, now - sent - reply["seconds"]))
+        self.summary.job_s.append(reply["seconds"])
         stats = self.summary.nodes[slot.node]
         stats.jobs += 1
         stats.runs += job.runs
-        stats.last = now
+        stats.last = time.monotonic()
         self.bar.jobs += 1
         self.bar.runs += job.runs
-        self.idle.append(slot)
 
-    def _lost(self, slot: _Slot, job: _Job, exc: BaseException) -> None:
+    def _lost(self, slot: _Slot, job: _Job, ref: Any, exc: BaseException) -> None:
         # Note [ray faults]
         # A solution's crash or hang ends only the worker process that the actor started
         # (RUNTIME_ERROR, TIMEOUT: a reply like any other). An error here means the actor
         # itself is gone or failed: its process was killed, its node died or left, or it
         # stopped answering (the watchdog). That is the cluster's failure, not the
-        # solution's: the whole group is sent again, to a new worker that Ray places where
-        # there is room, up to --retries times, and then reported as not run. Its traces
-        # are written only from the one reply that arrives, so nothing is written twice.
-        why = slot.kill_reason or _first_line(exc)
-        self.summary.lost += 1
+        # solution's: the group is sent again, to a new worker that Ray places where there
+        # is room, up to --retries times, and then reported as not run. Only the job the
+        # actor was running is charged a try; one queued behind it goes back as it was.
+        # Traces are written only from the one reply that arrives, so none twice.
+        if not slot.lost:
+            slot.lost = True
+            slot.lost_head = slot.refs[0] if slot.refs else ref
+            self.summary.lost += 1
+            self._replace(slot)
+        if ref is not slot.lost_head:
+            self.queue.appendleft(job)
+            return
         job.attempts += 1
-        job.failures.append(f"node {slot.node}: {why}")
-        self._drop(slot)
+        job.failures.append(f"node {slot.node}: {slot.kill_reason or _first_line(exc)}")
         if job.attempts <= self.retries:
             self.summary.retried += 1
             self.queue.appendleft(job)
@@ -556,13 +579,16 @@ class _Driver:
 
     def _watch(self) -> None:
         now = time.monotonic()
-        for slot, job, sent in self.inflight.values():
+        for slot in self.ready:
+            if not slot.refs or slot.kill_reason is not None:
+                continue
+            _, job = self.inflight[slot.refs[0]]
             limit = _deadline(job, self.options)
-            if slot.kill_reason is None and now - sent > limit:
+            if now - slot.head_since > limit:
                 slot.kill_reason = f"no reply in {limit:.0f} s"
                 with contextlib.suppress(Exception):
                     self.ray.kill(slot.actor, no_restart=True)
-        if self.inflight or self.idle or not self.queue:
+        if self.inflight or self.ready or not self.queue:
             self.last_working = now
         elif now - self.last_working > NO_WORKER_TIMEOUT_S:
             runs = sum(j.runs for j in self.queue)
@@ -580,6 +606,7 @@ class _Driver:
         for _ in range(self.size):
             self._start_worker()
         while self.queue or self.inflight:
+            busy = time.perf_counter()
             self._send()
             refs = [*self.inflight, *self.starting]
             if not refs:
@@ -587,7 +614,9 @@ class _Driver:
                 # and was not replaced): start one.
                 self._start_worker()
                 continue
+            self.summary.driver_s += time.perf_counter() - busy
             done, _ = self.ray.wait(refs, num_returns=1, timeout=TICK_S)
+            busy = time.perf_counter()
             if done:
                 done, _ = self.ray.wait(refs, num_returns=len(refs), timeout=0)
             for ref in done:
@@ -597,20 +626,19 @@ class _Driver:
                     self._finished(ref)
             self._watch()
             self.bar.show(self.summary, len(self.slots))
+            self.summary.driver_s += time.perf_counter() - busy
         self.bar.show(self.summary, len(self.slots), final=True)
         self.bar.close()
 
     def close(self, graceful: bool) -> None:
         """End every worker: told to stop its worker process first when ``graceful``."""
-        if graceful and self.idle:
-            stops = [slot.actor.stop.remote() for slot in self.idle]
+        if graceful and self.ready:
+            stops = [slot.actor.stop.remote() for slot in self.ready]
             with contextlib.suppress(Exception):
                 self.ray.wait(stops, num_returns=len(stops), timeout=10)
-        for slot in self.slots:
+        for slot in list(self.slots):
             # Killing the actor kills its worker process too (Note [worker lifetime]).
-            with contextlib.suppress(Exception):
-                self.ray.kill(slot.actor, no_restart=True)
-        self.slots.clear()
+            self._end(slot)
 
 
 def _node_notes(summary: RaySummary, where: str, now: float) -> list[str]:

@@ -92,7 +92,7 @@ class NodeWorker:
         os.environ.setdefault("FIBGEN_CACHE_DIR", str(self.cache / "build"))
         self.empty_root = self.cache / "roots" / "empty"
         self.empty_root.mkdir(exist_ok=True)
-        # Definitions and solutions arrive as object references; each is decoded once.
+        # Definitions and solutions arrive as object references; each is read once.
         self.objects: dict[str, Any] = {}
         from fibgen.bench.runner import _Handle
 
@@ -105,14 +105,15 @@ class NodeWorker:
         """See ``identity``; the driver checks it before sending work."""
         return identity()
 
-    def _get(self, ref: Any) -> Any:
+    def _get(self, ref: Any, model: Any) -> Any:
+        """The object behind ``ref`` as a ``model``, fetched and validated once per worker."""
         import ray
 
         key = ref.hex()
         if key not in self.objects:
             if len(self.objects) > 1024:
                 self.objects.clear()
-            self.objects[key] = ray.get(ref)
+            self.objects[key] = model.model_validate(ray.get(ref))
         return self.objects[key]
 
     def _blob(self, sha: str, ref: Any) -> Path:
@@ -159,9 +160,9 @@ class NodeWorker:
         started = time.perf_counter()
         root = self._root(job["blobs"])
         group = _Group(
-            Definition.model_validate(self._get(job["definition"])),
+            self._get(job["definition"], Definition),
             Workload.model_validate(job["workload"]),
-            tuple(Solution.model_validate(self._get(ref)) for ref in job["solutions"]),
+            tuple(self._get(ref, Solution) for ref in job["solutions"]),
             job["tolerance"],
             job["hints"],
         )
