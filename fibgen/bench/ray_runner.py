@@ -187,11 +187,22 @@ def _connected(ray: Any, address: str | None) -> Iterator[str]:
         else:
             ray.init(address=address, **quiet)
             where = address
+            if not address.startswith("ray://"):
+                # `auto` names the cluster it found by its address.
+                with contextlib.suppress(Exception):
+                    where = ray.get_runtime_context().gcs_address or address
     except Exception as exc:  # ray.init raises ConnectionError, RuntimeError, ValueError...
-        hint = (
-            " (start one with `ray start --head`, or give its address)" if address == "auto" else ""
-        )
-        raise BenchError(f"cannot connect to Ray at {address or 'local'}: {_first_line(exc)}{hint}")
+        if address == "auto":
+            hint = "; start one with `ray start --head`, or give its address"
+        else:
+            # What a refused connection most often is once the port answers.
+            hint = (
+                "; if the cluster uses token authentication, set RAY_AUTH_MODE=token and give "
+                "its token (~/.ray/auth_token or RAY_AUTH_TOKEN)"
+            )
+        raise BenchError(
+            f"cannot connect to Ray at {address or 'local'}: {_first_line(exc)}{hint}"
+        ) from None
     try:
         yield where
     finally:
@@ -393,8 +404,10 @@ class _Progress:
         self.shown = line
 
     def close(self) -> None:
+        """End the line on a terminal (also when the run is interrupted)."""
         if self.enabled and self.tty and self.shown:
             sys.stderr.write("\n")
+            self.shown = ""
 
 
 class _Driver:
@@ -628,7 +641,6 @@ class _Driver:
             self.bar.show(self.summary, len(self.slots))
             self.summary.driver_s += time.perf_counter() - busy
         self.bar.show(self.summary, len(self.slots), final=True)
-        self.bar.close()
 
     def close(self, graceful: bool) -> None:
         """End every worker: told to stop its worker process first when ``graceful``."""
@@ -639,6 +651,7 @@ class _Driver:
         for slot in list(self.slots):
             # Killing the actor kills its worker process too (Note [worker lifetime]).
             self._end(slot)
+        self.bar.close()
 
 
 def _node_notes(summary: RaySummary, where: str, now: float) -> list[str]:
