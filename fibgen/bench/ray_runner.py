@@ -5,7 +5,9 @@ holding the solutions to run on that workload, and ``--resume`` leaves out what 
 Each group is a job for one ``NodeWorker`` actor (ray_worker.py), which holds one GPU
 (``num_gpus=1``) or, with ``--devices cpu``, one CPU of the cluster for the whole run, and
 runs the group through the local runner's worker process; statuses, logs and timings are
-made exactly as on one host.
+made exactly as on one host. A job is a workload with its solutions, not a solution with its
+workloads, for the reason the local runner groups so: the inputs, the reference's outputs
+and its timing are made once for every solution that runs on them.
 
 This process, the driver, is the only writer of ``traces/``: a job's traces are appended
 with the local runner's ``record_group`` when its reply arrives, so a driver stopped at any
@@ -42,6 +44,7 @@ from fibgen.bench.runner import (
     BenchOptions,
     BenchSummary,
     DeviceError,
+    _duration,
     _Group,
     plan,
     record_group,
@@ -264,7 +267,8 @@ def _check_nodes(ray: Any, where: str, local: dict) -> list[str]:
 @dataclass
 class _Job:
     group: _Group
-    spec: dict
+    # What the worker gets (_Shipper.spec), made when the job is first sent.
+    spec: dict | None = None
     attempts: int = 0
     failures: list[str] = field(default_factory=list)
 
@@ -302,7 +306,9 @@ class _Shipper:
             self.refs[key] = (hashlib.sha256(data).hexdigest(), self.ray.put(data))
         return self.refs[key]
 
-    def job(self, group: _Group) -> _Job:
+    def spec(self, group: _Group) -> dict:
+        """What a worker gets for a group; its blobs are put into the object store now, so
+        that the driver holds only those of the jobs sent so far."""
         definition = group.definition
         blobs: dict[tuple[str, ...], tuple[str, Any]] = {}
         for source in group.workload.inputs.values():
@@ -331,7 +337,7 @@ class _Shipper:
             "hints": group.hints,
             "blobs": [(parts, sha, ref) for parts, (sha, ref) in sorted(blobs.items())],
         }
-        return _Job(group, spec)
+        return spec
 
 
 def _deadline(job: _Job, options: BenchOptions) -> float:
@@ -381,8 +387,6 @@ class _Progress:
         if not final and now - self.last < (TICK_S if self.tty else 5.0):
             return
         self.last = now
-        from fibgen.bench.runner import _duration
-
         failed = summary.failed + len(summary.problems)
         nodes = sorted(summary.nodes.items())
         rates = [f"{name} {stats.rate(now):.1f}/s" for name, stats in nodes[:4]]
@@ -430,6 +434,7 @@ class _Driver:
     ) -> None:
         self.ray = ray
         self.root = root
+        self.shipper = _Shipper(ray, root)
         self.kind = kind
         self.size = size
         self.queue: deque[_Job] = deque(jobs)
@@ -516,6 +521,8 @@ class _Driver:
                 if len(slot.refs) >= depth:
                     continue
                 job = self.queue.popleft()
+                if job.spec is None:
+                    job.spec = self.shipper.spec(job.group)
                 ref = slot.actor.run.remote(job.spec, self.options_ref)
                 now = time.monotonic()
                 if not slot.refs:
@@ -732,8 +739,7 @@ def run_bench_ray(
                 summary.notes.append(dropped)
         if not work_plan.groups:
             return summary
-        shipper = _Shipper(ray, root)
-        jobs = [shipper.job(group) for group in work_plan.groups]
+        jobs = [_Job(group) for group in work_plan.groups]
         size = min(have, len(jobs), ray_options.workers or have)
         driver = _Driver(
             ray,
