@@ -63,8 +63,10 @@ def throughput(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     ray.init(num_cpus=max(counts), include_dashboard=False, log_to_driver=False)
     ray_start = time.perf_counter() - started
-    print(f"{args.jobs} jobs of 1 run each; local Ray cluster of {max(counts)} CPUs started in ")
-    print(f"{ray_start:.1f} s (not counted below)\n")
+    print(
+        f"{args.jobs} jobs of 1 run each; local Ray cluster of {max(counts)} CPUs started in "
+        f"{ray_start:.1f} s (not counted below)\n"
+    )
     print(
         "| workers | local s | local jobs/s | Ray s | Ray jobs/s | Ray until first worker s | "
         "Ray overhead per job ms | driver busy per job ms |"
