@@ -40,6 +40,8 @@ def cluster(tmp_path_factory):
     # the local runner's workers (same FIBGEN_CACHE_DIR) print the same source paths.
     mp.setenv("FIBGEN_CACHE_DIR", str(base / "cache"))
     mp.setenv("FIBGEN_RAY_CACHE", str(base / "node"))
+    # Ray leaves its SIGTERM handler after shutdown; the tests after these expect none.
+    sigterm = signal.getsignal(signal.SIGTERM)
     ray.init(
         num_cpus=2,
         include_dashboard=False,
@@ -50,6 +52,7 @@ def cluster(tmp_path_factory):
         yield ray.get_runtime_context().gcs_address
     finally:
         ray.shutdown()
+        signal.signal(signal.SIGTERM, sigterm)
         mp.undo()
 
 

@@ -28,8 +28,10 @@ import contextlib
 import hashlib
 import logging
 import math
+import signal
 import socket
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -181,6 +183,9 @@ def _connected(ray: Any, address: str | None) -> Iterator[str]:
         yield address or "this process's Ray connection"
         return
     quiet = {"log_to_driver": False, "logging_level": logging.ERROR}
+    # ray.init installs a SIGTERM handler and leaves it after shutdown: a library call gives
+    # the process back as it found it.
+    sigterm = signal.getsignal(signal.SIGTERM)
     try:
         if address in (None, "local"):
             # A worker's output stays in its node's Ray logs: the driver's terminal shows
@@ -210,6 +215,8 @@ def _connected(ray: Any, address: str | None) -> Iterator[str]:
         yield where
     finally:
         ray.shutdown()
+        if threading.current_thread() is threading.main_thread() and sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
 
 
 def _resources(resources: dict) -> str:
