@@ -296,6 +296,50 @@ def _run_group(handle: _Handle, group: _Group, root: Path, options: BenchOptions
     return traces, None, noisy
 
 
+def record_group(
+    root: Path,
+    group: _Group,
+    results: list[tuple[Solution, dict]],
+    problem: str | None,
+    noisy: list[str],
+    summary: BenchSummary,
+    on_trace: Callable[[Trace], None] | None = None,
+) -> bool:
+    """Append the traces of a finished group and count them; False when they could not be
+    written (said in ``summary.problems``). The one place where a run writes traces."""
+    where = f"{group.definition.name} workload {group.workload.uuid}"
+    traces: list[Trace] = []
+    try:
+        traces = [
+            Trace.model_validate(
+                {
+                    "definition": group.definition.name,
+                    "workload": group.workload.model_dump(mode="json"),
+                    "solution": solution.name,
+                    "evaluation": evaluation,
+                }
+            )
+            for solution, evaluation in results
+        ]
+        if traces:
+            summary.trace_files.update(append_traces(root, group.definition.op_type, traces))
+    except (OSError, ValueError) as exc:
+        path = trace_path(root, group.definition.op_type, group.definition.name)
+        summary.problems.append(
+            f"cannot write {len(results)} trace(s) of {where} to {path}: {exc}; their results "
+            "are lost"
+        )
+        return False
+    for trace in traces:
+        summary.statuses[trace.evaluation.status.value] += 1
+        if on_trace is not None:
+            on_trace(trace)
+    if problem is not None:
+        summary.problems.append(problem)
+    summary.noisy.extend(noisy)
+    return True
+
+
 def run_bench(
     root: str | os.PathLike[str],
     options: BenchOptions = BenchOptions(),
@@ -352,17 +396,6 @@ def run_bench(
                 where = f"{group.definition.name} workload {group.workload.uuid}"
                 try:
                     results, problem, noisy = _run_group(handle, group, root, options)
-                    traces = [
-                        Trace.model_validate(
-                            {
-                                "definition": group.definition.name,
-                                "workload": group.workload.model_dump(mode="json"),
-                                "solution": solution.name,
-                                "evaluation": evaluation,
-                            }
-                        )
-                        for solution, evaluation in results
-                    ]
                 except Exception as exc:
                     # The runner itself failed on this device (no worker could start):
                     # report it and leave the remaining work to the other devices.
@@ -373,25 +406,8 @@ def run_bench(
                         )
                     return
                 with lock:
-                    if traces:
-                        path = trace_path(root, group.definition.op_type, group.definition.name)
-                        try:
-                            summary.trace_files.update(
-                                append_traces(root, group.definition.op_type, traces)
-                            )
-                        except (OSError, ValueError) as exc:
-                            summary.problems.append(
-                                f"cannot write {len(traces)} trace(s) of {where} to {path}: "
-                                f"{exc}; their results are lost"
-                            )
-                            return
-                    for trace in traces:
-                        summary.statuses[trace.evaluation.status.value] += 1
-                        if on_trace is not None:
-                            on_trace(trace)
-                    if problem is not None:
-                        summary.problems.append(problem)
-                    summary.noisy.extend(noisy)
+                    if not record_group(root, group, results, problem, noisy, summary, on_trace):
+                        return
                 bar.tick(group, len(group.solutions), True)
         finally:
             handle.stop()

@@ -90,6 +90,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of generated inputs (0)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="run on a Ray cluster, one worker per GPU (or CPU with --devices cpu) of it: "
+        "HOST:PORT or ray://HOST:PORT joins a cluster, auto the one this machine is in, no "
+        "ADDRESS starts a local Ray instance (put --ray after DATASET); needs "
+        "`pip install 'fibgen[ray]'`",
+    )
+    p.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        metavar="N",
+        help="with --ray: how often a job whose worker or node was lost is sent again (2)",
+    )
     p.set_defaults(func=cmd_bench)
 
     r = subparsers.add_parser(
@@ -108,17 +125,26 @@ def cmd_bench(args: argparse.Namespace) -> int:
     The last line says whether every run passed; notes on what was not run, packed or timed
     noisily go to stderr before it.
     """
+    from fibgen.bench import ray_runner
     from fibgen.bench.runner import BenchError, BenchOptions, DeviceError, check_devices, run_bench
     from fibgen.format import FormatError
 
-    given = _default_devices() if args.devices is None else args.devices
-    devices = tuple(d.strip() for d in given.split(","))
+    # On a cluster the devices are the cluster's: without --devices, its GPUs if it has any.
+    given = args.devices if args.devices is not None or args.ray else _default_devices()
+    devices = () if given is None else tuple(d.strip() for d in given.split(","))
     if args.timeout <= 0 or args.warmup < 0 or (args.repeat is not None and args.repeat < 1):
         _eprint("error: --timeout must be positive, --warmup 0 or more, --repeat 1 or more")
         return 2
+    if args.retries < 0:
+        _eprint("error: --retries must be 0 or more")
+        return 2
     try:
-        check_devices(devices)
-    except DeviceError as exc:
+        if args.ray:
+            ray_runner.device_kind(devices)
+            ray_runner.import_ray()
+        else:
+            check_devices(devices)
+    except (DeviceError, ray_runner.RayMissing) as exc:
         _eprint(f"error: {exc}")
         return 2
     options = BenchOptions(
@@ -133,7 +159,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         flush=args.flush,
     )
     try:
-        summary = run_bench(args.dataset, options, progress=not args.quiet)
+        if args.ray:
+            ray = ray_runner.RayOptions(address=args.ray, retries=args.retries)
+            summary = ray_runner.run_bench_ray(args.dataset, options, ray, progress=not args.quiet)
+        else:
+            summary = run_bench(args.dataset, options, progress=not args.quiet)
     except (BenchError, FormatError) as exc:
         _eprint(f"error: {exc}")
         return EXIT_FAIL

@@ -1,0 +1,765 @@
+"""``fibgen bench --ray``: the local runner's job groups on the GPUs (or CPUs) of a Ray cluster.
+
+The work is the local runner's: ``plan`` groups it by (definition, workload), each group
+holding the solutions to run on that workload, and ``--resume`` leaves out what is traced.
+Each group is a job for one ``NodeWorker`` actor (ray_worker.py), which holds one GPU
+(``num_gpus=1``) or, with ``--devices cpu``, one CPU of the cluster for the whole run, and
+runs the group through the local runner's worker process; statuses, logs and timings are
+made exactly as on one host. A job is a workload with its solutions, not a solution with its
+workloads, for the reason the local runner groups so: the inputs, the reference's outputs
+and its timing are made once for every solution that runs on them.
+
+This process, the driver, is the only writer of ``traces/``: a job's traces are appended
+with the local runner's ``record_group`` when its reply arrives, so a driver stopped at any
+point (Ctrl-C, a kill) leaves whole lines only and ``--resume`` runs the rest. What a job
+needs reaches the nodes through Ray's object store (Note [node cache] in ray_worker.py).
+
+Before any work is sent or any file touched, the cluster is checked: its address answers,
+it has GPUs when ``--devices cuda`` asks for them, and every node runs the driver's Python
+(major.minor) and fibgen version. Each is a one-line BenchError.
+
+Nothing outside this module and ray_worker.py imports Ray; ``import_ray`` says how to
+install it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import math
+import signal
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from fibgen.bench import ray_worker
+from fibgen.bench.planning import BenchError, BenchOptions, DeviceError, _Group, plan
+from fibgen.bench.runner import PREPARE_TIMEOUTS, BenchSummary, _duration, record_group
+from fibgen.format import FormatError, Trace
+from fibgen.format.dataset import drop_torn_last_line, pack_solution, resolve_dataset_path
+from fibgen.runtime.compare import SAMPLING_TIMEOUT_SCALE, is_sampling
+
+__all__ = ["RAY_INSTALL", "RayMissing", "RayOptions", "RaySummary", "run_bench_ray"]
+
+RAY_INSTALL = "pip install 'fibgen[ray]'"
+
+# How long the driver waits for every node to say what it runs.
+NODE_CHECK_TIMEOUT_S = 60.0
+# With work left and no worker running for this long (none could be placed or started),
+# the run gives up on the rest.
+NO_WORKER_TIMEOUT_S = 600.0
+# How often the progress line and the watchdog look, at most, while nothing arrives.
+TICK_S = 1.0
+
+# What the driver compares with each node (ray_worker.identity); a name tests can replace.
+local_identity = ray_worker.identity
+
+
+class RayMissing(BenchError):
+    """``--ray`` without Ray installed: a command-line mistake, said with how to install it."""
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """Where and how to run on Ray.
+
+    ``address``: None (or ``"local"``) starts a local Ray instance for the run; ``"auto"``
+    joins the cluster this machine belongs to; ``HOST:PORT`` a cluster's GCS address, and
+    ``ray://HOST:PORT`` its Ray client server. A process already connected to Ray (its own
+    ``ray.init``) keeps that connection. ``retries``: how often a job whose worker was lost
+    is sent again. ``workers``: at most this many workers (default: one per GPU, or per
+    CPU with ``--devices cpu``, of the cluster).
+    """
+
+    address: str | None = None
+    retries: int = 2
+    workers: int | None = None
+
+
+@dataclass
+class NodeStats:
+    """What one node did: its workers, the runs it finished, and for how long it worked."""
+
+    workers: int = 0
+    jobs: int = 0
+    runs: int = 0
+    first: float = math.nan
+    last: float = math.nan
+
+    def rate(self, now: float) -> float:
+        """Runs per second since the node got its first job."""
+        spent = now - self.first
+        return self.runs / spent if spent > 0 else 0.0
+
+
+@dataclass
+class RaySummary(BenchSummary):
+    """A BenchSummary and what the cluster did: per node; jobs sent again and workers lost;
+    seconds until the first worker was ready; each job's seconds on its node; and the
+    seconds the driver spent other than waiting (sending, recording, watching)."""
+
+    nodes: dict[str, NodeStats] = field(default_factory=dict)
+    retried: int = 0
+    lost: int = 0
+    startup_s: float = 0.0
+    job_s: list[float] = field(default_factory=list)
+    driver_s: float = 0.0
+
+
+def import_ray() -> Any:
+    """The ray module, or RayMissing that says how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise RayMissing(
+            f"--ray needs Ray, which is not installed: {RAY_INSTALL} (on the driver and every "
+            "node of the cluster)"
+        ) from None
+    return ray
+
+
+def device_kind(devices: tuple[str, ...] | None) -> str | None:
+    """``cpu`` or ``cuda`` from ``--devices`` under ``--ray``; None to choose by the cluster."""
+    if not devices:
+        return None
+    kinds = {d.strip() for d in devices}
+    for kind in ("cpu", "cuda"):
+        if kinds == {kind}:
+            return kind
+    raise DeviceError(
+        f"--devices {','.join(devices)}: with --ray, give cpu or cuda; each worker then holds "
+        "one CPU or one GPU of the cluster, as many as the cluster has"
+    )
+
+
+def _first_line(exc: BaseException, limit: int = 300) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _check_reachable(address: str) -> None:
+    """A one-line BenchError when nothing answers at a ``HOST:PORT`` address."""
+    text = address[len("ray://") :] if address.startswith("ray://") else address
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise BenchError(
+            f"--ray {address!r} is not an address: give HOST:PORT (the address `ray start "
+            "--head` prints), ray://HOST:PORT (a Ray client server), auto (the cluster this "
+            "machine is in), or nothing (a local Ray instance)"
+        )
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise BenchError(
+            f"cannot reach a Ray cluster at {address}: {why}; is `ray start --head` running "
+            "there, and is the port open to this machine?"
+        ) from None
+
+
+@contextlib.contextmanager
+def _connected(ray: Any, address: str | None) -> Iterator[str]:
+    """Connect to (or start) Ray for the run; yields how messages name the cluster."""
+    if address not in (None, "local", "auto"):
+        _check_reachable(address)
+    if ray.is_initialized():
+        yield address or "this process's Ray connection"
+        return
+    quiet = {"log_to_driver": False, "logging_level": logging.ERROR}
+    # ray.init installs a SIGTERM handler and leaves it after shutdown: a library call gives
+    # the process back as it found it.
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        if address in (None, "local"):
+            # A worker's output stays in its node's Ray logs: the driver's terminal shows
+            # the progress line and the results, as a local run does.
+            ray.init(address="local", include_dashboard=False, **quiet)
+            where = "a local Ray instance"
+        else:
+            ray.init(address=address, **quiet)
+            where = address
+            if not address.startswith("ray://"):
+                # `auto` names the cluster it found by its address.
+                with contextlib.suppress(Exception):
+                    where = ray.get_runtime_context().gcs_address or address
+    except Exception as exc:  # ray.init raises ConnectionError, RuntimeError, ValueError...
+        if address == "auto":
+            hint = "; start one with `ray start --head`, or give its address"
+        else:
+            # What a refused connection most often is once the port answers.
+            hint = (
+                "; if the cluster uses token authentication, set RAY_AUTH_MODE=token and give "
+                "its token (~/.ray/auth_token or RAY_AUTH_TOKEN)"
+            )
+        raise BenchError(
+            f"cannot connect to Ray at {address or 'local'}: {_first_line(exc)}{hint}"
+        ) from None
+    try:
+        yield where
+    finally:
+        ray.shutdown()
+        if threading.current_thread() is threading.main_thread() and sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
+
+
+def _resources(resources: dict) -> str:
+    shown = [f"{int(resources[k])} {k}" for k in ("CPU", "GPU") if resources.get(k)]
+    return ", ".join(shown) or "no CPU or GPU"
+
+
+def _mismatch(local: dict, got: dict) -> str | None:
+    differ = [
+        f"{name} {got[key]} (the driver has {local[key]})"
+        for key, name in (("python", "Python"), ("fibgen", "fibgen"))
+        if got.get(key) != local.get(key)
+    ]
+    if not differ:
+        return None
+    return (
+        f"node {got.get('node')} ({got.get('host')}) runs {' and '.join(differ)}: install the "
+        "driver's Python and fibgen on every node"
+    )
+
+
+def _check_nodes(ray: Any, where: str, local: dict) -> list[str]:
+    """Every live node runs the driver's Python and fibgen; notes on nodes that did not say."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    probe = ray.remote(ray_worker.identity)
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    refs = {
+        probe.options(
+            num_cpus=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
+        ).remote(): n
+        for n in nodes
+    }
+    ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=NODE_CHECK_TIMEOUT_S)
+    for ref in ready:
+        node = refs[ref].get("NodeManagerAddress", "?")
+        try:
+            got = ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            raise BenchError(
+                f"node {node} of the Ray cluster at {where} cannot run fibgen: "
+                f"{_first_line(exc)}; install fibgen (the driver's version) on every node"
+            ) from None
+        problem = _mismatch(local, got)
+        if problem is not None:
+            raise BenchError(f"{problem} (Ray cluster at {where})")
+    return [
+        f"node {refs[ref].get('NodeManagerAddress', '?')} did not say what it runs in "
+        f"{NODE_CHECK_TIMEOUT_S:g} s; its workers are checked as they start"
+        for ref in pending
+    ]
+
+
+@dataclass
+class _Job:
+    group: _Group
+    # What the worker gets (_Shipper.spec), made when the job is first sent.
+    spec: dict | None = None
+    attempts: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def where(self) -> str:
+        return f"{self.group.definition.name} workload {self.group.workload.uuid}"
+
+    @property
+    def runs(self) -> int:
+        return len(self.group.solutions)
+
+
+class _Shipper:
+    """Puts what jobs need into the object store, each thing once (Note [node cache])."""
+
+    def __init__(self, ray: Any, root: Path) -> None:
+        self.ray = ray
+        self.root = root
+        self.refs: dict[tuple, Any] = {}
+
+    def _put(self, key: tuple, make: Callable[[], Any]) -> Any:
+        if key not in self.refs:
+            self.refs[key] = self.ray.put(make())
+        return self.refs[key]
+
+    def _blob(self, path: Path) -> tuple[str, Any] | None:
+        key = ("blob", path)
+        if key not in self.refs:
+            try:
+                data = path.read_bytes()
+            except OSError:
+                # Missing or unreadable: not shipped, so the node's worker says the file is
+                # not there, as it would on one host.
+                return None
+            self.refs[key] = (hashlib.sha256(data).hexdigest(), self.ray.put(data))
+        return self.refs[key]
+
+    def spec(self, group: _Group) -> dict:
+        """What a worker gets for a group; its blobs are put into the object store now, so
+        that the driver holds only those of the jobs sent so far."""
+        definition = group.definition
+        blobs: dict[tuple[str, ...], tuple[str, Any]] = {}
+        for source in group.workload.inputs.values():
+            if getattr(source, "type", None) != "safetensors":
+                continue
+            try:
+                path = resolve_dataset_path(self.root, source.path)
+            except ValueError:
+                continue  # refused by the node's worker with the same message
+            shipped = self._blob(path)
+            if shipped is not None:
+                blobs[path.relative_to(self.root).parts] = shipped
+        spec = {
+            "definition": self._put(
+                ("definition", definition.name),
+                lambda: definition.model_dump(mode="json", exclude_none=True),
+            ),
+            "solutions": [
+                self._put(
+                    ("solution", s.name), lambda s=s: s.model_dump(mode="json", exclude_none=True)
+                )
+                for s in group.solutions
+            ],
+            "workload": group.workload.model_dump(mode="json"),
+            "tolerance": group.tolerance,
+            "hints": group.hints,
+            "blobs": [(parts, sha, ref) for parts, (sha, ref) in sorted(blobs.items())],
+        }
+        return spec
+
+
+def _deadline(job: _Job, options: BenchOptions) -> float:
+    """Seconds after which a job's worker is taken for stuck: far more than the timeouts of
+    its group allow, so that it trips only on a node that stopped answering."""
+    definition = job.group.definition
+    sampler = is_sampling({"op_type": definition.op_type, "inputs": definition.inputs})
+    limit = options.timeout * (SAMPLING_TIMEOUT_SCALE if sampler else 1)
+    prepare = options.timeout * PREPARE_TIMEOUTS
+    # Each solution may kill the worker, which then prepares the workload again.
+    return 2 * (prepare + job.runs * (limit + prepare)) + 600.0
+
+
+class _Slot:
+    """One NodeWorker actor, as the driver sees it."""
+
+    def __init__(self, actor: Any, ready_ref: Any) -> None:
+        self.actor = actor
+        self.ready_ref = ready_ref
+        self.node = "?"
+        # The jobs sent to it, in the order it runs them: the first is running.
+        self.refs: deque[Any] = deque()
+        self.head_since = 0.0
+        self.kill_reason: str | None = None
+        # Set once it is found lost: the job it was running then.
+        self.lost_head: Any = None
+        self.lost = False
+
+
+class _Progress:
+    """One line on stderr: jobs and runs done, failures, retries, runs per second per node."""
+
+    def __init__(self, jobs: list[_Job], enabled: bool) -> None:
+        self.enabled = enabled
+        self.total_jobs = len(jobs)
+        self.total_runs = sum(j.runs for j in jobs)
+        self.jobs = self.runs = 0
+        self.start = time.monotonic()
+        self.tty = sys.stderr.isatty()
+        self.last = 0.0
+        self.shown = ""
+
+    def show(self, summary: RaySummary, workers: int, final: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not final and now - self.last < (TICK_S if self.tty else 5.0):
+            return
+        self.last = now
+        failed = summary.failed + len(summary.problems)
+        nodes = sorted(summary.nodes.items())
+        rates = [f"{name} {stats.rate(now):.1f}/s" for name, stats in nodes[:4]]
+        if len(nodes) > 4:
+            rest = [stats.rate(now) for _, stats in nodes[4:]]
+            rates.append(f"{len(rest)} more {min(rest):.1f}-{max(rest):.1f}/s")
+        elapsed = now - self.start
+        left = self.total_runs - self.runs
+        eta = elapsed / self.runs * left if self.runs else math.nan
+        line = (
+            f"bench: jobs {self.jobs}/{self.total_jobs}, runs {self.runs}/{self.total_runs}, "
+            f"{failed} failed, {summary.retried} retried; {workers} worker(s) on "
+            f"{len(nodes)} node(s): {', '.join(rates) or 'starting'}; ETA {_duration(eta)}"
+        )
+        if not self.tty and line == self.shown:
+            return  # a log gets a line when something changed
+        sys.stderr.write(("\r\x1b[K" + line) if self.tty else line + "\n")
+        sys.stderr.flush()
+        self.shown = line
+
+    def close(self) -> None:
+        """End the line on a terminal (also when the run is interrupted)."""
+        if self.enabled and self.tty and self.shown:
+            sys.stderr.write("\n")
+            self.shown = ""
+
+
+class _Driver:
+    """Sends jobs to workers as they free up, records replies, replaces lost workers."""
+
+    def __init__(
+        self,
+        ray: Any,
+        root: Path,
+        kind: str,
+        size: int,
+        jobs: list[_Job],
+        options: BenchOptions,
+        ray_options: RayOptions,
+        summary: RaySummary,
+        local: dict,
+        where: str,
+        progress: bool,
+        on_trace: Callable[[Trace], None] | None,
+    ) -> None:
+        self.ray = ray
+        self.root = root
+        self.shipper = _Shipper(ray, root)
+        self.kind = kind
+        self.size = size
+        self.queue: deque[_Job] = deque(jobs)
+        self.options = options
+        self.options_ref = ray.put(options)
+        self.retries = ray_options.retries
+        self.summary = summary
+        self.local = local
+        self.where = where
+        self.on_trace = on_trace
+        self.bar = _Progress(jobs, progress)
+        self.actor_class = ray.remote(ray_worker.NodeWorker)
+        self.starting: dict[Any, _Slot] = {}
+        # Workers that passed the check and run jobs.
+        self.ready: list[_Slot] = []
+        self.inflight: dict[Any, tuple[_Slot, _Job]] = {}
+        self.slots: list[_Slot] = []
+        self.start_failures = 0
+        self.started = time.monotonic()
+        self.last_working = time.monotonic()
+
+    # Workers -------------------------------------------------------------------------
+
+    def _start_worker(self) -> None:
+        resources = {"num_gpus": 1, "num_cpus": 1} if self.kind == "cuda" else {"num_cpus": 1}
+        device = "cuda:0" if self.kind == "cuda" else "cpu"
+        actor = self.actor_class.options(max_restarts=0, **resources).remote(device)
+        slot = _Slot(actor, actor.identity.remote())
+        self.starting[slot.ready_ref] = slot
+        self.slots.append(slot)
+
+    def _end(self, slot: _Slot) -> None:
+        with contextlib.suppress(Exception):
+            self.ray.kill(slot.actor, no_restart=True)
+        for group in (self.slots, self.ready):
+            if slot in group:
+                group.remove(slot)
+
+    def _replace(self, slot: _Slot) -> None:
+        self._end(slot)
+        # While there is work: on a lost node Ray places the new one elsewhere.
+        if (self.queue or self.inflight) and len(self.slots) < self.size:
+            self._start_worker()
+
+    def _worker_ready(self, ref: Any) -> None:
+        slot = self.starting.pop(ref)
+        try:
+            got = self.ray.get(ref)
+        except self.ray.exceptions.RayError as exc:
+            self.start_failures += 1
+            why = _first_line(exc)
+            if self.start_failures > max(3, self.size) * (self.retries + 1):
+                self._end(slot)
+                raise BenchError(
+                    f"workers of the Ray cluster at {self.where} keep failing to start; the "
+                    f"last: {why}"
+                ) from None
+            self.summary.notes.append(f"a worker failed to start and was replaced: {why}")
+            self._replace(slot)
+            return
+        problem = _mismatch(self.local, got)
+        if problem is not None:
+            # A node that joined after the check: nothing more is sent anywhere.
+            self._end(slot)
+            raise BenchError(f"{problem} (Ray cluster at {self.where})")
+        slot.node = got["node"]
+        stats = self.summary.nodes.setdefault(slot.node, NodeStats())
+        stats.workers += 1
+        if not self.summary.startup_s:
+            self.summary.startup_s = time.monotonic() - self.started
+        self.ready.append(slot)
+
+    # Jobs ------------------------------------------------------------------------------
+
+    def _send(self) -> None:
+        # A worker gets a second job while the queue holds at least one per worker: Ray
+        # queues it on the actor, which starts it as soon as the first is done instead of
+        # waiting for the driver to record the first and send the next. Near the end only
+        # one each, so that no worker idles while another holds two.
+        for depth in (1, 2):
+            for slot in self.ready:
+                if not self.queue or (depth == 2 and len(self.queue) < len(self.ready)):
+                    return
+                if len(slot.refs) >= depth:
+                    continue
+                job = self.queue.popleft()
+                if job.spec is None:
+                    job.spec = self.shipper.spec(job.group)
+                ref = slot.actor.run.remote(job.spec, self.options_ref)
+                now = time.monotonic()
+                if not slot.refs:
+                    slot.head_since = now
+                slot.refs.append(ref)
+                self.inflight[ref] = (slot, job)
+                stats = self.summary.nodes[slot.node]
+                if math.isnan(stats.first):
+                    stats.first = now
+
+    def _finished(self, ref: Any) -> None:
+        slot, job = self.inflight.pop(ref)
+        try:
+            reply = self.ray.get(ref)
+        except self.ray.exceptions.RayError as exc:
+            self._lost(slot, job, ref, exc)
+            return
+        slot.refs.remove(ref)
+        slot.head_since = time.monotonic()
+        node_root = reply["root"]
+
+        def here(text: str) -> str:
+            # Messages name the node's copy of the dataset; the person reads this one.
+            return text.replace(node_root, str(self.root))
+
+        by_name = {s.name: s for s in job.group.solutions}
+        results = []
+        for name, evaluation in reply["results"]:
+            if "log" in evaluation:
+                evaluation = {**evaluation, "log": here(evaluation["log"])}
+            results.append((by_name[name], evaluation))
+        problem = None if reply["problem"] is None else here(reply["problem"])
+        noisy = [here(line) for line in reply["noisy"]]
+        record_group(self.root, job.group, results, problem, noisy, self.summary, self.on_trace)
+        self.summary.job_s.append(reply["seconds"])
+        stats = self.summary.nodes[slot.node]
+        stats.jobs += 1
+        stats.runs += job.runs
+        stats.last = time.monotonic()
+        self.bar.jobs += 1
+        self.bar.runs += job.runs
+
+    def _lost(self, slot: _Slot, job: _Job, ref: Any, exc: BaseException) -> None:
+        # Note [ray faults]
+        # A solution's crash or hang ends only the worker process that the actor started
+        # (RUNTIME_ERROR, TIMEOUT: a reply like any other). An error here means the actor
+        # itself is gone or failed: its process was killed, its node died or left, or it
+        # stopped answering (the watchdog). That is the cluster's failure, not the
+        # solution's: the group is sent again, to a new worker that Ray places where there
+        # is room, up to --retries times, and then reported as not run. Only the job the
+        # actor was running is charged a try; one queued behind it goes back as it was.
+        # Traces are written only from the one reply that arrives, so none twice.
+        if not slot.lost:
+            slot.lost = True
+            slot.lost_head = slot.refs[0] if slot.refs else ref
+            self.summary.lost += 1
+            self._replace(slot)
+        if ref is not slot.lost_head:
+            self.queue.appendleft(job)
+            return
+        job.attempts += 1
+        job.failures.append(f"node {slot.node}: {slot.kill_reason or _first_line(exc)}")
+        if job.attempts <= self.retries:
+            self.summary.retried += 1
+            self.queue.appendleft(job)
+            return
+        self.summary.problems.append(
+            f"{job.where}: its worker was lost {job.attempts} time(s) "
+            f"({'; '.join(job.failures)}); not run: {job.runs} run(s) (--retries "
+            f"{self.retries})"
+        )
+        self.bar.jobs += 1
+        self.bar.runs += job.runs
+
+    def _watch(self) -> None:
+        now = time.monotonic()
+        for slot in self.ready:
+            if not slot.refs or slot.kill_reason is not None:
+                continue
+            _, job = self.inflight[slot.refs[0]]
+            limit = _deadline(job, self.options)
+            if now - slot.head_since > limit:
+                slot.kill_reason = f"no reply in {limit:.0f} s"
+                with contextlib.suppress(Exception):
+                    self.ray.kill(slot.actor, no_restart=True)
+        if self.inflight or self.ready or not self.queue:
+            self.last_working = now
+        elif now - self.last_working > NO_WORKER_TIMEOUT_S:
+            runs = sum(j.runs for j in self.queue)
+            resources = _resources(self.ray.available_resources())
+            self.summary.problems.append(
+                f"not run: {runs} run(s) of {len(self.queue)} workload(s): no worker of the Ray "
+                f"cluster at {self.where} could start in {NO_WORKER_TIMEOUT_S:g} s (free now: "
+                f"{resources})"
+            )
+            self.queue.clear()
+
+    # The run ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        for _ in range(self.size):
+            self._start_worker()
+        while self.queue or self.inflight:
+            busy = time.perf_counter()
+            self._send()
+            refs = [*self.inflight, *self.starting]
+            if not refs:
+                # Work is queued but no worker is running or starting (every start failed
+                # and was not replaced): start one.
+                self._start_worker()
+                continue
+            self.summary.driver_s += time.perf_counter() - busy
+            done, _ = self.ray.wait(refs, num_returns=1, timeout=TICK_S)
+            busy = time.perf_counter()
+            if done:
+                done, _ = self.ray.wait(refs, num_returns=len(refs), timeout=0)
+            for ref in done:
+                if ref in self.starting:
+                    self._worker_ready(ref)
+                else:
+                    self._finished(ref)
+            self._watch()
+            self.bar.show(self.summary, len(self.slots))
+            self.summary.driver_s += time.perf_counter() - busy
+        self.bar.show(self.summary, len(self.slots), final=True)
+
+    def close(self, graceful: bool) -> None:
+        """End every worker: told to stop its worker process first when ``graceful``."""
+        if graceful and self.ready:
+            stops = [slot.actor.stop.remote() for slot in self.ready]
+            with contextlib.suppress(Exception):
+                self.ray.wait(stops, num_returns=len(stops), timeout=10)
+        for slot in list(self.slots):
+            # Killing the actor kills its worker process too (Note [worker lifetime]).
+            self._end(slot)
+        self.bar.close()
+
+
+def _node_notes(summary: RaySummary, where: str, now: float) -> list[str]:
+    nodes = ", ".join(
+        f"{name} ({stats.workers} worker(s), {stats.runs} run(s), {stats.rate(now):.2f}/s)"
+        for name, stats in sorted(summary.nodes.items())
+    )
+    notes = [f"ran on {len(summary.nodes)} node(s) of {where}: {nodes or 'none'}"]
+    if summary.retried:
+        notes.append(
+            f"sent {summary.retried} job(s) again after their worker was lost ({summary.lost} "
+            "worker(s) lost in all)"
+        )
+    return notes
+
+
+def run_bench_ray(
+    root: str | Path,
+    options: BenchOptions = BenchOptions(),
+    ray_options: RayOptions = RayOptions(),
+    *,
+    progress: bool = True,
+    on_trace: Callable[[Trace], None] | None = None,
+) -> RaySummary:
+    """``run_bench`` on a Ray cluster: the same plan, traces and summary (see the module)."""
+    root = Path(root)
+    if ray_options.retries < 0:
+        raise BenchError("--retries must be 0 or more")
+    kind = device_kind(options.devices)
+    ray = import_ray()
+
+    def planned(kind: str) -> Any:
+        try:
+            return plan(root, replace(options, devices=(kind,)))
+        except FormatError as exc:
+            raise BenchError(str(exc)) from None
+
+    # A wrong filter or an empty dataset is said before a cluster is started or joined.
+    work_plan = planned(kind or "cpu")
+    with _connected(ray, ray_options.address) as where:
+        resources = ray.cluster_resources()
+        if kind is None:
+            kind = "cuda" if resources.get("GPU", 0) >= 1 else "cpu"
+            work_plan = planned(kind)
+        have = int(resources.get("GPU" if kind == "cuda" else "CPU", 0))
+        if have < 1:
+            unit = "GPU" if kind == "cuda" else "CPU"
+            raise DeviceError(
+                f"--devices {kind}: the Ray cluster at {where} has no {unit} "
+                f"({_resources(resources)}); "
+                + (
+                    "use --devices cpu, or add GPU nodes"
+                    if kind == "cuda"
+                    else "add nodes with CPUs"
+                )
+            )
+        summary = RaySummary(skipped=work_plan.skipped, notes=list(work_plan.notes))
+        summary.notes += _check_nodes(ray, where, local_identity())
+        # The cluster is fit: only now is anything in the dataset written.
+        try:
+            for path in work_plan.stale:
+                pack_solution(path)
+        except FormatError as exc:
+            raise BenchError(str(exc)) from None
+        if work_plan.stale:
+            summary.notes.append(
+                f"packed {len(work_plan.stale)} solution folder(s) whose files changed, so that "
+                "the dataset's JSON holds what is run: "
+                + ", ".join(str(p) for p in work_plan.stale)
+            )
+        # Note [torn lines] in dataset.py: a run killed mid-write is repaired before appending.
+        for path in work_plan.trace_files:
+            try:
+                dropped = drop_torn_last_line(path)
+            except OSError as exc:
+                raise BenchError(f"cannot read {path}: {exc}") from None
+            if dropped is not None:
+                summary.notes.append(dropped)
+        if not work_plan.groups:
+            return summary
+        jobs = [_Job(group) for group in work_plan.groups]
+        size = min(have, len(jobs), ray_options.workers or have)
+        driver = _Driver(
+            ray,
+            root,
+            kind,
+            size,
+            jobs,
+            options,
+            ray_options,
+            summary,
+            local_identity(),
+            where,
+            progress,
+            on_trace,
+        )
+        graceful = False
+        try:
+            driver.run()
+            graceful = True
+        finally:
+            # Ctrl-C or an error: outstanding jobs are dropped with their workers; every
+            # trace line written so far is whole (appends replace the file atomically).
+            driver.close(graceful)
+        summary.notes += _node_notes(summary, where, time.monotonic())
+        return summary
