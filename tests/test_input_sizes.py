@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fibgen.cli import main
-from fibgen.runtime import inputs
+from fibgen.runtime import input_generator, inputs
 from fibgen.runtime.inputs import InputGenerationError, InputSpec, generate_inputs
 
 from _bench_dataset import DEFINITION, make_dataset
@@ -39,7 +39,7 @@ def test_workloads_refuses_a_batch_that_cannot_fit(tmp_path, capsys):
 
 def test_the_inputs_made_before_count(monkeypatch):
     spec = InputSpec.from_definition_json(DEFINITION)
-    monkeypatch.setattr(inputs, "available_memory", lambda: 3 * 64 * 4 + 100)
+    monkeypatch.setattr(input_generator, "available_memory", lambda: 3 * 64 * 4 + 100)
     # x is [3, 64] float32 (768 bytes), w [64] (256 bytes): together past 868 bytes.
     with pytest.raises(InputGenerationError) as caught:
         generate_inputs(spec, {"n": 3})
@@ -47,7 +47,7 @@ def test_the_inputs_made_before_count(monkeypatch):
         "scale_h64: input `w` of shape [64] (float32) takes 256 B (with the inputs before it, "
         "1.0 KiB), more than this machine's free memory; give smaller var-axis values"
     )
-    monkeypatch.setattr(inputs, "available_memory", lambda: None)  # unknown: no limit
+    monkeypatch.setattr(input_generator, "available_memory", lambda: None)  # unknown: no limit
     assert generate_inputs(spec, {"n": 3})["x"].shape == (3, 64)
 
 

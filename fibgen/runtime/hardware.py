@@ -19,7 +19,7 @@ GPU ("nvidia", "tesla", "geforce", "quadro", "rtx", "gpu", "cuda", a known model
 "h100"), a CPU ("cpu", "intel", "amd", "xeon", "epyc", "ryzen", an architecture such as
 "x86 64"), or neither ("other": an AMD, Intel or Apple GPU, a TPU, anything unknown).
 
-Latencies are compared only between traces of one hardware (fibgen/runtime/select.py).
+Latencies are compared only between traces of one hardware (fibgen/runtime/select_table.py).
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ class Entry:
 @dataclass(frozen=True)
 class Loaded:
     """A solution ready to call: ``dps`` says whether it takes output buffers, ``inplace``
-    whether it also takes ``inplace=True`` (Note [in-place solutions] in apply.py)."""
+    whether it also takes ``inplace=True`` (Note [in-place solutions] in apply_state.py)."""
 
     fn: Callable[..., Any]
     dps: bool

@@ -1,0 +1,84 @@
+"""The state of apply: route kinds, outcomes, and what enable_apply and disable_apply change."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from fibgen.runtime import patching, solutions
+
+if TYPE_CHECKING:
+    from fibgen.runtime.routing import Api
+
+# Route kinds: how a dispatcher calls the callable of a route.
+ORIGINAL = 0  # with the API's own arguments: the original API, or what stands in for it
+RETURNS = 1  # with the definition's inputs by keyword; returns the outputs
+DPS = 2  # with the inputs and output buffers by keyword; writes the outputs
+INPLACE = 3  # as DPS, with inplace=True: Note [in-place solutions]
+
+# Note [in-place solutions]
+# Some APIs write into their arguments more than their definition exposes: FlashInfer's
+# fused_add_rmsnorm leaves the normalized rows in `input` and the sum in `residual`, while
+# the definition (flashinfer-bench's) returns only the normalized rows. A routed call of a
+# solution that computes the definition costs extra passes over memory: the dispatcher
+# computes the family's effects (Note [effects] in fibgen/codegen/python_dispatch.py) and
+# copies the outputs back. A destination-passing solution whose entry takes a parameter
+# `inplace` with a default (False) may do those writes itself: for a family with effects it
+# is routed as INPLACE and called with `inplace=True` and, as output buffers, the API's own
+# (which may be its inputs: `output` is `input` for fused_add_rmsnorm); it must then leave
+# every buffer as the original API would, effects included. Called without it (by bench,
+# by flashinfer-bench), it computes the definition as any solution does.
+
+OUTCOMES = (
+    "hit",
+    "fallback_no_candidate",
+    "fallback_guard",
+    "fallback_unwarmed_in_capture",
+    "fallback_declined",
+    "error",
+)
+
+_UNSET: Any = object()
+# Ticked by routes taken while apply is off: nothing is counted then.
+_DISCARD = itertools.count().__next__
+
+
+class _State:
+    """Everything enable_apply and disable_apply change, guarded by ``lock``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.on = False
+        self.strict = False
+        self.patching = False  # whether this enable patches APIs
+        self.entries: dict[str, solutions.Entry] = {}
+        self.loaded: dict[tuple[str, tuple[str, ...], tuple[str, ...]], solutions.Loaded] = {}
+        self.matched: set[str] = set()
+        self.apis: list[Api] = []
+        self.packages: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
+        self.patches: list[patching.Patch] = []
+        # API path → the callable that was there before patching, kept after restoring, so
+        # that every dispatcher of a path (a dispatch group's families too) falls back to it.
+        self.originals: dict[str, Callable[..., Any]] = {}
+        self.references: dict[str, Callable[..., Any]] = {}
+        # Paths left unpatched, and (definition, solution) pairs whose failure was reported:
+        # each is warned about once per process.
+        self.warned: set[Any] = set()
+        # While tracing is on: wraps each route as it is resolved (Note [tracing hooks] in
+        # fibgen/runtime/tracing.py); every call then takes the routed path.
+        self.tracer: Callable[[Api, str | None, Any], Any] | None = None
+        self.trace_patching = False  # whether tracing patches APIs (apply off or not)
+
+
+_state = _State()
+
+
+def _warn_once(key: Any, message: str) -> None:
+    with _state.lock:
+        if key in _state.warned:
+            return
+        _state.warned.add(key)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)

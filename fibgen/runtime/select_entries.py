@@ -1,0 +1,154 @@
+"""Apply entries from the table: the best solution of a definition, or a keyed entry that
+calls the solution chosen for each var-axis key."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fibgen.runtime import solutions
+from fibgen.runtime.errors import Decline
+from fibgen.runtime.select_policy import Policy
+
+
+class _LazySolution:
+    """A Solution JSON read and validated on first use (enabling reads no solution file)."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._model: Any = None
+
+    def __getattr__(self, attr: str) -> Any:
+        if self._model is None:
+            # A solution folder's files are read now (Note [solution folders]).
+            from fibgen.format.dataset import read_solution
+
+            self._model = read_solution(self._path)
+        return getattr(self._model, attr)
+
+
+def _entry(root: Path, name: str, solution: str, relpath: str) -> solutions.Entry:
+    path = root / relpath
+    return solutions.Entry(
+        name, f"solution {solution!r} ({path})", solution=_LazySolution(path), root=root
+    )
+
+
+def _declining(name: str, key: Any) -> Callable[..., Any]:
+    """A solution that hands every call back: the dispatcher falls back (``on_miss="fallback"``)."""
+
+    def decline(**_: Any) -> Any:
+        raise Decline(f"{name}: no trace covers var-axis values {key!r}")
+
+    return decline
+
+
+def _log_distance(a: list[int], b: list[int]) -> float:
+    return sum(abs(math.log2(max(x, 1) / max(y, 1))) for x, y in zip(a, b))
+
+
+def _keyed(root: Path, name: str, info: dict, policy: Policy) -> solutions.Entry:
+    keyed = info["keyed"]
+    inputs, outputs = tuple(keyed["inputs"]), tuple(keyed["outputs"])
+    loaded: dict[str, solutions.Loaded] = {}
+
+    def load(solution: str) -> solutions.Loaded:
+        found = loaded.get(solution)
+        if found is None:
+            entry = _entry(root, name, solution, info["solutions"][solution])
+            found = loaded[solution] = solutions.load(entry, inputs, outputs)
+        return found
+
+    # The keyed entry is destination-passing when any of its choices is: value-returning
+    # choices then copy into the buffers, so no choice needs outputs allocated for it.
+    chosen = {s for _, s in keyed["keys"]} | {info["ranking"][0]}
+    dps = keyed["dps"]
+
+    def adapt(fn: Callable[..., Any], fn_dps: bool) -> Callable[..., Any]:
+        if fn_dps == dps:
+            return fn
+
+        def returns_into(**kwargs: Any) -> None:
+            values = fn(**{k: kwargs[k] for k in inputs})
+            values = values if isinstance(values, (tuple, list)) else (values,)
+            for o, v in zip(outputs, values):
+                kwargs[o].copy_(v)
+
+        return returns_into
+
+    # choices: key -> callable. A solution starts as a stub that loads it on its first call
+    # and then puts the loaded callable in place of every occurrence of the stub.
+    current: dict[str, Callable[..., Any]] = {}
+    choices: dict[Any, Callable[..., Any]] = {}
+
+    def install(solution: str) -> Callable[..., Any]:
+        found = load(solution)
+        fn = adapt(found.fn, found.dps)
+        stub = current.get(solution)
+        current[solution] = fn
+        for k, v in list(choices.items()):
+            if v is stub:
+                choices[k] = fn
+        return fn
+
+    def stub_for(solution: str) -> Callable[..., Any]:
+        if solution not in current:
+
+            def first_call(**kwargs: Any) -> Any:
+                return install(solution)(**kwargs)
+
+            current[solution] = first_call
+        return current[solution]
+
+    traced: list[tuple[list[int], str]] = []
+    single = len(keyed["bind"]) == 1
+    for values, solution in keyed["keys"]:
+        choices[values[0] if single else tuple(values)] = stub_for(solution)
+        traced.append((values, solution))
+    best = info["ranking"][0]
+    stub_for(best)
+    for solution in info["ranking"][: policy.prebuild]:
+        if solution in chosen:
+            install(solution)
+
+    reference_fn: list[Callable[..., Any]] = []
+
+    def miss(key: Any) -> Callable[..., Any]:
+        if policy.on_miss == "nearest":
+            values = [key] if single else list(key)
+            _, solution = min(traced, key=lambda t: (_log_distance(t[0], values), t[1]))
+            fn = current[solution]
+        elif policy.on_miss == "fallback":
+            fn = _declining(name, key)
+        elif policy.on_miss == "reference":
+            if not reference_fn:
+                namespace: dict[str, Any] = {"__name__": f"fibgen_reference_{name}"}
+                exec(compile(keyed["reference"], f"<reference of {name}>", "exec"), namespace)
+                reference_fn.append(adapt(namespace["run"], False))
+            fn = reference_fn[0]
+        else:
+            fn = current[best]
+        if len(choices) < 4096:  # remembered, within reason: keys are batch sizes
+            choices[key] = fn
+        return fn
+
+    # Generated with the exact parameters, so that apply checks and calls it like any
+    # solution and the key is read without building a dict or a signature per call.
+    params = list(inputs) + (list(outputs) if dps else [])
+    reads = [f"{i}.shape[{d}]" for i, d in keyed["bind"]]
+    key_expr = reads[0] if single else f"({', '.join(reads)},)"
+    call_args = ", ".join(f"{p}={p}" for p in params)
+    source = (
+        f"def run({', '.join(params)}):\n"
+        f"    key = {key_expr}\n"
+        f"    fn = choices.get(key)\n"
+        f"    if fn is None:\n"
+        f"        fn = miss(key)\n"
+        f"    return fn({call_args})\n"
+    )
+    namespace = {"choices": choices, "miss": miss}
+    exec(compile(source, f"<keyed selection of {name}>", "exec"), namespace)
+    label = f"keyed selection of {len(chosen)} solutions for {name!r} from {root}/traces"
+    return solutions.Entry(name, label, fn=namespace["run"])
