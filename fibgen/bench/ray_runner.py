@@ -727,7 +727,7 @@ def run_bench_ray(
                 "the dataset's JSON holds what is run: "
                 + ", ".join(str(p) for p in work_plan.stale)
             )
-        # Note [torn lines] in dataset.py: a run killed mid-write is repaired before appending.
+        # Note [torn lines] in fibgen/format/dataset/writers.py: a run killed mid-write is repaired before appending.
         for path in work_plan.trace_files:
             try:
                 dropped = drop_torn_last_line(path)

@@ -219,7 +219,7 @@ def scaffold_solution(
     if author is None:
         author, flags["author"] = default_author(), "the login name (pass --author)"
     name = name or f"{language}_{definition}"
-    # Each becomes a folder name (Note [safe names] in fibgen/format/models.py).
+    # Each becomes a folder name (Note [safe names] in fibgen/format/models/names.py).
     for what, value in (("definition", definition), ("author", author), ("name", name)):
         problem = name_problem(value)
         if problem is not None:

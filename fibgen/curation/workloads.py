@@ -163,7 +163,7 @@ def _load_tensor(
                 f"{_where(spec, workload, name)}: the stored tensor has shape "
                 f"{tuple(tensor.shape)}, the workload's axes give {expected}"
             )
-    # fp4 is stored packed and may come back as uint8 (Note [fp4] in inputs.py).
+    # fp4 is stored packed and may come back as uint8 (Note [fp4] in fibgen/runtime/input_specs.py).
     if dtype != "float4_e2m1" and tensor.dtype != torch_dtype(dtype):
         raise WorkloadError(
             f"{_where(spec, workload, name)}: the stored tensor is {tensor.dtype}, the "

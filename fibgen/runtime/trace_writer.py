@@ -53,7 +53,7 @@ class _Writer:
             try:
                 path = workload_file(self.root, op_type, definition)
                 # A file this tracer has not written yet may end in a line torn by a process
-                # killed while writing it (Note [torn lines] in fibgen/format/dataset.py).
+                # killed while writing it (Note [torn lines] in fibgen/format/dataset/writers.py).
                 if _append(path, batch, check_tail=path not in self.appended):
                     self._warn_once(
                         "torn",
@@ -185,7 +185,7 @@ def _append(path: Path, lines: list[str], check_tail: bool = False) -> bool:
     """Append lines to a JSONL file; with ``check_tail``, first end a torn last line.
 
     Returns whether the file ended in a torn line (Note [torn lines] in
-    fibgen/format/dataset.py). Other processes may be appending to the same file, so it
+    fibgen/format/dataset/writers.py). Other processes may be appending to the same file, so it
     is not cut: the new lines start on a line of their own, and the torn one stays a bad
     line that readers name by file and line.
     """
