@@ -18,52 +18,47 @@ Before any work is sent or any file touched, the cluster is checked: its address
 it has GPUs when ``--devices cuda`` asks for them, and every node runs the driver's Python
 (major.minor) and fibgen version. Each is a one-line BenchError.
 
-Nothing outside this module and ray_worker.py imports Ray; ``import_ray`` says how to
-install it.
+Nothing outside the ``ray_*`` modules imports Ray; ``import_ray`` (ray_cluster.py) says how
+to install it. ray_jobs.py holds what the driver keeps per job and worker.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import logging
 import math
-import signal
-import socket
-import sys
-import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from fibgen.bench import ray_worker
-from fibgen.bench.planning import BenchError, BenchOptions, DeviceError, _Group, plan
-from fibgen.bench.runner import PREPARE_TIMEOUTS, BenchSummary, _duration, record_group
+from fibgen.bench.planning import BenchError, BenchOptions, DeviceError, plan
+from fibgen.bench.ray_cluster import (
+    RAY_INSTALL,
+    RayMissing,
+    _check_nodes,
+    _connected,
+    _first_line,
+    _mismatch,
+    _resources,
+    device_kind,
+    import_ray,
+)
+from fibgen.bench.ray_jobs import TICK_S, _deadline, _Job, _Progress, _Shipper, _Slot
+from fibgen.bench.runner import BenchSummary, record_group
 from fibgen.format import FormatError, Trace
-from fibgen.format.dataset import drop_torn_last_line, pack_solution, resolve_dataset_path
-from fibgen.runtime.compare import SAMPLING_TIMEOUT_SCALE, is_sampling
+from fibgen.format.dataset import drop_torn_last_line, pack_solution
 
 __all__ = ["RAY_INSTALL", "RayMissing", "RayOptions", "RaySummary", "run_bench_ray"]
 
-RAY_INSTALL = "pip install 'fibgen[ray]'"
-
-# How long the driver waits for every node to say what it runs.
-NODE_CHECK_TIMEOUT_S = 60.0
 # With work left and no worker running for this long (none could be placed or started),
 # the run gives up on the rest.
 NO_WORKER_TIMEOUT_S = 600.0
-# How often the progress line and the watchdog look, at most, while nothing arrives.
-TICK_S = 1.0
 
 # What the driver compares with each node (ray_worker.identity); a name tests can replace.
 local_identity = ray_worker.identity
-
-
-class RayMissing(BenchError):
-    """``--ray`` without Ray installed: a command-line mistake, said with how to install it."""
 
 
 @dataclass(frozen=True)
@@ -111,305 +106,6 @@ class RaySummary(BenchSummary):
     startup_s: float = 0.0
     job_s: list[float] = field(default_factory=list)
     driver_s: float = 0.0
-
-
-def import_ray() -> Any:
-    """The ray module, or RayMissing that says how to install it."""
-    try:
-        import ray
-    except ImportError:
-        raise RayMissing(
-            f"--ray needs Ray, which is not installed: {RAY_INSTALL} (on the driver and every "
-            "node of the cluster)"
-        ) from None
-    return ray
-
-
-def device_kind(devices: tuple[str, ...] | None) -> str | None:
-    """``cpu`` or ``cuda`` from ``--devices`` under ``--ray``; None to choose by the cluster."""
-    if not devices:
-        return None
-    kinds = {d.strip() for d in devices}
-    for kind in ("cpu", "cuda"):
-        if kinds == {kind}:
-            return kind
-    raise DeviceError(
-        f"--devices {','.join(devices)}: with --ray, give cpu or cuda; each worker then holds "
-        "one CPU or one GPU of the cluster, as many as the cluster has"
-    )
-
-
-def _first_line(exc: BaseException, limit: int = 300) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    text = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _check_reachable(address: str) -> None:
-    """A one-line BenchError when nothing answers at a ``HOST:PORT`` address."""
-    text = address[len("ray://") :] if address.startswith("ray://") else address
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise BenchError(
-            f"--ray {address!r} is not an address: give HOST:PORT (the address `ray start "
-            "--head` prints), ray://HOST:PORT (a Ray client server), auto (the cluster this "
-            "machine is in), or nothing (a local Ray instance)"
-        )
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
-    except OSError as exc:
-        why = exc.strerror or type(exc).__name__
-        raise BenchError(
-            f"cannot reach a Ray cluster at {address}: {why}; is `ray start --head` running "
-            "there, and is the port open to this machine?"
-        ) from None
-
-
-@contextlib.contextmanager
-def _connected(ray: Any, address: str | None) -> Iterator[str]:
-    """Connect to (or start) Ray for the run; yields how messages name the cluster."""
-    if address not in (None, "local", "auto"):
-        _check_reachable(address)
-    if ray.is_initialized():
-        yield address or "this process's Ray connection"
-        return
-    quiet = {"log_to_driver": False, "logging_level": logging.ERROR}
-    # ray.init installs a SIGTERM handler and leaves it after shutdown: a library call gives
-    # the process back as it found it.
-    sigterm = signal.getsignal(signal.SIGTERM)
-    try:
-        if address in (None, "local"):
-            # A worker's output stays in its node's Ray logs: the driver's terminal shows
-            # the progress line and the results, as a local run does.
-            ray.init(address="local", include_dashboard=False, **quiet)
-            where = "a local Ray instance"
-        else:
-            ray.init(address=address, **quiet)
-            where = address
-            if not address.startswith("ray://"):
-                # `auto` names the cluster it found by its address.
-                with contextlib.suppress(Exception):
-                    where = ray.get_runtime_context().gcs_address or address
-    except Exception as exc:  # ray.init raises ConnectionError, RuntimeError, ValueError...
-        if address == "auto":
-            hint = "; start one with `ray start --head`, or give its address"
-        else:
-            # What a refused connection most often is once the port answers.
-            hint = (
-                "; if the cluster uses token authentication, set RAY_AUTH_MODE=token and give "
-                "its token (~/.ray/auth_token or RAY_AUTH_TOKEN)"
-            )
-        raise BenchError(
-            f"cannot connect to Ray at {address or 'local'}: {_first_line(exc)}{hint}"
-        ) from None
-    try:
-        yield where
-    finally:
-        ray.shutdown()
-        if threading.current_thread() is threading.main_thread() and sigterm is not None:
-            signal.signal(signal.SIGTERM, sigterm)
-
-
-def _resources(resources: dict) -> str:
-    shown = [f"{int(resources[k])} {k}" for k in ("CPU", "GPU") if resources.get(k)]
-    return ", ".join(shown) or "no CPU or GPU"
-
-
-def _mismatch(local: dict, got: dict) -> str | None:
-    differ = [
-        f"{name} {got[key]} (the driver has {local[key]})"
-        for key, name in (("python", "Python"), ("fibgen", "fibgen"))
-        if got.get(key) != local.get(key)
-    ]
-    if not differ:
-        return None
-    return (
-        f"node {got.get('node')} ({got.get('host')}) runs {' and '.join(differ)}: install the "
-        "driver's Python and fibgen on every node"
-    )
-
-
-def _check_nodes(ray: Any, where: str, local: dict) -> list[str]:
-    """Every live node runs the driver's Python and fibgen; notes on nodes that did not say."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    probe = ray.remote(ray_worker.identity)
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    refs = {
-        probe.options(
-            num_cpus=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
-        ).remote(): n
-        for n in nodes
-    }
-    ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=NODE_CHECK_TIMEOUT_S)
-    for ref in ready:
-        node = refs[ref].get("NodeManagerAddress", "?")
-        try:
-            got = ray.get(ref)
-        except ray.exceptions.RayError as exc:
-            raise BenchError(
-                f"node {node} of the Ray cluster at {where} cannot run fibgen: "
-                f"{_first_line(exc)}; install fibgen (the driver's version) on every node"
-            ) from None
-        problem = _mismatch(local, got)
-        if problem is not None:
-            raise BenchError(f"{problem} (Ray cluster at {where})")
-    return [
-        f"node {refs[ref].get('NodeManagerAddress', '?')} did not say what it runs in "
-        f"{NODE_CHECK_TIMEOUT_S:g} s; its workers are checked as they start"
-        for ref in pending
-    ]
-
-
-@dataclass
-class _Job:
-    group: _Group
-    # What the worker gets (_Shipper.spec), made when the job is first sent.
-    spec: dict | None = None
-    attempts: int = 0
-    failures: list[str] = field(default_factory=list)
-
-    @property
-    def where(self) -> str:
-        return f"{self.group.definition.name} workload {self.group.workload.uuid}"
-
-    @property
-    def runs(self) -> int:
-        return len(self.group.solutions)
-
-
-class _Shipper:
-    """Puts what jobs need into the object store, each thing once (Note [node cache])."""
-
-    def __init__(self, ray: Any, root: Path) -> None:
-        self.ray = ray
-        self.root = root
-        self.refs: dict[tuple, Any] = {}
-
-    def _put(self, key: tuple, make: Callable[[], Any]) -> Any:
-        if key not in self.refs:
-            self.refs[key] = self.ray.put(make())
-        return self.refs[key]
-
-    def _blob(self, path: Path) -> tuple[str, Any] | None:
-        key = ("blob", path)
-        if key not in self.refs:
-            try:
-                data = path.read_bytes()
-            except OSError:
-                # Missing or unreadable: not shipped, so the node's worker says the file is
-                # not there, as it would on one host.
-                return None
-            self.refs[key] = (hashlib.sha256(data).hexdigest(), self.ray.put(data))
-        return self.refs[key]
-
-    def spec(self, group: _Group) -> dict:
-        """What a worker gets for a group; its blobs are put into the object store now, so
-        that the driver holds only those of the jobs sent so far."""
-        definition = group.definition
-        blobs: dict[tuple[str, ...], tuple[str, Any]] = {}
-        for source in group.workload.inputs.values():
-            if getattr(source, "type", None) != "safetensors":
-                continue
-            try:
-                path = resolve_dataset_path(self.root, source.path)
-            except ValueError:
-                continue  # refused by the node's worker with the same message
-            shipped = self._blob(path)
-            if shipped is not None:
-                blobs[path.relative_to(self.root).parts] = shipped
-        spec = {
-            "definition": self._put(
-                ("definition", definition.name),
-                lambda: definition.model_dump(mode="json", exclude_none=True),
-            ),
-            "solutions": [
-                self._put(
-                    ("solution", s.name), lambda s=s: s.model_dump(mode="json", exclude_none=True)
-                )
-                for s in group.solutions
-            ],
-            "workload": group.workload.model_dump(mode="json"),
-            "tolerance": group.tolerance,
-            "hints": group.hints,
-            "blobs": [(parts, sha, ref) for parts, (sha, ref) in sorted(blobs.items())],
-        }
-        return spec
-
-
-def _deadline(job: _Job, options: BenchOptions) -> float:
-    """Seconds after which a job's worker is taken for stuck: far more than the timeouts of
-    its group allow, so that it trips only on a node that stopped answering."""
-    definition = job.group.definition
-    sampler = is_sampling({"op_type": definition.op_type, "inputs": definition.inputs})
-    limit = options.timeout * (SAMPLING_TIMEOUT_SCALE if sampler else 1)
-    prepare = options.timeout * PREPARE_TIMEOUTS
-    # Each solution may kill the worker, which then prepares the workload again.
-    return 2 * (prepare + job.runs * (limit + prepare)) + 600.0
-
-
-class _Slot:
-    """One NodeWorker actor, as the driver sees it."""
-
-    def __init__(self, actor: Any, ready_ref: Any) -> None:
-        self.actor = actor
-        self.ready_ref = ready_ref
-        self.node = "?"
-        # The jobs sent to it, in the order it runs them: the first is running.
-        self.refs: deque[Any] = deque()
-        self.head_since = 0.0
-        self.kill_reason: str | None = None
-        # Set once it is found lost: the job it was running then.
-        self.lost_head: Any = None
-        self.lost = False
-
-
-class _Progress:
-    """One line on stderr: jobs and runs done, failures, retries, runs per second per node."""
-
-    def __init__(self, jobs: list[_Job], enabled: bool) -> None:
-        self.enabled = enabled
-        self.total_jobs = len(jobs)
-        self.total_runs = sum(j.runs for j in jobs)
-        self.jobs = self.runs = 0
-        self.start = time.monotonic()
-        self.tty = sys.stderr.isatty()
-        self.last = 0.0
-        self.shown = ""
-
-    def show(self, summary: RaySummary, workers: int, final: bool = False) -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if not final and now - self.last < (TICK_S if self.tty else 5.0):
-            return
-        self.last = now
-        failed = summary.failed + len(summary.problems)
-        nodes = sorted(summary.nodes.items())
-        rates = [f"{name} {stats.rate(now):.1f}/s" for name, stats in nodes[:4]]
-        if len(nodes) > 4:
-            rest = [stats.rate(now) for _, stats in nodes[4:]]
-            rates.append(f"{len(rest)} more {min(rest):.1f}-{max(rest):.1f}/s")
-        elapsed = now - self.start
-        left = self.total_runs - self.runs
-        eta = elapsed / self.runs * left if self.runs else math.nan
-        line = (
-            f"bench: jobs {self.jobs}/{self.total_jobs}, runs {self.runs}/{self.total_runs}, "
-            f"{failed} failed, {summary.retried} retried; {workers} worker(s) on "
-            f"{len(nodes)} node(s): {', '.join(rates) or 'starting'}; ETA {_duration(eta)}"
-        )
-        if not self.tty and line == self.shown:
-            return  # a log gets a line when something changed
-        sys.stderr.write(("\r\x1b[K" + line) if self.tty else line + "\n")
-        sys.stderr.flush()
-        self.shown = line
-
-    def close(self) -> None:
-        """End the line on a terminal (also when the run is interrupted)."""
-        if self.enabled and self.tty and self.shown:
-            sys.stderr.write("\n")
-            self.shown = ""
 
 
 class _Driver:

@@ -1,0 +1,176 @@
+"""The jobs of ``fibgen bench --ray`` on the driver: what each sends (``_Shipper``), when a
+job is overdue (``_deadline``), the workers' slots and the progress line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fibgen.bench.planning import BenchOptions, _Group
+from fibgen.bench.runner import PREPARE_TIMEOUTS, _duration
+from fibgen.format.dataset import resolve_dataset_path
+from fibgen.runtime.compare import SAMPLING_TIMEOUT_SCALE, is_sampling
+
+if TYPE_CHECKING:  # the summary a progress line shows; ray_runner imports this module
+    from fibgen.bench.ray_runner import RaySummary
+
+# How often the progress line and the watchdog look, at most, while nothing arrives.
+TICK_S = 1.0
+
+
+@dataclass
+class _Job:
+    group: _Group
+    # What the worker gets (_Shipper.spec), made when the job is first sent.
+    spec: dict | None = None
+    attempts: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def where(self) -> str:
+        return f"{self.group.definition.name} workload {self.group.workload.uuid}"
+
+    @property
+    def runs(self) -> int:
+        return len(self.group.solutions)
+
+
+class _Shipper:
+    """Puts what jobs need into the object store, each thing once (Note [node cache])."""
+
+    def __init__(self, ray: Any, root: Path) -> None:
+        self.ray = ray
+        self.root = root
+        self.refs: dict[tuple, Any] = {}
+
+    def _put(self, key: tuple, make: Callable[[], Any]) -> Any:
+        if key not in self.refs:
+            self.refs[key] = self.ray.put(make())
+        return self.refs[key]
+
+    def _blob(self, path: Path) -> tuple[str, Any] | None:
+        key = ("blob", path)
+        if key not in self.refs:
+            try:
+                data = path.read_bytes()
+            except OSError:
+                # Missing or unreadable: not shipped, so the node's worker says the file is
+                # not there, as it would on one host.
+                return None
+            self.refs[key] = (hashlib.sha256(data).hexdigest(), self.ray.put(data))
+        return self.refs[key]
+
+    def spec(self, group: _Group) -> dict:
+        """What a worker gets for a group; its blobs are put into the object store now, so
+        that the driver holds only those of the jobs sent so far."""
+        definition = group.definition
+        blobs: dict[tuple[str, ...], tuple[str, Any]] = {}
+        for source in group.workload.inputs.values():
+            if getattr(source, "type", None) != "safetensors":
+                continue
+            try:
+                path = resolve_dataset_path(self.root, source.path)
+            except ValueError:
+                continue  # refused by the node's worker with the same message
+            shipped = self._blob(path)
+            if shipped is not None:
+                blobs[path.relative_to(self.root).parts] = shipped
+        spec = {
+            "definition": self._put(
+                ("definition", definition.name),
+                lambda: definition.model_dump(mode="json", exclude_none=True),
+            ),
+            "solutions": [
+                self._put(
+                    ("solution", s.name), lambda s=s: s.model_dump(mode="json", exclude_none=True)
+                )
+                for s in group.solutions
+            ],
+            "workload": group.workload.model_dump(mode="json"),
+            "tolerance": group.tolerance,
+            "hints": group.hints,
+            "blobs": [(parts, sha, ref) for parts, (sha, ref) in sorted(blobs.items())],
+        }
+        return spec
+
+
+def _deadline(job: _Job, options: BenchOptions) -> float:
+    """Seconds after which a job's worker is taken for stuck: far more than the timeouts of
+    its group allow, so that it trips only on a node that stopped answering."""
+    definition = job.group.definition
+    sampler = is_sampling({"op_type": definition.op_type, "inputs": definition.inputs})
+    limit = options.timeout * (SAMPLING_TIMEOUT_SCALE if sampler else 1)
+    prepare = options.timeout * PREPARE_TIMEOUTS
+    # Each solution may kill the worker, which then prepares the workload again.
+    return 2 * (prepare + job.runs * (limit + prepare)) + 600.0
+
+
+class _Slot:
+    """One NodeWorker actor, as the driver sees it."""
+
+    def __init__(self, actor: Any, ready_ref: Any) -> None:
+        self.actor = actor
+        self.ready_ref = ready_ref
+        self.node = "?"
+        # The jobs sent to it, in the order it runs them: the first is running.
+        self.refs: deque[Any] = deque()
+        self.head_since = 0.0
+        self.kill_reason: str | None = None
+        # Set once it is found lost: the job it was running then.
+        self.lost_head: Any = None
+        self.lost = False
+
+
+class _Progress:
+    """One line on stderr: jobs and runs done, failures, retries, runs per second per node."""
+
+    def __init__(self, jobs: list[_Job], enabled: bool) -> None:
+        self.enabled = enabled
+        self.total_jobs = len(jobs)
+        self.total_runs = sum(j.runs for j in jobs)
+        self.jobs = self.runs = 0
+        self.start = time.monotonic()
+        self.tty = sys.stderr.isatty()
+        self.last = 0.0
+        self.shown = ""
+
+    def show(self, summary: RaySummary, workers: int, final: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not final and now - self.last < (TICK_S if self.tty else 5.0):
+            return
+        self.last = now
+        failed = summary.failed + len(summary.problems)
+        nodes = sorted(summary.nodes.items())
+        rates = [f"{name} {stats.rate(now):.1f}/s" for name, stats in nodes[:4]]
+        if len(nodes) > 4:
+            rest = [stats.rate(now) for _, stats in nodes[4:]]
+            rates.append(f"{len(rest)} more {min(rest):.1f}-{max(rest):.1f}/s")
+        elapsed = now - self.start
+        left = self.total_runs - self.runs
+        eta = elapsed / self.runs * left if self.runs else math.nan
+        line = (
+            f"bench: jobs {self.jobs}/{self.total_jobs}, runs {self.runs}/{self.total_runs}, "
+            f"{failed} failed, {summary.retried} retried; {workers} worker(s) on "
+            f"{len(nodes)} node(s): {', '.join(rates) or 'starting'}; ETA {_duration(eta)}"
+        )
+        if not self.tty and line == self.shown:
+            return  # a log gets a line when something changed
+        sys.stderr.write(("\r\x1b[K" + line) if self.tty else line + "\n")
+        sys.stderr.flush()
+        self.shown = line
+
+    def close(self) -> None:
+        """End the line on a terminal (also when the run is interrupted)."""
+        if self.enabled and self.tty and self.shown:
+            sys.stderr.write("\n")
+            self.shown = ""
