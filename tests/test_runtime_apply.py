@@ -628,3 +628,45 @@ def test_without_an_original_a_call_its_rules_refuse_raises_instead_of_running_t
         counts = rt.stats()["not_installed_anywhere.scalenorm"]
     assert counts["fallback_no_candidate"] == 1 and counts["fallback_guard"] == 1
     assert counts["rules"] == {"eps": 1}
+
+
+class _OnAnotherDevice(torch.Tensor):
+    """A result that says it is on GPU 1 (a CPU cannot make one that is)."""
+
+    def get_device(self):
+        return 1
+
+
+@pytest.mark.parametrize(
+    "make, got",
+    [
+        (lambda x: torch.zeros(2, 3), "a float32 tensor of shape [2, 3] on cpu"),
+        (lambda x: x.double(), "a float64 tensor of shape [1, 4096] on cpu"),
+        (lambda x: None, "None"),
+        (lambda x: (x, x), "a tuple of 2"),
+        (lambda x: x.clone().as_subclass(_OnAnotherDevice), "a float32 tensor of shape [1, 4096]"),
+    ],
+)
+def test_a_result_unlike_the_definitions_is_an_error_that_says_what_was_expected(make, got):
+    def solution(hidden_states, weight):
+        return make(hidden_states)
+
+    x, w = torch.randn(1, 4096), torch.randn(4096)
+    with rt.enable_apply({"rmsnorm_h4096": solution}, strict=True):
+        with pytest.raises(rt.SolutionError) as raised:
+            rmsnorm.rmsnorm(x, w)
+    message = str(raised.value)
+    assert f"returned {got}" in message and "for definition 'rmsnorm_h4096'" in message
+    assert "expected a float32 tensor of shape [1, 4096] on cpu" in message
+    # Not strict: the call falls back to the original, with or without the caller's buffer,
+    # and each is counted as an error, none as a hit.
+    out = torch.empty_like(x)
+    with rt.enable_apply({"rmsnorm_h4096": solution}):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plain = rmsnorm.rmsnorm(x, w)
+            filled = rmsnorm.rmsnorm(x, w, out=out)
+        counts = rt.stats()[RMS]
+    assert torch.equal(plain, ORIGINAL_RMSNORM(x, w))
+    assert filled is out and torch.equal(out, plain)
+    assert counts["error"] == 2 and counts["hit"] == 0

@@ -26,14 +26,19 @@ class _Family(FamilyKey):
     """Prints the functions of one family's dispatcher module from its plan and its key."""
 
     # -------------------------------------------------------------- dispatcher
-    def _result_check(self, o: ir.Tensor, local: str, fields: tuple[str, ...]) -> str | None:
-        """The condition a value-returning solution's output meets, or None for a scalar."""
+    def _result_check(
+        self, o: ir.Tensor, local: str, fields: tuple[str, ...]
+    ) -> tuple[str, str] | None:
+        """The condition a value-returning solution's output meets, and what is expected of it
+        as ``(dtype, shape or None, device or None)`` (evaluated only when the condition
+        fails, for the message); None for a scalar."""
         if o.shape is None:
             return None
         dtype = self._dtype(o)
         if o.dtype.kind == "concrete" and o.dtype.name not in self.dtype_params:
             dtype = _dtype_constant(o.dtype.name)
         parts = [f"isinstance({local}, _Tensor)", f"{local}.dtype is {dtype}"]
+        required = [self.input_expr[t.name] for t in self.f.inputs if t.shape and not t.optional]
         # An input of the very same axes gives the expected shape in one comparison.
         same = next(
             (
@@ -43,8 +48,10 @@ class _Family(FamilyKey):
             ),
             None,
         )
+        shape = "None"
         if same is not None:
             parts.append(f"{local}.shape == {same}.shape")
+            shape = f"{same}.shape"
         else:
             dims = self._dims(o, fields)
             parts.append(
@@ -52,10 +59,16 @@ class _Family(FamilyKey):
                 if dims is not None
                 else f"{local}.ndim == {len(o.shape)}"
             )
-        # No device comparison on the hot path: a result on another device fails loudly at
-        # its first use, while a wrong dtype or shape could broadcast or cast silently.
+            shape = dims if dims is not None else "None"
+        # The output on the device of the inputs: get_device() is an int (-1 for the CPU),
+        # cheaper than comparing torch.device objects (0.1 µs on the 2-core machine).
+        device = "None"
+        if required:
+            parts.append(f"{local}.get_device() == {required[0]}.get_device()")
+            device = f"{required[0]}.device"
         cond = " and ".join(parts)
-        return f"{local} is None or ({cond})" if o.optional else cond
+        cond = f"{local} is None or ({cond})" if o.optional else cond
+        return cond, f"({dtype}, {shape}, {device})"
 
     def dispatcher(self, fields: tuple[str, ...], plan: RulePlan) -> FunctionView:
         """The family's function: the body of Note [the dispatch contract]."""
@@ -250,11 +263,12 @@ class _Family(FamilyKey):
             if outs:
                 call.append(f"    {', '.join(outs)} = _res")
         for o in self.f.outputs:
-            cond = self._result_check(o, f"_o_{o.name}", fields)
-            if cond is not None:
+            check = self._result_check(o, f"_o_{o.name}", fields)
+            if check is not None:
+                cond, want = check
                 call += [
                     f"    if not ({cond}):",
-                    f"        _api.bad_result(_key, {literal(o.name)}, _o_{o.name})",
+                    f"        _api.bad_result(_key, {literal(o.name)}, _o_{o.name}, {want})",
                 ]
         call += self._call_inplace(fields, inputs)
         call.append("else:")

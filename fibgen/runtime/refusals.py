@@ -180,8 +180,9 @@ class Refusals:
         kind, fallback, _, _ = self._fallback_route(key, name, _DISCARD, why, next_family=False)
         return (kind, fallback, _DISCARD)
 
-    def bad_result(self, key: Any, output: str | None, got: Any) -> None:
-        """Raise the SolutionError of an output that is not what the definition declares."""
+    def bad_result(self, key: Any, output: str | None, got: Any, want: Any = None) -> None:
+        """Raise the SolutionError of an output that is not what the definition declares;
+        ``want`` is what the call expects of it: (dtype, shape or None, device or None)."""
         name, label, _ = self._resolved.get(key, (self.name_of(key), "the solution", None))
         if output is None:
             want = f"a tuple of its {len(self.outputs)} outputs ({', '.join(self.outputs)})"
@@ -190,10 +191,17 @@ class Refusals:
                 name,
                 label,
             )
+        expected = "what the definition declares for the call"
+        if want is not None:
+            dtype, shape, device = want
+            expected = f"a {str(dtype).removeprefix('torch.')} tensor"
+            if shape is not None:
+                expected += f" of shape {list(shape)}"
+            if device is not None:
+                expected += f" on {device}"
         raise SolutionError(
             f"{label} for definition {name!r} returned {_describe(got)} as output "
-            f"{output!r}, which does not match the definition (dtype, shape or device of the "
-            "call)",
+            f"{output!r}; expected {expected}",
             name,
             label,
         )
