@@ -47,9 +47,8 @@ from fibgen.bench.ray_cluster import (
     import_ray,
 )
 from fibgen.bench.ray_jobs import TICK_S, _deadline, _Job, _Progress, _Shipper, _Slot
-from fibgen.bench.runner import BenchSummary, record_group
+from fibgen.bench.runner import BenchSummary, prepare_dataset, record_group
 from fibgen.format import FormatError, Trace
-from fibgen.format.dataset import drop_torn_last_line, pack_solution
 
 __all__ = ["RAY_INSTALL", "RayMissing", "RayOptions", "RaySummary", "run_bench_ray"]
 
@@ -412,25 +411,7 @@ def run_bench_ray(
         summary = RaySummary(skipped=work_plan.skipped, notes=list(work_plan.notes))
         summary.notes += _check_nodes(ray, where, local_identity())
         # The cluster is fit: only now is anything in the dataset written.
-        try:
-            for path in work_plan.stale:
-                pack_solution(path)
-        except FormatError as exc:
-            raise BenchError(str(exc)) from None
-        if work_plan.stale:
-            summary.notes.append(
-                f"packed {len(work_plan.stale)} solution folder(s) whose files changed, so that "
-                "the dataset's JSON holds what is run: "
-                + ", ".join(str(p) for p in work_plan.stale)
-            )
-        # Note [torn lines] in fibgen/format/dataset/writers.py: a run killed mid-write is repaired before appending.
-        for path in work_plan.trace_files:
-            try:
-                dropped = drop_torn_last_line(path)
-            except OSError as exc:
-                raise BenchError(f"cannot read {path}: {exc}") from None
-            if dropped is not None:
-                summary.notes.append(dropped)
+        prepare_dataset(work_plan, summary)
         if not work_plan.groups:
             return summary
         jobs = [_Job(group) for group in work_plan.groups]

@@ -296,6 +296,32 @@ def _run_group(handle: _Handle, group: _Group, root: Path, options: BenchOptions
     return traces, None, noisy
 
 
+def prepare_dataset(work_plan: Plan, summary: BenchSummary) -> None:
+    """What a run writes before its first trace, said in ``summary.notes``: solution folders
+    whose files changed are packed into their JSON, and torn last trace lines dropped."""
+    try:
+        for path in work_plan.stale:
+            pack_solution(path)
+    except FormatError as exc:
+        raise BenchError(str(exc)) from None
+    if work_plan.stale:
+        summary.notes.append(
+            f"packed {len(work_plan.stale)} solution folder(s) whose files changed, so that "
+            f"the dataset's JSON holds what is run: " + ", ".join(str(p) for p in work_plan.stale)
+        )
+    # A run killed while writing a trace leaves a torn last line: it is dropped before this
+    # run appends (Note [torn lines] in fibgen/format/dataset/writers.py), and said once here
+    # rather than by each append; also where --resume finds everything traced, so that what
+    # the run leaves reads cleanly.
+    for path in work_plan.trace_files:
+        try:
+            dropped = drop_torn_last_line(path)
+        except OSError as exc:
+            raise BenchError(f"cannot read {path}: {exc}") from None
+        if dropped is not None:
+            summary.notes.append(dropped)
+
+
 def record_group(
     root: Path,
     group: _Group,
@@ -352,34 +378,17 @@ def run_bench(
     check_devices(options.devices)
     try:
         work_plan = plan(root, options)
-        for path in work_plan.stale:
-            pack_solution(path)
     except FormatError as exc:
         raise BenchError(str(exc)) from None
     groups = work_plan.groups
     summary = BenchSummary(skipped=work_plan.skipped, notes=list(work_plan.notes))
-    if work_plan.stale:
-        summary.notes.append(
-            f"packed {len(work_plan.stale)} solution folder(s) whose files changed, so that "
-            f"the dataset's JSON holds what is run: " + ", ".join(str(p) for p in work_plan.stale)
-        )
+    prepare_dataset(work_plan, summary)
     work: queue.Queue[_Group] = queue.Queue()
     handles: list[_Handle] = []
     for group in groups:
         work.put(group)
     bar = _Progress(groups, progress)
     lock = threading.Lock()
-
-    # A run killed while writing a trace leaves a torn last line: it is dropped before this
-    # run appends (Note [torn lines]), and said once here rather than by each append; also
-    # where --resume finds everything traced, so that what the run leaves reads cleanly.
-    for path in work_plan.trace_files:
-        try:
-            dropped = drop_torn_last_line(path)
-        except OSError as exc:
-            raise BenchError(f"cannot read {path}: {exc}") from None
-        if dropped is not None:
-            summary.notes.append(dropped)
 
     def drive(device: str) -> None:
         # Every failure of this thread ends up in summary.problems, which fails the run: an

@@ -417,8 +417,9 @@ class FamilyPlan:
         return unparse(Spell().visit(ast.parse(r.expr.text, mode="eval")))
 
     def inplace_capable(self) -> bool:
-        """Whether INPLACE routes are called (Note [in-place solutions] in fibgen/runtime/apply_state.py): the
-        family has effects, and nothing to do after the solution but return its outputs."""
+        """Whether INPLACE routes are called (Note [in-place solutions] in
+        fibgen/runtime/apply_state.py): the family has effects, and nothing to do after the
+        solution but return its outputs."""
         _, flagged = self._returned()
         return (
             bool(self.f.effects)

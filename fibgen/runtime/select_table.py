@@ -16,8 +16,9 @@ from fibgen.runtime.select_policy import Policy, _policy, normalize_config
 
 def _scan(base: str, suffix: str, out: list[tuple[str, int, int]]) -> None:
     # os.scandir, not pathlib: the warm path stats every file and must stay in milliseconds.
-    # Any depth, as flashinfer-bench reads (Note [dataset depth] in fibgen/format/dataset/layout.py);
-    # names starting with a dot are a writer's temporary files and locks.
+    # Any depth, as flashinfer-bench reads (Note [dataset depth] in
+    # fibgen/format/dataset/layout.py); names starting with a dot are a writer's temporary
+    # files and locks.
     try:
         it = os.scandir(base)
     except (FileNotFoundError, NotADirectoryError):

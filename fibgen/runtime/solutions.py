@@ -67,7 +67,8 @@ def _is_solution_model(value: Any) -> bool:
 
 def _load_solution_file(path: Path) -> Any:
     # Imported here: pydantic is only needed when JSON solutions are used. A solution
-    # folder's sources come from its files (Note [solution folders] in fibgen/format/dataset/solution_folders.py).
+    # folder's sources come from its files (Note [solution folders] in
+    # fibgen/format/dataset/solution_folders.py).
     from fibgen.format.dataset import read_solution
     from fibgen.format.errors import FormatError
 
