@@ -125,3 +125,52 @@ def test_routed_fused_add_rmsnorm_leaves_the_sum_in_residual_as_flashinfer_does(
     results = json.loads(done.stdout.splitlines()[-1])
     for strided, (err, residual_ok, hits) in results.items():
         assert err < 0.07 and residual_ok and hits == 1, (strided, err, residual_ok, hits)
+
+
+def _shipped_source_module(name, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.syspath_prepend(str(REPO / "solutions" / "src"))
+    import importlib
+    import sys
+
+    sys.modules.pop(name, None)
+    return importlib.import_module(name)
+
+
+def test_silu_and_mul_walks_long_batches_row_by_row_with_the_same_result(monkeypatch):
+    # From ROW_WALK_FROM rows one program walks each row block by block (a row here is two
+    # blocks, the second one partial); below, a program per block. Both compute the same.
+    import torch
+
+    silu = _shipped_source_module("silu_and_mul_triton", monkeypatch)
+    monkeypatch.setattr(silu, "ROW_WALK_FROM", 3)
+    torch.manual_seed(0)
+    for rows, kernel in ((2, silu._silu_and_mul_kernel), (3, silu._silu_and_mul_rows_kernel)):
+        x = torch.randn(rows, 2 * 3000)
+        out = torch.full((rows, 3000), float("nan"))
+        silu.launch(x, out)
+        assert silu._PLANS[rows, 3000][0] is kernel
+        want = torch.nn.functional.silu(x[:, :3000]) * x[:, 3000:]
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_add_rmsnorm_on_a_persistent_grid_covers_every_row(monkeypatch):
+    # Short batches of the fused add run on a grid of a few programs per SM that walk the
+    # rows (one SM under the interpreter: 4 programs for 11 rows); longer ones, one program
+    # per row. Every row is summed and normalized either way.
+    import torch
+
+    norm = _shipped_source_module("rmsnorm_triton", monkeypatch)
+    torch.manual_seed(0)
+    for rows, most in ((11, norm.PERSISTENT[2]), (11, 0)):
+        monkeypatch.setattr(norm, "PERSISTENT", (4, 8, most))
+        norm._PLANS.clear()
+        x, r, w = torch.randn(rows, 1024), torch.randn(rows, 1024), torch.randn(1024)
+        total = x + r
+        out = torch.full_like(x, float("nan"))
+        norm.launch(x, r, w, out, 1e-6, sum_out=r)
+        (grid,), _, _, _, walk = next(iter(norm._PLANS.values()))
+        assert (grid, walk) == ((4, True) if most else (rows, False))
+        torch.testing.assert_close(r, total)
+        want = torch.nn.functional.rms_norm(total, (1024,), w, 1e-6)
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
