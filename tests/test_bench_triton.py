@@ -149,7 +149,7 @@ def test_silu_and_mul_walks_long_batches_row_by_row_with_the_same_result(monkeyp
         x = torch.randn(rows, 2 * 3000)
         out = torch.full((rows, 3000), float("nan"))
         silu.launch(x, out)
-        assert silu._PLANS[rows, 3000][0] is kernel
+        assert silu._PLANS[rows, 3000, x.device][0] is kernel
         want = torch.nn.functional.silu(x[:, :3000]) * x[:, 3000:]
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
@@ -169,7 +169,7 @@ def test_fused_add_rmsnorm_on_a_persistent_grid_covers_every_row(monkeypatch):
         total = x + r
         out = torch.full_like(x, float("nan"))
         norm.launch(x, r, w, out, 1e-6, sum_out=r)
-        (grid,), _, _, _, walk = next(iter(norm._PLANS.values()))
+        (grid,), _, _, _, walk, _ = next(iter(norm._PLANS.values()))
         assert (grid, walk) == ((4, True) if most else (rows, False))
         torch.testing.assert_close(r, total)
         want = torch.nn.functional.rms_norm(total, (1024,), w, 1e-6)

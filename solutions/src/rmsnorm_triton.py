@@ -25,7 +25,12 @@ def _rmsnorm_kernel(
     STORE_SUM: tl.constexpr,
     WALK: tl.constexpr,
     EVICT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        # Launched early (programmatic dependent launch): wait for the kernel before to finish
+        # and its writes to show before reading anything.
+        tl.extra.cuda.gdc_wait()
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < n_cols
     if WALK:
@@ -81,6 +86,8 @@ def _rmsnorm_kernel(
             False,
             EVICT,
         )
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
@@ -165,6 +172,12 @@ def config(n_rows, n_cols):
 PERSISTENT = (4, 8, 2048 * 4096)
 
 
+def pdl_on(device):
+    """Whether to launch with programmatic dependent launch on ``device`` (SM90 and later, as
+    FlashInfer does by default): the kernel is scheduled while the one before it drains."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def processors(device):
     """The number of SMs of ``device`` (1 off a GPU: Triton's interpreter)."""
     if device.type != "cuda":
@@ -188,7 +201,7 @@ def _plan(n_rows, n_cols, rows_per_program, num_warps, residual, device):
         warps = persistent_warps
     rows = rows_per_program or rows
     warps = num_warps or warps
-    plan = ((programs,), triton.next_power_of_2(n_cols), rows, warps, walk)
+    plan = ((programs,), triton.next_power_of_2(n_cols), rows, warps, walk, pdl_on(device))
     if rows_per_program is None and num_warps is None and len(_PLANS) < _MAX_PLANS:
         _PLANS[n_rows, n_cols, residual, device] = plan
     return plan
@@ -221,7 +234,7 @@ def launch(x, residual, weight, out, eps, rows_per_program=None, num_warps=None,
         plan = _PLANS.get((n_rows, n_cols, residual_given, x.device))
     if plan is None:
         plan = _plan(n_rows, n_cols, rows_per_program, num_warps, residual_given, x.device)
-    grid, block, rows, warps, walk = plan
+    grid, block, rows, warps, walk, pdl = plan
     r = x if residual is None else residual
     s = o2 if s2 is None else s2
     _rmsnorm_kernel[grid](
@@ -245,6 +258,8 @@ def launch(x, residual, weight, out, eps, rows_per_program=None, num_warps=None,
         # Loads marked evict-first: measured faster for rmsnorm and for the fused add on a
         # persistent grid, 0.3 to 0.7% slower for the fused add one row per program.
         EVICT="" if residual is not None and not walk else "evict_first",
+        PDL=pdl,
+        launch_pdl=pdl,
         num_warps=warps,
     )
     if o2 is not out:

@@ -1,11 +1,16 @@
 """silu(gate) * up in Triton, computed in fp32; each program covers a slice of one row."""
 
+import torch
 import triton
 import triton.language as tl
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, o_ptr, n_cols, stride_x, stride_o, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(
+    x_ptr, o_ptr, n_cols, stride_x, stride_o, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # see PDL below
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -13,11 +18,17 @@ def _silu_and_mul_kernel(x_ptr, o_ptr, n_cols, stride_x, stride_o, BLOCK: tl.con
     up = tl.load(x_ptr + row * stride_x + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
     y = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(o_ptr + row * stride_o + cols, y.to(o_ptr.dtype.element_ty), mask=mask)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
-def _silu_and_mul_rows_kernel(x_ptr, o_ptr, n_cols, stride_x, stride_o, BLOCK: tl.constexpr):
+def _silu_and_mul_rows_kernel(
+    x_ptr, o_ptr, n_cols, stride_x, stride_o, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
     """One program per row, walking it block by block."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     for start in range(0, n_cols, BLOCK):
         cols = start + tl.arange(0, BLOCK)
@@ -26,6 +37,15 @@ def _silu_and_mul_rows_kernel(x_ptr, o_ptr, n_cols, stride_x, stride_o, BLOCK: t
         up = tl.load(x_ptr + row * stride_x + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
         y = gate / (1.0 + tl.exp(-gate)) * up
         tl.store(o_ptr + row * stride_o + cols, y.to(o_ptr.dtype.element_ty), mask=mask)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+# Programmatic dependent launch on SM90 and later, as FlashInfer launches by default: a kernel
+# is scheduled while the one before it drains, and waits for it (gdc_wait) before reading.
+def pdl_on(device):
+    """Whether to launch with programmatic dependent launch on ``device``."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 # From this many rows, one program walks each row. Measured on an H100 at hidden 14336
@@ -48,18 +68,22 @@ def launch(x, out, block=None, num_warps=None):
     n_rows = x.shape[0]
     if n_rows == 0:
         return out
-    plan = _PLANS.get((n_rows, n_cols)) if block is None and num_warps is None else None
+    key = (n_rows, n_cols, x.device)
+    plan = _PLANS.get(key) if block is None and num_warps is None else None
     if plan is None:
         b = block or min(2048, triton.next_power_of_2(n_cols))
         warps = num_warps or (4 if b <= 1024 else 16)
         if n_rows >= ROW_WALK_FROM and b < n_cols:
-            plan = (_silu_and_mul_rows_kernel, (n_rows,), b, warps)
+            plan = (_silu_and_mul_rows_kernel, (n_rows,), b, warps, pdl_on(x.device))
         else:
-            plan = (_silu_and_mul_kernel, (n_rows, triton.cdiv(n_cols, b)), b, warps)
+            grid = (n_rows, triton.cdiv(n_cols, b))
+            plan = (_silu_and_mul_kernel, grid, b, warps, pdl_on(x.device))
         if block is None and num_warps is None and len(_PLANS) < _MAX_PLANS:
-            _PLANS[n_rows, n_cols] = plan
-    kernel, grid, b, warps = plan
-    kernel[grid](x, o2, n_cols, x.stride(0), o2.stride(0), BLOCK=b, num_warps=warps)
+            _PLANS[key] = plan
+    kernel, grid, b, warps, pdl = plan
+    kernel[grid](
+        x, o2, n_cols, x.stride(0), o2.stride(0), BLOCK=b, PDL=pdl, launch_pdl=pdl, num_warps=warps
+    )
     if o2 is not out:
         out.copy_(o2.view(out.shape))
     return out
