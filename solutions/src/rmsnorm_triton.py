@@ -175,7 +175,11 @@ PERSISTENT = (4, 8, 2048 * 4096)
 def pdl_on(device):
     """Whether to launch with programmatic dependent launch on ``device`` (SM90 and later, as
     FlashInfer does by default): the kernel is scheduled while the one before it drains."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    return (
+        device.type == "cuda"
+        and torch.cuda.get_device_capability(device)[0] >= 9
+        and hasattr(tl.extra.cuda, "gdc_wait")  # Triton 3.3 and later
+    )
 
 
 def processors(device):
@@ -259,7 +263,7 @@ def launch(x, residual, weight, out, eps, rows_per_program=None, num_warps=None,
         # persistent grid, 0.3 to 0.7% slower for the fused add one row per program.
         EVICT="" if residual is not None and not walk else "evict_first",
         PDL=pdl,
-        launch_pdl=pdl,
+        **({"launch_pdl": True} if pdl else {}),
         num_warps=warps,
     )
     if o2 is not out:

@@ -45,7 +45,11 @@ def _silu_and_mul_rows_kernel(
 # is scheduled while the one before it drains, and waits for it (gdc_wait) before reading.
 def pdl_on(device):
     """Whether to launch with programmatic dependent launch on ``device``."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    return (
+        device.type == "cuda"
+        and torch.cuda.get_device_capability(device)[0] >= 9
+        and hasattr(tl.extra.cuda, "gdc_wait")  # Triton 3.3 and later
+    )
 
 
 # From this many rows, one program walks each row. Measured on an H100 at hidden 14336
@@ -82,7 +86,15 @@ def launch(x, out, block=None, num_warps=None):
             _PLANS[key] = plan
     kernel, grid, b, warps, pdl = plan
     kernel[grid](
-        x, o2, n_cols, x.stride(0), o2.stride(0), BLOCK=b, PDL=pdl, launch_pdl=pdl, num_warps=warps
+        x,
+        o2,
+        n_cols,
+        x.stride(0),
+        o2.stride(0),
+        BLOCK=b,
+        PDL=pdl,
+        **({"launch_pdl": True} if pdl else {}),
+        num_warps=warps,
     )
     if o2 is not out:
         out.copy_(o2.view(out.shape))
