@@ -109,6 +109,22 @@ def test_cli_writes_and_refuses_to_overwrite(tmp_path, capsys):
     assert sorted(p.name for p in folder.parent.iterdir()) == ["mine"]  # no leftovers
 
 
+def test_a_dataset_root_as_output_is_refused_with_its_solutions_folder(tmp_path, capsys):
+    # Written into the dataset's root, the solution would be where neither bench nor apply
+    # looks; the message names the folder they read.
+    (tmp_path / "workloads").mkdir()
+    (tmp_path / "definitions").mkdir()
+    args = ["scaffold-solution", "rmsnorm_h128", "--language", "python", "-o", str(tmp_path)]
+    assert main([*args, "--definitions", DEFINITIONS]) == 1
+    assert capsys.readouterr().err == (
+        f"error: {tmp_path} is a dataset (it has definitions/, workloads/); bench and apply "
+        f"find its solutions under {tmp_path / 'solutions'}: use -o {tmp_path / 'solutions'}\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["definitions", "workloads"]
+    args[-1] = str(tmp_path / "solutions")
+    assert main([*args, "--definitions", DEFINITIONS]) == 0
+
+
 def test_unknown_definition_lists_the_closest_names(tmp_path, capsys):
     args = ["scaffold-solution", "rmsnorm_h4069", "--language", "python"]
     assert main([*args, "-o", str(tmp_path), "--definitions", DEFINITIONS]) == 1

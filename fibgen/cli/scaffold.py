@@ -14,6 +14,16 @@ def cmd_scaffold(args: argparse.Namespace) -> int:
     """Write the scaffold; print where, or the reason it was not written."""
     from fibgen.codegen.scaffold import ScaffoldError, scaffold_solution
 
+    dataset_parts = _dataset_parts(Path(args.output))
+    if dataset_parts:
+        # Written there, the solution would sit beside the dataset's folders, where neither
+        # bench nor apply looks.
+        target = Path(args.output) / "solutions"
+        sys.stderr.write(
+            f"error: {args.output} is a dataset (it has {', '.join(dataset_parts)}); bench and "
+            f"apply find its solutions under {target}: use -o {target}\n"
+        )
+        return 1
     try:
         result = scaffold_solution(
             args.definition,
@@ -30,6 +40,13 @@ def cmd_scaffold(args: argparse.Namespace) -> int:
         return 1
     print(f"wrote {result.folder}: {result.solution_json.name}, {', '.join(result.sources)}")
     return 0
+
+
+def _dataset_parts(folder: Path) -> list[str]:
+    """The dataset folders (definitions/, workloads/, traces/) ``folder`` holds, if any."""
+    from fibgen.format.dataset import DATASET_FOLDERS
+
+    return [f"{top}/" for top in DATASET_FOLDERS if top != "solutions" and (folder / top).is_dir()]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
