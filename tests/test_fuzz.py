@@ -195,6 +195,11 @@ CRASHES = {
         ),
         "not a Python expression: nested more than 100 levels deep (fibgen's limit)",
     ),
+    "lone surrogate in the reason of `ignore`": (
+        # Once printed raw by `fibgen fmt`, which then could not read its own output back.
+        _with("  axes {", '  rules {\n    ignore out "\\ud800" "why"\n  }\n  axes {'),
+        "the reason of `ignore` holds the lone surrogate '\\ud800', which no UTF-8 file can hold",
+    ),
     "keyword as a tensor name": (
         _with("    weight        : bfloat16", "    class         : bfloat16"),
         "`class` is a Python keyword and cannot name an input",
@@ -240,6 +245,20 @@ FMT_CASES = {
         "  axes {\n    n : var  # trailing\n  }\n  inputs {\n    x : float32[n]\n  }\n}\n"
     ),
 }
+
+
+EMPTY_STRINGS = {
+    "empty axis description": _with("batch_size  : var", 'batch_size  : var ""'),
+    "empty ignore reason": _with("  axes {", '  rules {\n    ignore out ""\n  }\n  axes {'),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EMPTY_STRINGS))
+def test_fmt_keeps_an_empty_string(case: str):
+    # An empty description is still one ("description": "" in the JSON): fmt once printed it
+    # as none, and then refused the file rather than change its meaning.
+    text, diagnostics = format_text(EMPTY_STRINGS[case], "t.fidef")
+    assert diagnostics == [] and text is not None and '""' in text
 
 
 @pytest.mark.parametrize("case", sorted(FMT_CASES))

@@ -84,7 +84,9 @@ def _rule(r: ir.Rule) -> str:
     if isinstance(r, ir.Require):
         return r.expr.text
     if isinstance(r, ir.Ignore):
-        return f"ignore {', '.join(r.names)}" + (f" {quote(r.reason)}" if r.reason else "")
+        return f"ignore {', '.join(r.names)}" + (
+            f" {quote(r.reason)}" if r.reason is not None else ""
+        )
     if isinstance(r, (ir.Default, ir.Let, ir.Result)):
         return f"{r.kind} {r.target} = {r.expr.text}"
     return f"keywords {r.target} = {r.path}{_params(r.params)}"
@@ -273,7 +275,7 @@ class Printer:
     def _param_cols(self, p: ir.Param) -> list[str]:
         default = f"= {_value(p.default)}" if p.default is not None else ""
         middle = " ".join(part for part in (p.abbrev or "", default) if part)
-        return [p.name, middle, quote(p.description) if p.description else ""]
+        return [p.name, middle, quote(p.description) if p.description is not None else ""]
 
     def _axis_cols(self, a: ir.VarAxis | ir.ConstAxis) -> list[str]:
         if isinstance(a, ir.VarAxis):
@@ -281,7 +283,7 @@ class Printer:
         else:
             kind = "const" + (f" {a.abbrev}" if a.abbrev else "")
             kind += f" = {a.value.text}" if a.value is not None else ""
-        return [a.name, ":", kind, quote(a.description) if a.description else ""]
+        return [a.name, ":", kind, quote(a.description) if a.description is not None else ""]
 
     def _tensor_cols(self, t: ir.Tensor) -> list[str]:
         kind = ("optional " if t.optional else "") + _dtype(t.dtype) + _shape(t.shape)

@@ -148,6 +148,17 @@ class BlockLowering(LowerBase):
                     help='write `ignore enable_pdl "a launch option"`',
                 )
                 return None
+            try:
+                reason.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                # As for every other string (Lower.string): no file could hold it.
+                self._error(
+                    f"the reason of `ignore` holds the lone surrogate {reason[exc.start]!r}, "
+                    "which no UTF-8 file can hold",
+                    self._at(tok.line, tok.column + quote_at, len(text) - quote_at),
+                    help="write the character itself, or its \\U00XXXXXX escape",
+                )
+                return None
         names: list[str] = []
         spans: list[ir.Span] = []
         offset = 0
