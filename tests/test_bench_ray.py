@@ -114,6 +114,7 @@ def test_traces_equal_the_local_runners(cluster, tmp_path):
     remote = _with_blob_workload(make_dataset(tmp_path / "ray", SOLUTIONS, sizes=(3,)))
     run_bench(local, replace(OPTIONS, devices=("cpu", "cpu")), progress=False)
     summary = run_bench_ray(remote, OPTIONS, progress=False)
+    assert summary.problems == []
     got, want = _lines(remote), _lines(local)
     assert len(got) == len(want) == 2 * len(SOLUTIONS) == summary.traces
     assert sorted(map(_comparable, got)) == sorted(map(_comparable, want))

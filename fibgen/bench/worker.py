@@ -438,6 +438,9 @@ def main(conn: Any, device: str) -> None:
     except Exception as exc:
         # Said in reply to every request, rather than a worker that dies with no reason.
         worker, broken = None, f"cannot run on device {device}: {type(exc).__name__}: {exc}"
+    # Started: the runner's request timeouts count from here (Note [worker start] in
+    # worker_handle.py).
+    conn.send(("ready",))
     while True:
         try:
             request = conn.recv()

@@ -13,6 +13,14 @@ from typing import Any
 
 from fibgen.bench import child as entry
 
+# Note [worker start]
+# ~~~~~~~~~~~~~~~~~~~
+# A new worker imports torch and sets up its device before it can answer: seconds on an idle
+# machine, more than a minute on a busy one. That start is not charged to the first request's
+# timeout (which is a multiple of --timeout, meant for the work asked): the worker says
+# ("ready",) once started, and the handle waits for that under START_TIMEOUT of its own.
+START_TIMEOUT = 300.0
+
 
 class _Handle:
     """One worker process on one device, started again after it dies or hangs."""
@@ -21,6 +29,8 @@ class _Handle:
         self.device = device
         self.process: Any = None
         self.conn: Any = None
+        # Started, and its ("ready",) not read yet.
+        self.starting = False
 
     def start(self) -> None:
         context = multiprocessing.get_context("spawn")
@@ -35,11 +45,16 @@ class _Handle:
         finally:
             child.close()
         self.process, self.conn = process, parent
+        self.starting = True
 
     def ask(self, request: tuple, timeout: float) -> tuple:
         """Send a request; the reply, or ("timeout",) / ("died", why)."""
         if self.process is None or not self.process.is_alive():
             self.start()
+        if self.starting:
+            failed = self._await_start()
+            if failed is not None:
+                return failed
         try:
             self.conn.send(request)
             if not self.conn.poll(timeout):
@@ -50,6 +65,18 @@ class _Handle:
             why = self._death()
             self.kill()
             return ("died", why)
+
+    def _await_start(self) -> tuple | None:
+        """None once the new worker says it started; else ("died", why), the worker killed."""
+        self.starting = False
+        try:
+            if self.conn.poll(START_TIMEOUT) and self.conn.recv() == ("ready",):
+                return None
+            why = f"worker process did not start within {START_TIMEOUT:g} s"
+        except (EOFError, OSError):
+            why = self._death()
+        self.kill()
+        return ("died", why)
 
     def _death(self) -> str:
         self.process.join(timeout=5)
