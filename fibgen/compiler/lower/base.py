@@ -64,6 +64,20 @@ class LowerBase(Transformer):
     def _error(self, message: str, span: ir.Span, help: str | None = None) -> None:
         self.diagnostics.append(error(message, span, help))
 
+    def _encodable(self, value: str, what: str, span: ir.Span) -> bool:
+        """Whether ``value`` can be written to a UTF-8 file; an error at ``span`` if not."""
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            self._error(
+                f"{what} holds the lone surrogate {value[exc.start]!r}, which no UTF-8 file "
+                "can hold",
+                span,
+                help="write the character itself, or its \\U00XXXXXX escape",
+            )
+            return False
+        return True
+
     def _expr(self, tok: Token) -> ir.Expr:
         text = str(tok).strip()
         span = self._tok_span(tok)

@@ -137,6 +137,7 @@ class BlockLowering(LowerBase):
         names_text = text if quote_at < 0 else text[:quote_at]
         reason = None
         if quote_at >= 0:
+            where = self._at(tok.line, tok.column + quote_at, len(text) - quote_at)
             try:
                 reason = literal_value(text[quote_at:].strip())
             except PythonSyntaxError:
@@ -144,20 +145,11 @@ class BlockLowering(LowerBase):
             if not isinstance(reason, str):
                 self._error(
                     "the reason of `ignore` must be one string",
-                    self._at(tok.line, tok.column + quote_at, len(text) - quote_at),
+                    where,
                     help='write `ignore enable_pdl "a launch option"`',
                 )
                 return None
-            try:
-                reason.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                # As for every other string (Lower.string): no file could hold it.
-                self._error(
-                    f"the reason of `ignore` holds the lone surrogate {reason[exc.start]!r}, "
-                    "which no UTF-8 file can hold",
-                    self._at(tok.line, tok.column + quote_at, len(text) - quote_at),
-                    help="write the character itself, or its \\U00XXXXXX escape",
-                )
+            if not self._encodable(reason, "the reason of `ignore`", where):
                 return None
         names: list[str] = []
         spans: list[ir.Span] = []

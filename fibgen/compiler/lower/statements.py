@@ -211,17 +211,7 @@ class FamilyLowering(LowerBase):
         except PythonSyntaxError as exc:
             self._error(f"invalid string: {exc.msg}", self._tok_span(tok))
             return ""
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            self._error(
-                f"the string holds the lone surrogate {value[exc.start]!r}, which no UTF-8 "
-                "file can hold",
-                self._tok_span(tok),
-                help="write the character itself, or its \\U00XXXXXX escape",
-            )
-            return ""
-        return value
+        return value if self._encodable(value, "the string", self._tok_span(tok)) else ""
 
     def _char_span(self, tok: Token, index: int) -> ir.Span:
         """The span of the character at ``index`` of a token's text."""
