@@ -13,9 +13,11 @@ would run alike.
 
 Apply off runs FlashInfer's own norm and activation kernels; apply on routes them to the
 shipped Triton solutions (``enable_apply`` patches FlashInfer). Attention has no solution in
-that dataset: its calls go to FlashInfer, counted as misses. The table gives the step time
-(``time_eager``: back-to-back steps) eagerly and as a replayed CUDA graph, and the largest
-logit difference between apply off and on. The target: apply on is never slower, and its
+that dataset: its calls go to FlashInfer, counted as misses. Apply stays on, and the "off"
+step calls FlashInfer's own functions, taken before apply patched them: so both steps are
+timed in turn within each of 15 rounds (``eager_rounds``: back-to-back steps, a round's fixed
+start and end taken out), eagerly and as replayed CUDA graphs. The table gives medians over
+the rounds, ratios paired per round, and the largest logit difference between off and on. The target: apply on is never slower, and its
 logits are within bf16 tolerance of apply off's.
 """
 
@@ -25,21 +27,23 @@ import argparse
 import statistics
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fibgen.bench.eager import time_eager  # noqa: E402
+from fibgen.bench.eager import eager_rounds  # noqa: E402
 
 from _shipped import routes  # noqa: E402
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB = 4096, 32, 8, 128, 14336, 32000
 EPS, PAGE, CONTEXT = 1e-5, 16, 500
 WORKSPACE = 128 << 20
-ROUNDS = 3
+ROUNDS = 15  # rounds of eager_rounds: apply off and on timed in turn in each
 
 
 class Model:
@@ -107,62 +111,103 @@ class Model:
         )
         return wrapper
 
-    def step(self, x, wrapper):
-        """One decode step: hidden states [batch, hidden] to logits [batch, vocab]."""
-        import flashinfer
-
+    def step(self, x, wrapper, ops):
+        """One decode step: hidden states [batch, hidden] to logits [batch, vocab]; ``ops``:
+        the norm and activation functions to call (FlashInfer's own, or patched)."""
         batch = x.shape[0]
         residual = None
         h = x
         for layer, cache in zip(self.layers, self.caches):
             if residual is None:
                 residual = h
-                h = flashinfer.norm.rmsnorm(h, layer["in_norm"], EPS)
+                h = ops.rmsnorm(h, layer["in_norm"], EPS)
             else:
-                flashinfer.norm.fused_add_rmsnorm(h, residual, layer["in_norm"], EPS)
+                ops.fused_add_rmsnorm(h, residual, layer["in_norm"], EPS)
             qkv = h @ layer["qkv"].T
             q = qkv[:, : HEADS * HEAD_DIM].reshape(batch, HEADS, HEAD_DIM)
             attn = wrapper.run(q, cache)
             h = attn.reshape(batch, HEADS * HEAD_DIM) @ layer["o"].T
-            flashinfer.norm.fused_add_rmsnorm(h, residual, layer["post_norm"], EPS)
-            h = flashinfer.activation.silu_and_mul(h @ layer["gate_up"].T) @ layer["down"].T
-        flashinfer.norm.fused_add_rmsnorm(h, residual, self.final_norm, EPS)
+            ops.fused_add_rmsnorm(h, residual, layer["post_norm"], EPS)
+            h = ops.silu_and_mul(h @ layer["gate_up"].T) @ layer["down"].T
+        ops.fused_add_rmsnorm(h, residual, self.final_norm, EPS)
         return h @ self.lm_head.T
 
 
-def measure(model: Model, batch: int) -> tuple[float, float, torch.Tensor]:
-    """(eager µs, CUDA-graph µs, logits) of a step at ``batch``."""
-    gen = torch.Generator(device="cuda").manual_seed(batch)
-    x = torch.randn(batch, HIDDEN, device="cuda", generator=gen).bfloat16()
-    eager_wrapper = model.wrapper(batch, graph=False)
-    logits = model.step(x.clone(), eager_wrapper)
-    from fibgen.runtime import replay
+class Ops(NamedTuple):
+    """The functions a step calls for its norms and activation."""
 
-    replay.wait_native()  # routed launches timed as a settled process makes them
-    eager = time_eager(lambda: model.step(x.clone(), eager_wrapper), rounds=5)
+    rmsnorm: Callable
+    fused_add_rmsnorm: Callable
+    silu_and_mul: Callable
 
-    graph_wrapper = model.wrapper(batch, graph=True)
+    @classmethod
+    def now(cls) -> Ops:
+        """FlashInfer's functions as its modules hold them now (patched while apply is on)."""
+        import flashinfer
+
+        norm = flashinfer.norm
+        return cls(norm.rmsnorm, norm.fused_add_rmsnorm, flashinfer.activation.silu_and_mul)
+
+
+def graphed(model: Model, batch: int, x: torch.Tensor, ops: Ops):
+    """(replay, logits): a step at ``batch`` captured in a CUDA graph, and a replay of it."""
+    wrapper = model.wrapper(batch, graph=True)
     static = x.clone()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(2):
-            model.step(static.clone(), graph_wrapper)
+            model.step(static.clone(), wrapper, ops)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     work = static.clone()
     with torch.cuda.graph(graph):
-        graph_logits = model.step(work, graph_wrapper)
+        logits = model.step(work, wrapper, ops)
 
     def replay():
         work.copy_(static)
         graph.replay()
 
+    # The captured attention reads the wrapper's buffers: they live as long as the graph.
+    replay.wrapper = wrapper
     replay()
     torch.cuda.synchronize()
-    assert torch.equal(graph_logits, logits) or (graph_logits - logits).abs().max() < 0.5
-    graphed = time_eager(replay, rounds=5)
-    return eager, graphed, logits
+    return replay, logits
+
+
+def measure(model: Model, batch: int, off: Ops, on: Ops) -> dict:
+    """Per-round eager and CUDA-graph costs of a step at ``batch`` with apply off and on, and
+    the logits of each (apply is on: ``off`` holds FlashInfer's own functions)."""
+    gen = torch.Generator(device="cuda").manual_seed(batch)
+    x = torch.randn(batch, HIDDEN, device="cuda", generator=gen).bfloat16()
+    wrapper = model.wrapper(batch, graph=False)
+    logits = {"off": model.step(x.clone(), wrapper, off), "on": model.step(x.clone(), wrapper, on)}
+    from fibgen.runtime import replay
+
+    replay.wait_native()  # routed launches timed as a settled process makes them
+    eager = eager_rounds(
+        {
+            "off": lambda: model.step(x.clone(), wrapper, off),
+            "on": lambda: model.step(x.clone(), wrapper, on),
+        },
+        rounds=ROUNDS,
+    )
+    replays = {}
+    for key, ops in (("off", off), ("on", on)):
+        replays[key], graph_logits = graphed(model, batch, x, ops)
+        diff = (graph_logits.float() - logits[key].float()).abs().max().item()
+        assert diff < 0.5, f"apply {key}: the graph's logits differ from eager by {diff}"
+    # Replayed in turn too: the GPU's clock drifts as it warms up over a run.
+    graph = eager_rounds(replays, rounds=ROUNDS)
+    return {"eager": eager, "graph": graph, "logits": logits}
+
+
+def paired(costs: dict) -> tuple[float, float, float]:
+    """(off µs, on µs, on / off): medians over the rounds, the ratio paired per round."""
+    off = statistics.median(c.per_call for c in costs["off"])
+    on = statistics.median(c.per_call for c in costs["on"])
+    ratio = statistics.median(b.per_call / a.per_call for a, b in zip(costs["off"], costs["on"]))
+    return off, on, ratio
 
 
 def main() -> None:
@@ -182,29 +227,28 @@ def main() -> None:
         f"{'batch':>5} {'eager off µs':>12} {'eager on µs':>11} {'ratio':>6} "
         f"{'graph off µs':>12} {'graph on µs':>11} {'ratio':>6} {'max logit diff':>14}"
     )
-    for batch in batches:
-        # Interleaved rounds, medians: a slow spell of the host hits apply off and on alike.
-        offs, ons = [], []
-        for _ in range(ROUNDS):
-            offs.append(measure(model, batch))
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                rt.enable_apply(table)
-            try:
-                ons.append(measure(model, batch))
-                stats = rt.stats()
-            finally:
-                rt.disable_apply()
-            hits = stats["flashinfer.norm.fused_add_rmsnorm"]["hit"]
-            assert hits > 0, "fused_add_rmsnorm was not routed"
-        off_eager, off_graph = (statistics.median(o[i] for o in offs) for i in (0, 1))
-        on_eager, on_graph = (statistics.median(o[i] for o in ons) for i in (0, 1))
-        off_logits, on_logits = offs[0][2], ons[0][2]
-        diff = (on_logits.float() - off_logits.float()).abs().max().item()
-        print(
-            f"{batch:>5} {off_eager:12.1f} {on_eager:11.1f} {on_eager / off_eager:6.2f} "
-            f"{off_graph:12.1f} {on_graph:11.1f} {on_graph / off_graph:6.2f} {diff:14.4f}"
-        )
+    off = Ops.now()  # FlashInfer's own functions, taken before apply patches them
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rt.enable_apply(table)
+    try:
+        on = Ops.now()
+        for batch in batches:
+            figures = measure(model, batch, off, on)
+            off_eager, on_eager, eager_ratio = paired(figures["eager"])
+            off_graph, on_graph, graph_ratio = paired(figures["graph"])
+            logits = figures["logits"]
+            diff = (logits["on"].float() - logits["off"].float()).abs().max().item()
+            print(
+                f"{batch:>5} {off_eager:12.1f} {on_eager:11.1f} {eager_ratio:6.2f} "
+                f"{off_graph:12.1f} {on_graph:11.1f} {graph_ratio:6.2f} {diff:14.4f}"
+            )
+        stats = rt.stats()
+    finally:
+        rt.disable_apply()
+    for api in ("flashinfer.norm.fused_add_rmsnorm", "flashinfer.activation.silu_and_mul"):
+        assert stats[api]["hit"] > 0, f"{api} was not routed"
+    off_logits = logits["off"]
     print(f"logit scale: the logits' largest magnitude is {off_logits.abs().max().item():.2f}")
 
 

@@ -11,9 +11,13 @@ compared, so a slow spell of the GPU falls on all of them alike. The norm tables
 the kernel under do_bench's zeroing flush (Note [flushing L2] in ``fibgen/bench/timing.py``).
 The last table compares fibgen's timer with ``triton.testing.do_bench``, both flushing the
 same way. The "eager loop, end to end" tables time what an engine's eager loop pays per call
-(``fibgen.bench.eager.time_eager``: back-to-back calls, no flush, CPU launch included): the
-call routed by ``enable_apply`` through FlashInfer's patched API to the shipped solution,
-FlashInfer's own API, and torch. ``--tune`` first sweeps rows per program and warps for the norm kernels and prints
+(``fibgen.bench.eager.eager_rounds``: back-to-back calls, no flush, CPU launch included, a
+round's fixed start and end taken out, Note [eager rounds]): the call routed by
+``enable_apply`` through FlashInfer's patched API to the shipped solution, FlashInfer's own
+API, and torch, timed in turn within each of 15 rounds; µs are medians over the rounds,
+ratios medians of each round's ratio. Their "round start" columns are that fixed part: what
+a loop's first call from an idle device adds, and the sync after its last (noisy below a
+few thousand rows, where it is a small difference of two long timings). ``--tune`` first sweeps rows per program and warps for the norm kernels and prints
 the best variant per size next to the one the solution picks.
 
 Needs only torch and triton (no pydantic): solution and definition JSON are read as JSON.
@@ -42,6 +46,7 @@ from fibgen.bench.timing import cuda_samples, time_cuda  # noqa: E402
 
 ROWS = [1 << i for i in range(17)]  # 1 .. 65536
 ROUNDS = 3
+EAGER_ROUNDS = 15  # the eager tables: the host's speed swings more than the GPU's
 TIMER_ROWS = (1, 16, 64, 1024, 4096, 16384, 65536)
 EPS = 1e-5  # the epsilon of rmsnorm_h4096 and fused_add_rmsnorm_h4096
 
@@ -336,7 +341,7 @@ def eager_tables(rows_list: list[int]) -> None:
         import flashinfer
     except Exception as exc:  # noqa: BLE001
         sys.exit(f"error: the eager tables compare with FlashInfer, which does not import: {exc}")
-    from fibgen.bench.eager import time_eager
+    from fibgen.bench.eager import eager_rounds
 
     hidden, inter = 4096, 14336
     table = routes(hidden, inter)
@@ -365,15 +370,22 @@ def eager_tables(rows_list: list[int]) -> None:
         ("fused_add_rmsnorm", hidden, fused, torch_fused, "flashinfer.norm.fused_add_rmsnorm"),
         ("silu_and_mul", 2 * inter, silu, torch_silu, "flashinfer.activation.silu_and_mul"),
     )
+    # Each table routes its own definition only (the others would never match a call).
+    definitions = {
+        "rmsnorm": f"rmsnorm_h{hidden}",
+        "fused_add_rmsnorm": f"fused_add_rmsnorm_h{hidden}",
+        "silu_and_mul": f"silu_and_mul_h{inter}_bf16",
+    }
     from fibgen.runtime import replay
 
     for name, width, api, torch_fn, api_name in ops:
         print(f"\n## {name}, eager loop, end to end (µs per call, bf16, hidden {width})\n")
         print(
             "| rows | routed µs | FlashInfer µs | torch µs | routed / FlashInfer "
-            "| routed / torch | routed calls |"
+            "| routed / torch | round start µs, routed | round start µs, FlashInfer "
+            "| routed calls |"
         )
-        print("|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|")
         for rows in rows_list:
             x = torch.randn(rows, width, device="cuda", dtype=torch.bfloat16)
             r = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
@@ -383,26 +395,36 @@ def eager_tables(rows_list: list[int]) -> None:
             own_fn = _call_of(api_name)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                rt.enable_apply(table)
+                rt.enable_apply({definitions[name]: table[definitions[name]]})
             try:
                 for _ in range(5):
                     api(x, r, w)
                 replay.wait_native()  # timed as a settled process runs
-                samples: dict[str, list[float]] = {"routed": [], "own": [], "torch": []}
-                # Interleaved rounds: a slow spell of the host hits every candidate alike.
-                for _ in range(ROUNDS):
-                    samples["own"].append(time_eager(lambda: own_fn(x, r, w), rounds=3))
-                    samples["torch"].append(time_eager(lambda: torch_fn(x, r, w), rounds=3))
-                    samples["routed"].append(time_eager(lambda: api(x, r, w), rounds=3))
+                calls = {"own": own_fn, "torch": torch_fn, "routed": api}
+                fns = {k: (lambda fn=fn: fn(x, r, w)) for k, fn in calls.items()}
+                if rows == rows_list[0]:
+                    # A fresh process runs its first timings slower (measured: 1.5x for one
+                    # candidate at 1 row): one untimed pass over the candidates first.
+                    eager_rounds(fns, rounds=3)
+                # Each round times the three within milliseconds: ratios are paired per round.
+                costs = eager_rounds(fns, rounds=EAGER_ROUNDS)
                 hits = rt.stats()[api_name]["hit"]
             finally:
                 rt.disable_apply()
             if not hits:
                 sys.exit(f"error: {api_name} was not routed at {rows} rows: {rt.stats()}")
-            routed, own, base = (statistics.median(samples[k]) for k in ("routed", "own", "torch"))
+
+            def median(key, field="per_call"):
+                return statistics.median(getattr(c, field) for c in costs[key])
+
+            def ratio(key):
+                pairs = zip(costs["routed"], costs[key])
+                return statistics.median(a.per_call / b.per_call for a, b in pairs)
+
             print(
-                f"| {rows} | {routed:.1f} | {own:.1f} | {base:.1f} | {routed / own:.2f} "
-                f"| {routed / base:.2f} | {hits} |"
+                f"| {rows} | {median('routed'):.1f} | {median('own'):.1f} "
+                f"| {median('torch'):.1f} | {ratio('own'):.2f} | {ratio('torch'):.2f} "
+                f"| {median('routed', 'fixed'):.0f} | {median('own', 'fixed'):.0f} | {hits} |"
             )
             del x, r, w
 

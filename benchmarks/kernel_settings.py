@@ -1,10 +1,11 @@
-"""Kernel variants of fused_add_rmsnorm and silu_and_mul against FlashInfer's, GPU time.
+"""Kernel variants of silu_and_mul, rmsnorm and fused_add_rmsnorm against FlashInfer's.
 
     python benchmarks/kernel_settings.py [--rows 1024 4096 65536] [--all]
 
 From about 1,024 rows a routed call costs what its kernel costs (the launch is replayed, see
-``benchmarks/launch.py``). For fused_add_rmsnorm (hidden 4096, in place, as FlashInfer's) and
-silu_and_mul (hidden 14336), bf16, this times FlashInfer's kernel, the shipped solution's
+``benchmarks/launch.py``), and inside a CUDA graph it does at every size. For silu_and_mul
+(hidden 14336), rmsnorm and fused_add_rmsnorm (hidden 4096, in place, as FlashInfer's), bf16,
+this times FlashInfer's kernel, the shipped solution's
 default launch and variants of it: launch settings (rows per program, block, warps) and
 kernels that walk rows (one program per row, or a persistent grid of a few programs per SM).
 Each candidate is captured in a CUDA graph of 20 back-to-back calls and the graph replayed:
@@ -129,6 +130,16 @@ def norm_variants(norm_mod):
                 where = "one per row" if per_sm is None else f"{per_sm}/SM"
                 label = f"row walk {where}, {warps} warps{', evict_first' if hints else ''}"
                 variants[label] = lambda x, r, w, n=warps, p=per_sm, h=hints: walk(x, r, w, n, p, h)
+    return variants
+
+
+def rmsnorm_variants(norm_mod):
+    """{label: call(x, out, w)} of every rmsnorm variant tried."""
+    variants = {"default": lambda x, out, w: norm_mod.launch(x, None, w, out, EPS)}
+    for rows, warps in ((1, 4), (1, 8), (1, 16), (2, 4), (2, 8), (4, 8)):
+        variants[f"{rows} row/program, {warps} warps"] = (
+            lambda x, out, w, p=rows, n=warps: norm_mod.launch(x, None, w, out, EPS, p, n)
+        )
     return variants
 
 
@@ -260,6 +271,29 @@ def main() -> None:
             fn(x, r, w)
             torch.testing.assert_close(x, want_x, atol=3e-2, rtol=2e-2, msg=name)
             torch.testing.assert_close(r, want_r, atol=3e-2, rtol=2e-2, msg=name)
+
+    def make_rms(rows):
+        x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
+        return x, torch.empty_like(x), w
+
+    def own_rms(x, out, w):
+        flashinfer.norm.rmsnorm(x, w, EPS, out=out)
+
+    def check_rms(args, own, variants):
+        x, out, w = args
+        own(x, out, w)
+        want = out.clone()
+        for name, fn in variants.items():
+            out.fill_(float("nan"))
+            fn(x, out, w)
+            torch.testing.assert_close(out, want, atol=3e-2, rtol=2e-2, msg=name)
+
+    rms = rmsnorm_variants(rmsnorm_triton)
+    rms["FlashInfer, enable_pdl=False"] = lambda x, out, w: flashinfer.norm.rmsnorm(
+        x, w, EPS, out=out, enable_pdl=False
+    )
+    table(f"rmsnorm, hidden {hidden}, bf16 ({kind})", own_rms, rms, make_rms, check_rms)
 
     norm = norm_variants(rmsnorm_triton)
     norm["FlashInfer, enable_pdl=False"] = lambda x, r, w: flashinfer.norm.fused_add_rmsnorm(
