@@ -335,3 +335,25 @@ def test_generated_definitions_are_what_the_format_model_writes():
     assert len(paths) > 150
     for path in paths:
         assert dump_definition(load_definition(path)) == path.read_text(), path
+
+
+def test_check_fails_on_a_manifest_another_build_wrote_and_a_build_mends_it(project: Path):
+    # A change to the generator alone leaves every file as it was but not the manifest's
+    # digest: `build` would rewrite the manifest, so `--check` must call it stale.
+    cli("build", "defs", "-o", "gen", cwd=project)
+    manifest = project / "gen" / MANIFEST
+    text = manifest.read_text()
+    stale = "".join(
+        "# inputs: " + "0" * 64 + "\n" if line.startswith("# inputs: ") else line
+        for line in text.splitlines(True)
+    )
+    assert stale != text
+    manifest.write_text(stale)
+    code, out, err = cli("build", "defs", "-o", "gen", "--check", cwd=project)
+    assert code == 1, out + err
+    assert f"+++ b/{MANIFEST}" in out and "digest is another build's" in out
+    assert "is stale" in err
+    assert manifest.read_text() == stale  # --check writes nothing
+    assert cli("build", "defs", "-o", "gen", cwd=project)[0] == 0
+    assert manifest.read_text() == text
+    assert cli("build", "defs", "-o", "gen", "--check", cwd=project)[0] == 0

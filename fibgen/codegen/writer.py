@@ -223,13 +223,20 @@ def write_files(
     manifest = _manifest_text(new, inputs)
     current = _current(out / MANIFEST)
     if current != manifest:
-        if check:
-            # The inputs digest only makes no-op builds fast: a manifest that differs in it
-            # alone describes the same output, which is therefore not stale.
-            if not report.changed and _without_inputs(current) != _without_inputs(manifest):
+        if check and not report.changed:
+            # A manifest whose `# inputs:` digest alone differs describes the same files, but
+            # a build would rewrite it (the digest covers the sources, the options and the
+            # generator's own code): committed output is current only when it does not.
+            if _without_inputs(current) != _without_inputs(manifest):
+                why = "manifest out of date"
+            elif inputs is not None:
+                why = "its `# inputs:` digest is another build's: a source, an option or fibgen changed"
+            else:
+                why = None
+            if why is not None:
                 report.written.append(MANIFEST)
-                diffs.append(f"--- a/{MANIFEST}\n+++ b/{MANIFEST}\n(manifest out of date)\n")
-        else:
+                diffs.append(f"--- a/{MANIFEST}\n+++ b/{MANIFEST}\n({why})\n")
+        elif not check:
             atomic_write(out / MANIFEST, manifest)
     report.diff = "".join(d if d.endswith("\n") else d + "\n" for d in diffs)
     return report
