@@ -83,32 +83,6 @@ def wall(fn, calls: int) -> float:
     return (time.perf_counter() - start) * 1e6 / calls
 
 
-def graph_timer(fn, calls: int = 20):
-    """A sampler of GPU µs per call of ``fn``, ``calls`` calls captured once and replayed."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def take() -> float:
-        graph.replay()
-        start.record()
-        for _ in range(5):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1e3 / (5 * calls)
-
-    return take
-
-
 def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("error: benchmarks/eager_rounds.py needs a CUDA GPU")
@@ -118,6 +92,7 @@ def main() -> None:
         sys.exit(f"error: benchmarks/eager_rounds.py compares with FlashInfer: {exc}")
     import rmsnorm_triton
     from _shipped import routes
+    from kernel_settings import graph_timer  # 20 calls captured, the graph replayed
 
     import fibgen.runtime as rt
 
