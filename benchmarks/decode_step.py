@@ -13,12 +13,12 @@ would run alike.
 
 Apply off runs FlashInfer's own norm and activation kernels; apply on routes them to the
 shipped Triton solutions (``enable_apply`` patches FlashInfer). Attention has no solution in
-that dataset: its calls go to FlashInfer, counted as misses. Apply stays on, and the "off"
-step calls FlashInfer's own functions, taken before apply patched them: so both steps are
-timed in turn within each of 15 rounds (``eager_rounds``: back-to-back steps, a round's fixed
-start and end taken out), eagerly and as replayed CUDA graphs. The table gives medians over
-the rounds, ratios paired per round, and the largest logit difference between off and on. The target: apply on is never slower, and its
-logits are within bf16 tolerance of apply off's.
+that dataset: its calls go to FlashInfer, counted as misses. Apply stays on, and the "off" step
+calls FlashInfer's own functions, taken before apply patched them: so both steps are timed in
+turn within each of 15 rounds (``eager_rounds``: back-to-back steps, a round's fixed start and
+end taken out), eagerly and as replayed CUDA graphs. The table gives medians over the rounds,
+ratios paired per round, and the largest logit difference between off and on. The target: apply
+on is never slower, and its logits are within bf16 tolerance of apply off's.
 """
 
 from __future__ import annotations

@@ -152,7 +152,8 @@ def main() -> None:
         print("\none call from an idle device and its synchronize, 16384 rows (µs, median of 30)")
         for k, fn in candidates.items():
             print(
-                f"| {k} | {statistics.median(wall(lambda: fn(x, r, w), 1) for _ in range(30)):.1f} |"
+                f"| {k} | {statistics.median(wall(lambda: fn(x, r, w), 1) for _ in range(30)):.1f} "
+                "|"
             )
     finally:
         rt.disable_apply()

@@ -14,11 +14,12 @@ same way. The "eager loop, end to end" tables time what an engine's eager loop p
 (``fibgen.bench.eager.eager_rounds``: back-to-back calls, no flush, CPU launch included, a
 round's fixed start and end taken out, Note [eager rounds]): the call routed by
 ``enable_apply`` through FlashInfer's patched API to the shipped solution, FlashInfer's own
-API, and torch, timed in turn within each of 15 rounds; µs are medians over the rounds,
-ratios medians of each round's ratio. Their "round start" columns are that fixed part: what
-a loop's first call from an idle device adds, and the sync after its last (noisy below a
-few thousand rows, where it is a small difference of two long timings). ``--tune`` first sweeps rows per program and warps for the norm kernels and prints
-the best variant per size next to the one the solution picks.
+API, and torch, timed in turn within each of 15 rounds; µs are medians over the rounds, ratios
+medians of each round's ratio. Their "round start" columns are that fixed part: what a loop's
+first call from an idle device adds, and the sync after its last (noisy below a few thousand
+rows, where it is a small difference of two long timings). ``--tune`` first sweeps rows per
+program and warps for the norm kernels and prints the best variant per size next to the one the
+solution picks.
 
 Needs only torch and triton (no pydantic): solution and definition JSON are read as JSON.
 """

@@ -9,16 +9,16 @@ time, as it does in an engine's loop.
 
 Note [eager rounds]
 ~~~~~~~~~~~~~~~~~~~
-A timed round starts from a synchronized device and ends with a synchronize: its wall time is
-a fixed part (the first launch reaching an idle GPU, the last kernel's completion reaching
-the host) plus one per-call cost for each call. Dividing a round's time by its calls charges
-the fixed part to the calls, and it is not the same for every candidate: a call whose
-launch goes through more Python reaches the idle GPU later. On an H100 host that part was
-120 µs for FlashInfer's fused_add_rmsnorm and 190 to 270 µs for Triton-launched kernels,
-which made a 185 µs kernel of 5 ms rounds read 1% slower than an identical one
-(``benchmarks/README.md``, "eager rounds"). So each round is timed twice, with ``n`` and
-``2n`` calls: the difference is ``n`` calls' worth of loop, and the fixed part drops out.
-``eager_costs`` returns both parts; ``time_eager`` the per-call one.
+A timed round starts from a synchronized device and ends with a synchronize: its wall time is a
+fixed part (the first launch reaching an idle GPU, the last kernel's completion reaching the
+host) plus one per-call cost for each call. Dividing a round's time by its calls charges the
+fixed part to the calls, and it is not the same for every candidate: a call whose launch goes
+through more Python reaches the idle GPU later. On an H100 host that part was 89 µs for
+FlashInfer's fused_add_rmsnorm at 16,384 rows and 111 to 158 µs for the same work launched
+through Triton, which made a 180 µs kernel of 5 ms rounds read 1% slower than an equally fast
+one (``benchmarks/eager_rounds.py``; ``benchmarks/README.md``, "Eager rounds"). So each round
+is timed twice, with ``n`` and ``2n`` calls: the difference is ``n`` calls' worth of loop, and
+the fixed part drops out. ``eager_costs`` returns both parts; ``time_eager`` the per-call one.
 """
 
 from __future__ import annotations

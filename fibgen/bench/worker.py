@@ -149,7 +149,7 @@ class Worker:
         return ("ready", figures, _hardware(self.device), _libs())
 
     def _e2e(self, call: Any) -> float:
-        """End-to-end eager latency of ``call`` in ms (Note [eager rounds] in fibgen/bench/eager.py)."""
+        """End-to-end eager latency of ``call`` in ms (Note [eager rounds], bench/eager.py)."""
         from fibgen.bench.eager import time_eager
 
         return time_eager(call, device=self.device, rounds=5) / 1e3

@@ -230,7 +230,7 @@ def write_files(
             if _without_inputs(current) != _without_inputs(manifest):
                 why = "manifest out of date"
             elif inputs is not None:
-                why = "its `# inputs:` digest is another build's: a source, an option or fibgen changed"
+                why = "its `# inputs:` digest is another build's: sources, options or fibgen"
             else:
                 why = None
             if why is not None:
