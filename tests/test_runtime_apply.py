@@ -75,6 +75,7 @@ def test_hit_routes_to_the_solution_and_patches_aliases():
         "fallback_unwarmed_in_capture": 0,
         "fallback_declined": 0,
         "error": 0,
+        "nested": 0,
     }
 
 
@@ -219,6 +220,7 @@ def test_failing_solution_falls_back_and_warns_once():
         "fallback_unwarmed_in_capture": 0,
         "fallback_declined": 0,
         "error": 2,
+        "nested": 0,
     }
 
 

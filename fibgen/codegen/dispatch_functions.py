@@ -111,7 +111,9 @@ class _Family(FamilyKey):
         body += [
             f"_key = {key}",
             "_route = _routes.get(_key)",
-            "if _route is None:",
+            # Note [re-entry]: a call made while a routed call is in progress is decided
+            # on the slow path.
+            "if _route is None or SERVING.n:",
             "    _route = _api.resolve(_key)",
             "_kind, _fn, _tick, _v = _route",
             "if _kind == ORIGINAL:",
@@ -287,14 +289,17 @@ class _Family(FamilyKey):
                 call.append(f"    _o_{o.name} = {alloc}")
         buffers = "".join(f", {o.name}=_o_{o.name}" for o in self.f.outputs)
         call.append(f"    _fn({inputs}{buffers})")
-        body = ["while True:", "    try:"]
-        body += [f"        {line}" for line in call]
+        # Note [re-entry]: `_serving` bound and the counter up while the route's callable runs.
+        body = ["_serving = SERVING", "_serving.n += 1", "try:", "    while True:", "        try:"]
+        body += [f"            {line}" for line in call]
         body += [
-            "        break",
-            "    except Exception as _exc:",
-            f"        _kind, _fn, _ = _api.failed(_key, _fn, _exc, {forward})",
-            "        if _kind == ORIGINAL:",
-            f"            return _fn({forward})",
+            "            break",
+            "        except Exception as _exc:",
+            f"            _kind, _fn, _ = _api.failed(_key, _fn, _exc, {forward})",
+            "            if _kind == ORIGINAL:",
+            f"                return _fn({forward})",
+            "finally:",
+            "    _serving.n -= 1",
         ]
         # `result` rules: outputs as the API returns them (Note [rules]).
         for r in self.f.rules:

@@ -64,7 +64,7 @@ class ModuleView:
 # Modules
 # ---------------------------------------------------------------------------------------
 
-_RUNTIME_NAMES = ("ORIGINAL", "RETURNS", "register_api")
+_RUNTIME_NAMES = ("ORIGINAL", "RETURNS", "SERVING", "register_api")
 
 
 def _runtime_import(names: tuple[str, ...], signatures: Iterable[ir.ApiSignature | None]) -> str:

@@ -59,7 +59,14 @@ from fibgen.runtime import select, solutions
 
 # The names of the dispatch contract, which generated modules import from here, and what
 # other modules of the runtime and tools reach through this one; the objects themselves.
-from fibgen.runtime.apply_state import DPS, INPLACE, ORIGINAL, OUTCOMES, RETURNS  # noqa: F401
+from fibgen.runtime.apply_state import (  # noqa: F401
+    DPS,
+    INPLACE,
+    ORIGINAL,
+    OUTCOMES,
+    RETURNS,
+    SERVING,
+)
 from fibgen.runtime.apply_state import _state
 from fibgen.runtime.errors import ApplyConfigError
 from fibgen.runtime.handwritten import apply  # noqa: F401

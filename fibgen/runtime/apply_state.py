@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -39,7 +40,59 @@ OUTCOMES = (
     "fallback_unwarmed_in_capture",
     "fallback_declined",
     "error",
+    "nested",
 )
+
+# Note [re-entry]
+# A solution may call the API it serves: FlashInfer-Bench's dataset gives every definition a
+# baseline that calls the FlashInfer API itself, and with apply on that API is patched, so
+# the call would come back to the same dispatcher, route to the same solution, and recurse
+# until a RecursionError (about 500 levels). A call made from inside a routed call (by a
+# solution, or by the original API or reference a failed solution fell back to) is *nested*:
+# it goes to the original API (else to what a miss runs: the reference), once, counted as
+# `nested`, never as a hit, never traced. This holds for every patched API, not only the one
+# being served, in eager mode, under torch.compile (the op's implementation runs the
+# dispatcher eagerly) and in graph capture.
+#
+# The hot path pays for it with one counter: a dispatcher increments ``SERVING.n`` around the
+# call of its route's solution, with the local ``_serving`` bound, and a call that finds
+# the counter above zero takes the slow path (``Api.resolve``). There ``nested()`` decides by
+# the calling thread's own stack: a dispatcher frame (a code object in ``DISPATCH_CODES``)
+# that has ``_serving`` bound is a routed call in progress on this thread. The counter is only
+# a hint, so it needs no lock and no thread-local (which would cost a hit about 0.2 µs): a
+# call on another thread while one thread serves takes the slow path, finds no such frame,
+# and is routed as usual; a counter left high by an interrupt costs the slow path, never a
+# wrong route.
+
+
+class _Serving:
+    """How many routed calls are in progress (a hint; Note [re-entry])."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
+SERVING = _Serving()
+# The code objects of the functions that serve routed calls: generated dispatchers,
+# ``Api.call_definition``, the ``apply`` decorator's wrapper.
+DISPATCH_CODES: set[Any] = set()
+# How far up the stack a nested call is looked for.
+_NESTING_DEPTH = 256
+
+
+def nested() -> bool:
+    """Whether the calling thread is inside a routed call (Note [re-entry])."""
+    frame: Any = sys._getframe(1)
+    for _ in range(_NESTING_DEPTH):
+        if frame is None:
+            return False
+        if frame.f_code in DISPATCH_CODES and "_serving" in frame.f_locals:
+            return True
+        frame = frame.f_back
+    return False
+
 
 _UNSET: Any = object()
 # Ticked by routes taken while apply is off: nothing is counted then.

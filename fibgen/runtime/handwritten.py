@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fibgen.runtime import solutions
-from fibgen.runtime.apply_state import _state, _warn_once
+from fibgen.runtime.apply_state import DISPATCH_CODES, SERVING, _state, _warn_once
 from fibgen.runtime.fallbacks import _compile_reference
 from fibgen.runtime.registry import register_api
 
@@ -26,16 +26,21 @@ def _route_handwritten(
     def routed(*args: Any, **kwargs: Any) -> Any:
         key = resolver(*args, **kwargs) if resolver is not None else target
         route = routes.get(key)
-        if route is None:
+        if route is None or SERVING.n:
             route = api.resolve(key)
         _, fn, tick, _ = route
         tick()
+        _serving = SERVING  # bound: a routed call is in progress (Note [re-entry])
+        _serving.n += 1
         try:
             return fn(*args, **kwargs)
         except Exception as exc:
             _, fallback_fn, _ = api.failed(key, fn, exc, *args, **kwargs)
-        return fallback_fn(*args, **kwargs)
+            return fallback_fn(*args, **kwargs)
+        finally:
+            _serving.n -= 1
 
+    DISPATCH_CODES.add(routed.__code__)
     return routed
 
 

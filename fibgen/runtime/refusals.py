@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from fibgen.runtime.apply_state import _DISCARD, ORIGINAL, _state, _warn_once
+from fibgen.runtime.apply_state import _DISCARD, ORIGINAL, SERVING, _state, _warn_once, nested
 from fibgen.runtime.errors import Decline, FallbackError, SolutionError
 from fibgen.runtime.fallbacks import _no_fallback, _unservable
 
@@ -46,6 +46,11 @@ class Refusals:
 
         The next family of the API gets the call first (it counts it); strict mode raises.
         """
+        if SERVING.n and self.original() is not None and nested():
+            # A call from inside a routed call goes to the original API (Note [re-entry]).
+            kind, fn, tick, _ = self.nested_route(key)
+            tick()
+            return (kind, fn, _DISCARD)
         rule = self.rule_text(index)
         name = None if key is None else self.name_of(key)
         if self.then is not None:
@@ -218,6 +223,11 @@ class Refusals:
         (Note [plan state] in ``fibgen/runtime/patching.py``), is counted as a guard
         fallback under ``plan:unseen`` or ``plan:changed``.
         """
+        if SERVING.n and self.original() is not None and nested():
+            # A call from inside a routed call goes to the original API (Note [re-entry]).
+            kind, fn, tick, _ = self.nested_route(None)
+            tick()
+            return fn(*args, **kwargs)
         if self.then is not None:
             return self.then(*args, **kwargs)
         if _state.on:

@@ -13,16 +13,19 @@ from fibgen.runtime import patching, solutions
 from fibgen.runtime.apply_state import (
     _DISCARD,
     _UNSET,
+    DISPATCH_CODES,
     DPS,
     INPLACE,
     ORIGINAL,
     OUTCOMES,
     RETURNS,
+    SERVING,
     _state,
     _warn_once,
+    nested,
 )
 from fibgen.runtime.errors import SolutionError
-from fibgen.runtime.fallbacks import Fallbacks
+from fibgen.runtime.fallbacks import Fallbacks, _no_fallback
 from fibgen.runtime.refusals import Refusals
 
 # Note [a refusal handed down the chain]
@@ -118,6 +121,9 @@ class Api(Fallbacks, Refusals):
         inplace: bool = False,
     ) -> None:
         self.direct: Callable[..., Any] | None = None
+        code = getattr(function, "__code__", None)
+        if code is not None:
+            DISPATCH_CODES.add(code)  # its frames serve routed calls (Note [re-entry])
         # Plan-time arguments per wrapper instance (weak keys: a dropped wrapper is freed),
         # each valid while the wrapper's state is the one it was captured with.
         self.plans: patching.PlanStore | None = (
@@ -253,7 +259,14 @@ class Api(Fallbacks, Refusals):
         return tick
 
     def resolve(self, key: Any) -> tuple[int, Callable[..., Any], Callable[[], int], Any]:
-        """Decide the route of a key seen for the first time (the slow path)."""
+        """Decide the route of a key seen for the first time (the slow path), or of a call
+        made while a routed call is in progress (Note [re-entry])."""
+        if SERVING.n:
+            if nested():
+                return self.nested_route(key)
+            route = self.routes.get(key)
+            if route is not None:
+                return route
         with _state.lock:
             route = self.routes.get(key)
             if route is not None:
@@ -276,6 +289,22 @@ class Api(Fallbacks, Refusals):
                 route = _state.tracer(self, name, route)
             self.routes[key] = route
             return route
+
+    def nested_route(self, key: Any) -> tuple[int, Callable[..., Any], Callable[[], int], Any]:
+        """The route of a nested call: the original API, else the reference; counted as
+        ``nested``, never kept, never traced (Note [re-entry])."""
+        name = self.name_of(key) if key is not None else None
+        with _state.lock:
+            tick = self._tick("nested", name)
+        original = self.original()
+        if original is not None:
+            return (ORIGINAL, original, tick, None)
+        reference = self._reference(key, name) if key is not None else None
+        if reference is not None:
+            values = () if self.values is None else self.values.get(name, self.defaults)
+            return (RETURNS, reference, tick, values)
+        why = "it was called from inside a routed call, and there is no original API to call"
+        return (ORIGINAL, _no_fallback(self.label, name, why), tick, None)
 
     def _solution_route(
         self, key: Any, name: str, entry: solutions.Entry
@@ -347,7 +376,7 @@ class Api(Fallbacks, Refusals):
             if key is _UNSET:
                 raise LookupError(f"{self.label} routes no definition named {name!r}")
         route = self.routes.get(key)
-        if route is None:
+        if route is None or SERVING.n:
             route = self.resolve(key)
         kind, fn, tick, _ = route
         if kind == ORIGINAL:
@@ -360,6 +389,8 @@ class Api(Fallbacks, Refusals):
         if kind != RETURNS and outputs is None:  # DPS, or INPLACE called as plain DPS
             raise ValueError(f"{self.label}: the solution for {name!r} needs output buffers")
         tick()
+        _serving = SERVING  # bound: a routed call is in progress (Note [re-entry])
+        _serving.n += 1
         try:
             if kind == RETURNS:
                 return fn(**inputs)
@@ -368,6 +399,8 @@ class Api(Fallbacks, Refusals):
             self.failed(key, fn, exc)
             # As a fallback here: the reference, on the inputs this call holds.
             return self._reference_or_fail(key, name)(**inputs)
+        finally:
+            _serving.n -= 1
         values = tuple(outputs[o] for o in self.outputs)
         return values[0] if len(values) == 1 else values
 
@@ -417,3 +450,6 @@ class Api(Fallbacks, Refusals):
 def _read(counter: itertools.count) -> int:
     # repr is "count(N)": reading it does not advance the counter.
     return int(repr(counter)[6:-1])
+
+
+DISPATCH_CODES.add(Api.call_definition.__code__)
