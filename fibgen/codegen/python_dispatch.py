@@ -41,6 +41,7 @@ from fibgen.codegen.dispatch_plan import (
     _forward,
     _signature,
 )
+from fibgen.codegen.dispatch_call import call_recipe
 from fibgen.codegen.dispatch_rules import module_names
 from fibgen.codegen.files import GeneratedFile, with_python_header
 from fibgen.codegen.pyformat import format_python
@@ -190,6 +191,34 @@ def _family_module(
         ]
     if foreign:
         options.append("foreign=_FOREIGN")
+    # Note [api calls]: the API call of a definition's inputs, for bench and tools.
+    run_call, plan_call, call_problem = call_recipe(view)
+    if call_problem is None:
+        tables.append(f"_CALL = {literal(run_call)}")
+        options.append("call=_CALL")
+        if plan_call is not None:
+            tables.append(f"_PLAN_CALL = {literal(plan_call)}")
+            options.append("plan_call=_PLAN_CALL")
+        used = sorted(
+            {
+                arg
+                for entries in (run_call, plan_call or ())
+                for _, how, arg in entries
+                if how == "param"
+            }
+        )
+        if used:
+            rows = []
+            for d in view.defs:
+                given = dict(d.param_values)
+                declared = {p.name: p.default for p in family.params}
+                rows.append(
+                    (literal(d.name), inline_dict({u: given.get(u, declared.get(u)) for u in used}))
+                )
+            tables += _dict_lines("_CALL_PARAMS", rows)
+            options.append("call_params=_CALL_PARAMS")
+    else:
+        options.append(f"call_problem={literal(call_problem)}")
     if view.inplace_capable():
         options.append("inplace=True")
     if plan.const_checks:

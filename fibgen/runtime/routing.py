@@ -86,6 +86,10 @@ class Api(Fallbacks, Refusals):
         "_tallies",
         "_resolved",
         "inplace",
+        "call",
+        "plan_call",
+        "call_params",
+        "call_problem",
     )
 
     def __init__(
@@ -119,6 +123,10 @@ class Api(Fallbacks, Refusals):
         trace_inputs: Callable[..., tuple[Any, ...]] | None = None,
         trace_axes: Callable[..., dict[str, Any]] | None = None,
         inplace: bool = False,
+        call: tuple[tuple[str, str, Any], ...] | None = None,
+        plan_call: tuple[tuple[str, str, Any], ...] | None = None,
+        call_params: Mapping[str, Mapping[str, Any]] | None = None,
+        call_problem: str | None = None,
     ) -> None:
         self.direct: Callable[..., Any] | None = None
         code = getattr(function, "__code__", None)
@@ -160,6 +168,11 @@ class Api(Fallbacks, Refusals):
         self.trace_axes = trace_axes
         # Whether the dispatcher calls INPLACE routes (Note [in-place solutions]).
         self.inplace = inplace
+        # How to call the API given a definition's inputs (Note [api calls] in api_calls.py).
+        self.call = call
+        self.plan_call = plan_call
+        self.call_params = dict(call_params or {})
+        self.call_problem = call_problem
         self._original = _UNSET if original is None else original
         self._fixed_original = original is not None
         self._outside: Callable[..., Any] | None = None
