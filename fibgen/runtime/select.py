@@ -30,7 +30,8 @@ definition's best (``"best"``), the fastest trusted solution of the nearest trac
 sum of |log2| ratios of the axis values (``"nearest"``), the dispatcher's fallback, that is
 the original API (``"fallback"``, through ``Decline``), or the definition's reference
 (``"reference"``, slow: for checking); with no trusted solution, "best" and "nearest" fall
-back too.
+back too. A keyed entry takes either calling style from hand-written ``apply`` (Note [calling
+styles] in ``solutions``), and its dataset's definitions give that call its reference.
 
 The table is cached in ``$FIBGEN_CACHE_DIR/select/`` under a digest of its inputs (paths,
 sizes and mtimes of the trace, solution and definition files, the configuration and this

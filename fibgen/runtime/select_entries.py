@@ -157,4 +157,6 @@ def _keyed(root: Path, name: str, info: dict, policy: Policy) -> solutions.Entry
     namespace = {"choices": choices, "miss": miss}
     exec(compile(source, f"<keyed selection of {name}>", "exec"), namespace)
     label = f"keyed selection of {len(chosen)} solutions for {name!r} from {root}/traces"
-    return solutions.Entry(name, label, fn=namespace["run"])
+    # ``root`` and ``dps``: hand-written apply finds the definition in the dataset, to call
+    # the entry in either style and to run the dataset's reference as its fallback.
+    return solutions.Entry(name, label, fn=namespace["run"], root=root, dps=dps)
