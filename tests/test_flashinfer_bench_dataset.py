@@ -366,3 +366,70 @@ def test_non_finite_errors_absent_solutions_and_other_languages_are_read(tmp_pat
 def _unreached(*args):
     raise AssertionError("the solution was not routed to")
 
+
+# ---------------------------------------------------------------------------------------
+# Samplers benched by fibgen, selected by flashinfer-bench (Note [sampler traces])
+
+FIB_SELECTS = """
+import json, sys
+
+import torch
+import flashinfer_bench as fib
+
+root, name = sys.argv[1], sys.argv[2]
+best = fib.TraceSet.from_path(root).get_best_trace(name)
+fib.enable_apply(root)  # its default tolerances: max_atol 1e-2, max_rtol 1e-5
+probs = torch.softmax(torch.randn(4, 64), -1)
+top_k = torch.full((4,), 3, dtype=torch.int32)
+out = fib.apply(name, args=(probs, top_k), fallback=lambda *args: torch.full((4,), -1))
+allowed = probs.topk(3, -1).indices
+print(json.dumps({
+    "best": best and best.solution,
+    "routed": bool((out >= 0).all()),
+    "in_top_k": bool((allowed == out.unsqueeze(-1)).any(-1).all()),
+}))
+"""
+
+
+def _flashinfer_bench_selects(root: Path, cache: Path) -> dict:
+    import subprocess
+    import sys
+
+    from _bench_dataset import SAMPLER
+
+    # A process of its own: flashinfer-bench's apply patches torch.nn.functional.linear.
+    env = {**os.environ, "FIB_CACHE_PATH": str(cache)}
+    done = subprocess.run(
+        [sys.executable, "-c", FIB_SELECTS, str(root), SAMPLER],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_a_sampler_benched_by_fibgen_is_selected_by_flashinfer_bench(tmp_path, monkeypatch):
+    require_flashinfer_bench()
+    from fibgen.bench.runner import BenchOptions, run_bench
+
+    from _bench_dataset import make_sampling_dataset
+
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    root = make_sampling_dataset(tmp_path / "ds")
+
+    def bench(*solutions: str) -> None:
+        options = BenchOptions(devices=("cpu",), solutions=solutions, repeat=2, timeout=300)
+        summary = run_bench(root, options, progress=False)
+        assert summary.trace_files
+
+    # Wrong samplers, one drawing outside the valid set, one too far off its distribution:
+    # selected by neither get_best_trace nor apply, which falls back.
+    bench("argmax", "ignores_top_k")
+    selected = _flashinfer_bench_selects(root, tmp_path / "fib-cache")
+    assert selected == {"best": None, "routed": False, "in_top_k": False}
+    # A right one: selected by both, with flashinfer-bench's default tolerances.
+    bench("gumbel")
+    selected = _flashinfer_bench_selects(root, tmp_path / "fib-cache")
+    assert selected == {"best": "gumbel", "routed": True, "in_top_k": True}
