@@ -148,7 +148,8 @@ def test_a_call_no_solution_serves_runs_the_reference_without_a_fallback(
     x, w = torch.randn(2, 128, dtype=torch.bfloat16), torch.randn(128, dtype=torch.bfloat16)
     with pytest.warns(RuntimeWarning, match=r"apply\('rmsnorm_h128'\) without a fallback"):
         out = rt.apply("rmsnorm_h128", args=(x, w))
-    assert torch.allclose(out.float(), _rmsnorm(x, w).float(), atol=1e-2)
+    # bf16 outputs of two computations differ by a rounding step: 2**-8 relative.
+    assert torch.allclose(out.float(), _rmsnorm(x, w).float(), atol=1e-2, rtol=1e-2)
     y = torch.empty_like(x)
     assert rt.apply("rmsnorm_h128", args=(x, w, y)) is None
     assert torch.equal(y, out)
