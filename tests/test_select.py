@@ -754,6 +754,7 @@ def test_lines_that_are_not_traces_are_skipped_and_counted(tmp_path, monkeypatch
     for path, value in (
         (("workload", "axes"), {"n": "3"}),  # an axis value that is no whole number
         (("workload", "axes"), None),
+        (("workload",), {"uuid": "m3", "axes": {"m": 3}, "inputs": {}}),  # another axis
         (("solution",), 7),
     ):
         doc = json.loads(json.dumps(good))
@@ -785,7 +786,7 @@ def test_lines_that_are_not_traces_are_skipped_and_counted(tmp_path, monkeypatch
     try:
         (message,) = [str(w.message) for w in caught]
         assert (
-            f"6 line(s) under {root}/traces are not traces and were skipped (`fibgen validate "
+            f"7 line(s) under {root}/traces are not traces and were skipped (`fibgen validate "
             f"{root}` names them)"
         ) in message
         assert "1 solution(s) exceed the policy's atol/rtol (scale_h64/large_fast)" in message

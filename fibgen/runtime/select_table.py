@@ -60,8 +60,9 @@ def _inputs(root: Path) -> dict[str, list[tuple[str, int, int]]]:
 #   that is not a finite number of 0 or more is 0. flashinfer-bench's Performance writes a
 #   non-finite latency as null, and a solution whose timing is unknown is never the fastest.
 # - A line that is not a trace (not JSON; a definition, workload uuid or solution that is not
-#   a string; axis values that are not whole numbers) is skipped and counted, and the warning
-#   at enable says how many (`fibgen validate` names them); so is a file that cannot be
+#   a string; axis values that are not whole numbers; other axes than most traces of its
+#   definition have, so no key to judge it at) is skipped and counted, and the warning at
+#   enable says how many (`fibgen validate` names them); so is a file that cannot be
 #   read, as one line. A workload trace (no solution, no evaluation: what tracing writes) is
 #   not an evaluation and is not counted at all.
 
@@ -367,15 +368,23 @@ def _read_traces(
 
 def _judge(
     latest: dict[tuple[str, str, str, str], tuple[dict, dict]], config: dict[str, Policy]
-) -> tuple[dict[str, dict[str, dict[str, _Record]]], dict[str, list[str]]]:
-    """definition → hardware group → solution → its record; and each definition's key order
-    (the var axes of its first trace)."""
+) -> tuple[dict[str, dict[str, dict[str, _Record]]], dict[str, list[str]], int]:
+    """definition → hardware group → solution → its record; each definition's key order (the
+    axes most of its traces have); and the number of traces with other axes."""
+    # axis names → [traces that have them, their order in the first such trace]
+    seen: dict[str, dict[frozenset[str], list]] = {}
+    for (name, *_), (_, axes) in latest.items():
+        seen.setdefault(name, {}).setdefault(frozenset(axes), [0, list(axes)])[0] += 1
+    axes_of = {name: max(sets.values(), key=lambda c: c[0])[1] for name, sets in seen.items()}
     stats: dict[str, dict[str, dict[str, _Record]]] = {}
-    axes_of: dict[str, list[str]] = {}
+    unkeyed = 0
     for (name, _, solution, group), (evaluation, axes) in latest.items():
+        order = axes_of[name]
+        if len(axes) != len(order) or any(a not in axes for a in order):
+            unkeyed += 1  # no key to judge it at (Note [reading traces])
+            continue
+        key = tuple(axes[a] for a in order)
         record = stats.setdefault(name, {}).setdefault(group, {}).setdefault(solution, _Record())
-        order = axes_of.setdefault(name, list(axes))
-        key = tuple(axes.get(a) for a in order)
         policy = _policy(config, name)
         if evaluation.get("status") != "PASSED":
             record.failed.add(key)
@@ -386,7 +395,7 @@ def _judge(
             perf = evaluation.get("performance")
             figures = _figures(perf if isinstance(perf, dict) else {}, policy.metric)
             record.passed.setdefault(key, []).append(figures)
-    return stats, axes_of
+    return stats, axes_of, unkeyed
 
 
 def _rank(candidates: dict[str, _Record]) -> tuple[list[str], dict[tuple, str], dict[tuple, str]]:
@@ -458,7 +467,7 @@ def _keyed(
 
 def _build(root: Path, inputs: dict, config: dict[str, Policy], where: hardware.Here) -> dict:
     latest, labels, evaluated, skipped = _read_traces(inputs, where)
-    stats, axes_of = _judge(latest, config)
+    stats, axes_of, unkeyed = _judge(latest, config)
     paths, specs, unreadable = _solution_index(root, inputs)
     definitions: dict[str, Any] = {}
     table: dict[str, Any] = {}
@@ -523,7 +532,7 @@ def _build(root: Path, inputs: dict, config: dict[str, Policy], where: hardware.
             _unknown_definitions(inputs, paths, definitions),
             unreadable,
             evaluated,
-            skipped,
+            skipped + unkeyed,
             len(inputs["solutions"]),
         ),
     }
