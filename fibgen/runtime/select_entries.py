@@ -65,7 +65,7 @@ def _keyed(root: Path, name: str, info: dict, policy: Policy) -> solutions.Entry
     # The definition's best, and the choices of a miss: trusted solutions only (Note
     # [selection beside flashinfer-bench] in select_table.py); None where none is trusted.
     best = info["ranking"][0] if info["ranking"] else None
-    trusted = [(values, solution) for values, solution in keyed["trusted"]]
+    trusted = keyed["trusted"]  # [values, solution] per traced key
     # The keyed entry is destination-passing when any of its choices is: value-returning
     # choices then copy into the buffers, so no choice needs outputs allocated for it.
     chosen = {s for _, s in keyed["keys"]} | {s for _, s in trusted} | ({best} - {None})
