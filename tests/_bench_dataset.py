@@ -1,7 +1,9 @@
-"""A small dataset for the benchmark tests: one definition, python solutions good and bad."""
+"""Small datasets for the benchmark tests: one definition with python solutions good and bad,
+and a sampler with samplers right and wrong."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from fibgen.format import (
@@ -12,6 +14,8 @@ from fibgen.format import (
     write_solution,
     write_workloads,
 )
+
+CATALOGUE = Path(__file__).resolve().parents[1] / "generated" / "definitions"
 
 REFERENCE = """
 import torch
@@ -93,4 +97,65 @@ def make_dataset(root: Path, names: list[str], sizes: tuple[int, ...] = (3, 17))
     write_workloads(root, definition.op_type, definition.name, workloads)
     for name in names:
         write_solution(root, solution(name), definition.op_type)
+    return root
+
+
+SAMPLER = "top_k_sampling_from_probs_v64"
+
+SAMPLERS = {
+    # Correct, but draws differently from the reference (Gumbel-max, its own generator).
+    "gumbel": (
+        "import torch\n\n"
+        "def run(probs, top_k, samples):\n"
+        "    k = top_k.to(torch.int64).unsqueeze(-1)\n"
+        "    vals, idx = probs.sort(dim=-1, descending=True)\n"
+        "    keep = torch.arange(probs.shape[-1]) < k\n"
+        "    logp = torch.where(keep, vals.log(), float('-inf'))\n"
+        "    g = -torch.empty_like(logp).exponential_().log()\n"
+        "    samples.copy_(idx.gather(-1, (logp + g).argmax(-1, keepdim=True)).squeeze(-1))\n"
+    ),
+    "argmax": ("def run(probs, top_k, samples):\n    samples.copy_(probs.argmax(-1))\n"),
+    "ignores_top_k": (
+        "import torch\n\n"
+        "def run(probs, top_k, samples):\n"
+        "    samples.copy_(torch.multinomial(probs, 1).squeeze(-1))\n"
+    ),
+}
+
+
+def make_sampling_dataset(root: Path, names: tuple[str, ...] = tuple(SAMPLERS)) -> Path:
+    """A top-k sampler of 64 tokens, one workload of 4 rows, and the named samplers."""
+    source = json.loads(
+        (CATALOGUE / "sampling" / "top_k_sampling_from_probs_v128256.json").read_text()
+    )
+    source["name"] = SAMPLER
+    source["axes"]["vocab_size"]["value"] = 64
+    definition = Definition.model_validate(source)
+    write_definition(root, definition, {"hints": {"probs": "prob()", "top_k": "range(2, 9)"}})
+    workloads = [
+        Workload.model_validate(
+            {"uuid": f"b{n}", "axes": {"batch_size": n}, "inputs": {"probs": {"type": "random"},
+                                                                     "top_k": {"type": "random"}}}
+        )
+        for n in (4,)
+    ]  # fmt: skip
+    write_workloads(root, "sampling", SAMPLER, workloads)
+    for name in names:
+        write_solution(
+            root,
+            Solution.model_validate(
+                {
+                    "name": name,
+                    "definition": SAMPLER,
+                    "author": "tester",
+                    "spec": {
+                        "language": "python",
+                        "target_hardware": ["cpu"],
+                        "entry_point": "main.py::run",
+                    },
+                    "sources": [{"path": "main.py", "content": SAMPLERS[name]}],
+                }
+            ),
+            "sampling",
+        )
     return root

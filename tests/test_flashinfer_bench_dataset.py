@@ -263,3 +263,173 @@ def test_a_flashinfer_bench_dataset_through_validate_bench_report_and_apply(
     assert sorted(s.name for v in trace_set.solutions.values() for s in v) == sorted(
         ["gather_py", "gather_cpp", "gather_cu"]
     )
+
+
+# ---------------------------------------------------------------------------------------
+# What flashinfer-bench writes and fibgen cannot use: read with one warning, no traceback.
+
+
+def _evaluation(fib, status: str, hw: str, errors: float, latency: float = 1.0):
+    correctness = fib.Correctness(max_relative_error=errors, max_absolute_error=errors)
+    performance = None
+    if status == "PASSED":
+        performance = fib.Performance(
+            latency_ms=latency, reference_latency_ms=2.0, speedup_factor=2.0 / latency
+        )
+    return fib.Evaluation(
+        status=status,
+        environment=fib.Environment(hardware=hw),
+        timestamp="2026-01-01T00:00:00",
+        correctness=correctness,
+        performance=performance,
+    )
+
+
+def test_non_finite_errors_absent_solutions_and_other_languages_are_read(tmp_path, monkeypatch):
+    fib = require_flashinfer_bench()
+    from flashinfer_bench.data import save_json_file
+
+    from fibgen.runtime import hardware
+
+    from _bench_dataset import DEFINITION
+
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(hardware, "_gpu_name", lambda: None)
+    root = tmp_path / "dataset"
+    name = DEFINITION["name"]
+    save_json_file(
+        fib.Definition.model_validate(DEFINITION), root / "definitions" / "scale" / f"{name}.json"
+    )
+    sources = {
+        "right": ("python", "def run(x, w):\n    return x * w\n"),
+        "overflows": ("python", "def run(x, w):\n    return x * w * float('inf')\n"),
+        "fast_tl": ("tilelang", "def run(x, w):\n    return x * w\n"),
+    }
+    for solution, (language, source) in sources.items():
+        model = fib.Solution.model_validate(
+            {
+                "name": solution,
+                "definition": name,
+                "author": "curator",
+                "spec": {
+                    "language": language,
+                    "target_hardware": ["cpu"],
+                    "entry_point": "main.py::run",
+                    "destination_passing_style": False,
+                },
+                "sources": [{"path": "main.py", "content": source}],
+            }
+        )
+        save_json_file(model, root / "solutions" / "curator" / "scale" / f"{solution}.json")
+    trace_set = fib.TraceSet.from_path(str(root))
+    cpu = hardware.device_name(torch.device("cpu"))
+    workload = fib.Workload.model_validate(
+        {"uuid": "n3", "axes": {"n": 3}, "inputs": {"x": {"type": "random"},
+                                                    "w": {"type": "random"}}}
+    )  # fmt: skip
+    inf, nan = float("inf"), float("nan")
+    results = [
+        ("right", _evaluation(fib, "PASSED", cpu, 1e-6, latency=1.0)),
+        # flashinfer-bench's evaluator on an output holding inf; and a PASSED trace whose
+        # errors are infinite, which no tolerance admits.
+        ("overflows", _evaluation(fib, "INCORRECT_NUMERICAL", cpu, inf)),
+        ("overflows", _evaluation(fib, "PASSED", cpu, inf, latency=0.1)),
+        ("gone", _evaluation(fib, "INCORRECT_NUMERICAL", cpu, nan)),  # no such solution
+        ("fast_tl", _evaluation(fib, "PASSED", cpu, 0.0, latency=0.01)),
+    ]
+    trace_set.add_traces(
+        [fib.Trace(definition=name, workload=workload, solution=s, evaluation=e)
+         for s, e in results]
+    )  # fmt: skip
+    text = (root / "traces" / "scale" / f"{name}.jsonl").read_text()
+    assert '"Infinity"' in text and '"NaN"' in text  # as flashinfer-bench writes them
+
+    with pytest.warns(RuntimeWarning) as caught:
+        rt.enable_apply(root, {"*": {"atol": 1e-2}})
+    try:
+        (message,) = [str(w.message) for w in caught]
+        assert message.startswith(f"fibgen: {root}: 1 definition(s) routed; not usable: ")
+        assert f"1 solution(s) exceed the policy's atol/rtol ({name}/overflows)" in message
+        assert f"traces name 1 solution(s) not under {root}/solutions ({name}/gone)" in message
+        assert (
+            f"1 solution(s) cannot run on this CPU ({name}/fast_tl: fibgen cannot build or "
+            "import tilelang solutions)"
+        ) in message
+        x, w = torch.randn(3, 64), torch.randn(64)
+        assert torch.equal(rt.apply(name, args=(x, w), fallback=_unreached), x * w)
+        (counts,) = rt.stats().values()
+        assert counts["hit"] == 1
+    finally:
+        rt.disable_apply()
+
+
+def _unreached(*args):
+    raise AssertionError("the solution was not routed to")
+
+
+# ---------------------------------------------------------------------------------------
+# Samplers benched by fibgen, selected by flashinfer-bench (Note [sampler traces])
+
+FIB_SELECTS = """
+import json, sys
+
+import torch
+import flashinfer_bench as fib
+
+root, name = sys.argv[1], sys.argv[2]
+best = fib.TraceSet.from_path(root).get_best_trace(name)
+fib.enable_apply(root)  # its default tolerances: max_atol 1e-2, max_rtol 1e-5
+probs = torch.softmax(torch.randn(4, 64), -1)
+top_k = torch.full((4,), 3, dtype=torch.int32)
+out = fib.apply(name, args=(probs, top_k), fallback=lambda *args: torch.full((4,), -1))
+allowed = probs.topk(3, -1).indices
+print(json.dumps({
+    "best": best and best.solution,
+    "routed": bool((out >= 0).all()),
+    "in_top_k": bool((allowed == out.unsqueeze(-1)).any(-1).all()),
+}))
+"""
+
+
+def _flashinfer_bench_selects(root: Path, cache: Path) -> dict:
+    import subprocess
+    import sys
+
+    from _bench_dataset import SAMPLER
+
+    # A process of its own: flashinfer-bench's apply patches torch.nn.functional.linear.
+    env = {**os.environ, "FIB_CACHE_PATH": str(cache)}
+    done = subprocess.run(
+        [sys.executable, "-c", FIB_SELECTS, str(root), SAMPLER],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_a_sampler_benched_by_fibgen_is_selected_by_flashinfer_bench(tmp_path, monkeypatch):
+    require_flashinfer_bench()
+    from fibgen.bench.runner import BenchOptions, run_bench
+
+    from _bench_dataset import make_sampling_dataset
+
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    root = make_sampling_dataset(tmp_path / "ds")
+
+    def bench(*solutions: str) -> None:
+        options = BenchOptions(devices=("cpu",), solutions=solutions, repeat=2, timeout=300)
+        summary = run_bench(root, options, progress=False)
+        assert summary.trace_files
+
+    # Wrong samplers, one drawing outside the valid set, one too far off its distribution:
+    # selected by neither get_best_trace nor apply, which falls back.
+    bench("argmax", "ignores_top_k")
+    selected = _flashinfer_bench_selects(root, tmp_path / "fib-cache")
+    assert selected == {"best": None, "routed": False, "in_top_k": False}
+    # A right one: selected by both, with flashinfer-bench's default tolerances.
+    bench("gumbel")
+    selected = _flashinfer_bench_selects(root, tmp_path / "fib-cache")
+    assert selected == {"best": "gumbel", "routed": True, "in_top_k": True}

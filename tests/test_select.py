@@ -16,6 +16,7 @@ from fibgen.runtime import select
 from fibgen.runtime.select import Policy, build_table, entries, load_table
 
 from _bench_dataset import DEFINITION, make_dataset
+from _shared import require_flashinfer_bench
 
 # Each solution fills its output with its own constant, so a test sees which one ran.
 FILLS = {"small_fast": 1.0, "large_fast": 2.0, "broken_fast": 3.0, "steady": 4.0}
@@ -84,7 +85,8 @@ def dataset(tmp_path, monkeypatch):
             _trace("large_fast", 17, 4.0),
             _trace("steady", 3, 1.5),
             _trace("steady", 17, 4.5),
-            # Fastest of all where it passes, but wrong on one workload: never chosen.
+            # Fastest of all where it passes, but wrong on another workload: chosen where it
+            # passed, and nowhere else.
             _trace("broken_fast", 3, 0.1),
             _trace("broken_fast", 17, 0.1, status="INCORRECT_NUMERICAL"),
         ],
@@ -96,8 +98,10 @@ def dataset(tmp_path, monkeypatch):
 def test_table_ranks_passing_solutions_and_picks_per_key(dataset):
     table = build_table(dataset)["definitions"][DEFINITION["name"]]
     # Geometric mean speedup: steady (10/1.5, 10/4.5) beats small_fast and large_fast.
+    # broken_fast failed at n=17: it is not trusted, so not ranked, but it serves n=3.
     assert table["ranking"] == ["steady", "large_fast", "small_fast"]
-    assert table["keyed"]["keys"] == [[[3], "small_fast"], [[17], "large_fast"]]
+    assert table["keyed"]["keys"] == [[[3], "broken_fast"], [[17], "large_fast"]]
+    assert table["keyed"]["trusted"] == [[[3], "small_fast"], [[17], "large_fast"]]
 
 
 def _e2e_traces(root, with_e2e=True):
@@ -113,6 +117,8 @@ def _e2e_traces(root, with_e2e=True):
             _trace("large_fast", 17, 1.2, e2e=e2e(1.5)),
             _trace("steady", 3, 0.9, e2e=e2e(1.2)),
             _trace("steady", 17, 1.9, e2e=e2e(2.0)),
+            # Where it passed, the fastest kernel and the slowest call.
+            _trace("broken_fast", 3, 0.05, e2e=e2e(5.0)),
         ],
     )
 
@@ -170,8 +176,9 @@ def _call(n: int) -> float:
 @pytest.mark.parametrize(
     "policy, expected",
     [
-        ("best", {3: 1.0, 17: 2.0, 4: 4.0, 100: 4.0}),
-        ("nearest", {3: 1.0, 17: 2.0, 4: 1.0, 100: 2.0}),
+        # n=4's nearest traced key is 3, whose trusted winner serves it, not broken_fast.
+        ("best", {3: 3.0, 17: 2.0, 4: 4.0, 100: 4.0}),
+        ("nearest", {3: 3.0, 17: 2.0, 4: 1.0, 100: 2.0}),
     ],
 )
 def test_enable_apply_routes_by_var_axis_key(dataset, policy, expected):
@@ -200,7 +207,7 @@ def test_fallback_on_miss_hands_untraced_keys_to_the_original(dataset):
         return x * w
 
     w = torch.full((64,), 2.0)
-    for n, fill in ((3, 1.0), (17, 2.0)):
+    for n, fill in ((3, 3.0), (17, 2.0)):
         assert torch.equal(scale(x=torch.randn(n, 64), w=w), torch.full((n, 64), fill))
     for n in (5, 5, 100):
         x = torch.randn(n, 64)
@@ -212,7 +219,7 @@ def test_fallback_on_miss_hands_untraced_keys_to_the_original(dataset):
 
 def test_enabling_builds_nothing_until_called(dataset, tmp_path):
     # Damage a solution that is chosen: enabling still succeeds, the first call reports it.
-    path = next((dataset / "solutions").rglob("small_fast.json"))
+    path = next((dataset / "solutions").rglob("broken_fast.json"))
     doc = json.loads(path.read_text())
     doc["sources"][0]["content"] = "import no_such_module\n\ndef run(x, w):\n    return x\n"
     path.write_text(json.dumps(doc))
@@ -335,7 +342,8 @@ def test_a_dataset_with_nothing_usable_says_why(tmp_path, monkeypatch):
             enable_apply(root)
         assert str(caught[0].message) == (
             f"fibgen: {root}: nothing is routed: 2 solution file(s), 2 evaluated trace(s): "
-            "1 solution(s) failed on some workload (scale_h64/steady); 1 solution(s) have no "
+            "1 solution(s) failed at every var-axis key they were benchmarked at (scale_h64/steady); "
+            "1 solution(s) have no "
             f"benchmark traces (scale_h64/small_fast; run `fibgen bench {root}`); traces name "
             f"1 solution(s) not under {root}/solutions (scale_h64/gone)"
         )
@@ -532,3 +540,282 @@ def test_a_hardware_string_names_this_machine_by_its_leading_words():
     assert CPU_HERE.is_here("x86_64") and CPU_HERE.is_here("AMD EPYC")
     assert not CPU_HERE.is_here("Intel(R) Xeon(R)") and CPU_HERE.tier("Intel(R) Xeon(R)") == 1
     assert CPU_HERE.tier("NVIDIA H100") == 2 and H100.tier("NVIDIA A100") == 1
+
+
+# ---------------------------------------------------------------------------------------
+# Per-trace judgement (Note [selection beside flashinfer-bench] in select_table.py)
+
+
+def _workload_trace(solution: str, uuid: str, n: int, latency: float, status: str = "PASSED"):
+    doc = _trace(solution, n, latency, status=status).model_dump(mode="json")
+    doc["workload"]["uuid"] = uuid
+    return Trace.model_validate(doc)
+
+
+def partial_dataset(root, with_trusted: bool = True):
+    """``partial`` is the fastest wherever it passed, and failed at n=64 and on one of the two
+    workloads of n=5; ``trusted`` passed everywhere, slower."""
+    from fibgen.format import write_solution
+
+    make_dataset(root, [])
+    names = ["small_fast"] + (["steady"] if with_trusted else [])
+    for name in names:
+        write_solution(root, _solution(name), "scale")
+    traces = [
+        _workload_trace("small_fast", "n3", 3, 0.5),
+        _workload_trace("small_fast", "n17", 17, 0.5),
+        _workload_trace("small_fast", "n64", 64, 0.5, status="INCORRECT_NUMERICAL"),
+        _workload_trace("small_fast", "n5a", 5, 0.5),
+        _workload_trace("small_fast", "n5b", 5, 0.5, status="RUNTIME_ERROR"),
+    ]
+    if with_trusted:
+        traces += [
+            _workload_trace("steady", uuid, n, 2.0)
+            for uuid, n in (("n3", 3), ("n17", 17), ("n64", 64), ("n5a", 5), ("n5b", 5))
+        ]
+    append_traces(root, "scale", traces)
+    return root
+
+
+def test_a_failing_trace_takes_its_solution_off_its_own_key_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    root = partial_dataset(tmp_path / "ds")
+    info = build_table(root)["definitions"][DEFINITION["name"]]
+    # small_fast serves n=3 and n=17, where it passed; not n=64, where it failed, nor n=5,
+    # where one of the key's two workloads failed (flashinfer-bench would pick it there).
+    assert info["keyed"]["keys"] == [
+        [[3], "small_fast"],
+        [[5], "steady"],
+        [[17], "small_fast"],
+        [[64], "steady"],
+    ]
+    # Not trusted off its keys: the definition's best, and every key's choice on a miss.
+    assert info["ranking"] == ["steady"]
+    assert {s for _, s in info["keyed"]["trusted"]} == {"steady"}
+
+
+def test_per_key_choices_are_flashinfer_benchs_but_where_a_key_also_failed(tmp_path, monkeypatch):
+    fib = require_flashinfer_bench()
+    from flashinfer_bench.apply.config import ApplyConfig, ApplyConfigRegistry
+    from flashinfer_bench.apply.table import ApplyTable
+
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FIB_CACHE_PATH", str(tmp_path / "fib-cache"))
+    root = partial_dataset(tmp_path / "ds")
+    # Tolerances that admit every PASSED trace, as fibgen's default does; nothing built.
+    registry = ApplyConfigRegistry(default=ApplyConfig(max_atol=1.0, max_rtol=1.0, aot_ratio=0))
+    theirs = ApplyTable.load_or_build(fib.TraceSet.from_path(str(root)), registry)
+    name = DEFINITION["name"]
+    their_keys = {dict(k.axes)["n"]: s for k, s in theirs.index[name].items()}
+    info = build_table(root)["definitions"][name]
+    ours = {values[0]: s for values, s in info["keyed"]["keys"]}
+    # n=5: one of small_fast's two workloads failed there; flashinfer-bench picks it anyway.
+    assert their_keys == {**ours, 5: "small_fast"} and ours[5] == "steady"
+    # Their best wins the most keys, though it failed on some; ours is trusted.
+    assert theirs.def_best[name] == "small_fast" and info["ranking"] == ["steady"]
+
+
+@pytest.mark.parametrize("on_miss", ["best", "nearest"])
+def test_a_partial_solution_never_serves_a_key_it_was_not_seen_to_pass(
+    tmp_path, monkeypatch, on_miss
+):
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    root = partial_dataset(tmp_path / "ds")
+    with pytest.warns(RuntimeWarning) as caught:
+        enable_apply(root, {"*": {"on_miss": on_miss}})
+    try:
+        (message,) = [str(w.message) for w in caught]
+        assert message == (
+            f"fibgen: {root}: 1 definition(s) routed; 1 solution(s) failed at some var-axis "
+            "keys and serve only the keys where they passed (scale_h64/small_fast)"
+        )
+        # n=4 is nearest to n=3, which small_fast serves: a trusted solution takes it.
+        got = {n: _call(n) for n in (3, 17, 64, 5, 4, 100)}
+        assert got == {3: 1.0, 17: 1.0, 64: 4.0, 5: 4.0, 4: 4.0, 100: 4.0}
+    finally:
+        disable_apply()
+
+
+@pytest.mark.parametrize("on_miss", ["best", "nearest", "fallback"])
+def test_with_no_trusted_solution_a_miss_falls_back(tmp_path, monkeypatch, on_miss):
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    root = partial_dataset(tmp_path / "ds", with_trusted=False)
+    info = build_table(root)["definitions"][DEFINITION["name"]]
+    assert info["ranking"] == [] and info["keyed"]["trusted"] == []
+    originals = []
+
+    @apply(DEFINITION["name"])
+    def scale(x, w):
+        originals.append(x.shape[0])
+        return x * w
+
+    with pytest.warns(RuntimeWarning, match="serve only the keys where they passed"):
+        enable_apply(root, {"*": {"on_miss": on_miss}})
+    try:
+        w = torch.full((64,), 2.0)
+        for n in (3, 17, 64, 5, 8):
+            out = scale(torch.ones(n, 64), w)
+            assert float(out[0, 0]) == (1.0 if n in (3, 17) else 2.0), n
+        assert originals == [64, 5, 8]
+        (counts,) = [c for label, c in stats().items() if label.endswith("scale")]
+        assert (counts["hit"], counts["fallback_declined"]) == (2, 3)
+    finally:
+        disable_apply()
+
+
+def test_a_partial_solution_on_a_definition_that_cannot_be_keyed_is_said(tmp_path, monkeypatch):
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    root = partial_dataset(tmp_path / "ds", with_trusted=False)
+    # A definition none of whose inputs carries its var axis: calls cannot be keyed.
+    path = next((root / "definitions").rglob("*.json"))
+    doc = json.loads(path.read_text())
+    doc["inputs"]["x"]["shape"] = ["h", "h"]
+    path.write_text(json.dumps(doc))
+    table = build_table(root)
+    assert table["definitions"] == {}
+    message = select.unused_message(root, table)
+    assert message == (
+        f"fibgen: {root}: nothing is routed: 1 solution file(s), 5 evaluated trace(s): "
+        "1 solution(s) failed at some var-axis keys, so serve only the others, and their "
+        "definition cannot be routed per key (scale_h64/small_fast: a var axis of its "
+        "definition is in no input's shape)"
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Trace files as flashinfer-bench writes them (Note [reading traces] in select_table.py)
+
+
+def _raw_line(solution: str, n: int, status: str, abs_err, rel_err, latency=1.0) -> str:
+    evaluation = {
+        "status": status,
+        "environment": {"hardware": "cpu"},
+        "timestamp": "2026-01-01T00:00:00",
+        "correctness": {"max_relative_error": rel_err, "max_absolute_error": abs_err},
+    }
+    if status == "PASSED":
+        evaluation["performance"] = {
+            "latency_ms": latency,
+            "reference_latency_ms": 10.0,
+            "speedup_factor": 10.0 / latency,
+        }
+    workload = {"uuid": f"n{n}", "axes": {"n": n}, "inputs": {}}
+    trace = {"definition": DEFINITION["name"], "workload": workload, "solution": solution}
+    return json.dumps({**trace, "evaluation": evaluation})
+
+
+def _raw_dataset(root, lines: list[str]):
+    from fibgen.format import write_solution
+
+    make_dataset(root, [])
+    for name in FILLS:
+        write_solution(root, _solution(name), "scale")
+    path = root / "traces" / "scale" / f"{DEFINITION['name']}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return root
+
+
+def test_non_finite_errors_read_in_either_spelling(tmp_path, monkeypatch):
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    lines = [
+        _raw_line("steady", 3, "PASSED", 1e-3, 1e-3, latency=2.0),
+        # Faster, and PASSED, with errors no tolerance admits: flashinfer-bench's strings, a
+        # bare NaN (Python's json writes it) and a negative infinity.
+        _raw_line("small_fast", 3, "PASSED", "NaN", "NaN", latency=0.5),
+        _raw_line("large_fast", 3, "PASSED", "Infinity", 1e-3, latency=0.6),
+        _raw_line("broken_fast", 3, "PASSED", float("nan"), "-Infinity", latency=0.7),
+        # What flashinfer-bench's evaluator writes for an output holding inf or NaN.
+        _raw_line("broken_fast", 17, "INCORRECT_NUMERICAL", "Infinity", "Infinity"),
+        _raw_line("large_fast", 17, "INCORRECT_NUMERICAL", "NaN", "NaN"),
+    ]
+    root = _raw_dataset(tmp_path / "ds", lines)
+    assert '"NaN"' in (root / "traces" / "scale" / f"{DEFINITION['name']}.jsonl").read_text()
+    with pytest.warns(RuntimeWarning) as caught:
+        enable_apply(root, {"*": {"atol": 1e-2}})
+    try:
+        (message,) = [str(w.message) for w in caught]
+        assert (
+            "3 solution(s) exceed the policy's atol/rtol (scale_h64/broken_fast, "
+            "scale_h64/large_fast, scale_h64/small_fast)"
+        ) in message
+        assert _call(3) == FILLS["steady"]
+    finally:
+        disable_apply()
+    # Without tolerances any PASSED trace counts, whatever errors it reports.
+    info = build_table(root)["definitions"][DEFINITION["name"]]
+    assert info["ranking"] == ["small_fast", "steady"] and "keyed" not in info
+
+
+def test_lines_that_are_not_traces_are_skipped_and_counted(tmp_path, monkeypatch):
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    good = json.loads(_raw_line("steady", 3, "PASSED", 1e-3, 1e-3))
+    odd = []
+    for path, value in (
+        (("workload", "axes"), {"n": "3"}),  # an axis value that is no whole number
+        (("workload", "axes"), None),
+        (("workload",), {"uuid": "m3", "axes": {"m": 3}, "inputs": {}}),  # another axis
+        (("solution",), 7),
+    ):
+        doc = json.loads(json.dumps(good))
+        target = doc
+        for part in path[:-1]:
+            target = target[part]
+        target[path[-1]] = value
+        odd.append(json.dumps(doc))
+    # Errors that are no numbers: unknown, which no tolerance admits.
+    unknown_errors = json.loads(_raw_line("large_fast", 3, "PASSED", 1e-3, 1e-3, latency=0.1))
+    unknown_errors["evaluation"]["correctness"] = [1e-3]
+    # Timings that are no numbers: unknown, so never the fastest.
+    unknown_timing = json.loads(_raw_line("small_fast", 3, "PASSED", 1e-3, 1e-3, latency=0.1))
+    unknown_timing["evaluation"]["performance"] = {"latency_ms": None, "speedup_factor": "NaN"}
+    lines = [
+        "not json",
+        "[1, 2]",
+        *odd,
+        json.dumps(unknown_errors),
+        json.dumps(unknown_timing),
+        json.dumps(good),
+        # A workload trace, as tracing and flashinfer-bench write them: not an evaluation.
+        json.dumps({**good, "solution": None, "evaluation": None}),
+    ]
+    root = _raw_dataset(tmp_path / "ds", lines)
+    (root / "traces" / "scale" / "binary.jsonl").write_bytes(b"\xff\xfe\x00{\n")
+    with pytest.warns(RuntimeWarning) as caught:
+        enable_apply(root, {"*": {"atol": 1e-2}})
+    try:
+        (message,) = [str(w.message) for w in caught]
+        assert (
+            f"7 line(s) under {root}/traces are not traces and were skipped (`fibgen validate "
+            f"{root}` names them)"
+        ) in message
+        assert "1 solution(s) exceed the policy's atol/rtol (scale_h64/large_fast)" in message
+        assert _call(3) == FILLS["steady"]
+    finally:
+        disable_apply()
+
+
+def test_solutions_of_languages_fibgen_cannot_run_are_not_selected(tmp_path, monkeypatch):
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    root = make_dataset(tmp_path / "ds", [])
+    from fibgen.format import write_solution
+
+    write_solution(root, _cuda_solution("fast_cu"), "scale")
+    write_solution(root, _cuda_solution("fast_tl", language="tilelang"), "scale")
+    # A language a newer writer adds: fibgen's format does not know it either.
+    path = write_solution(root, _cuda_solution("fast_new"), "scale")
+    doc = json.loads(path.read_text())
+    doc["spec"]["language"] = "cute_dsl"
+    path.write_text(json.dumps(doc))
+    append_traces(
+        root,
+        "scale",
+        [_on(_trace(s, 3, latency), "NVIDIA H100")
+         for s, latency in (("fast_cu", 0.01), ("fast_tl", 0.001), ("fast_new", 0.001))],
+    )  # fmt: skip
+    table = build_table(root, where=H100)
+    assert table["definitions"][DEFINITION["name"]]["ranking"] == ["fast_cu"]
+    assert table["unused"]["not_here"] == [
+        "scale_h64/fast_new: fibgen cannot build or import cute_dsl solutions",
+        "scale_h64/fast_tl: fibgen cannot build or import tilelang solutions",
+    ]

@@ -246,6 +246,7 @@ class Worker:
             SAMPLING_BUDGET_SHARE,
             SAMPLING_TIMEOUT_SCALE,
             compare_sampling,
+            sampling_correctness,
         )
         from fibgen.runtime.solutions import allocate_outputs
 
@@ -278,15 +279,8 @@ class Worker:
                 f"here: give --timeout {timeout} (a sampler gets {SAMPLING_TIMEOUT_SCALE} times "
                 "--timeout), or bench it at smaller batch sizes",
             }, {}
-        errors = {
-            "max_absolute_error": result.max_abs_err,
-            "max_relative_error": result.max_rel_err,
-            "extra": {
-                "tvd": result.max_tvd,
-                "tvds_per_batch": list(result.tvds),
-                "draws": result.draws,
-            },
-        }
+        # As flashinfer-bench's readers take a sampler's verdict (Note [sampler traces]).
+        errors = sampling_correctness(result)
         if result.ok:
             return None, errors
         return {

@@ -2,28 +2,36 @@
 
 Per definition, the traces of one hardware are used: this machine's where it has any, else
 another device of its kind, else any (Note [selection per hardware]); latencies of different
-hardware are never compared. A solution is a candidate when it can run on this device, has
-passing traces and no failing ones on that hardware (a solution wrong on one workload is not
-trusted on another), and each passing trace meets the policy's tolerances. Of several traces
-of one solution on one workload and hardware, the last one read counts: a solution repaired
-and benchmarked again is judged on what it is now. The table holds, per definition:
+hardware are never compared. Traces are judged one by one, as flashinfer-bench judges them,
+and safer (Note [selection beside flashinfer-bench] in ``select_table``): a solution that can
+run on this device is a candidate at the var-axis keys where its traces passed (within the
+policy's tolerances) and none failed; one with no failing trace at all is *trusted*, one
+with some is *partial*. Of several traces of one solution on one workload and hardware, the
+last one read counts: a solution repaired and benchmarked again is judged on what it is now.
+Trace files as flashinfer-bench writes them (non-finite errors as strings, traces of absent
+solutions, languages fibgen cannot run) are read without error (Note [reading traces]). The
+table holds, per definition:
 
-- ``ranking``: candidates by the geometric mean of their speedup over the reference, best
-  first; the first is the definition's best;
+- ``ranking``: the trusted candidates by the geometric mean of their speedup over the
+  reference, best first; the first is the definition's best;
 - ``keys``: per var-axis key (the workload's var-axis values in declaration order), the
-  candidate with the lowest median latency at that key.
+  candidate with the lowest median latency at that key, partial ones included;
+- ``keyed["trusted"]``: per key, the fastest trusted candidate there (what "nearest" picks).
 
 Speedups and latencies are end to end in an eager loop by default, GPU time with the
 policy's ``metric="gpu"`` (Note [selection metric]).
 
 ``entries(root, config)`` turns the table into apply entries. A definition whose keys all
 pick its best gets a plain entry: its calls cost what any solution's do. Only a definition
-with per-key choices gets a keyed entry, which reads the var axes off the inputs and calls
-the solution chosen for them; on a key that no trace covers it follows the policy's
-``on_miss``: the definition's best (``"best"``), the solution of the nearest traced key by
-the sum of |log2| ratios of the axis values (``"nearest"``), the dispatcher's fallback, that
-is the original API (``"fallback"``, through ``Decline``), or the definition's reference
-(``"reference"``, slow: for checking).
+with per-key choices, or with partial candidates only, gets a keyed entry, which reads the
+var axes off the inputs and calls the solution chosen for them; on a key that no passing
+trace covers it follows the policy's ``on_miss``, with trusted solutions only: the
+definition's best (``"best"``), the fastest trusted solution of the nearest traced key by the
+sum of |log2| ratios of the axis values (``"nearest"``), the dispatcher's fallback, that is
+the original API (``"fallback"``, through ``Decline``), or the definition's reference
+(``"reference"``, slow: for checking); with no trusted solution, "best" and "nearest" fall
+back too. A keyed entry takes either calling style from hand-written ``apply`` (Note [calling
+styles] in ``solutions``), and its dataset's definitions give that call its reference.
 
 The table is cached in ``$FIBGEN_CACHE_DIR/select/`` under a digest of its inputs (paths,
 sizes and mtimes of the trace, solution and definition files, the configuration and this
@@ -55,7 +63,7 @@ from fibgen.runtime.select_table import _build, _inputs, build_table
 __all__ = ["Policy", "build_table", "entries", "load_table", "normalize_config"]
 
 # Bumped when the table's layout changes, so that old cache files are not read.
-TABLE_VERSION = 5
+TABLE_VERSION = 6
 
 
 def _digest(root: Path, inputs: dict, config: dict[str, Policy], where: hardware.Here) -> str:
@@ -120,13 +128,19 @@ def unused_message(root: Path, table: dict) -> str | None:
     parts = []
     if unused.get("failed"):
         parts.append(
-            f"{len(unused['failed'])} solution(s) failed on some workload "
-            f"({_examples(unused['failed'])})"
+            f"{len(unused['failed'])} solution(s) failed at every var-axis key they were "
+            f"benchmarked at ({_examples(unused['failed'])})"
         )
     if unused.get("tolerance"):
         parts.append(
             f"{len(unused['tolerance'])} solution(s) exceed the policy's atol/rtol "
             f"({_examples(unused['tolerance'])})"
+        )
+    if unused.get("unkeyable"):
+        parts.append(
+            f"{len(unused['unkeyable'])} solution(s) failed at some var-axis keys, so serve "
+            "only the others, and their definition cannot be routed per key "
+            f"({_examples(unused['unkeyable'])})"
         )
     if unused.get("untraced"):
         parts.append(
@@ -156,7 +170,17 @@ def unused_message(root: Path, table: dict) -> str | None:
             f"than their definition is ranked on ({_examples(unused['other_hardware'])}; "
             f"run `fibgen bench {root}` here)"
         )
+    if unused.get("skipped_lines"):
+        parts.append(
+            f"{unused['skipped_lines']} line(s) under {root}/traces are not traces and were "
+            f"skipped (`fibgen validate {root}` names them)"
+        )
     notes = []
+    if unused.get("partial"):
+        notes.append(
+            f"{len(unused['partial'])} solution(s) failed at some var-axis keys and serve only "
+            f"the keys where they passed ({_examples(unused['partial'])})"
+        )
     elsewhere = sorted(
         f"{name} ({info['hardware']})"
         for name, info in table.get("definitions", {}).items()
@@ -193,8 +217,9 @@ def entries(root: str | os.PathLike[str], config: Any = None) -> dict[str, solut
     """Apply entries for every definition the traces under ``root`` rank a solution for.
 
     What the dataset holds but cannot route (failing or untraced solutions, traces of
-    solutions that are not there, solutions that cannot run on this device) and solutions for
-    definitions nobody has are said in one RuntimeWarning.
+    solutions that are not there, solutions that cannot run on this device, lines that are not
+    traces), solutions that serve only some keys and solutions for definitions nobody has are
+    said in one RuntimeWarning.
     """
     root = Path(root).resolve()
     config = normalize_config(config)

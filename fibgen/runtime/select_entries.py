@@ -36,11 +36,12 @@ def _entry(root: Path, name: str, solution: str, relpath: str) -> solutions.Entr
     )
 
 
-def _declining(name: str, key: Any) -> Callable[..., Any]:
-    """A solution that hands every call back: the dispatcher falls back (``on_miss="fallback"``)."""
+def _declining(name: str, key: Any, why: str = "") -> Callable[..., Any]:
+    """A solution that hands every call back: the dispatcher falls back (``on_miss="fallback"``,
+    or no trusted solution for a key its traces do not cover)."""
 
-    def decline(**_: Any) -> Any:
-        raise Decline(f"{name}: no trace covers var-axis values {key!r}")
+    def decline(*_: Any, **__: Any) -> Any:
+        raise Decline(f"{name}: no passing trace covers var-axis values {key!r}{why}")
 
     return decline
 
@@ -61,9 +62,13 @@ def _keyed(root: Path, name: str, info: dict, policy: Policy) -> solutions.Entry
             found = loaded[solution] = solutions.load(entry, inputs, outputs)
         return found
 
+    # The definition's best, and the choices of a miss: trusted solutions only (Note
+    # [selection beside flashinfer-bench] in select_table.py); None where none is trusted.
+    best = info["ranking"][0] if info["ranking"] else None
+    trusted = keyed["trusted"]  # [values, solution] per traced key
     # The keyed entry is destination-passing when any of its choices is: value-returning
     # choices then copy into the buffers, so no choice needs outputs allocated for it.
-    chosen = {s for _, s in keyed["keys"]} | {info["ranking"][0]}
+    chosen = {s for _, s in keyed["keys"]} | {s for _, s in trusted} | ({best} - {None})
     dps = keyed["dps"]
 
     def adapt(fn: Callable[..., Any], fn_dps: bool) -> Callable[..., Any]:
@@ -102,13 +107,11 @@ def _keyed(root: Path, name: str, info: dict, policy: Policy) -> solutions.Entry
             current[solution] = first_call
         return current[solution]
 
-    traced: list[tuple[list[int], str]] = []
     single = len(keyed["bind"]) == 1
     for values, solution in keyed["keys"]:
         choices[values[0] if single else tuple(values)] = stub_for(solution)
-        traced.append((values, solution))
-    best = info["ranking"][0]
-    stub_for(best)
+    for solution in sorted(chosen):
+        stub_for(solution)
     for solution in info["ranking"][: policy.prebuild]:
         if solution in chosen:
             install(solution)
@@ -116,20 +119,23 @@ def _keyed(root: Path, name: str, info: dict, policy: Policy) -> solutions.Entry
     reference_fn: list[Callable[..., Any]] = []
 
     def miss(key: Any) -> Callable[..., Any]:
-        if policy.on_miss == "nearest":
+        if policy.on_miss == "nearest" and trusted:
             values = [key] if single else list(key)
-            _, solution = min(traced, key=lambda t: (_log_distance(t[0], values), t[1]))
+            _, solution = min(trusted, key=lambda t: (_log_distance(t[0], values), t[1]))
             fn = current[solution]
-        elif policy.on_miss == "fallback":
-            fn = _declining(name, key)
+        elif policy.on_miss == "best" and best is not None:
+            fn = current[best]
         elif policy.on_miss == "reference":
             if not reference_fn:
+                # The definition's own reference, as the table read it from the dataset.
                 namespace: dict[str, Any] = {"__name__": f"fibgen_reference_{name}"}
                 exec(compile(keyed["reference"], f"<reference of {name}>", "exec"), namespace)
                 reference_fn.append(adapt(namespace["run"], False))
             fn = reference_fn[0]
+        elif policy.on_miss == "fallback":
+            fn = _declining(name, key)
         else:
-            fn = current[best]
+            fn = _declining(name, key, ", and no solution passed at every key it was run at")
         if len(choices) < 4096:  # remembered, within reason: keys are batch sizes
             choices[key] = fn
         return fn
@@ -151,4 +157,6 @@ def _keyed(root: Path, name: str, info: dict, policy: Policy) -> solutions.Entry
     namespace = {"choices": choices, "miss": miss}
     exec(compile(source, f"<keyed selection of {name}>", "exec"), namespace)
     label = f"keyed selection of {len(chosen)} solutions for {name!r} from {root}/traces"
-    return solutions.Entry(name, label, fn=namespace["run"])
+    # ``root`` and ``dps``: hand-written apply finds the definition in the dataset, to call
+    # the entry in either style and to run the dataset's reference as its fallback.
+    return solutions.Entry(name, label, fn=namespace["run"], root=root, dps=dps)

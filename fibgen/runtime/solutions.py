@@ -41,6 +41,9 @@ class Entry:
     solution: Any = None
     # The dataset the Solution came from, whose definitions/ may hold its definition.
     root: Path | None = None
+    # Whether ``fn`` is destination-passing, where fibgen made it (a keyed selection's entry):
+    # then, like a Solution, it takes either calling style from hand-written code.
+    dps: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -195,7 +198,7 @@ def load(
     kernels fibgen accelerated replay its launches (Note [launch replay] in replay.py).
     """
     if entry.fn is not None:
-        fn, dps = entry.fn, None
+        fn, dps = entry.fn, entry.dps
     else:
         fn = _import_solution(entry)
         dps = entry.solution.spec.destination_passing_style
@@ -208,7 +211,7 @@ def load(
     # Without the definition's tensors (hand-written apply) there is nothing to check against;
     # a Solution then takes either calling style (Note [calling styles]).
     if not inputs and not outputs:
-        if entry.solution is not None:
+        if entry.solution is not None or entry.dps is not None:
             definition = find_definition(entry.definition, entry.root)
             if definition is not None:
                 fn = either_style(fn, definition, bool(dps), entry.label)
