@@ -227,3 +227,33 @@ def test_trace_lines_do_not_need_fibgen_to_be_readable(tmp_path):
     (root / "traces" / "scale_h64.jsonl").write_text(dump_trace_line(trace) + "\n")
     assert validate_dataset(root).problems == []
     assert validate_dataset(root).rows[DEFINITION["name"]].traces == 1
+
+
+def test_a_torn_line_is_an_error_that_says_so_and_the_lines_after_it_are_read(tmp_path, capsys):
+    from fibgen.curation.workloads import load_workloads
+    from fibgen.format import FormatWarning
+
+    root = make_dataset(tmp_path / "ds", ["good_returns"], sizes=(3, 5))
+    path = root / "workloads" / "scale" / "scale_h64.jsonl"
+    first, second = path.read_bytes().splitlines()
+    # A writer killed 40 bytes into its line, and a record appended after it on its own line.
+    path.write_bytes(first + b"\n" + second[:40] + b"\n" + second + b"\n")
+    code, out = _validate(capsys, str(root))
+    assert code == 1
+    problems = [line for line in out.splitlines() if line.startswith(("error: ", "warning: "))]
+    assert problems == [
+        f"error: {path}:2: invalid JSON: Expecting value (column 38): a line torn by a writer "
+        "stopped mid-line? fibgen's readers skip it, flashinfer-bench refuses the file; delete "
+        "the line"
+    ]
+    row = next(line for line in out.splitlines() if line.startswith("scale_h64"))
+    assert row.split() == ["scale_h64", "1", "2", "0", "0", "0", "0"]
+    # What bench reads: the dataset and the file alike skip the torn line, and say where.
+    for source in (root, path):
+        with pytest.warns(FormatWarning) as caught:
+            workloads = load_workloads(source)
+        assert [w.uuid for w in workloads["scale_h64"]] == ["n3", "n5"]
+        assert [str(w.message) for w in caught] == [
+            f"{path}:2: skipped: not JSON (40 bytes; a line torn by a writer stopped before "
+            "finishing it?)"
+        ]
