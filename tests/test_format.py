@@ -456,6 +456,20 @@ def test_unknown_keys_in_every_model_are_warnings_not_errors() -> None:
     assert 'evaluation.performance: unknown key "p50_ms" ignored' in message
 
 
+
+def test_every_model_refuses_unknown_keys() -> None:
+    # validate_obj looks for unknown keys only when a value does not validate as it is: sound
+    # while every model refuses them, so that a value with one never validates as it is.
+    import inspect
+
+    import fibgen.format.models as models
+    from pydantic import BaseModel
+
+    classes = [c for _, c in inspect.getmembers(models, inspect.isclass)]
+    found = [c for c in classes if issubclass(c, BaseModel)]
+    assert len(found) >= 16
+    assert [c.__name__ for c in found if c.model_config.get("extra") != "forbid"] == []
+
 @pytest.mark.parametrize(
     "change,expected", [c[1:] for c in BAD_DEFINITIONS], ids=[c[0] for c in BAD_DEFINITIONS]
 )
