@@ -126,16 +126,17 @@ def _lines(report: Report, path: Path, kind: str) -> Iterator[tuple[int, Trace]]
                 try:
                     trace = parse_trace_line(line, path, lineno)
                 except NotJSONError as exc:
-                    report.add(
+                    report.add_line(
                         "error",
-                        f"{path}:{lineno}",
+                        path,
+                        lineno,
                         f"{exc.message} (column {exc.col}): a line torn by a writer stopped "
                         "mid-line? fibgen's readers skip it, flashinfer-bench refuses the file; "
                         "delete the line",
                     )
                     continue
                 except FormatError as exc:
-                    report.add("error", f"{path}:{lineno}", exc.message)
+                    report.add_line("error", path, lineno, exc.message)
                     continue
             _caught(report, caught, trace.definition)
             report.records[kind] += 1
