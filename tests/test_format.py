@@ -857,6 +857,18 @@ def test_workload_file_with_results_is_rejected(tmp_path: Path) -> None:
         load_workloads(tmp_path)
 
 
+
+def test_a_record_holding_a_line_separator_character_is_one_line(tmp_path: Path) -> None:
+    # JSON text written with ensure_ascii=False keeps U+2028 as it is; it ends no JSONL line.
+    evaluation = _evaluation("RUNTIME_ERROR", False, False)
+    evaluation["log"] = "first\u2028second\x85third"
+    trace = validate_obj(Trace, _trace(evaluation))
+    path = tmp_path / "traces" / "scale" / "scale_h8.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text(dump_trace_line(trace) + "\n" + dump_trace_line(trace) + "\n", "utf-8")
+    assert "\u2028" in path.read_text("utf-8")
+    assert load_traces(tmp_path) == [trace, trace]
+
 def test_trace_file_errors_name_file_and_line(tmp_path: Path) -> None:
     trace = validate_obj(Trace, _trace(_evaluation("TIMEOUT", False, False)))
     path = tmp_path / "traces" / "scale" / "scale_h8.jsonl"
