@@ -159,3 +159,55 @@ def make_sampling_dataset(root: Path, names: tuple[str, ...] = tuple(SAMPLERS)) 
             "sampling",
         )
     return root
+
+
+HARDWARE = ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
+
+
+def write_runs(
+    root: Path,
+    runs: int,
+    solutions: tuple[str, ...] = ("good_returns", "good_dps", "aborts"),
+    sizes: tuple[int, ...] = (3, 17),
+) -> int:
+    """Append to traces/ ``runs`` runs of each solution on each workload (of ``make_dataset``)
+    and each of ``HARDWARE``, run ``r`` at latency ``r + 1`` ms; the number of lines written."""
+    path = root / "traces" / "scale" / "scale_h64.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for run in range(runs):
+        for name in solutions:
+            for n in sizes:
+                for hardware in HARDWARE:
+                    evaluation = {
+                        "status": "RUNTIME_ERROR",
+                        "environment": {"hardware": hardware, "libs": {"torch": "2.13.0"}},
+                        "timestamp": f"2026-12-01T00:00:{run % 60:02d}",
+                        "log": "RuntimeError: not today",
+                    }
+                    if name != "aborts":
+                        latency = float(run + 1)
+                        evaluation.update(
+                            status="PASSED",
+                            log="",
+                            correctness={"max_relative_error": 0.0, "max_absolute_error": 0.0},
+                            performance={
+                                "latency_ms": latency,
+                                "reference_latency_ms": 2 * latency,
+                                "speedup_factor": 2.0,
+                            },
+                        )
+                    trace = {
+                        "definition": "scale_h64",
+                        "solution": name,
+                        "workload": {
+                            "uuid": f"n{n}",
+                            "axes": {"n": n},
+                            "inputs": {"x": {"type": "random"}, "w": {"type": "random"}},
+                        },
+                        "evaluation": evaluation,
+                    }
+                    lines.append(json.dumps(trace) + "\n")
+    with open(path, "a", encoding="utf-8") as f:
+        f.writelines(lines)
+    return len(lines)

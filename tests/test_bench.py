@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from fibgen.bench.report import ReportError, render, summarize
 from fibgen.bench.runner import BenchOptions, run_bench
 from fibgen.cli import main
 
-from _bench_dataset import make_dataset
+from _bench_dataset import make_dataset, write_runs
 from _shared import require_flashinfer_bench, require_module
 
 REPO_DEFS = Path(__file__).resolve().parent.parent / "definitions"
@@ -123,6 +124,32 @@ def test_report_text_md_json(benched, tmp_path):
     md = render(summary, "md")
     assert f"## scale_h64 on {hardware}" in md and "| good_dps | 2 | 0 | - |" in md
     assert json.loads(render(summary, "json")) == json.loads(json.dumps(summary))
+
+
+def _peak(fn) -> int:
+    """The most memory Python held at once while ``fn`` ran, in bytes."""
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_report_holds_its_figures_not_the_traces(tmp_path):
+    # Note [reports in bounded memory]: 4 times the runs of the same solutions on the same
+    # workloads and hardware, the same memory.
+    roots = {runs: make_dataset(tmp_path / f"runs{runs}", []) for runs in (10, 40)}
+    assert [write_runs(root, runs) for runs, root in roots.items()] == [120, 480]
+    summarize(roots[10])  # imports and first-use caches come before the measurements
+    small, large = (_peak(lambda root=root: summarize(root)) for root in roots.values())
+    assert large < 1.5 * small, (small, large)
+    # What it holds is the last run's figures.
+    summary = summarize(roots[40])
+    assert summary["superseded"] == 480 - 12
+    for table in summary["definitions"]["scale_h64"]["hardware"].values():
+        assert [w["latency_ms"] for w in table["workloads"]] == [40.0, 40.0]
+        assert table["solutions"]["aborts"]["statuses"] == {"RUNTIME_ERROR": 2}
 
 
 def test_report_and_bench_cli(benched, tmp_path, capsys):

@@ -143,19 +143,28 @@ def test_a_sampler_far_off_fails_at_the_first_round_of_draws():
     assert result.reason.startswith("total variation distance")
 
 
-def test_draws_that_do_not_fit_the_budget_leave_the_sampler_undecided():
-    import time
+def test_draws_that_do_not_fit_the_budget_leave_the_sampler_undecided(monkeypatch):
+    import fibgen.runtime.compare as compare_module
+    from fibgen.runtime.compare import SAMPLING_MIN_DRAWS, compare_sampling
 
-    from fibgen.runtime.compare import compare_sampling
+    # A clock that only the reference moves: each of its calls takes 50 ms.
+    now, calls = [0.0], {"reference": 0, "solution": 0}
+    monkeypatch.setattr(compare_module, "_clock", lambda: now[0])
 
     def slow(inputs):
-        time.sleep(0.05)
+        calls["reference"] += 1
+        now[0] += 0.05
         return _top_k_reference(inputs)
 
-    started = time.perf_counter()
-    result = compare_sampling(_gumbel, slow, _top_k_inputs(), SAMPLER, budget_s=0.06)
-    # The reference's first round (one batched call) is made; the solution's would overrun.
-    assert time.perf_counter() - started < 2
+    def solution(inputs):
+        calls["solution"] += 1
+        return _gumbel(inputs)
+
+    result = compare_sampling(solution, slow, _top_k_inputs(), SAMPLER, budget_s=0.06)
+    # The reference's first round (one batched call) is made; the solution's would overrun,
+    # so only its trial calls (one draw per row each) are made, and none of its rounds.
+    assert calls == {"reference": 1, "solution": 100}
     assert result.timed_out and not result.ok and result.needed > result.draws
     assert result.reason.startswith("not judged within 0.06 s: 1000 draws per row of the reference")
-    assert result.seconds_needed > 0.1
+    # The reference's round and the solution's, at the reference's speed, per 1000 draws.
+    assert result.seconds_needed == pytest.approx(0.1 * result.needed / SAMPLING_MIN_DRAWS)

@@ -456,6 +456,20 @@ def test_unknown_keys_in_every_model_are_warnings_not_errors() -> None:
     assert 'evaluation.performance: unknown key "p50_ms" ignored' in message
 
 
+def test_every_model_refuses_unknown_keys() -> None:
+    # validate_obj looks for unknown keys only when a value does not validate as it is: sound
+    # while every model refuses them, so that a value with one never validates as it is.
+    import inspect
+
+    import fibgen.format.models as models
+    from pydantic import BaseModel
+
+    classes = [c for _, c in inspect.getmembers(models, inspect.isclass)]
+    found = [c for c in classes if issubclass(c, BaseModel)]
+    assert len(found) >= 16
+    assert [c.__name__ for c in found if c.model_config.get("extra") != "forbid"] == []
+
+
 @pytest.mark.parametrize(
     "change,expected", [c[1:] for c in BAD_DEFINITIONS], ids=[c[0] for c in BAD_DEFINITIONS]
 )
@@ -841,6 +855,18 @@ def test_workload_file_with_results_is_rejected(tmp_path: Path) -> None:
     path.write_text(dump_trace_line(trace) + "\n")
     with pytest.raises(FormatError, match=r"scale_h8.jsonl:1: a workload file holds only"):
         load_workloads(tmp_path)
+
+
+def test_a_record_holding_a_line_separator_character_is_one_line(tmp_path: Path) -> None:
+    # JSON text written with ensure_ascii=False keeps U+2028 as it is; it ends no JSONL line.
+    evaluation = _evaluation("RUNTIME_ERROR", False, False)
+    evaluation["log"] = "first\u2028second\x85third"
+    trace = validate_obj(Trace, _trace(evaluation))
+    path = tmp_path / "traces" / "scale" / "scale_h8.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text(dump_trace_line(trace) + "\n" + dump_trace_line(trace) + "\n", "utf-8")
+    assert "\u2028" in path.read_text("utf-8")
+    assert load_traces(tmp_path) == [trace, trace]
 
 
 def test_trace_file_errors_name_file_and_line(tmp_path: Path) -> None:

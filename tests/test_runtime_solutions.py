@@ -162,30 +162,31 @@ def test_bad_environment_warns_and_keeps_apply_off(env, expected):
 
 
 LAYERING = """
-import sys, time
+import sys
 class Block:
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in ("lark", "jinja2", "pydantic"):
             raise ImportError(f"{name} must not be imported by the runtime")
 sys.meta_path.insert(0, Block())
 import torch
-start = time.perf_counter()
+before = set(sys.modules)
 import fibgen.runtime
 from fake_kernels import rmsnorm, gqa_paged_decode, moe
-elapsed = time.perf_counter() - start
 bad = [m for m in sys.modules if m.split(".")[0] in ("lark", "jinja2", "pydantic")
        or m.startswith(("fibgen.compiler", "fibgen.codegen"))]
-print(bad, elapsed)
+added = {m.split(".")[0] for m in set(sys.modules) - before}
+print(bad, sorted(added - set(sys.stdlib_module_names) - {"fibgen", "fake_kernels"}))
 """
 
 
 def test_runtime_and_generated_modules_import_without_compiler_lark_jinja_or_pydantic():
     done = _python(LAYERING, {})
     assert done.returncode == 0, done.stderr
-    bad, elapsed = done.stdout.split(" ", 1)
+    bad, others = done.stdout.split(" ", 1)
     assert bad == "[]"
-    # The budget is 50 ms on top of torch; the bound here leaves room for a loaded CI box.
-    assert float(elapsed) < 0.25
+    # What keeps the import cheap (about 20 ms on top of torch; benchmarks/dispatch.py times
+    # it, as no test may): nothing beyond torch but the standard library and fibgen.
+    assert others.strip() == "[]"
 
 
 # ---------------------------------------------------------------------------------------

@@ -515,6 +515,48 @@ def test_calls_that_do_not_match_their_definition_are_counted_not_recorded(
     assert [r.axes for r in _records(tmp_path / "ds", "rmsnorm_h4096")] == [{"batch_size": 5}]
 
 
+# Another writer of the dataset, killed in the middle of a line: half a record, no newline.
+_TEAR = """
+import os, signal, sys
+line = open(sys.argv[1], "rb").read().splitlines()[0]
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND)
+os.write(fd, line[: len(line) // 2])
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_record_after_another_processs_torn_line_survives(tmp_path):
+    from fibgen.format import FormatWarning
+
+    path = tmp_path / "workloads" / "rmsnorm" / "rmsnorm_h4096.jsonl"
+    rt.enable_tracing(tmp_path)
+    rmsnorm.rmsnorm(torch.randn(2, 4096), torch.randn(4096))
+    rt.flush_tracing()
+    # The tracer has written this file already when the other process tears its last line.
+    died = subprocess.run([sys.executable, "-c", _TEAR, str(path)], timeout=60)
+    assert died.returncode == -signal.SIGKILL
+    torn = path.read_bytes().splitlines()[-1]
+    assert not path.read_bytes().endswith(b"\n") and len(torn) > 100
+    with pytest.warns(RuntimeWarning) as caught:
+        rmsnorm.rmsnorm(torch.randn(3, 4096), torch.randn(4096))
+        rt.disable_tracing()
+    assert [str(w.message) for w in caught] == [
+        f"fibgen tracing: {path} did not end with a newline (a writer stopped mid-line?); new "
+        "records start on a line of their own"
+    ]
+    assert path.read_bytes().splitlines()[1] == torn
+    # Readers skip the torn fragment, say where it is, and keep both records.
+    with pytest.warns(FormatWarning) as read:
+        assert [r.axes for r in _records(tmp_path, "rmsnorm_h4096")] == [
+            {"batch_size": 2},
+            {"batch_size": 3},
+        ]
+    assert [str(w.message) for w in read] == [
+        f"{path}:2: skipped: not JSON ({len(torn)} bytes; a line torn by a writer stopped "
+        "before finishing it?)"
+    ]
+
+
 def test_a_var_axis_of_two_sizes_is_a_mismatch(tmp_path):
     from fake_kernels import fused_add_rmsnorm
 

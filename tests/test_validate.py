@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from fibgen.cli import main
 from fibgen.curation.validate import validate_dataset
 from fibgen.format import Solution, Trace, append_traces, dump_trace_line, write_solution
 
-from _bench_dataset import DEFINITION, make_dataset, solution
+from _bench_dataset import DEFINITION, make_dataset, solution, write_runs
 from _shared import require_shared
 
 
@@ -227,3 +228,81 @@ def test_trace_lines_do_not_need_fibgen_to_be_readable(tmp_path):
     (root / "traces" / "scale_h64.jsonl").write_text(dump_trace_line(trace) + "\n")
     assert validate_dataset(root).problems == []
     assert validate_dataset(root).rows[DEFINITION["name"]].traces == 1
+
+
+def test_a_torn_line_is_an_error_that_says_so_and_the_lines_after_it_are_read(tmp_path, capsys):
+    from fibgen.curation.workloads import load_workloads
+    from fibgen.format import FormatWarning
+
+    root = make_dataset(tmp_path / "ds", ["good_returns"], sizes=(3, 5))
+    path = root / "workloads" / "scale" / "scale_h64.jsonl"
+    first, second = path.read_bytes().splitlines()
+    # A writer killed 40 bytes into its line, and a record appended after it on its own line.
+    path.write_bytes(first + b"\n" + second[:40] + b"\n" + second + b"\n")
+    code, out = _validate(capsys, str(root))
+    assert code == 1
+    problems = [line for line in out.splitlines() if line.startswith(("error: ", "warning: "))]
+    assert problems == [
+        f"error: {path}:2: invalid JSON: Expecting value (column 38): a line torn by a writer "
+        "stopped mid-line? fibgen's readers skip it, flashinfer-bench refuses the file; delete "
+        "the line"
+    ]
+    row = next(line for line in out.splitlines() if line.startswith("scale_h64"))
+    assert row.split() == ["scale_h64", "1", "2", "0", "0", "0", "0"]
+    # What bench reads: the dataset and the file alike skip the torn line, and say where.
+    for source in (root, path):
+        with pytest.warns(FormatWarning) as caught:
+            workloads = load_workloads(source)
+        assert [w.uuid for w in workloads["scale_h64"]] == ["n3", "n5"]
+        assert [str(w.message) for w in caught] == [
+            f"{path}:2: skipped: not JSON (40 bytes; a line torn by a writer stopped before "
+            "finishing it?)"
+        ]
+
+
+def _peak(fn) -> int:
+    """The most memory Python held at once while ``fn`` ran, in bytes."""
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_validation_holds_its_findings_not_the_traces(tmp_path):
+    # 4 times the runs of the same solutions on the same workloads, the same memory: trace
+    # files are read one line at a time.
+    names = ["good_returns", "good_dps", "aborts"]
+    roots = {runs: make_dataset(tmp_path / f"runs{runs}", names) for runs in (10, 40)}
+    assert [write_runs(root, runs) for runs, root in roots.items()] == [120, 480]
+    validate_dataset(roots[10])  # imports and first-use caches come before the measurements
+    small, large = (_peak(lambda root=root: validate_dataset(root)) for root in roots.values())
+    assert large < 1.5 * small, (small, large)
+    report = validate_dataset(roots[40])
+    assert report.problems == [] and report.records["traces"] == 480
+    assert (report.rows["scale_h64"].traces, report.rows["scale_h64"].passed) == (480, 320)
+
+
+def test_a_problem_on_every_line_is_said_once_with_how_many_lines_have_it(tmp_path, capsys):
+    # Note [repeated problems]: what validate holds grows with the distinct problems.
+    root = make_dataset(tmp_path / "ds", ["good_returns", "good_dps"])
+    assert write_runs(root, 5) == 60  # 20 of them traces of "aborts", which is not there
+    path = root / "traces" / "scale" / "scale_h64.jsonl"
+    traces = [json.loads(line) for line in path.read_text().splitlines()]
+    for trace in traces:  # a key that a newer writer adds to every trace
+        trace["evaluation"]["p90_ms"] = 1.0
+    path.write_text("".join(json.dumps(trace) + "\n" for trace in traces))
+    code, out = _validate(capsys, str(root))
+    assert code == 1
+    problems = [line for line in out.splitlines() if line.startswith(("error: ", "warning: "))]
+    assert problems == [
+        f"error: {path}:9: a trace of solution 'aborts', which is not under solutions/ (and 19 "
+        "more line(s) of this file)",
+        f'warning: {path}:1: evaluation: unknown key "p90_ms" ignored (allowed keys: status, '
+        "environment, timestamp, log, correctness, performance) (and 59 more line(s) of this "
+        "file)",
+    ]
+    row = next(line for line in out.splitlines() if line.startswith("scale_h64"))
+    assert row.split() == ["scale_h64", "2", "2", "60", "40", "20", "60"]
+    assert out.splitlines()[-1] == "validate: FAILED: 20 error(s), 60 warning(s)"

@@ -20,9 +20,9 @@ import math
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from fibgen.format import FormatError, FormatWarning, load_traces
+from fibgen.format import FormatError, FormatWarning, iter_traces
 from fibgen.runtime.hardware import normalize
 
 FORMATS = ("text", "md", "json")
@@ -47,6 +47,29 @@ def _axes_text(axes: dict[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in axes.items()) or "-"
 
 
+class _Last(NamedTuple):
+    """What a report keeps of the last trace of a solution on a workload and hardware: its
+    figures, never the trace (Note [reports in bounded memory])."""
+
+    status: str
+    axes: dict[str, int]
+    latency_ms: float = 0.0
+    speedup: float = 0.0
+    e2e_latency_ms: float | None = None
+    reference_e2e_latency_ms: float | None = None
+
+
+# Note [reports in bounded memory]
+# A dataset's trace files grow with every run (a trace supersedes earlier ones of its
+# solution, workload and hardware, which stay in the file): a gigabyte is a few hundred
+# thousand runs of a few thousand. Holding every trace, as a list of models, took 10 times
+# the files' size (benchmarks/README.md, "Reports and validation of large trace files"). So
+# traces are read one line at a time (``iter_traces``) and only the figures of the last one
+# per (definition, workload, solution, hardware) are kept: memory grows with those, not
+# with the files. tests/test_bench.py holds a report of 4 times the lines to the memory of
+# one.
+
+
 def summarize(root: str | os.PathLike[str]) -> dict[str, Any]:
     """Per definition and hardware: each solution's status counts and speedups, and the best
     per workload."""
@@ -62,49 +85,64 @@ def summarize(root: str | os.PathLike[str]) -> dict[str, Any]:
         column = f" (column {exc.col})" if exc.col is not None else ""
         warnings.warn(FormatWarning(exc.path, f"{exc.message}{column}; line skipped", exc.line))
 
-    loaded = load_traces(root, on_bad=skip)
-    evaluated = [t for t in loaded if t.solution is not None and t.evaluation]
-    if not evaluated:
-        raise ReportError(f"no benchmark traces under {root}/traces; run `fibgen bench` first")
     # The last trace of a solution on a workload supersedes earlier ones (a run after a fix),
     # on the same hardware only: a CPU run says nothing about the H100 figures.
-    latest: dict[tuple[str, str, str, str], Any] = {}
+    latest: dict[tuple[str, str, str, str], _Last] = {}
     labels: dict[str, str] = {}
-    for trace in evaluated:
-        hw = trace.evaluation.environment.hardware
-        group = normalize(hw) or hw
+    groups: dict[str, str] = {}  # each hardware string's group, normalized once
+    evaluated = 0
+    for trace in iter_traces(root, on_bad=skip):
+        evaluation = trace.evaluation
+        if trace.solution is None or evaluation is None:
+            continue
+        evaluated += 1
+        hw = evaluation.environment.hardware
+        group = groups.get(hw)
+        if group is None:
+            group = groups[hw] = normalize(hw) or hw
         labels.setdefault(group, hw)
         key = (trace.definition, trace.workload.uuid, trace.solution, group)
-        latest.pop(key, None)
-        latest[key] = trace
-    tables: dict[tuple[str, str], Any] = {}
-    for (_, _, _, group), trace in latest.items():
-        d = tables.setdefault((trace.definition, group), {"solutions": {}, "workloads": {}})
-        evaluation = trace.evaluation
         status = evaluation.status.value
+        perf = evaluation.performance
+        if perf is not None:  # PASSED: the format requires its figures
+            last = _Last(
+                status,
+                trace.workload.axes,
+                perf.latency_ms,
+                perf.speedup_factor,
+                perf.e2e_latency_ms,
+                perf.reference_e2e_latency_ms,
+            )
+        else:
+            last = _Last(status, trace.workload.axes)
+        latest.pop(key, None)
+        latest[key] = last
+    if not evaluated:
+        raise ReportError(f"no benchmark traces under {root}/traces; run `fibgen bench` first")
+    tables: dict[tuple[str, str], Any] = {}
+    for (name, uuid, solution, group), last in latest.items():
+        d = tables.setdefault((name, group), {"solutions": {}, "workloads": {}})
+        status = last.status
         s = d["solutions"].setdefault(
-            trace.solution,
+            solution,
             {"passed": 0, "failed": 0, "statuses": {}, "speedups": [], "e2e_speedups": []},
         )
         s["statuses"][status] = s["statuses"].get(status, 0) + 1
-        w = d["workloads"].setdefault(
-            trace.workload.uuid, {"uuid": trace.workload.uuid, "axes": trace.workload.axes}
-        )
+        w = d["workloads"].setdefault(uuid, {"uuid": uuid, "axes": last.axes})
         if status != "PASSED":
             s["failed"] += 1
             continue
         s["passed"] += 1
-        perf = evaluation.performance
-        s["speedups"].append(perf.speedup_factor)
-        w.setdefault("speedups", {})[trace.solution] = perf.speedup_factor
-        if "best" not in w or perf.latency_ms < w["latency_ms"]:
-            w.update(best=trace.solution, latency_ms=perf.latency_ms, speedup=perf.speedup_factor)
-        if perf.e2e_latency_ms is not None and perf.reference_e2e_latency_ms is not None:
-            e2e = perf.e2e_latency_ms
+        s["speedups"].append(last.speedup)
+        w.setdefault("speedups", {})[solution] = last.speedup
+        if "best" not in w or last.latency_ms < w["latency_ms"]:
+            w.update(best=solution, latency_ms=last.latency_ms, speedup=last.speedup)
+        if last.e2e_latency_ms is not None and last.reference_e2e_latency_ms is not None:
+            e2e = last.e2e_latency_ms
             if e2e > 0:
-                s["e2e_speedups"].append(perf.reference_e2e_latency_ms / e2e)
+                s["e2e_speedups"].append(last.reference_e2e_latency_ms / e2e)
             if "best_e2e" not in w or e2e < w["e2e_latency_ms"]:
-                w.update(best_e2e=trace.solution, e2e_latency_ms=e2e)
+                w.update(best_e2e=solution, e2e_latency_ms=e2e)
     out: dict[str, Any] = {}
     for name, group in sorted(tables, key=lambda k: (k[0], labels[k[1]])):
         d = tables[(name, group)]
@@ -123,7 +161,7 @@ def summarize(root: str | os.PathLike[str]) -> dict[str, Any]:
         )
         hardware = out.setdefault(name, {"hardware": {}})["hardware"]
         hardware[labels[group]] = {"solutions": solutions, "workloads": workloads}
-    return {"definitions": out, "superseded": len(evaluated) - len(latest)}
+    return {"definitions": out, "superseded": evaluated - len(latest)}
 
 
 def _each(summary: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:

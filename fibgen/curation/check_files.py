@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 from fibgen.curation.findings import Report, Row, _caught
-from fibgen.format import FormatError
+from fibgen.format import FormatError, NotJSONError
 from fibgen.format.dataset import DATASET_FOLDERS, EXTRAS_SUFFIX, dataset_files, read_extras
-from fibgen.format.jsonio import load_definition, parse_trace_line, read_text
+from fibgen.format.jsonio import jsonl_lines, load_definition, parse_trace_line
 from fibgen.format.models import Definition, Trace
 
 # What a dataset root may hold besides its four folders.
@@ -115,24 +116,30 @@ def _definitions(report: Report) -> dict[str, tuple[Path, Definition]]:
 # Record lines (workloads/ and traces/)
 
 
-def _lines(report: Report, path: Path, kind: str) -> list[tuple[int, Trace]]:
-    out = []
+def _lines(report: Report, path: Path, kind: str) -> Iterator[tuple[int, Trace]]:
+    """Each record of a JSONL file with its line number, one line read at a time; bad lines
+    are reported and left out."""
     try:
-        text = read_text(path)
-    except FormatError as exc:
-        report.add("error", path, exc.message)
-        return out
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                trace = parse_trace_line(line, path, lineno)
-            except FormatError as exc:
-                report.add("error", f"{path}:{lineno}", exc.message)
-                continue
-        _caught(report, caught, trace.definition)
-        report.records[kind] += 1
-        out.append((lineno, trace))
-    return out
+        for lineno, line in jsonl_lines(path):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    trace = parse_trace_line(line, path, lineno)
+                except NotJSONError as exc:
+                    report.add_line(
+                        "error",
+                        path,
+                        lineno,
+                        f"{exc.message} (column {exc.col}): a line torn by a writer stopped "
+                        "mid-line? fibgen's readers skip it, flashinfer-bench refuses the file; "
+                        "delete the line",
+                    )
+                    continue
+                except FormatError as exc:
+                    report.add_line("error", path, lineno, exc.message)
+                    continue
+            _caught(report, caught, trace.definition)
+            report.records[kind] += 1
+            yield lineno, trace
+    except OSError as exc:
+        report.add("error", path, f"cannot read: {exc.strerror or exc}")

@@ -19,12 +19,12 @@ def _traces(
     for path in dataset_files(report.root, "traces"):
         report.files["traces"] += 1
         for lineno, trace in _lines(report, path, "traces"):
-            where = f"{path}:{lineno}"
             name = trace.definition
             if trace.is_workload_trace:
-                report.add(
+                report.add_line(
                     "error",
-                    where,
+                    path,
+                    lineno,
                     "a workload line in traces/ (flashinfer-bench refuses it): workloads go "
                     "under workloads/",
                     name,
@@ -35,20 +35,26 @@ def _traces(
             if trace.evaluation is not None and trace.evaluation.status.value == "PASSED":
                 row.passed += 1
             if name not in definitions:
-                report.add(
-                    "error", where, f"a trace of {name!r}, which the dataset does not have", name
+                report.add_line(
+                    "error",
+                    path,
+                    lineno,
+                    f"a trace of {name!r}, which the dataset does not have",
+                    name,
                 )
             if trace.solution is not None and trace.solution not in solutions:
-                report.add(
+                report.add_line(
                     "error",
-                    where,
+                    path,
+                    lineno,
                     f"a trace of solution {trace.solution!r}, which is not under solutions/",
                     name,
                 )
             elif trace.solution is not None and solutions[trace.solution].definition != name:
-                report.add(
+                report.add_line(
                     "error",
-                    where,
+                    path,
+                    lineno,
                     f"solution {trace.solution!r} is for "
                     f"{solutions[trace.solution].definition!r}, not {name!r}",
                     name,

@@ -22,12 +22,12 @@ def _workloads(report: Report, definitions: dict[str, tuple[Path, Definition]]) 
     for path in dataset_files(report.root, "workloads"):
         report.files["workloads"] += 1
         for lineno, trace in _lines(report, path, "workloads"):
-            where = f"{path}:{lineno}"
             name = trace.definition
             if not trace.is_workload_trace:
-                report.add(
+                report.add_line(
                     "error",
-                    where,
+                    path,
+                    lineno,
                     "an evaluated trace in workloads/ (flashinfer-bench refuses it): results "
                     "go under traces/",
                     name,
@@ -36,17 +36,23 @@ def _workloads(report: Report, definitions: dict[str, tuple[Path, Definition]]) 
             report.rows.setdefault(name, Row()).workloads += 1
             workload = trace.workload
             if (name, workload.uuid) in seen:
-                report.add("warning", where, f"workload uuid {workload.uuid} repeats", name)
+                report.add_line(
+                    "warning", path, lineno, f"workload uuid {workload.uuid} repeats", name
+                )
             seen.add((name, workload.uuid))
             found = definitions.get(name)
             if found is None:
-                report.add(
-                    "error", where, f"a workload of {name!r}, which the dataset does not have", name
+                report.add_line(
+                    "error",
+                    path,
+                    lineno,
+                    f"a workload of {name!r}, which the dataset does not have",
+                    name,
                 )
                 continue
             defn = found[1]
             for problem in workload_problems(defn, workload):
-                report.add("error", where, problem, name)
+                report.add_line("error", path, lineno, problem, name)
             for input_name, spec in workload.inputs.items():
                 if spec.type != "safetensors":
                     continue
@@ -56,11 +62,13 @@ def _workloads(report: Report, definitions: dict[str, tuple[Path, Definition]]) 
                 except ValueError:
                     pass
                 if problem == _ABSENT:
-                    entry = absent.setdefault(name, [0, set(), f"{where}: {spec.path}"])
+                    entry = absent.get(name)
+                    if entry is None:
+                        entry = absent[name] = [0, set(), f"{path}:{lineno}: {spec.path}"]
                     entry[0] += 1
                     entry[1].add(workload.uuid)
                 elif problem:
-                    report.add("error", where, f"input {input_name!r}: {problem}", name)
+                    report.add_line("error", path, lineno, f"input {input_name!r}: {problem}", name)
     for name, (inputs, uuids, first) in sorted(absent.items()):
         report.add(
             "error",

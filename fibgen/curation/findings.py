@@ -10,17 +10,32 @@ from typing import Any
 __all__ = ["Problem", "Report", "Row", "render"]
 
 
+# Note [repeated problems]
+# A problem can repeat on line after line of a record file: a key that a newer writer adds to
+# every trace, traces of a solution the dataset does not have. A trace file grows to
+# gigabytes, and one Problem a line would hold more than the file. So a problem of a line
+# (``Report.add_line``) that its file had on an earlier line is counted on the first one
+# (``Problem.more``), not kept again: what validate holds grows with the distinct problems,
+# and it prints each once, with how many more lines have it. Counts (the table's per
+# definition, the verdict's) are of every line.
+
+
 @dataclass
 class Problem:
-    """One finding: ``error`` (a reader fails or a run would) or ``warning``."""
+    """One finding: ``error`` (a reader fails or a run would) or ``warning``; ``more``: the
+    further lines of its file that have it (Note [repeated problems])."""
 
     level: str
     where: str
     message: str
     definition: str | None = None
+    more: int = 0
 
     def __str__(self) -> str:
-        return f"{self.level}: {self.where}: {self.message}"
+        text = f"{self.level}: {self.where}: {self.message}"
+        if self.more:
+            text += f" (and {self.more} more line(s) of this file)"
+        return text
 
 
 @dataclass
@@ -44,6 +59,10 @@ class Report:
     records: Counter = field(default_factory=Counter)
     rows: dict[str, Row] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
+    # (level, file, message, definition) -> the problem of the first line that had it
+    firsts: dict[tuple[str, str, str, str | None], Problem] = field(
+        default_factory=dict, repr=False
+    )
 
     @property
     def errors(self) -> list[Problem]:
@@ -55,9 +74,30 @@ class Report:
         """The problems that are warnings."""
         return [p for p in self.problems if p.level == "warning"]
 
+    def count(self, level: str) -> int:
+        """How many ``level`` problems were found, each line that has one counted."""
+        return sum(1 + p.more for p in self.problems if p.level == level)
+
     def add(self, level: str, where: Any, message: str, definition: str | None = None) -> None:
         """Record a problem, counted in its definition's row."""
         self.problems.append(Problem(level, str(where), message, definition))
+        self._counted(level, definition)
+
+    def add_line(
+        self, level: str, path: Any, line: int, message: str, definition: str | None = None
+    ) -> None:
+        """Record a problem of one line of a record file; one that an earlier line of the
+        file had is counted there (Note [repeated problems])."""
+        key = (level, str(path), message, definition)
+        first = self.firsts.get(key)
+        if first is None:
+            self.firsts[key] = first = Problem(level, f"{path}:{line}", message, definition)
+            self.problems.append(first)
+        else:
+            first.more += 1
+        self._counted(level, definition)
+
+    def _counted(self, level: str, definition: str | None) -> None:
         if definition is not None:
             row = self.rows.setdefault(definition, Row())
             if level == "error":
@@ -68,14 +108,15 @@ class Report:
 
 def _caught(report: Report, caught: list, definition: str | None = None) -> None:
     for w in caught:
-        report.add("warning", getattr(w.message, "path", "?"), _warning_text(w), definition)
+        path, line = getattr(w.message, "path", "?"), getattr(w.message, "line", None)
+        if line is None:
+            report.add("warning", path, _warning_text(w), definition)
+        else:
+            report.add_line("warning", path, line, _warning_text(w), definition)
 
 
 def _warning_text(w: Any) -> str:
-    message = w.message
-    line = getattr(message, "line", None)
-    text = getattr(message, "message", str(message))
-    return f"line {line}: {text}" if line is not None else text
+    return getattr(w.message, "message", str(w.message))
 
 
 def render(report: Report, limit: int | None = 40) -> str:
@@ -114,7 +155,7 @@ def render(report: Report, limit: int | None = 40) -> str:
         lines += ["", *(str(p) for p in shown)]
         if len(shown) < len(problems):
             lines.append(f"... and {len(problems) - len(shown)} more (--all shows every one)")
-    errors, warned = len(report.errors), len(report.warnings)
+    errors, warned = report.count("error"), report.count("warning")
     verdict = "FAILED" if errors else "ok"
     lines += ["", f"validate: {verdict}: {errors} error(s), {warned} warning(s)"]
     return "\n".join(lines) + "\n"

@@ -23,7 +23,7 @@ from fibgen.format import (
     SafetensorsInput,
     ScalarInput,
     Workload,
-    load_jsonl,
+    iter_records,
     load_safetensors_input,
 )
 from fibgen.format import load_workloads as _load_dataset_workloads
@@ -39,11 +39,14 @@ class WorkloadError(ValueError):
 
 
 def load_workloads(path: str | os.PathLike[str]) -> dict[str, list[Workload]]:
-    """Workloads by definition name from a dataset root, or from one workload JSONL file."""
+    """Workloads by definition name from a dataset root, or from one workload JSONL file.
+
+    A torn line (not JSON) is skipped with a FormatWarning that names its file and line.
+    """
     path = Path(path)
     if path.is_file():
         by_definition: dict[str, list[Workload]] = {}
-        for lineno, trace in enumerate(load_jsonl(path), start=1):
+        for lineno, trace in iter_records(path):
             if not trace.is_workload_trace:
                 raise FormatError(
                     path, "a workload file holds only workload lines (null solution)", lineno

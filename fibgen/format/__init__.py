@@ -12,6 +12,8 @@ from fibgen.format.dataset import (
     blob_relpath,
     dataset_files,
     definition_path,
+    iter_records,
+    iter_traces,
     load_blob,
     load_definition_files,
     load_definitions,
@@ -30,7 +32,7 @@ from fibgen.format.dataset import (
     write_solution,
     write_workloads,
 )
-from fibgen.format.errors import FormatError, FormatWarning
+from fibgen.format.errors import FormatError, FormatWarning, NotJSONError
 from fibgen.format.jsonio import (
     dump_definition,
     dump_solution,
@@ -80,6 +82,7 @@ __all__ = [
     "EvaluationStatus",
     "FormatError",
     "FormatWarning",
+    "NotJSONError",
     "Packed",
     "Performance",
     "RandomInput",
@@ -101,6 +104,8 @@ __all__ = [
     "dump_trace_line",
     "dump_workload",
     "dump_workload_line",
+    "iter_records",
+    "iter_traces",
     "load_blob",
     "load_definition",
     "load_definition_files",

@@ -51,6 +51,11 @@ class FormatError(ValueError):
         return (type(self), (self.path, self.message, self.line, self.col))
 
 
+class NotJSONError(FormatError):
+    """A JSONL line that is not JSON, or not UTF-8: torn by a writer stopped mid-line
+    (Note [torn lines] in fibgen/format/dataset/writers.py), or damaged otherwise."""
+
+
 class FormatWarning(UserWarning):
     """A dataset file that loads, with something ignored: ``path:line: message``."""
 

@@ -52,15 +52,15 @@ class _Writer:
             self._ensure_definition(definition)
             try:
                 path = workload_file(self.root, op_type, definition)
-                # A file this tracer has not written yet may end in a line torn by a process
-                # killed while writing it (Note [torn lines] in fibgen/format/dataset/writers.py).
-                if _append(path, batch, check_tail=path not in self.appended):
+                # Any append may find a line torn by another process killed while writing it,
+                # the tracer's earlier appends to the file notwithstanding (Note [torn lines]
+                # in fibgen/format/dataset/writers.py).
+                if _append(path, batch):
                     self._warn_once(
-                        "torn",
+                        f"torn {path}",
                         f"{path} did not end with a newline (a writer stopped mid-line?); "
                         "new records start on a line of their own",
                     )
-                self.appended.add(path)
                 self.written += len(batch)
             except OSError as exc:
                 for _ in batch:
@@ -181,13 +181,14 @@ def workload_file(root: Path, op_type: str, definition: str) -> Path:
     return workload_path(root, op_type, definition)
 
 
-def _append(path: Path, lines: list[str], check_tail: bool = False) -> bool:
-    """Append lines to a JSONL file; with ``check_tail``, first end a torn last line.
+def _append(path: Path, lines: list[str]) -> bool:
+    """Append lines to a JSONL file, on a line of their own; whether it ended in a torn line.
 
-    Returns whether the file ended in a torn line (Note [torn lines] in
-    fibgen/format/dataset/writers.py). Other processes may be appending to the same file, so it
-    is not cut: the new lines start on a line of their own, and the torn one stays a bad
-    line that readers name by file and line.
+    Other processes may be appending to the same file, so a torn last line (Note [torn lines]
+    in fibgen/format/dataset/writers.py) is not cut: the new lines start after a newline, and
+    the torn one stays a bad line that readers skip, naming its file and line. The last byte
+    is read before every append, not only the first: another writer may die mid-line at any
+    time, and one byte read costs nothing beside the write.
     """
     # One O_APPEND write per batch: processes tracing into one dataset do not tear lines.
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -195,11 +196,10 @@ def _append(path: Path, lines: list[str], check_tail: bool = False) -> bool:
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     torn = False
     try:
-        if check_tail:
-            size = os.fstat(fd).st_size
-            if size and os.pread(fd, 1, size - 1) != b"\n":
-                torn = True
-                data = b"\n" + data
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            torn = True
+            data = b"\n" + data
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]

@@ -117,8 +117,6 @@ class _Tracer(_Recorder, _Writer):
         self.warned: set[str] = set()
         self.unknown = itertools.count()
         self.mismatched = itertools.count()
-        # Workload files this tracer has appended to: their last line was checked.
-        self.appended: set[Path] = set()
         # Definition name -> the check of a call's inputs (Note [checked records]).
         self.checks: dict[str, Callable[[Sequence[Any]], str | None]] = {}
         # Definition name -> its JSON file beside the dispatcher (None: not found), filled

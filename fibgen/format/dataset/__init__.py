@@ -23,6 +23,8 @@ from fibgen.format.dataset.layout import (
     workload_path,
 )
 from fibgen.format.dataset.loaders import (
+    iter_records,
+    iter_traces,
     load_definition_files,
     load_definitions,
     load_solution_files,
@@ -68,6 +70,8 @@ __all__ = [
     "folder_sources",
     "is_solution_folder",
     "is_stale",
+    "iter_records",
+    "iter_traces",
     "load_blob",
     "load_definition_files",
     "load_definitions",

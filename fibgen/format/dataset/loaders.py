@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from fibgen.format.dataset.layout import PathLike, dataset_files
 from fibgen.format.dataset.solution_folders import read_solution
-from fibgen.format.errors import FormatError
-from fibgen.format.jsonio import load_definition, parse_trace_line, read_text
+from fibgen.format.errors import FormatError, FormatWarning, NotJSONError
+from fibgen.format.jsonio import jsonl_lines, load_definition, parse_trace_line
 from fibgen.format.models import Definition, Solution, Trace, Workload
 
 
@@ -31,10 +32,13 @@ def load_definition_files(root: PathLike) -> dict[str, tuple[Path, Definition]]:
 
 
 def load_workloads(root: PathLike) -> dict[str, list[Workload]]:
-    """All workloads under ``root/workloads`` (any depth), by definition name, in file order."""
+    """All workloads under ``root/workloads`` (any depth), by definition name, in file order.
+
+    A line that is not JSON (torn) is skipped with a FormatWarning (``iter_records``).
+    """
     out: dict[str, list[Workload]] = {}
     for path in dataset_files(root, "workloads"):
-        for lineno, trace in _numbered(path):
+        for lineno, trace in iter_records(path):
             if not trace.is_workload_trace:
                 raise FormatError(
                     path,
@@ -62,25 +66,58 @@ def load_solution_files(root: PathLike) -> list[tuple[Path, Solution]]:
 def load_traces(root: PathLike, on_bad: Callable[[FormatError], None] | None = None) -> list[Trace]:
     """All traces under ``root/traces`` (any depth), in sorted path order, then line order.
 
-    A line that does not parse raises FormatError naming its file and line; with ``on_bad``
-    it is handed to ``on_bad`` and skipped instead, so that one damaged line (a run killed
-    while writing it) does not hide every other trace of the dataset.
+    See ``iter_traces``, which reads them one at a time.
     """
-    return [trace for path in dataset_files(root, "traces") for _, trace in _numbered(path, on_bad)]
+    return list(iter_traces(root, on_bad))
 
 
-def _numbered(
-    path: Path, on_bad: Callable[[FormatError], None] | None = None
-) -> list[tuple[int, Trace]]:
-    # Keep each trace's line number: checks made after parsing still point at the line.
-    out = []
-    for lineno, line in enumerate(read_text(path).splitlines(), start=1):
-        if not line.strip():
-            continue
+def iter_traces(
+    root: PathLike, on_bad: Callable[[FormatError], None] | None = None
+) -> Iterator[Trace]:
+    """The traces under ``root/traces`` one at a time, in the order of ``load_traces``.
+
+    Only one line is read at a time: a reader that keeps what it needs of each trace holds
+    that, not the files, which grow to gigabytes. Bad lines are handled by ``iter_records``:
+    with ``on_bad``, one damaged line (a run killed while writing it) does not hide every
+    other trace of the dataset.
+    """
+    for path in dataset_files(root, "traces"):
+        for _, trace in iter_records(path, on_bad):
+            yield trace
+
+
+def iter_records(
+    path: PathLike, on_bad: Callable[[FormatError], None] | None = None
+) -> Iterator[tuple[int, Trace]]:
+    """Each record of a JSONL file with its line number (checks made after parsing still
+    point at the line), read one line at a time.
+
+    A line that is not JSON is skipped with a FormatWarning naming its file and line: it is
+    a line torn by a writer stopped mid-line (Note [torn lines] in writers.py), and the
+    records around it are whole. A line that is JSON but no record raises FormatError. With
+    ``on_bad``, every bad line is handed to ``on_bad`` and skipped instead.
+    """
+    for lineno, line in jsonl_lines(path):
         try:
-            out.append((lineno, parse_trace_line(line, path, lineno)))
+            trace = parse_trace_line(line, path, lineno)
+        except NotJSONError as exc:
+            if on_bad is not None:
+                on_bad(exc)
+                continue
+            size = len(line.rstrip(b"\r\n"))
+            warnings.warn(
+                FormatWarning(
+                    path,
+                    f"skipped: not JSON ({size} bytes; a line torn by a writer stopped before "
+                    "finishing it?)",
+                    lineno,
+                ),
+                stacklevel=2,
+            )
+            continue
         except FormatError as exc:
             if on_bad is None:
                 raise
             on_bad(exc)
-    return out
+            continue
+        yield lineno, trace

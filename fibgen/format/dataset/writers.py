@@ -42,10 +42,20 @@ def write_text_atomic(path: PathLike, text: str) -> bool:
 # A JSONL writer stopped in the middle of a line (killed, out of disk; flashinfer-bench and
 # the tracer append in place) leaves a last line without its newline that is not JSON.
 # Appending after it would glue the next record to it and lose both, and a reader that stops
-# at the first bad line would lose the whole file. So every appender here drops such a torn
-# last line first and says so (it never was a record: its writer did not finish it), a last
-# line that is whole JSON without its newline only gets the newline, and readers that can go
-# on (``load_traces(..., on_bad=...)``) name each bad line by file and line and skip it.
+# at the first bad line would lose the whole file. So:
+# - every appender here drops such a torn last line first and says so (it never was a
+#   record: its writer did not finish it); a last line that is whole JSON without its
+#   newline only gets the newline;
+# - the tracer, which appends in place while other processes may append to the same file,
+#   cannot cut the file: before each append it reads the last byte, and when it is not a
+#   newline it starts with one, so its records are whole lines and the torn one stays a line
+#   of its own (``_append`` in fibgen/runtime/trace_writer.py). A line torn by another
+#   writer between that read and the append can still take a record with it; closing that
+#   needs a lock that every writer takes, and flashinfer-bench takes none;
+# - readers read one line at a time, and skip a line that is not JSON with a FormatWarning
+#   naming its file and line (``iter_records``): a torn line anywhere in a file costs that
+#   line only. A line that is JSON but no record is an error (or goes to ``on_bad``).
+#   ``fibgen validate`` calls a torn line an error, as flashinfer-bench refuses the file.
 
 
 def _torn_tail(data: bytes) -> tuple[int, int] | None:
