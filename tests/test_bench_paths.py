@@ -145,7 +145,8 @@ def test_cpu_timings_are_medians_of_many_calls_with_their_spread(tmp_path, monke
         evaluation = trace["evaluation"]
         log = evaluation["log"]
         assert log.startswith("timing: median ") and "; reference: median " in log
-        samples = [int(part.split(" samples")[0].rsplit(" ", 1)[1]) for part in log.split(";")]
+        timings = log.split(";")[:2]  # the solution's and the reference's; then e2e notes
+        samples = [int(part.split(" samples")[0].rsplit(" ", 1)[1]) for part in timings]
         assert all(n >= 30 for n in samples), log
         assert 1 / 3 < evaluation["performance"]["speedup_factor"] < 3, log
 

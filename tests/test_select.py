@@ -40,7 +40,15 @@ def _solution(name: str) -> Solution:
     )
 
 
-def _trace(solution: str, n: int, latency: float, status: str = "PASSED", abs_err=1e-3, e2e=None):
+def _trace(
+    solution: str,
+    n: int,
+    latency: float,
+    status: str = "PASSED",
+    abs_err=1e-3,
+    e2e=None,
+    own=None,
+):
     evaluation = {
         "status": status,
         "environment": {"hardware": "cpu"},
@@ -57,6 +65,10 @@ def _trace(solution: str, n: int, latency: float, status: str = "PASSED", abs_er
         if e2e is not None:
             evaluation["performance"]["e2e_latency_ms"] = e2e
             evaluation["performance"]["reference_e2e_latency_ms"] = 20.0
+        if own is not None:
+            # The API's own function, timed beside the solution (Note [bench e2e]).
+            evaluation["performance"]["original_latency_ms"] = own[0]
+            evaluation["performance"]["original_e2e_latency_ms"] = own[1]
     return Trace.model_validate(
         {
             "definition": DEFINITION["name"],
@@ -819,3 +831,95 @@ def test_solutions_of_languages_fibgen_cannot_run_are_not_selected(tmp_path, mon
         "scale_h64/fast_new: fibgen cannot build or import cute_dsl solutions",
         "scale_h64/fast_tl: fibgen cannot build or import tilelang solutions",
     ]
+
+
+# The API's own function as a candidate (Note [the API's own function as a candidate]).
+
+
+def _own_traces(root, own3, own17):
+    """steady, the only trusted solution, at n=3 and n=17; the API's own figures beside it."""
+    append_traces(
+        root,
+        "scale",
+        [
+            _trace("steady", 3, 1.0, e2e=2.0, own=own3),
+            _trace("steady", 17, 4.0, e2e=5.0, own=own17),
+        ],
+    )
+
+
+@pytest.fixture()
+def steady_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    root = make_dataset(tmp_path / "ds", [])
+    from fibgen.format import write_solution
+
+    write_solution(root, _solution("steady"), "scale")
+    yield root
+    disable_apply()
+
+
+def test_a_key_where_the_apis_own_function_is_faster_goes_to_it(steady_only):
+    # At n=3 the API's own call costs 1.5 against steady's 2.0 (e2e): that key stays on the
+    # API; at n=17 steady wins by more (5.0 against 8.0).
+    _own_traces(steady_only, own3=(0.5, 1.5), own17=(5.0, 8.0))
+    table = build_table(steady_only)["definitions"][DEFINITION["name"]]
+    assert table["keyed"]["keys"] == [[[3], select.ORIGINAL], [[17], "steady"]]
+    assert "miss_original" not in table  # steady beats it across its traces (geomean)
+    enable_apply(steady_only)
+    originals = []
+
+    @apply(DEFINITION["name"])
+    def scale(x, w):
+        originals.append(x.shape[0])
+        return x * w
+
+    w = torch.full((64,), 2.0)
+    for n in (3, 17, 5):
+        scale(x=torch.randn(n, 64), w=w)
+    # n=3 is the API's own; n=17 steady's (a fill); n=5, untraced, the best: steady's.
+    assert originals == [3]
+    (counts,) = [c for label, c in stats().items() if label.endswith("scale")]
+    assert (counts["hit"], counts["fallback_declined"]) == (2, 1)
+
+
+def test_the_gpu_metric_compares_the_apis_kernel_time(steady_only):
+    _own_traces(steady_only, own3=(0.5, 1.5), own17=(5.0, 8.0))
+    table = build_table(steady_only, {"*": {"metric": "gpu"}})["definitions"][DEFINITION["name"]]
+    # GPU time: 1.0 against 0.5 at n=3 (the API wins), 4.0 against 5.0 at n=17.
+    assert table["keyed"]["keys"] == [[[3], select.ORIGINAL], [[17], "steady"]]
+
+
+def test_a_definition_no_solution_beats_the_api_on_is_not_routed_and_said(steady_only):
+    _own_traces(steady_only, own3=(0.5, 1.5), own17=(2.0, 3.0))
+    table = build_table(steady_only)
+    assert DEFINITION["name"] not in table["definitions"]
+    assert table["unused"]["slower"] == [f"{DEFINITION['name']} (cpu)"]
+    with pytest.warns(RuntimeWarning, match="no solution faster than the API's own function"):
+        assert entries(steady_only) == {}
+
+
+def test_a_miss_goes_to_the_api_where_the_best_loses_to_it_overall(steady_only):
+    # steady wins n=17 by a little (5.0 against 5.5) and loses n=3 by a lot (2.0 against
+    # 0.5): across its traces it is slower, so an untraced key goes to the API.
+    _own_traces(steady_only, own3=(0.2, 0.5), own17=(5.0, 5.5))
+    table = build_table(steady_only)["definitions"][DEFINITION["name"]]
+    assert table["miss_original"] is True
+    assert table["keyed"]["keys"] == [[[3], select.ORIGINAL], [[17], "steady"]]
+    enable_apply(steady_only)
+    originals = []
+
+    @apply(DEFINITION["name"])
+    def scale(x, w):
+        originals.append(x.shape[0])
+        return x * w
+
+    for n in (3, 17, 8):
+        scale(x=torch.randn(n, 64), w=torch.ones(64))
+    assert originals == [3, 8]
+
+
+def test_traces_without_the_apis_figures_rank_solutions_as_before(steady_only):
+    append_traces(steady_only, "scale", [_trace("steady", 3, 1.0, e2e=2.0)])
+    table = build_table(steady_only)["definitions"][DEFINITION["name"]]
+    assert table["ranking"] == ["steady"] and "keyed" not in table

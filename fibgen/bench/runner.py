@@ -206,15 +206,27 @@ def _evaluation(result: dict, reference: dict, hardware: str, libs: dict) -> dic
             "reference_latency_ms": ref_ms,
             "speedup_factor": ref_ms / latency if latency > 0 else 0.0,
         }
-        if "e2e_ms" in result["timing"] and "e2e_ms" in reference:
-            # Beside the GPU time: what a call costs in an eager loop (fibgen/bench/eager.py).
-            # flashinfer-bench's Performance ignores keys it does not know.
-            evaluation["performance"]["e2e_latency_ms"] = result["timing"]["e2e_ms"]
-            evaluation["performance"]["reference_e2e_latency_ms"] = reference["e2e_ms"]
+        timing = result["timing"]
+        if "e2e_ms" in timing:
+            # Beside the GPU time: what a call costs in an eager loop as apply delivers it
+            # (Note [bench e2e] in worker.py). flashinfer-bench ignores keys it does not know.
+            performance = evaluation["performance"]
+            performance["e2e_latency_ms"] = timing["e2e_ms"]
+            ref_e2e = timing.get("reference_e2e_ms", reference.get("e2e_ms"))
+            if ref_e2e is not None:
+                performance["reference_e2e_latency_ms"] = ref_e2e
+            for key, field in (
+                ("original_e2e_ms", "original_e2e_latency_ms"),
+                ("original_ms", "original_latency_ms"),
+                ("e2e_spread", "e2e_spread"),
+                ("e2e_routed", "e2e_routed"),
+            ):
+                if key in timing:
+                    performance[field] = timing[key]
         # The spread of both timings, which the Performance record has no field for.
-        evaluation["log"] = (
-            f"timing: {_describe(result['timing'])}; reference: {_describe(reference)}"
-        )
+        evaluation["log"] = f"timing: {_describe(timing)}; reference: {_describe(reference)}"
+        if timing.get("e2e_note"):
+            evaluation["log"] += "; " + timing["e2e_note"]
     return evaluation
 
 
@@ -280,6 +292,12 @@ def _run_group(handle: _Handle, group: _Group, root: Path, options: BenchOptions
             result = {"status": w.RUNTIME_ERROR, "log": reply[1]}
         if "timing" in result and _spread(result["timing"]) > NOISY_SPREAD:
             noisy.append(f"{where}: {solution.name} {_describe(result['timing'])}")
+        if "timing" in result and result["timing"].get("e2e_spread", 0.0) > NOISY_SPREAD:
+            spread = result["timing"]["e2e_spread"]
+            noisy.append(
+                f"{where}: {solution.name} end to end: its ratio to the reference spread "
+                f"{spread:.0%} over {w.E2E_ROUNDS} paired rounds"
+            )
         if handle.process is None:
             # The worker is gone (or exited after a CUDA error): a new one needs the inputs.
             again = handle.ask(request, prepare_timeout)

@@ -44,6 +44,26 @@ TIMEOUT = "TIMEOUT"
 
 # Trace logs keep the end of a traceback: the part that says what went wrong.
 LOG_LIMIT = 4000
+# Paired rounds of the e2e figures (Note [bench e2e]).
+E2E_ROUNDS = 5
+
+# Note [bench e2e]
+# ~~~~~~~~~~~~~~~~
+# A trace's e2e figure is what the call costs an engine's eager loop as apply delivers it:
+# the call the engine makes (its API, its arguments; Note [api calls] in
+# fibgen/runtime/api_calls.py), routed through the generated dispatcher to the solution with
+# apply on and the APIs patched (a solution that calls the API it serves re-enters as it
+# would in the engine, Note [re-entry]), launch replay active and settled. It is timed in
+# paired rounds (fibgen/bench/eager.py) with the definition's reference and, where it runs
+# here, the API's own function (apply off): each round times all of them within
+# milliseconds, so the ratios cancel the host's drift; the spread of the solution/reference
+# ratio over the rounds is recorded (``e2e_spread``), and a wide one is warned about as kernel
+# timings are. The API's own function is also timed behind the L2 flush
+# (``original_latency_ms``), so that selection can keep a key on FlashInfer's own kernel where
+# no solution beats it. Where no dispatcher can make the call (a definition only the dataset
+# has, a family whose inputs a rule computes) or the dispatcher did not serve every timed call
+# with the solution (a rule refuses the workload), the solution is called directly with
+# outputs allocated per call, ``e2e_routed`` is false, and the log says why.
 
 
 def _tail(text: str) -> str:
@@ -152,7 +172,130 @@ class Worker:
         """End-to-end eager latency of ``call`` in ms (Note [eager rounds], bench/eager.py)."""
         from fibgen.bench.eager import time_eager
 
-        return time_eager(call, device=self.device, rounds=5) / 1e3
+        return time_eager(call, device=self.device, rounds=E2E_ROUNDS) / 1e3
+
+    def _api_call(self, name: str) -> Any:
+        """The checked API call of the workload's inputs (Note [api calls] in
+        fibgen/runtime/api_calls.py); CallUnavailable says why there is none."""
+        from fibgen.runtime import api_calls
+
+        work = self.work
+        api = api_calls.api_for(name)
+        if api is None:
+            raise api_calls.CallUnavailable(
+                f"no dispatcher routes {name} (fibgen's catalogue has no such definition)"
+            )
+        inputs = _clone(work.inputs)
+        call = api_calls.build(
+            api, name, work.definition, inputs, _empty_outputs(work), self.device
+        )
+        call.check(inputs)
+        return call
+
+    def _e2e_figures(
+        self, model: Any, loaded: Any, args: dict, warmup: int, repeat: Any, flush: str
+    ) -> dict:
+        """The e2e figures of a solution that passed (Note [bench e2e])."""
+        import statistics
+        import warnings
+
+        from fibgen.bench.eager import eager_rounds
+        from fibgen.bench.timing import measure
+        from fibgen.runtime import api_calls
+        from fibgen.runtime.apply import disable_apply, enable_apply, stats
+
+        work = self.work
+        name = work.definition["name"]
+        reference = self.reference
+        ref_args = _clone(work.inputs)
+        fns: dict[str, Any] = {"reference": lambda: reference(**ref_args)}
+        figures: dict[str, Any] = {}
+        try:
+            call = self._api_call(name)
+        except api_calls.CallUnavailable as exc:
+            call, why = None, str(exc)
+        notes = []
+        if call is None:
+            fns["solution"] = (
+                (lambda: loaded.fn(**args, **_empty_outputs(work)))
+                if loaded.dps
+                else (lambda: loaded.fn(**args))
+            )
+            rounds = eager_rounds(fns, device=self.device, rounds=E2E_ROUNDS)
+            figures["e2e_routed"] = False
+            notes.append(f"e2e: the solution called directly, not through a dispatcher: {why}")
+        else:
+            label = call.api.label
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                # Patched as in an engine: a solution that calls the API it serves re-enters
+                # the dispatcher, and is timed with what that costs (Note [re-entry]).
+                enable_apply({name: model}, patch=True)
+            try:
+                call.capture()
+                call.routed()
+                _sync(self.device)
+                from fibgen.runtime.replay import wait_native
+
+                wait_native()  # timed as a settled process runs it
+                fns["solution"] = call.routed
+                try:
+                    call.original()
+                    _sync(self.device)
+                    fns["original"] = call.original
+                except Exception as exc:  # noqa: BLE001 - the original may not run here
+                    notes.append(
+                        f"the API's own function does not run here ({type(exc).__name__}: "
+                        f"{_first_line(exc)})"
+                    )
+                rounds = eager_rounds(fns, device=self.device, rounds=E2E_ROUNDS)
+                counts = stats().get(label, {})
+            finally:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    disable_apply()
+            served = counts.get("hit", 0) > 0 and not any(
+                counts.get(k, 0)
+                for k in ("error", "fallback_no_candidate", "fallback_guard", "fallback_declined")
+            )
+            if not served:
+                # The routed figure is not the solution's: time it directly, and say why.
+                fns.pop("original", None)
+                fns["solution"] = (
+                    (lambda: loaded.fn(**args, **_empty_outputs(work)))
+                    if loaded.dps
+                    else (lambda: loaded.fn(**args))
+                )
+                rounds = eager_rounds(fns, device=self.device, rounds=E2E_ROUNDS)
+                figures["e2e_routed"] = False
+                notes.append(
+                    f"e2e: the solution called directly: the dispatcher of {label} did not "
+                    f"serve every call with it ({_counted(counts)})"
+                )
+            else:
+                figures["e2e_routed"] = True
+                notes.append(f"e2e: routed through the dispatcher of {label}")
+                if "original" in fns:
+                    try:
+                        original = measure(
+                            call.original, self.device, warmup=warmup, repeat=repeat, flush=flush
+                        )
+                        figures["original_ms"] = original.median_ms
+                    except Exception as exc:  # noqa: BLE001
+                        notes.append(f"the API's own function could not be timed: {exc}")
+        per_call = {k: [c.per_call for c in v] for k, v in rounds.items()}
+        figures["e2e_ms"] = statistics.median(per_call["solution"]) / 1e3
+        figures["reference_e2e_ms"] = statistics.median(per_call["reference"]) / 1e3
+        if "original" in per_call:
+            figures["original_e2e_ms"] = statistics.median(per_call["original"]) / 1e3
+        # The spread of the paired ratio: the host's drift cancels within a round.
+        ratios = [s / r for s, r in zip(per_call["solution"], per_call["reference"]) if r > 0]
+        if len(ratios) >= 2:
+            q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+            middle = statistics.median(ratios)
+            figures["e2e_spread"] = (q3 - q1) / middle if middle > 0 else math.inf
+        figures["e2e_note"] = "; ".join(notes)
+        return figures
 
     def evaluate(
         self,
@@ -215,11 +358,7 @@ class Worker:
 
         try:
             timing = measure(call, self.device, warmup=warmup, repeat=repeat, flush=flush)
-            if loaded.dps:
-                # As a routed call: the dispatcher allocates the outputs it passes.
-                e2e = self._e2e(lambda: loaded.fn(**args, **_empty_outputs(work)))
-            else:
-                e2e = self._e2e(call)
+            e2e = self._e2e_figures(model, loaded, args, warmup, repeat, flush)
             if not sampler:
                 # The timed calls took the path a settled process takes (replayed launches,
                 # Note [launch replay]): what they compute is checked too, not only the first.
@@ -401,15 +540,26 @@ def _is_sampling(definition: dict) -> bool:
     return is_sampling(definition)
 
 
-def _timing(timing: Any, e2e_ms: float) -> dict:
-    return {
+def _timing(timing: Any, e2e: float | dict) -> dict:
+    out = {
         "median_ms": timing.median_ms,
         "q1_ms": timing.q1_ms,
         "q3_ms": timing.q3_ms,
         "samples": timing.samples,
         "calls_per_sample": timing.calls_per_sample,
-        "e2e_ms": e2e_ms,
     }
+    out.update(e2e if isinstance(e2e, dict) else {"e2e_ms": e2e})
+    return out
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else ""
+
+
+def _counted(counts: dict) -> str:
+    shown = ", ".join(f"{k} {v}" for k, v in counts.items() if v and k != "rules")
+    return shown or "no call counted"
 
 
 def _format(exc: BaseException) -> str:

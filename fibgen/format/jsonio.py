@@ -171,9 +171,17 @@ def evaluation_to_json(evaluation: Evaluation) -> dict[str, Any]:
             "reference_latency_ms": _float(p.reference_latency_ms),
             "speedup_factor": _float(p.speedup_factor),
         }
-        for key in ("e2e_latency_ms", "reference_e2e_latency_ms"):
+        for key in (
+            "e2e_latency_ms",
+            "reference_e2e_latency_ms",
+            "original_e2e_latency_ms",
+            "original_latency_ms",
+            "e2e_spread",
+        ):
             if getattr(p, key) is not None:
                 out["performance"][key] = _float(getattr(p, key))
+        if p.e2e_routed is not None:
+            out["performance"]["e2e_routed"] = p.e2e_routed
     return out
 
 

@@ -137,7 +137,11 @@ def register_package(
 def _import_packages(packages: Iterable[str] | None, names: Iterable[str], patch: bool) -> None:
     # Dispatchers are imported here so that they can be patched in, and so that callables
     # registered for their definitions are checked now rather than on their first call.
-    wanted = list(packages) if packages is not None else [*DEFAULT_PACKAGES, *_state.packages]
+    wanted = (
+        list(packages)
+        if packages is not None
+        else [*DEFAULT_PACKAGES, *env_packages(), *_state.packages]
+    )
     for package in dict.fromkeys(wanted):
         if package not in _state.packages:
             try:
@@ -151,6 +155,14 @@ def _import_packages(packages: Iterable[str] | None, names: Iterable[str], patch
             modules |= {m for path, m in apis.items() if patching.original(path) is not None}
         for module in sorted(modules):
             importlib.import_module(f"{package}.{module}")
+
+
+def env_packages() -> list[str]:
+    """``FIBGEN_PACKAGES``: packages of generated dispatchers (``fibgen build --package``) to
+    import beside ``fibgen_kernels``, comma-separated; a bench worker inherits it."""
+    import os
+
+    return [p.strip() for p in os.environ.get("FIBGEN_PACKAGES", "").split(",") if p.strip()]
 
 
 def _check_callables(entries: Mapping[str, solutions.Entry]) -> None:

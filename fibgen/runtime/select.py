@@ -58,9 +58,9 @@ from typing import Any
 from fibgen.runtime import hardware, solutions
 from fibgen.runtime.select_entries import _entry, _keyed
 from fibgen.runtime.select_policy import Policy, _policy, normalize_config
-from fibgen.runtime.select_table import _build, _inputs, build_table
+from fibgen.runtime.select_table import ORIGINAL, _build, _inputs, build_table
 
-__all__ = ["Policy", "build_table", "entries", "load_table", "normalize_config"]
+__all__ = ["ORIGINAL", "Policy", "build_table", "entries", "load_table", "normalize_config"]
 
 # Bumped when the table's layout changes, so that old cache files are not read.
 TABLE_VERSION = 6
@@ -156,6 +156,11 @@ def unused_message(root: Path, table: dict) -> str | None:
         parts.append(
             f"{unused['unreadable']} file(s) under {root}/solutions are not Solution JSON "
             f"(`fibgen validate {root}` names them)"
+        )
+    if unused.get("slower"):
+        parts.append(
+            f"{len(unused['slower'])} definition(s) have no solution faster than the API's own "
+            f"function, which keeps their calls ({_examples(unused['slower'])})"
         )
     where = table.get("hardware") or {}
     here = where.get("names", ["?"])[0] if where.get("kind") == "cuda" else "this CPU"

@@ -11,6 +11,7 @@ from typing import Any
 from fibgen.runtime import solutions
 from fibgen.runtime.errors import Decline
 from fibgen.runtime.select_policy import Policy
+from fibgen.runtime.select_table import ORIGINAL
 
 
 class _LazySolution:
@@ -36,12 +37,20 @@ def _entry(root: Path, name: str, solution: str, relpath: str) -> solutions.Entr
     )
 
 
+_FASTER = "the API's own function is faster there"
+
+
 def _declining(name: str, key: Any, why: str = "") -> Callable[..., Any]:
     """A solution that hands every call back: the dispatcher falls back (``on_miss="fallback"``,
-    or no trusted solution for a key its traces do not cover)."""
+    no trusted solution for a key its traces do not cover, or the API's own function faster)."""
+    if why == _FASTER:
+        declined = Decline(f"{name}: at var-axis values {key!r} {why}")
+    else:
+        declined = Decline(f"{name}: no passing trace covers var-axis values {key!r}{why}")
 
     def decline(*_: Any, **__: Any) -> Any:
-        raise Decline(f"{name}: no passing trace covers var-axis values {key!r}{why}")
+        # One exception for every call, its traceback dropped so that it does not grow.
+        raise declined.with_traceback(None)
 
     return decline
 
@@ -65,10 +74,13 @@ def _keyed(root: Path, name: str, info: dict, policy: Policy) -> solutions.Entry
     # The definition's best, and the choices of a miss: trusted solutions only (Note
     # [selection beside flashinfer-bench] in select_table.py); None where none is trusted.
     best = info["ranking"][0] if info["ranking"] else None
-    trusted = keyed["trusted"]  # [values, solution] per traced key
+    if info.get("miss_original"):
+        best = None  # a miss goes to the API's own function (Note [the API's own function
+        # as a candidate] in select_table.py)
+    trusted = [t for t in keyed["trusted"] if t[1] != ORIGINAL]  # [values, solution] per key
     # The keyed entry is destination-passing when any of its choices is: value-returning
     # choices then copy into the buffers, so no choice needs outputs allocated for it.
-    chosen = {s for _, s in keyed["keys"]} | {s for _, s in trusted} | ({best} - {None})
+    chosen = ({s for _, s in keyed["keys"]} | {s for _, s in trusted} | {best}) - {None, ORIGINAL}
     dps = keyed["dps"]
 
     def adapt(fn: Callable[..., Any], fn_dps: bool) -> Callable[..., Any]:
@@ -109,7 +121,11 @@ def _keyed(root: Path, name: str, info: dict, policy: Policy) -> solutions.Entry
 
     single = len(keyed["bind"]) == 1
     for values, solution in keyed["keys"]:
-        choices[values[0] if single else tuple(values)] = stub_for(solution)
+        key = values[0] if single else tuple(values)
+        if solution == ORIGINAL:
+            choices[key] = _declining(name, key, why=_FASTER)
+        else:
+            choices[key] = stub_for(solution)
     for solution in sorted(chosen):
         stub_for(solution)
     for solution in info["ranking"][: policy.prebuild]:
@@ -134,6 +150,8 @@ def _keyed(root: Path, name: str, info: dict, policy: Policy) -> solutions.Entry
             fn = reference_fn[0]
         elif policy.on_miss == "fallback":
             fn = _declining(name, key)
+        elif info.get("miss_original") and policy.on_miss in ("best", "nearest"):
+            fn = _declining(name, key, why=_FASTER)
         else:
             fn = _declining(name, key, ", and no solution passed at every key it was run at")
         if len(choices) < 4096:  # remembered, within reason: keys are batch sizes

@@ -426,6 +426,16 @@ def _rank(candidates: dict[str, _Record]) -> tuple[list[str], dict[tuple, str], 
     return ranking, keys, trusted_keys
 
 
+def _miss_original(candidates: dict[str, _Record], ranking: list[str]) -> bool:
+    """Whether the definition's best is slower than the API's own function (Note [the API's
+    own function as a candidate])."""
+    if not ranking:
+        return False
+    rows = [f for figures in candidates[ranking[0]].passed.values() for f in figures]
+    e2e = all(f[3] is not None for f in rows)
+    return not _beats_original(rows, e2e)
+
+
 def _keyed(
     root: Path,
     definition: dict | None,
@@ -449,7 +459,7 @@ def _keyed(
         )
     # Keys in the definition's var-axis order, as the keyed entry reads them.
     position = [trace_axes.index(a) for a in axes]
-    chosen = set(keys.values()) | set(trusted_keys.values()) | set(ranking[:1])
+    chosen = (set(keys.values()) | set(trusted_keys.values()) | set(ranking[:1])) - {ORIGINAL}
 
     def listed(choices: dict[tuple, str]) -> list:
         return [[[k[i] for i in position], s] for k, s in sorted(choices.items())]
@@ -473,6 +483,7 @@ def _build(root: Path, inputs: dict, config: dict[str, Policy], where: hardware.
     table: dict[str, Any] = {}
     chosen_groups: dict[str, str] = {}
     unkeyable: dict[str, str] = {}
+    slower: dict[str, str] = {}  # definitions the API's own function serves best
     for name, by_group in sorted(stats.items()):
         known = paths.get(name, {})
         choices = []
@@ -494,13 +505,20 @@ def _build(root: Path, inputs: dict, config: dict[str, Policy], where: hardware.
         _, group, candidates = min(choices)
         chosen_groups[name] = group
         ranking, keys, trusted_keys = _rank(candidates)
+        miss_original = _miss_original(candidates, ranking)
+        if miss_original and all(s == ORIGINAL for s in keys.values()):
+            # Nothing beats the API's own function: the definition is not routed.
+            slower[name] = labels[group]
+            continue
         entry: dict[str, Any] = {
             "ranking": ranking,
             "solutions": {s: known[s] for s in sorted(candidates)},
             "hardware": labels[group],
             "measured_here": group == "",
         }
-        if not ranking or any(s != ranking[0] for s in keys.values()):
+        if miss_original:
+            entry["miss_original"] = True
+        if not ranking or miss_original or any(s != ranking[0] for s in keys.values()):
             keyed, why = _keyed(
                 root,
                 _definition_json(inputs, name, definitions),
@@ -534,6 +552,7 @@ def _build(root: Path, inputs: dict, config: dict[str, Policy], where: hardware.
             evaluated,
             skipped + unkeyed,
             len(inputs["solutions"]),
+            slower,
         ),
     }
 
@@ -546,6 +565,24 @@ def _unknown_definitions(
     return sorted(
         f"{d}/{s}" for d, by in paths.items() if not _has_definition(inputs, d, cache) for s in by
     )
+
+
+# Note [the API's own function as a candidate]
+# A routed call replaces the API's own function (FlashInfer's kernel): substituting a solution
+# that is slower than it makes the engine slower, whatever the solution's speedup over the
+# definition's reference. So bench times the API's own function beside each solution, in the
+# same paired rounds and behind the same L2 flush (Note [bench e2e] in fibgen/bench/worker.py),
+# and selection treats it as one more candidate, ``ORIGINAL``: a key whose fastest solution is
+# slower than the API's own function in that solution's traces routes to the API (the keyed
+# entry declines the call, and the dispatcher falls back to the original); a miss does too
+# when the definition's best is slower than the API across its traces (``miss_original``);
+# and a definition whose every key goes to the API is not routed at all, and is said so
+# (``unused["slower"]``). Traces without the API's figures (written by flashinfer-bench, by
+# an older fibgen, or where the API does not run) leave the solutions to the reference
+# speedups alone, as before. FlashInfer-Bench's own selection has no such candidate: its
+# apply substitutes the best solution even where it loses to the API it replaces.
+
+ORIGINAL = "@original"
 
 
 # Note [selection metric]
@@ -568,25 +605,44 @@ def _latency(value: Any) -> float | None:
 
 
 def _figures(perf: dict, metric: str) -> tuple:
-    """(GPU latency, GPU speedup, e2e latency or None, e2e speedup or None) of a trace."""
+    """(GPU latency, GPU speedup, e2e latency or None, e2e speedup or None, the API's own GPU
+    latency or None, its e2e latency or None) of a trace."""
     latency = _latency(perf.get("latency_ms"))
     speedup = _number(perf.get("speedup_factor"))
     figures = (
         math.inf if latency is None else latency,
         speedup if 0.0 <= speedup < math.inf else 0.0,
     )
+    own = (_latency(perf.get("original_latency_ms")),)
     e2e = _latency(perf.get("e2e_latency_ms"))
     ref_e2e = _latency(perf.get("reference_e2e_latency_ms"))
     if metric != "e2e" or e2e is None or ref_e2e is None:
-        return figures + (None, None)
-    return figures + (e2e, ref_e2e / e2e)
+        return figures + (None, None) + own + (None,)
+    return figures + (e2e, ref_e2e / e2e) + own + (_latency(perf.get("original_e2e_latency_ms")),)
 
 
 def _fastest(candidates: dict[str, list[tuple]]) -> str:
-    """The candidate of one key with the lowest median latency, e2e where all have it."""
+    """The candidate of one key with the lowest median latency, e2e where all have it; the
+    API's own function (``ORIGINAL``) where the traces of that candidate measured it faster
+    (Note [the API's own function as a candidate])."""
     e2e = all(f[2] is not None for rows in candidates.values() for f in rows)
     at = 2 if e2e else 0
-    return min(sorted(candidates), key=lambda s: statistics.median(f[at] for f in candidates[s]))
+    best = min(sorted(candidates), key=lambda s: statistics.median(f[at] for f in candidates[s]))
+    own = [f[5 if e2e else 4] for f in candidates[best]]
+    if own and all(o is not None for o in own):
+        if statistics.median(own) < statistics.median(f[at] for f in candidates[best]):
+            return ORIGINAL
+    return best
+
+
+def _beats_original(rows: list[tuple], e2e: bool) -> bool:
+    """Whether a solution is faster than the API's own function across its traces (the
+    geometric mean of the paired ratios); True where its traces did not measure it."""
+    at, own = (2, 5) if e2e else (0, 4)
+    pairs = [(f[at], f[own]) for f in rows if f[own] is not None and f[at] is not None]
+    if not pairs:
+        return True
+    return statistics.fmean(math.log(max(o, 1e-12) / max(t, 1e-12)) for t, o in pairs) > 0
 
 
 def _unused(
@@ -602,6 +658,7 @@ def _unused(
     evaluated: int,
     skipped: int,
     files: int,
+    slower: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """What the table could not use, counted by reason, for the warning at enable; and the
     partial solutions it routes to some keys only."""
@@ -650,4 +707,5 @@ def _unused(
         "unkeyable": keyless,
         "partial": partial,
         "unknown_definitions": unknown,
+        "slower": sorted(f"{d} ({hw})" for d, hw in (slower or {}).items()),
     }

@@ -122,6 +122,14 @@ class Performance(_MetricsModel):
     # Performance ignores keys it does not know, so its readers load these traces as they are.
     e2e_latency_ms: Optional[float] = Field(default=None, ge=0.0)
     reference_e2e_latency_ms: Optional[float] = Field(default=None, ge=0.0)
+    # fibgen's own (Note [bench e2e] in fibgen/bench/worker.py): the API's own function in the
+    # same paired rounds and behind the same L2 flush, where it runs here; the relative spread
+    # of the solution's e2e figure over its rounds; whether the e2e figure is of the call
+    # routed through the generated dispatcher (True) or of the solution called directly.
+    original_e2e_latency_ms: Optional[float] = Field(default=None, ge=0.0)
+    original_latency_ms: Optional[float] = Field(default=None, ge=0.0)
+    e2e_spread: Optional[float] = Field(default=None, ge=0.0)
+    e2e_routed: Optional[bool] = None
 
 
 class Environment(_Model):
