@@ -13,7 +13,7 @@ from fibgen.bench.runner import BenchOptions, run_bench
 from fibgen.cli import main
 
 from _bench_dataset import make_dataset
-from _shared import require_flashinfer_bench, require_module
+from _shared import foreign_files, require_flashinfer_bench, require_module
 
 REPO_DEFS = Path(__file__).resolve().parent.parent / "definitions"
 
@@ -72,6 +72,13 @@ def test_every_status_comes_out_and_good_solutions_are_timed(benched):
     assert "no_such_module_here" in logs["bad_import"]
     assert logs["wrong_later"].startswith("after timing, a call of the solution: ")
     assert "[3, 63]" in logs["wrong_shape"] or "[17, 63]" in logs["wrong_shape"]
+
+
+def test_a_bench_leaves_nothing_in_the_dataset_but_its_files(benched):
+    # No lock files beside the traces (Note [lock files] in fibgen/fsutil.py), no temp files.
+    root, _ = benched
+    assert (root / "traces" / "scale" / "scale_h64.jsonl").is_file()
+    assert foreign_files(root) == []
 
 
 def test_traces_load_with_the_format_and_flashinfer_bench(benched):

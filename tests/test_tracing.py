@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 import fake_flashinfer
 import fibgen.runtime as rt
 from fake_flashinfer import CALLS
-from _shared import require_flashinfer_bench
+from _shared import foreign_files, require_flashinfer_bench
 from fake_flashinfer.catalogue import MODULE, generated_package
 from fibgen.format import load_definitions, load_workloads, write_definition
 
@@ -558,3 +558,33 @@ def test_records_after_a_torn_line_start_on_a_line_of_their_own(tmp_path):
         {"batch_size": 3},
         {"batch_size": 4},
     ]
+
+
+def test_tracing_leaves_nothing_in_the_dataset_but_its_files(tmp_path, monkeypatch):
+    # Workloads, blobs, definitions and their sidecars, and nothing else: also where a blob
+    # could not be put in place (a full disk), whose record is counted as failed.
+    wrapper, indptr, indices, q, cache = _decode_call()
+    rt.enable_tracing(tmp_path, dump="all")
+    rmsnorm.rmsnorm(torch.randn(2, 4096), torch.randn(4096))
+    with rt.enable_apply({}):
+        wrapper.plan(indptr, indices, None, 4, 2, 8, 1, sm_scale=0.5)
+        wrapper.run(q, cache)
+    rt.flush_tracing()
+    replace = os.replace
+
+    def disk_full(source, target, *args, **kwargs):
+        if str(target).endswith(".safetensors"):
+            raise OSError(28, "No space left on device")
+        return replace(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", disk_full)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rmsnorm.rmsnorm(torch.randn(3, 4096), torch.randn(4096))
+        rt.flush_tracing()
+    monkeypatch.setattr(os, "replace", replace)
+    rt.disable_tracing()
+    stats = rt.tracing_stats()
+    assert (stats["written"], stats["failed"]) == (2, 1)
+    assert len(list(tmp_path.glob("blob/workloads/*/*/*.safetensors"))) == 2
+    assert foreign_files(tmp_path) == []

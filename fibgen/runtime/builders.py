@@ -52,8 +52,9 @@ class BuildError(RuntimeError):
 
 def build_root() -> Path:
     """Where builds are kept: ``$FIBGEN_CACHE_DIR/builds`` or ``~/.cache/fibgen/builds``."""
-    base = os.environ.get("FIBGEN_CACHE_DIR") or Path.home() / ".cache" / "fibgen"
-    return Path(base) / "builds"
+    from fibgen.fsutil import cache_dir
+
+    return cache_dir() / "builds"
 
 
 def _torch_fingerprint() -> list[str]:

@@ -239,8 +239,9 @@ def takes_inplace(fn: Callable[..., Any]) -> bool:
 
 def cache_root() -> Path:
     """Where Solution sources are materialized: ``$FIBGEN_CACHE_DIR`` or ``~/.cache/fibgen``."""
-    base = os.environ.get("FIBGEN_CACHE_DIR") or Path.home() / ".cache" / "fibgen"
-    return Path(base) / "solutions"
+    from fibgen.fsutil import cache_dir
+
+    return cache_dir() / "solutions"
 
 
 def _digest(solution: Any) -> str:
