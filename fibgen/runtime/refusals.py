@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from fibgen.runtime import solutions
 from fibgen.runtime.apply_state import _DISCARD, ORIGINAL, _state, _warn_once
 from fibgen.runtime.errors import Decline, FallbackError, SolutionError
 from fibgen.runtime.fallbacks import _no_fallback, _unservable
@@ -165,7 +166,8 @@ class Refusals:
                 exc
                 if isinstance(exc, SolutionError)
                 else SolutionError(
-                    f"{label} for definition {name!r} raised {type(exc).__name__}: {exc}",
+                    f"{label} for definition {name!r} raised {type(exc).__name__}: {exc}"
+                    f"{solutions.place(exc)}",
                     name,
                     label,
                 )
