@@ -57,6 +57,14 @@ class Refusals:
             with _state.lock:
                 tick = self._guard_tick(rule)
             return (ORIGINAL, self._hand_on(tick), _DISCARD)
+        missed = _state.trace_missed
+        if missed is not None:
+            # Not a route tracing wraps: it is told, and counts it (Note [missed calls]).
+            # What the call fails, worked out only for the first one, which is said.
+            def why() -> str:
+                return self._describe_failure(rule, args, kwargs)
+
+            missed(self, "unknown" if key is None else "refused", name, why)
         if _state.on:
             with _state.lock:
                 self._guard_tick(rule)()
@@ -222,6 +230,10 @@ class Refusals:
         """
         if self.then is not None:
             return self.then(*args, **kwargs)
+        missed = _state.trace_missed
+        if missed is not None:
+            # Not a route tracing wraps: it is told, and counts it (Note [missed calls]).
+            missed(self, self._unplanned(args, kwargs) or "unknown", None, None)
         if _state.on:
             rule = self._unplanned(args, kwargs)
             with _state.lock:
