@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from fibgen.runtime.errors import ApplyConfigError, SolutionError
 
@@ -417,11 +417,13 @@ def _imports_triton(solution: Any) -> bool:
             continue  # the import reports it
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
-                if any(a.name.split(".")[0] == "triton" for a in node.names):
-                    return True
+                names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and not node.level:
-                if (node.module or "").split(".")[0] == "triton":
-                    return True
+                names = [node.module or ""]
+            else:
+                continue
+            if any(n.split(".")[0] == "triton" for n in names):
+                return True
     return False
 
 
@@ -494,7 +496,8 @@ class _SourceLoader(importlib.machinery.SourceFileLoader):
 class _SolutionFinder:
     """Finds the modules of imported solutions, to be loaded under their users' names."""
 
-    packages: dict[str, tuple[str, Origin]] = {}
+    # package -> (the folder its files were written to, where they came from)
+    packages: ClassVar[dict[str, tuple[str, Origin]]] = {}
 
     @classmethod
     def register(cls, package: str, folder: Path, origin: Origin) -> None:
