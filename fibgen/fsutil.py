@@ -1,7 +1,9 @@
-"""Atomic file replacement: readers see the old file or the new one, never half of either."""
+"""Atomic file replacement (readers see the old file or the new one, never half of either),
+and where lock files go."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import tempfile
@@ -93,3 +95,28 @@ def stale_temp_files(folder: Path, targets: set[str]) -> list[Path]:
         for e in entries
         if temp_target(e.name) in targets and e.is_file(follow_symlinks=False)
     )
+
+
+# Note [lock files]
+# Writers that read a file and replace it (appending traces, dropping a torn line) hold a
+# lock file for it, so that two of them do not lose each other's lines. The lock file is not
+# put beside the file: a dataset holds nothing but FlashInfer-Bench's files (and fibgen's
+# sidecars), and a lock left there by a killed process would stay for good. It is kept
+# under fibgen's cache, `$FIBGEN_CACHE_DIR/locks/` (default `~/.cache/fibgen/locks/`),
+# named by the file's real path, so every process of the machine that writes the same file
+# (through whatever link) takes the same lock, provided it uses the same cache.
+
+
+def cache_dir() -> Path:
+    """fibgen's cache folder: ``$FIBGEN_CACHE_DIR``, else ``~/.cache/fibgen``."""
+    base = os.environ.get("FIBGEN_CACHE_DIR") or Path.home() / ".cache" / "fibgen"
+    return Path(base)
+
+
+def lock_path(path: Path) -> Path:
+    """The lock file that guards ``path``, out of its folder (Note [lock files])."""
+    real = os.path.realpath(path)
+    key = hashlib.sha256(real.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    folder = cache_dir() / "locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{Path(real).name}.{key}.lock"

@@ -1,4 +1,6 @@
-"""Where the shared reference material (the flashinfer-trace dataset, schemas) lives for tests.
+"""Where the shared reference material (the flashinfer-trace dataset, schemas) lives for tests,
+and checks several test files share (``foreign_files``: what a dataset holds that its layout
+has no place for; ``without_modules``: a subprocess in which a package seems not installed).
 
 ``FIBGEN_SHARED`` overrides the default, which is the ``shared`` directory beside the
 repository checkout. Tests that need it call ``require_shared()`` and are skipped without it.
@@ -51,3 +53,58 @@ def require_flashinfer_bench():
         "flashinfer_bench",
         f"flashinfer-bench 0.1.2 is not installed ({FLASHINFER_BENCH_INSTALL})",
     )
+
+
+# A sitecustomize that hides modules from every Python process started with its folder on
+# PYTHONPATH (bench's workers too): they import as if they were not installed.
+_HIDE = """\
+import sys
+from importlib.machinery import PathFinder
+
+
+class _Hidden(PathFinder):
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name.partition(".")[0] in {names!r}:
+            return None
+        return PathFinder.find_spec(name, path, target)
+
+
+sys.meta_path[:] = [_Hidden if f is PathFinder else f for f in sys.meta_path]
+"""
+
+
+def without_modules(folder: Path, *names: str) -> dict[str, str]:
+    """The environment of a subprocess in which ``names`` are not installed, seemingly."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(_HIDE.format(names=names), encoding="utf-8")
+    repo = Path(__file__).resolve().parents[1]
+    path = os.pathsep.join(filter(None, [str(folder), str(repo), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path}
+
+
+# Where FlashInfer-Bench's readers and writers put each file of a dataset (COMPAT.md,
+# "Dataset layout"), and fibgen's one addition: the `.fibgen` sidecar beside a definition,
+# which flashinfer-bench ignores.
+_LAYOUT = (
+    r"definitions/[^/]+/[^/]+\.json",
+    r"definitions/[^/]+/[^/]+\.fibgen",
+    r"solutions/[^/]+/[^/]+/[^/]+/[^/]+\.json",
+    r"workloads/[^/]+/[^/]+\.jsonl",
+    r"traces/([^/]+/){0,2}[^/]+\.jsonl",
+    r"blob/workloads/[^/]+/(?P<d>[^/]+)/(?P=d)_[^/]+\.safetensors",
+)
+
+
+def foreign_files(root: Path) -> list[str]:
+    """Every file under ``root`` that the dataset layout has no place for."""
+    import re
+
+    found = []
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_dir() and not path.is_symlink():
+            continue
+        if not any(re.fullmatch(pattern, rel) for pattern in _LAYOUT):
+            found.append(rel)
+    return found

@@ -65,7 +65,7 @@ FUNCTION_CASES = [
 @pytest.mark.parametrize("name,axes", FUNCTION_CASES, ids=[c[0] for c in FUNCTION_CASES])
 def test_the_recipe_makes_the_call_the_dispatcher_maps_back_to_the_inputs(name, axes):
     definition, inputs, outputs = _case(name, **axes)
-    api = api_calls.api_for(name)
+    api = api_calls.api_for(name, definition)
     assert api is not None and api.call is not None, api and api.call_problem
     call = api_calls.build(api, name, definition, inputs, outputs, "cpu")
     call.check(inputs)  # raises CallUnavailable unless the probe saw exactly these inputs
@@ -73,7 +73,7 @@ def test_the_recipe_makes_the_call_the_dispatcher_maps_back_to_the_inputs(name, 
 
 def test_the_engine_call_leaves_optional_buffers_to_the_dispatcher():
     definition, inputs, outputs = _case("rmsnorm_h4096", batch_size=2)
-    api = api_calls.api_for("rmsnorm_h4096")
+    api = api_calls.api_for("rmsnorm_h4096", definition)
     call = api_calls.build(api, "rmsnorm_h4096", definition, inputs, outputs, "cpu")
     _, engine = call.engine
     _, full = call.with_buffers
@@ -86,7 +86,7 @@ def test_the_original_and_the_routed_call_compute_the_reference(monkeypatch):
     cpu.norm_kernels_on_cpu(monkeypatch)
     definition, inputs, outputs = _case("rmsnorm_h4096", batch_size=4)
     expected = compile_reference(definition)(**inputs)
-    api = api_calls.api_for("rmsnorm_h4096")
+    api = api_calls.api_for("rmsnorm_h4096", definition)
     call = api_calls.build(api, "rmsnorm_h4096", definition, inputs, outputs, "cpu")
     assert torch.allclose(call.original(), expected, atol=1e-2, rtol=1e-2)
 
@@ -103,7 +103,7 @@ def test_a_wrapper_is_constructed_planned_and_its_plan_captured(monkeypatch):
     cpu.decode_wrapper_on_cpu(monkeypatch)
     name = "gqa_paged_decode_h32_kv8_d128_ps64"
     definition, inputs, outputs = _case(name, batch_size=3, num_pages=64)
-    api = api_calls.api_for(name)
+    api = api_calls.api_for(name, definition)
     call = api_calls.build(api, name, definition, inputs, outputs, "cpu")
     assert call.instance is not None
     call.check(inputs)
@@ -114,7 +114,7 @@ def test_a_wrapper_is_constructed_planned_and_its_plan_captured(monkeypatch):
 
 def test_a_wrong_recipe_is_caught_by_the_check(monkeypatch):
     definition, inputs, outputs = _case("rmsnorm_h4096", batch_size=2)
-    api = api_calls.api_for("rmsnorm_h4096")
+    api = api_calls.api_for("rmsnorm_h4096", definition)
     # The weight passed as the input and the other way round: both are tensors the
     # dispatcher accepts shapes of only if... here it refuses the rank; either way no probe.
     swapped = tuple(

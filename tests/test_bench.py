@@ -14,7 +14,7 @@ from fibgen.bench.runner import BenchOptions, run_bench
 from fibgen.cli import main
 
 from _bench_dataset import make_dataset, write_runs
-from _shared import require_flashinfer_bench, require_module
+from _shared import foreign_files, require_flashinfer_bench, require_module
 
 REPO_DEFS = Path(__file__).resolve().parent.parent / "definitions"
 
@@ -73,6 +73,30 @@ def test_every_status_comes_out_and_good_solutions_are_timed(benched):
     assert "no_such_module_here" in logs["bad_import"]
     assert logs["wrong_later"].startswith("after timing, a call of the solution: ")
     assert "[3, 63]" in logs["wrong_shape"] or "[17, 63]" in logs["wrong_shape"]
+
+
+def test_logs_name_the_solutions_own_files_not_the_build_cache(benched):
+    # A Solution JSON's sources are named as "<json>: <source path>", with the line; the
+    # copy under the cache that was imported is nowhere (Note [source names]).
+    root, _ = benched
+    logs = {t["solution"]: t["evaluation"]["log"] for t in _traces(root)}
+    source = f"{root}/solutions/tester/scale/scale_h64/{{}}.json: main.py"
+    assert logs["raises"].startswith(
+        f'Traceback (most recent call last):\n  File "{source.format("raises")}", line 2, in run'
+    )
+    assert logs["bad_import"].endswith(
+        "solution 'bad_import' for definition 'scale_h64' failed to load: ModuleNotFoundError: "
+        f"No module named 'no_such_module_here' (in {source.format('bad_import')}, line 1)"
+    )
+    cache = str(root.parent / "cache")
+    assert [s for s, log in logs.items() if cache in log] == []
+
+
+def test_a_bench_leaves_nothing_in_the_dataset_but_its_files(benched):
+    # No lock files beside the traces (Note [lock files] in fibgen/fsutil.py), no temp files.
+    root, _ = benched
+    assert (root / "traces" / "scale" / "scale_h64.jsonl").is_file()
+    assert foreign_files(root) == []
 
 
 def test_traces_load_with_the_format_and_flashinfer_bench(benched):

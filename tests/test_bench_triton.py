@@ -174,3 +174,37 @@ def test_fused_add_rmsnorm_on_a_persistent_grid_covers_every_row(monkeypatch):
         torch.testing.assert_close(r, total)
         want = torch.nn.functional.rms_norm(total, (1024,), w, 1e-6)
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_without_triton_a_triton_solution_is_a_compile_error_saying_how_to_install_it(tmp_path):
+    # Said in one line, not as the traceback of an import (Note [Triton without a GPU]).
+    import os
+    import subprocess
+    import sys
+
+    from _shared import without_modules
+
+    root = tmp_path / "ds"
+    assert main(["workloads", "rmsnorm_h128", "--axes", "batch_size=2", "-o", str(root)]) == 0
+    source = next((REPO / "solutions").glob("fibgen/*/rmsnorm_h128/*/*.json"))
+    target = root / "solutions" / source.relative_to(REPO / "solutions")
+    target.parent.mkdir(parents=True)
+    shutil.copy(source, target)
+    env = without_modules(tmp_path / "no_triton", "triton")
+    env.pop("TRITON_INTERPRET", None)
+    env["FIBGEN_CACHE_DIR"] = str(tmp_path / "cache")
+    code = "import sys; from fibgen.cli import main; sys.exit(main(sys.argv[1:]))"
+    done = subprocess.run(
+        [sys.executable, "-c", code, "bench", str(root), "--devices", "cpu"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=os.getcwd(),
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    (trace,) = [json.loads(line) for line in next(root.glob("traces/*/*.jsonl")).open()]
+    assert trace["evaluation"]["status"] == "COMPILE_ERROR"
+    assert trace["evaluation"]["log"] == (
+        "solution 'triton_rmsnorm_h128' for definition 'rmsnorm_h128' is a Triton solution, "
+        "and Triton is not installed here: pip install 'fibgen[triton]'"
+    )

@@ -224,6 +224,25 @@ def test_compile_error_names_the_solution_and_is_counted(tmp_path):
     assert rt.stats()["fake_flashinfer.norm.rmsnorm"]["error"] == 1
 
 
+def test_compile_errors_of_a_solution_folder_name_its_files(tmp_path):
+    # The folder's files are what its author edits (Note [source names] in solutions.py).
+    folder = tmp_path / "solutions" / "tests" / "rmsnorm" / NAME / "broken"
+    folder.mkdir(parents=True)
+    source = "int run() { return undeclared_name; }\n"
+    (folder / "main.cpp").write_text(source, encoding="utf-8")
+    broken = _solution("broken", {"main.cpp": source}, "main.cpp::run")
+    (folder / "broken.json").write_text(json.dumps(broken), encoding="utf-8")
+    messages = []
+    for _ in range(2):  # the second time in a process as the first (no build is left)
+        with rt.enable_apply(tmp_path, strict=True):
+            with pytest.raises(rt.SolutionError) as info:
+                rmsnorm.rmsnorm(_bf16(1, 4096), _bf16(4096))
+        messages.append(str(info.value).split("compile:")[1])
+    assert messages[0] == messages[1]
+    assert f"{folder}/main.cpp:1:" in messages[0] and "undeclared_name" in messages[0]
+    assert str(tmp_path / "cache") not in messages[0]
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

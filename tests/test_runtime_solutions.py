@@ -213,13 +213,13 @@ print(json.dumps({{"counts": counts, "warnings": [str(w.message) for w in caught
 """
 
 
-def _triton_apply(tmp_path, prelude: str = "", **env: str) -> dict:
+def _triton_apply(tmp_path, prelude: str = "", base: dict | None = None, **env: str) -> dict:
     from _shared import require_module
 
     require_module("triton", "triton is not installed")
     if torch.cuda.is_available():
         pytest.skip("with a GPU, Triton compiles its kernels")
-    environ = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    environ = {k: v for k, v in (base or os.environ).items() if k != "TRITON_INTERPRET"}
     environ.update(
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), environ.get("PYTHONPATH")])),
         FIBGEN_CACHE_DIR=str(tmp_path / "cache"),
@@ -260,3 +260,86 @@ def test_a_triton_solution_that_cannot_run_without_a_gpu_says_what_to_do(
     assert result["counts"]["error"] == 1 and result["diff"] < 0.05  # the reference ran
     (message,) = [m for m in result["warnings"] if "failed to load" in m]
     assert why in message and "0 active drivers" not in message
+
+
+# A Python solution loaded first, as validate --load and a dataset's apply load them.
+PYTHON_FIRST = """
+import sys
+from fibgen.format import Solution
+python = Solution.model_validate({{
+    "name": "plain", "definition": "rmsnorm_h2048", "author": "tests",
+    "spec": {{"language": "python", "target_hardware": ["cpu"], "entry_point": "main.py::run",
+              "destination_passing_style": False}},
+    "sources": [{{"path": "main.py", "content": {source!r}}}],
+}})
+rt.enable_apply({{"rmsnorm_h2048": python}}, patch=False)
+rt.apply("rmsnorm_h2048", args=(torch.randn(2, 2048), torch.randn(2048)))
+assert rt.stats()["fibgen.runtime.apply('rmsnorm_h2048')"]["hit"] == 1
+assert "triton" not in sys.modules, "loading a Python solution imported Triton"
+"""
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def run(hidden_states, weight):\n    return hidden_states\n",
+        # One that defines no kernel but has Triton at hand: the interpreter is turned on
+        # for it as for a Triton solution, before Triton is imported.
+        "import triton\n\n\ndef run(hidden_states, weight):\n    return hidden_states\n",
+    ],
+    ids=["plain", "imports-triton"],
+)
+def test_a_triton_solution_runs_after_a_python_one_was_loaded(tmp_path, source):
+    prelude = "import fibgen.runtime as rt\n" + PYTHON_FIRST.format(source=source)
+    if "import triton" in source:
+        prelude = prelude.replace('assert "triton" not in', 'assert "triton" in')
+    result = _triton_apply(tmp_path, prelude)
+    assert result["counts"]["hit"] == 1 and result["counts"]["error"] == 0, result
+    assert result["diff"] < 0.05
+
+
+def test_without_triton_a_triton_solution_says_how_to_install_it_and_nothing_else(tmp_path):
+    from _shared import without_modules
+
+    result = _triton_apply(tmp_path, base=without_modules(tmp_path / "no_triton", "triton"))
+    assert result["counts"]["error"] == 1 and result["diff"] < 0.05  # the reference ran
+    # One message: not that the solution runs under the interpreter, then that it cannot.
+    assert [m for m in result["warnings"] if "triton" in m.lower()] == [
+        "fibgen: solution 'triton_rmsnorm_h128' (given object) for definition 'rmsnorm_h128' "
+        "is a Triton solution, and Triton is not installed here: pip install 'fibgen[triton]'; "
+        "calls of rmsnorm_h128 fall back"
+    ]
+
+
+def test_messages_name_the_solution_folders_file_not_the_cache(tmp_path):
+    # A solution folder's files are what its author edits: a failure names the file and
+    # line there, and tracebacks and inspect show its lines (Note [source names]).
+    import inspect
+
+    from fibgen.runtime.apply_state import _state
+
+    folder = tmp_path / "solutions" / "tests" / "rmsnorm" / "rmsnorm_h4096" / "breaks"
+    folder.mkdir(parents=True)
+    source = (
+        "def helper(x):\n    return x.no_such_method()\n\n\n"
+        "def run(hidden_states, weight):\n    return helper(hidden_states)\n"
+    )
+    (folder / "main.py").write_text(source, encoding="utf-8")
+    doc = _solution("rmsnorm_h4096", "breaks", {"main.py": source})
+    (folder / "breaks.json").write_text(json.dumps(doc), encoding="utf-8")
+    with pytest.warns(RuntimeWarning) as caught:
+        with rt.enable_apply(tmp_path, strict=False):
+            rmsnorm.rmsnorm(torch.randn(1, 4096), torch.randn(4096))
+            (loaded,) = _state.loaded.values()
+    (message,) = [str(w.message) for w in caught if " raised " in str(w.message)]
+    assert message == (
+        f"fibgen: solution 'breaks' ({folder}/breaks.json) for definition 'rmsnorm_h4096' "
+        "raised AttributeError: 'Tensor' object has no attribute 'no_such_method' "
+        f"(in {folder}/main.py, line 2); such calls fall back"
+    )
+    run = loaded.fn
+    assert inspect.getsourcefile(run) == str(folder / "main.py")
+    assert inspect.getsource(run) == source[source.index("def run") :]
+    # What was imported, even once the file is edited.
+    (folder / "main.py").write_text("# edited\n" + source, encoding="utf-8")
+    assert inspect.getsourcelines(run)[1] == 5

@@ -195,6 +195,20 @@ def test_a_solution_folder_is_tested_as_its_files_are_now(built, tmp_path, monke
     testing.check_solutions(prepared)
 
 
+def test_a_failing_solution_is_named_by_its_file_and_line(built, tmp_path, monkeypatch):
+    # Not by the copy under the cache that was imported (Note [source names]).
+    monkeypatch.setenv("FIBGEN_SOLUTIONS", str(tmp_path))
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    raising = GOOD.replace("    return y", "    raise ValueError('not today')\n    return y")
+    path = _write_solution(tmp_path, "s", "rmsnorm_h128", {"main.py": raising}, "main.py::run")
+    (path.parent / "main.py").write_text(raising)
+    prepared = testing.prepare(_case(built, "rmsnorm", "rmsnorm_h128"))
+    with pytest.raises(AssertionError) as info:
+        testing.check_solutions(prepared)
+    assert f"ValueError: not today (in {path.parent}/main.py, line 5)" in str(info.value)
+    assert str(tmp_path / "cache") not in str(info.value)
+
+
 SAMPLING_FIDEF = (ROOT / "definitions" / "sampling.fidef").read_text()
 
 

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 import fake_flashinfer
 import fibgen.runtime as rt
 from fake_flashinfer import CALLS
-from _shared import require_flashinfer_bench
+from _shared import foreign_files, require_flashinfer_bench
 from fake_flashinfer.catalogue import MODULE, generated_package
 from fibgen.format import load_definitions, load_workloads, write_definition
 
@@ -81,6 +81,10 @@ def test_keep_all_records_equal_the_calls(tmp_path):
         "pending": 0,
         "unknown": 0,
         "mismatched": 0,
+        "unplanned": 0,
+        "plan_changed": 0,
+        "refused": 0,
+        "capturing": 0,
     }
     # The dataset is complete: each definition's JSON sits beside its workloads.
     assert sorted(load_definitions(tmp_path)) == ["rmsnorm_h2048", "rmsnorm_h4096"]
@@ -600,3 +604,82 @@ def test_records_after_a_torn_line_start_on_a_line_of_their_own(tmp_path):
         {"batch_size": 3},
         {"batch_size": 4},
     ]
+
+
+def test_runs_of_a_wrapper_planned_before_tracing_are_counted_and_said_once(tmp_path):
+    # An engine plans its wrappers, then tracing is turned on: the runs that follow have no
+    # plan() that tracing saw, so their plan-time inputs are unknown and nothing is recorded;
+    # each is counted, and the first says what to do (Note [missed calls]).
+    wrapper, indptr, indices, q, cache = _decode_call()
+    wrapper.plan(indptr, indices, None, 4, 2, 8, 1, sm_scale=0.5)
+    rt.enable_tracing(tmp_path, patch=True)
+    with pytest.warns(RuntimeWarning) as caught:
+        for _ in range(24):
+            wrapper.run(q, cache)
+    assert CALLS.count("run") == 24  # every call still ran FlashInfer's run()
+    assert [str(w.message) for w in caught] == [
+        "fibgen tracing: a call of fake_flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper"
+        ".run() on a wrapper whose plan() tracing did not see (planned before enable_tracing, "
+        "or before apply was last turned on or off) is not recorded: its plan-time inputs are "
+        "unknown; tracing_stats()['unplanned'] counts them. To record its runs, call plan() "
+        "again after enable_tracing (FIBGEN_TRACE=1 traces from the start)"
+    ]
+    assert (rt.tracing_stats()["unplanned"], rt.tracing_stats()["recorded"]) == (24, 0)
+    # Planned again while tracing: its runs are recorded.
+    wrapper.plan(indptr, indices, None, 4, 2, 8, 1, sm_scale=0.5)
+    wrapper.run(q, cache)
+    rt.disable_tracing()
+    stats = rt.tracing_stats()
+    assert (stats["unplanned"], stats["recorded"], stats["written"]) == (24, 1, 1)
+    assert len(_records(tmp_path, "gqa_paged_decode_h4_kv2_d8_ps1")) == 1
+
+
+def test_tracing_leaves_nothing_in_the_dataset_but_its_files(tmp_path, monkeypatch):
+    # Workloads, blobs, definitions and their sidecars, and nothing else: also where a blob
+    # could not be put in place (a full disk), whose record is counted as failed.
+    wrapper, indptr, indices, q, cache = _decode_call()
+    rt.enable_tracing(tmp_path, dump="all")
+    rmsnorm.rmsnorm(torch.randn(2, 4096), torch.randn(4096))
+    with rt.enable_apply({}):
+        wrapper.plan(indptr, indices, None, 4, 2, 8, 1, sm_scale=0.5)
+        wrapper.run(q, cache)
+    rt.flush_tracing()
+    replace = os.replace
+
+    def disk_full(source, target, *args, **kwargs):
+        if str(target).endswith(".safetensors"):
+            raise OSError(28, "No space left on device")
+        return replace(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", disk_full)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rmsnorm.rmsnorm(torch.randn(3, 4096), torch.randn(4096))
+        rt.flush_tracing()
+    monkeypatch.setattr(os, "replace", replace)
+    rt.disable_tracing()
+    stats = rt.tracing_stats()
+    assert (stats["written"], stats["failed"]) == (2, 1)
+    assert len(list(tmp_path.glob("blob/workloads/*/*/*.safetensors"))) == 2
+    assert foreign_files(tmp_path) == []
+
+
+def test_calls_apply_refuses_are_counted_not_recorded(tmp_path):
+    # Routed to the original API because they fail a rule of their definition: they are not
+    # workloads of it (Note [missed calls]).
+    rt.enable_tracing(tmp_path)
+    with rt.enable_apply({"rmsnorm_h4096": lambda hidden_states, weight: hidden_states * 2}):
+        with pytest.warns(RuntimeWarning) as caught:
+            for _ in range(2):
+                rmsnorm.rmsnorm(torch.randn(2, 4096, dtype=torch.float64), torch.randn(4096))
+        rmsnorm.rmsnorm(torch.randn(3, 4096), torch.randn(4096))
+    rt.disable_tracing()
+    assert [str(w.message) for w in caught] == [
+        "fibgen tracing: a call of fake_flashinfer.norm.rmsnorm for rmsnorm_h4096 is not "
+        "recorded: input hidden_states is float64, the definition's is float32, so it is not a "
+        "workload of rmsnorm_h4096; tracing_stats()['refused'] counts them. To record such "
+        "calls, declare a definition (an instance in the .fidef) that they satisfy"
+    ]
+    stats = rt.tracing_stats()
+    assert (stats["refused"], stats["recorded"]) == (2, 1)
+    assert [r.axes for r in _records(tmp_path, "rmsnorm_h4096")] == [{"batch_size": 3}]

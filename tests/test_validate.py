@@ -19,7 +19,8 @@ from _shared import require_shared
 def _validate(capsys, *args: str) -> tuple[int, str]:
     code = main(["validate", *args])
     out, err = capsys.readouterr()
-    assert err == ""
+    # Only --load says what it is doing, on stderr, a line at a time.
+    assert err == "" if "--load" not in args else err.startswith("validate: checking ")
     return code, out
 
 
@@ -306,3 +307,142 @@ def test_a_problem_on_every_line_is_said_once_with_how_many_lines_have_it(tmp_pa
     row = next(line for line in out.splitlines() if line.startswith("scale_h64"))
     assert row.split() == ["scale_h64", "2", "2", "60", "40", "20", "60"]
     assert out.splitlines()[-1] == "validate: FAILED: 20 error(s), 60 warning(s)"
+
+
+# ---------------------------------------------------------------------------------------
+# --load runs solutions as bench and apply do (Note [Triton without a GPU], Note [source
+# names] in fibgen/runtime/solutions.py)
+
+REPO = Path(__file__).resolve().parent.parent
+TRITON_SOLUTION = (
+    "solutions/fibgen/rmsnorm/rmsnorm_h128/triton_rmsnorm_h128/triton_rmsnorm_h128.json"
+)
+PLAIN = "import torch\n\n\ndef run(hidden_states, weight):\n    return hidden_states\n"
+
+
+def _rmsnorm_dataset(root: Path, python_source: str = PLAIN) -> Path:
+    """rmsnorm_h128 and rmsnorm_h2048 with workloads; a Python solution of the second, which
+    is loaded first (its author sorts first), and the shipped Triton solution of the first."""
+    for name in ("rmsnorm_h128", "rmsnorm_h2048"):
+        assert main(["workloads", name, "--axes", "batch_size=2", "-o", str(root)]) == 0
+    doc = solution("good_returns").model_dump(mode="json")
+    doc.update(name="plain", definition="rmsnorm_h2048", author="a_python")
+    doc["sources"] = [{"path": "main.py", "content": python_source}]
+    write_solution(root, Solution.model_validate(doc), "rmsnorm")
+    target = root / "solutions" / "fibgen" / "rmsnorm" / "rmsnorm_h128" / "triton.json"
+    target.parent.mkdir(parents=True)
+    target.write_text((REPO / TRITON_SOLUTION).read_text(encoding="utf-8"), encoding="utf-8")
+    return root
+
+
+def _validate_process(tmp_path, root: Path, env: dict | None = None, *args: str):
+    import os
+    import subprocess
+    import sys
+
+    code = "import sys; from fibgen.cli import main; sys.exit(main(sys.argv[1:]))"
+    environ = dict(env or os.environ)
+    environ.pop("TRITON_INTERPRET", None)
+    environ.update(FIBGEN_CACHE_DIR=str(tmp_path / "cache"))
+    return subprocess.run(
+        [sys.executable, "-c", code, "validate", str(root), *args],
+        capture_output=True,
+        text=True,
+        env=environ,
+    )
+
+
+def test_load_runs_a_triton_solution_after_a_python_one_as_bench_does(tmp_path, capsys):
+    # Loading the Python solution first must not import Triton with its interpreter off:
+    # on a CPU every Triton solution after it would then fail to load.
+    import torch
+
+    from _shared import require_module
+
+    require_module("triton", "triton is not installed")
+    if torch.cuda.is_available():
+        pytest.skip("with a GPU, Triton compiles its kernels")
+    root = _rmsnorm_dataset(tmp_path / "ds")
+    capsys.readouterr()
+    done = _validate_process(tmp_path, root, None, "--load")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1] == "validate: ok: 0 error(s), 0 warning(s)"
+    lines = done.stderr.splitlines()
+    assert lines[:3] == [
+        f"validate: checking {root}; --load imports or builds each solution",
+        "validate: importing python solution 'plain' "
+        f"({root}/solutions/a_python/rmsnorm/rmsnorm_h2048/plain.json)",
+        "validate: importing triton solution 'triton_rmsnorm_h128' "
+        f"({root}/solutions/fibgen/rmsnorm/rmsnorm_h128/triton.json)",
+    ]
+    # What loading it said: Triton's interpreter is on, as in bench's CPU workers.
+    assert "runs under Triton's interpreter" in lines[3] and len(lines) == 4
+
+
+def test_load_without_triton_says_how_to_install_it_and_nothing_else(tmp_path, capsys):
+    from _shared import without_modules
+
+    root = _rmsnorm_dataset(tmp_path / "ds")
+    capsys.readouterr()
+    env = without_modules(tmp_path / "no_triton", "triton")
+    problems = {}
+    for args in ((), ("--load",)):
+        done = _validate_process(tmp_path, root, env, *args)
+        assert done.returncode == (1 if args else 0), done.stdout + done.stderr
+        output = done.stdout + done.stderr
+        assert "interpreter" not in output and "No module named" not in output
+        problems[args] = [x for x in done.stdout.splitlines() if x.startswith(("error", "warn"))]
+    where = f"{root}/solutions/fibgen/rmsnorm/rmsnorm_h128/triton.json"
+    assert problems[()] == [
+        f"warning: {where}: a triton solution needs Triton, which is not installed: "
+        "pip install 'fibgen[triton]'"
+    ]
+    assert problems[("--load",)] == [
+        f"error: {where}: solution 'triton_rmsnorm_h128' for definition 'rmsnorm_h128' is a "
+        "Triton solution, and Triton is not installed here: pip install 'fibgen[triton]'"
+    ]
+
+
+def test_load_says_what_it_loads_before_it_loads_it(tmp_path, capsys, monkeypatch):
+    # A build takes tens of seconds: each solution is named before its import or build.
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    root = make_dataset(tmp_path / "ds", [], sizes=(3,))
+    for name in ("first", "second"):
+        doc = solution("good_returns").model_dump(mode="json")
+        doc["name"] = name
+        doc["sources"][0]["content"] = (
+            f"import sys\nprint('{name} is being imported', file=sys.stderr)\n\n\n"
+            "def run(x, w):\n    return x * w\n"
+        )
+        write_solution(root, Solution.model_validate(doc), "scale")
+    assert main(["validate", str(root), "--load"]) == 0
+    folder = f"{root}/solutions/tester/scale/scale_h64"
+    assert capsys.readouterr().err.splitlines() == [
+        f"validate: checking {root}; --load imports or builds each solution",
+        f"validate: importing python solution 'first' ({folder}/first.json)",
+        "first is being imported",
+        f"validate: importing python solution 'second' ({folder}/second.json)",
+        "second is being imported",
+    ]
+
+
+def test_load_errors_name_the_users_file_not_the_cache(tmp_path, monkeypatch):
+    # A Solution JSON's source is named "<json>: <path>", a solution folder's by its file.
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    root = make_dataset(tmp_path / "ds", ["bad_import"], sizes=(3,))
+    folder = root / "solutions" / "tester" / "scale" / "scale_h64" / "in_folder"
+    folder.mkdir()
+    doc = solution("good_returns").model_dump(mode="json")
+    doc["name"] = "in_folder"
+    doc["sources"][0]["content"] = "import torch\nraise ImportError('not here')\nrun = None\n"
+    (folder / "in_folder.json").write_text(json.dumps(doc), encoding="utf-8")
+    (folder / "main.py").write_text(doc["sources"][0]["content"], encoding="utf-8")
+    found = {Path(p.where).stem: p.message for p in validate_dataset(root, load=True).errors}
+    json_file = root / "solutions" / "tester" / "scale" / "scale_h64" / "bad_import.json"
+    assert found == {
+        "bad_import": "solution 'bad_import' for definition 'scale_h64' failed to load: "
+        "ModuleNotFoundError: No module named 'no_such_module_here' "
+        f"(in {json_file}: main.py, line 1)",
+        "in_folder": "solution 'in_folder' for definition 'scale_h64' failed to load: "
+        f"ImportError: not here (in {folder}/main.py, line 2)",
+    }

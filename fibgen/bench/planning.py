@@ -11,6 +11,7 @@ since its JSON was packed is listed to be packed (and run again).
 from __future__ import annotations
 
 import fnmatch
+import os
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from fibgen.format import (
     load_definition_files,
     read_solution,
 )
-from fibgen.format.dataset import is_stale, read_extras, trace_path
+from fibgen.format.dataset import is_solution_folder, is_stale, read_extras, trace_path
 
 __all__ = [
     "BenchError",
@@ -71,6 +72,15 @@ class _Group:
     solutions: tuple[Solution, ...]
     tolerance: dict
     hints: dict
+    # (solution, its JSON, whether it is a solution folder): logs name the user's files.
+    origins: tuple[tuple[str, str, bool], ...] = ()
+
+    def origin(self, solution: str) -> tuple[str, bool] | None:
+        """Where ``solution`` was read from: its JSON and whether it is a solution folder."""
+        for name, path, folder in self.origins:
+            if name == solution:
+                return (path, folder)
+        return None
 
 
 def _contract(definition: Definition) -> tuple:
@@ -245,6 +255,8 @@ def plan(root: Path, options: BenchOptions) -> Plan:
         p for p, s in selected if s.definition in definitions and root in p.parents and is_stale(p)
     )
     packed = {s.name for p, s in selected if p in stale}
+    # Absolute: trace logs that name them are read later, from anywhere.
+    origins = {s.name: (os.path.abspath(p), is_solution_folder(p, s)) for p, s in selected}
     done = traced_triples(root) if options.resume else set()
     groups: list[_Group] = []
     skipped = 0
@@ -273,7 +285,12 @@ def plan(root: Path, options: BenchOptions) -> Plan:
             if todo:
                 groups.append(
                     _Group(
-                        definition, workload, todo, _tolerance(extras), extras.get("hints") or {}
+                        definition,
+                        workload,
+                        todo,
+                        _tolerance(extras),
+                        extras.get("hints") or {},
+                        tuple((s.name, *origins[s.name]) for s in todo),
                     )
                 )
     if no_workloads:

@@ -97,6 +97,8 @@ class _Shipper:
             "workload": group.workload.model_dump(mode="json"),
             "tolerance": group.tolerance,
             "hints": group.hints,
+            # The driver's paths: the logs a node writes name the files the user edits.
+            "origins": group.origins,
             "blobs": [(parts, sha, ref) for parts, (sha, ref) in sorted(blobs.items())],
         }
         return spec

@@ -166,6 +166,7 @@ class NodeWorker:
             tuple(self._get(ref, Solution) for ref in job["solutions"]),
             job["tolerance"],
             job["hints"],
+            tuple(tuple(o) for o in job.get("origins", ())),
         )
         results, problem, noisy = _run_group(self.handle, group, root, options)
         return {

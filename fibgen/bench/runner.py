@@ -274,6 +274,7 @@ def _run_group(handle: _Handle, group: _Group, root: Path, options: BenchOptions
                 options.repeat,
                 options.flush,
                 limit,
+                group.origin(solution.name),
             ),
             limit,
         )

@@ -6,7 +6,9 @@ The runner starts one worker per device (multiprocessing, spawn) and talks to it
   workload's inputs on the device, run the reference on them and time it as solutions are
   timed; replies ``("ready", reference timing, hardware, libs)``, ``("invalid", one line)``
   when the dataset's workload cannot be used, or ``("error", traceback)``.
-- ``("solution", solution, tolerance, warmup, repeat, flush, limit_s)``: load the solution,
+- ``("solution", solution, tolerance, warmup, repeat, flush, limit_s, origin)``: load the
+  solution (``origin``: its JSON's path and whether it is a solution folder, so that logs
+  name the user's files, Note [source names] in fibgen/runtime/solutions.py),
   run it once on a copy of the inputs, compare with the reference (a sampler by the
   distribution of its draws, as many as fit in ``limit_s``, Note [judging samplers] in
   fibgen/runtime/compare.py), and time it when it passed; replies ``("result", evaluation
@@ -180,7 +182,7 @@ class Worker:
         from fibgen.runtime import api_calls
 
         work = self.work
-        api = api_calls.api_for(name)
+        api = api_calls.api_for(name, work.definition)
         if api is None:
             raise api_calls.CallUnavailable(
                 f"no dispatcher routes {name} (fibgen's catalogue has no such definition)"
@@ -305,11 +307,14 @@ class Worker:
         repeat: int | None,
         flush: str,
         limit_s: float | None = None,
+        origin: tuple[str, bool] | None = None,
     ) -> dict:
         """Run one solution on the current workload; the fields of its Evaluation.
 
         ``limit_s`` is how long the runner waits for the reply: a sampler's draws are sized
-        to fit in it (Note [judging samplers] in fibgen/runtime/compare.py).
+        to fit in it (Note [judging samplers] in fibgen/runtime/compare.py). ``origin``
+        (the solution's JSON and whether its sources are a folder's files) names the user's
+        files in logs.
         """
         started = time.perf_counter()
         from fibgen.format.models import Solution
@@ -319,7 +324,12 @@ class Worker:
         work = self.work
         assert work is not None, "a workload is prepared before solutions run"
         model = Solution.model_validate(solution)
-        entry = solutions.Entry(model.definition, f"solution {model.name!r}", solution=model)
+        entry = solutions.Entry(
+            model.definition,
+            f"solution {model.name!r}",
+            solution=model,
+            origin=solutions.Origin(*origin) if origin else None,
+        )
         try:
             loaded = solutions.load(
                 entry, work.input_names, work.output_names, _scalars(work.definition)
@@ -329,8 +339,7 @@ class Worker:
 
             wait_native()
         except SolutionError as exc:
-            cause = exc.__cause__ or exc
-            return {"status": COMPILE_ERROR, "log": _tail(_format(cause))}
+            return {"status": COMPILE_ERROR, "log": _load_failure(exc)}
         args = _clone(work.inputs)
         try:
             if loaded.dps:
@@ -563,7 +572,31 @@ def _counted(counts: dict) -> str:
 
 
 def _format(exc: BaseException) -> str:
+    """A traceback from the solution's own first line on where it has one (Note [source
+    names] in fibgen/runtime/solutions.py): the runner's frames above it say nothing."""
+    from fibgen.runtime.solutions import solution_traceback
+
+    shown = solution_traceback(exc)
+    if shown is not None:
+        return shown
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+def _load_failure(exc: BaseException) -> str:
+    """The log of a solution that did not load: the traceback through its own files, if it
+    has one, then what fibgen says of it, which names the solution and what to do (a missing
+    Triton, a build's compiler messages) and which a long traceback never pushes out."""
+    from fibgen.runtime.solutions import solution_traceback
+
+    message = str(exc)
+    cause = exc.__cause__
+    detail = solution_traceback(cause) if cause is not None else None
+    if not detail:
+        return _tail(message)
+    room = max(LOG_LIMIT - len(message) - 1, 0)
+    if len(detail) > room:
+        detail = "..." + detail[len(detail) - room :]
+    return detail.rstrip("\n") + "\n" + message
 
 
 def main(conn: Any, device: str) -> None:

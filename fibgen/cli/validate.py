@@ -25,7 +25,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--load",
         action="store_true",
-        help="also import every Python/Triton solution and build every C++/CUDA one",
+        help=(
+            "also import every Python/Triton solution and build every C++/CUDA one, as bench "
+            "and apply do; a line on stderr says which one is being loaded"
+        ),
     )
     p.add_argument("--all", action="store_true", help="list every problem (default: 40)")
     p.set_defaults(func=cmd_validate)
@@ -36,6 +39,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from fibgen.curation.findings import render
     from fibgen.curation.validate import validate_dataset
 
-    report = validate_dataset(args.dataset, load=args.load)
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    if args.load:
+        progress(f"validate: checking {args.dataset}; --load imports or builds each solution")
+    report = validate_dataset(args.dataset, load=args.load, progress=progress)
     sys.stdout.write(render(report, None if args.all else 40))
     return 1 if report.errors else 0

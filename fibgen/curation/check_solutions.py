@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 from fibgen.curation.findings import Report, Row, _caught
@@ -17,14 +18,21 @@ from fibgen.format.dataset import dataset_files, is_solution_folder, read_soluti
 from fibgen.format.jsonio import load_solution
 from fibgen.format.models import Definition
 
+# As fibgen.runtime.solutions says it; not imported from there, which would import torch.
+TRITON_INSTALL = "pip install 'fibgen[triton]'"
+
 _EXPORT = re.compile(
     r"TVM_FFI_DLL_EXPORT_TYPED_FUNC\s*\(\s*(\w+)|\bm\.def\s*\(\s*\"(\w+)\"|\.def\s*\(\s*\"(\w+)\""
 )
 
 
 def _solutions(
-    report: Report, definitions: dict[str, tuple[Path, Definition]], load: bool
+    report: Report,
+    definitions: dict[str, tuple[Path, Definition]],
+    load: bool,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, Solution]:
+    """Check every solution (with ``load``, import or build it, said first to ``progress``)."""
     by_name: dict[str, tuple[Path, Solution]] = {}
     for path in dataset_files(report.root, "solutions"):
         report.files["solutions"] += 1
@@ -72,19 +80,21 @@ def _solutions(
                 f"the files; `fibgen pack {path.parent}` writes them into the JSON",
                 name,
             )
-        for problem in _solution_problems(solution):
+        problems = _solution_problems(solution)
+        for problem in problems:
             report.add("error", path, problem, name)
-        for note in _tool_problems(solution):
-            report.add("warning", path, note, name)
-        if load and name in definitions:
-            why = _not_loadable_here(solution)
-            if why is not None:
-                # Not a fault of the dataset: bench says "not run" for the same solution.
-                report.add("warning", path, why, name)
-                continue
-            problem = _load(solution, definitions[name][1])
+        why = _not_loadable_here(solution) if load and name in definitions else None
+        if load and name in definitions and why is None and not problems:
+            # Loading says whatever a missing tool makes of it, once, as an error.
+            problem = _load(path, solution, definitions[name][1], progress)
             if problem:
                 report.add("error", path, problem, name)
+            continue
+        for note in _tool_problems(solution):
+            report.add("warning", path, note, name)
+        if why is not None:
+            # Not a fault of the dataset: bench says "not run" for the same solution.
+            report.add("warning", path, why, name)
     return {n: s for n, (_, s) in by_name.items()}
 
 
@@ -146,9 +156,16 @@ def _tool_problems(solution: Solution) -> list[str]:
             )
     if spec.language == "cuda" and shutil.which("nvcc") is None:
         notes.append("a cuda solution needs nvcc, which is not on PATH here")
-    if spec.language == "triton" and importlib.util.find_spec("triton") is None:
-        notes.append("a triton solution needs triton, which is not installed")
+    if spec.language == "triton" and not _installed("triton"):
+        notes.append(f"a triton solution needs Triton, which is not installed: {TRITON_INSTALL}")
     return notes
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _not_loadable_here(solution: Solution) -> str | None:
@@ -174,13 +191,37 @@ def _not_loadable_here(solution: Solution) -> str | None:
     )
 
 
-def _load(solution: Solution, definition: Definition) -> str | None:
+def _load(
+    path: Path,
+    solution: Solution,
+    definition: Definition,
+    progress: Callable[[str], None] | None,
+) -> str | None:
+    """Import or build a solution as bench and apply do; why it failed, or None."""
     from fibgen.runtime import solutions
     from fibgen.runtime.errors import SolutionError
 
-    entry = solutions.Entry(definition.name, f"solution {solution.name!r}", solution=solution)
-    try:
-        solutions.load(entry, tuple(definition.inputs), tuple(definition.outputs))
-    except SolutionError as exc:
-        return str(exc)
+    language = solution.spec.language
+    if progress is not None:
+        verb = "building" if language in solutions.BUILT_LANGUAGES else "importing"
+        note = " (a first build takes a while; builds are cached)" if verb == "building" else ""
+        progress(f"validate: {verb} {language} solution {solution.name!r} ({path}){note}")
+    entry = solutions.Entry(
+        definition.name,
+        f"solution {solution.name!r}",
+        solution=solution,
+        origin=solutions.Origin.of(path, solution),
+    )
+    with warnings.catch_warnings(record=progress is not None) as caught:
+        if progress is not None:
+            warnings.simplefilter("always")
+        try:
+            solutions.load(entry, tuple(definition.inputs), tuple(definition.outputs))
+        except SolutionError as exc:
+            return str(exc)
+        finally:
+            # What the load said (Triton's interpreter turned on, a solution's own warning)
+            # goes where the progress goes: the report is about the dataset.
+            for w in caught or ():
+                progress(f"validate: {str(w.message).removeprefix('fibgen: ')}")
     return None

@@ -26,6 +26,7 @@ they find goes into ``findings.Report``, which ``findings.render`` prints.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from fibgen.curation.check_files import _definitions, _layout
@@ -38,8 +39,14 @@ from fibgen.format.dataset import DATASET_FOLDERS
 __all__ = ["validate_dataset"]
 
 
-def validate_dataset(root: str | Path, *, load: bool = False) -> Report:
-    """Check every file of the dataset at ``root`` (see the module's docstring)."""
+def validate_dataset(
+    root: str | Path, *, load: bool = False, progress: Callable[[str], None] | None = None
+) -> Report:
+    """Check every file of the dataset at ``root`` (see the module's docstring).
+
+    ``progress`` is told, a line at a time, what takes long: each solution ``load`` imports
+    or builds, before it starts, and what loading it said (its warnings).
+    """
     root = Path(root)
     report = Report(root)
     if not root.is_dir():
@@ -55,7 +62,7 @@ def validate_dataset(root: str | Path, *, load: bool = False) -> Report:
         return report
     _layout(report)
     definitions = _definitions(report)
-    solutions = _solutions(report, definitions, load)
+    solutions = _solutions(report, definitions, load, progress)
     blobs = _workloads(report, definitions)
     _traces(report, definitions, solutions)
     _unused_blobs(report, blobs)

@@ -46,16 +46,33 @@ class CallUnavailable(Exception):
     """The definition's inputs cannot be turned into a call of its API; says why."""
 
 
-def api_for(name: str, packages: Any = None) -> Api | None:
-    """The dispatcher that routes definition ``name``, importing the generated packages."""
+def api_for(
+    name: str, definition: Mapping[str, Any] | None = None, packages: Any = None
+) -> Api | None:
+    """The dispatcher that routes definition ``name``, importing the generated packages.
+
+    Where several packages know the name (two catalogues in one process), the newest whose
+    inputs and dtypes are ``definition``'s (its JSON), when given.
+    """
     from fibgen.runtime.registry import _import_packages
 
     _import_packages(packages, (name,), False)
     with _state.lock:
-        for api in _state.apis:
-            if name in api.known_names:
-                return api
-    return None
+        found = [api for api in _state.apis if name in api.known_names]
+    if definition is not None:
+        found = [api for api in found if _fits(api, definition)]
+    return found[-1] if found else None
+
+
+def _fits(api: Api, definition: Mapping[str, Any]) -> bool:
+    inputs = definition.get("inputs", {})
+    if tuple(inputs) != api.inputs or tuple(definition.get("outputs", {})) != api.outputs:
+        return False
+    for tensor, spec in inputs.items():
+        dtype = api.tensors.get(tensor, (None, ()))[0]
+        if dtype is not None and isinstance(spec, Mapping) and spec.get("dtype") != dtype:
+            return False
+    return True
 
 
 def _resolve(path: str) -> Any:

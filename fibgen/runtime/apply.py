@@ -159,18 +159,23 @@ def disable_apply() -> None:
 
 
 def set_tracer(
-    tracer: Callable[[Api, str | None, Any], Any] | None, *, patch: bool = False
+    tracer: Callable[[Api, str | None, Any], Any] | None,
+    *,
+    patch: bool = False,
+    missed: Callable[[Api, str | None, str | None, Any], None] | None = None,
 ) -> None:
     """Install (or with None remove) the route wrapper of tracing; routes resolve afresh.
 
     With ``patch``, the APIs of the generated dispatchers are patched while tracing is on,
     also with apply off: calls that do not go through fibgen reach a dispatcher, which
-    records them and calls the original API.
+    records them and calls the original API. ``missed`` is told of the calls that take no
+    route it could wrap (Note [missed calls] in fibgen/runtime/tracing.py).
     """
     if tracer is not None and patch:
         _import_packages(None, (), True)
     with _state.lock:
         _state.tracer = tracer
+        _state.trace_missed = missed if tracer is not None else None
         _state.trace_patching = tracer is not None and patch
         _repatch()
         for api in _state.apis:

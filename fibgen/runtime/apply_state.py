@@ -123,6 +123,9 @@ class _State:
         # While tracing is on: wraps each route as it is resolved (Note [tracing hooks] in
         # fibgen/runtime/tracing.py); every call then takes the routed path.
         self.tracer: Callable[[Api, str | None, Any], Any] | None = None
+        # While tracing is on: told of each call a dispatcher does not hand to a wrapped route:
+        # (api, reason, definition name or None, what failed), Note [missed calls] there.
+        self.trace_missed: Callable[[Api, str | None, str | None, Any], None] | None = None
         self.trace_patching = False  # whether tracing patches APIs (apply off or not)
 
 

@@ -44,6 +44,10 @@ _MAX_LOG_LINES = 60
 
 _loaded: dict[str, ModuleType] = {}
 _loaded_lock = threading.Lock()
+# Builds that failed to compile in this process, by digest: the compiler's output. torch's
+# loader, asked again for a module of the same name and sources, skips the build and fails
+# to open a library that is not there, so the compiler's own error is given again instead.
+_failed: dict[str, str] = {}
 
 
 class BuildError(RuntimeError):
@@ -52,8 +56,9 @@ class BuildError(RuntimeError):
 
 def build_root() -> Path:
     """Where builds are kept: ``$FIBGEN_CACHE_DIR/builds`` or ``~/.cache/fibgen/builds``."""
-    base = os.environ.get("FIBGEN_CACHE_DIR") or Path.home() / ".cache" / "fibgen"
-    return Path(base) / "builds"
+    from fibgen.fsutil import cache_dir
+
+    return cache_dir() / "builds"
 
 
 def _torch_fingerprint() -> list[str]:
@@ -67,14 +72,15 @@ def _digest(payload: list[Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def _compiler_log(error: BaseException, folder: Path) -> str:
+def _compiler_log(text: str, folder: Path, shown: str = "") -> str:
     """The compiler's messages from a failed torch build, without ninja's command lines."""
-    text = str(error)
     _, sep, output = text.partition(": ")
-    return _clean_log(output if sep else text, folder) or text
+    return _clean_log(output if sep else text, folder, shown) or text
 
 
-def _clean_log(text: str, folder: Path) -> str:
+def _clean_log(text: str, folder: Path, shown: str = "") -> str:
+    """Compiler output without ninja's framing; the build folder's files are named by their
+    path relative to it, after ``shown`` (the user's folder of them, when there is one)."""
     lines, skip_command = [], False
     for line in text.splitlines():
         if skip_command:  # the line after FAILED: is the full command, long and unhelpful
@@ -87,7 +93,7 @@ def _clean_log(text: str, folder: Path) -> str:
             continue
         if re.match(r"ninja exited with status \d+$", line) or line in ("stdout:", "stderr:"):
             continue  # tvm-ffi's framing of ninja's output
-        lines.append(line.replace(f"{folder}{os.sep}", ""))
+        lines.append(line.replace(f"{folder}{os.sep}", shown))
     if len(lines) > _MAX_LOG_LINES:
         lines = lines[:_MAX_LOG_LINES] + [f"... ({len(lines) - _MAX_LOG_LINES} more lines)"]
     return "\n".join(lines).strip()
@@ -111,11 +117,16 @@ def _build(
     compiled: Sequence[str],
     include_dirs: Sequence[Path],
     cuda: bool,
+    shown: str = "",
 ) -> tuple[ModuleType, bool]:
     """Build (or load) one extension; returns it and whether this call compiled it."""
     with _loaded_lock:
         if digest in _loaded:
             return _loaded[digest], False
+        failed = _failed.get(digest)
+    if failed is not None:
+        folder = build_root() / digest
+        raise BuildError(f"{what} failed to compile:\n{_compiler_log(failed, folder, shown)}")
     from filelock import FileLock
 
     name = f"fibgen_ext_{digest}"
@@ -130,7 +141,7 @@ def _build(
                 path = folder / rel
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(text, encoding="utf-8")
-            module = _compile(what, name, folder, compiled, include_dirs, cuda)
+            module = _compile(what, digest, folder, compiled, include_dirs, cuda, shown)
             (folder / _DONE).write_text(f"{name}.so\n", encoding="utf-8")
             built = True
         else:
@@ -145,13 +156,16 @@ def _build(
 
 def _compile(
     what: str,
-    name: str,
+    digest: str,
     folder: Path,
     compiled: Sequence[str],
     include_dirs: Sequence[Path],
     cuda: bool,
+    shown: str = "",
 ) -> ModuleType:
     from torch.utils.cpp_extension import load
+
+    name = f"fibgen_ext_{digest}"
 
     if not compiled:
         raise BuildError(f"{what} has no source to compile (one of {', '.join(COMPILED_SUFFIXES)})")
@@ -168,7 +182,10 @@ def _compile(
             verbose=False,
         )
     except Exception as exc:  # torch reports a failed compile as a bare RuntimeError
-        raise BuildError(f"{what} failed to compile:\n{_compiler_log(exc, folder)}") from None
+        with _loaded_lock:
+            _failed[digest] = str(exc)
+        log = _compiler_log(str(exc), folder, shown)
+        raise BuildError(f"{what} failed to compile:\n{log}") from None
 
 
 def solution_digest(solution: Any) -> str:
@@ -185,8 +202,12 @@ def solution_digest(solution: Any) -> str:
     )
 
 
-def build_solution(solution: Any) -> tuple[Callable[..., Any], bool]:
-    """Build a cpp/cuda Solution; return its entry symbol and whether this call compiled it."""
+def build_solution(solution: Any, sources_at: str | None = None) -> tuple[Callable[..., Any], bool]:
+    """Build a cpp/cuda Solution; return its entry symbol and whether this call compiled it.
+
+    ``sources_at`` is the solution folder the sources are the files of: compiler messages
+    name them there (Note [source names] in solutions.py), else by their paths in the JSON.
+    """
     spec = solution.spec
     what = f"solution {solution.name!r}"
     if spec.language not in BUILT_LANGUAGES:
@@ -204,13 +225,14 @@ def build_solution(solution: Any) -> tuple[Callable[..., Any], bool]:
     if spec.binding != "torch" and os.environ.get("TVM_FFI_CUDA_ARCH_LIST"):
         # The architectures compiled for change the binary: a build of its own.
         digest = _digest([digest, os.environ["TVM_FFI_CUDA_ARCH_LIST"]])
+    shown = f"{sources_at}{os.sep}" if sources_at else ""
     if spec.binding == "torch":
-        module, built = _build(what, digest, files, compiled, (), cuda)
+        module, built = _build(what, digest, files, compiled, (), cuda, shown)
         fn = getattr(module, symbol, None)
         exported = sorted(n for n in vars(module) if not n.startswith("_"))
         how = f"check m.def in {entry_file}"
     else:
-        module, built = _build_tvm_ffi(what, digest, files, compiled)
+        module, built = _build_tvm_ffi(what, digest, files, compiled, shown)
         fn = _tvm_ffi_function(module, symbol)
         exported = []
         how = f"export it with TVM_FFI_DLL_EXPORT_TYPED_FUNC({symbol}, ...) in {entry_file}"
@@ -234,7 +256,7 @@ def _tvm_ffi_function(module: Any, symbol: str) -> Any:
 
 
 def _build_tvm_ffi(
-    what: str, digest: str, files: dict[str, str], compiled: Sequence[str]
+    what: str, digest: str, files: dict[str, str], compiled: Sequence[str], shown: str = ""
 ) -> tuple[Any, bool]:
     """Build (or load) a tvm-ffi module; returns it and whether this call compiled it."""
     with _loaded_lock:
@@ -277,7 +299,7 @@ def _build_tvm_ffi(
                     )
                 )
             except Exception as exc:  # tvm-ffi reports a failed compile as a RuntimeError
-                log = _clean_log(str(exc), folder) or str(exc)
+                log = _clean_log(str(exc), folder, shown) or str(exc)
                 if "cannot find -lcudart" in log:
                     log += (
                         "\n= help: the linker did not find the CUDA runtime; set CUDA_HOME to "

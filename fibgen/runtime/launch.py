@@ -39,6 +39,7 @@ import functools
 import inspect
 import keyword
 import os
+import sys
 import threading
 from types import ModuleType
 from typing import Any
@@ -99,6 +100,10 @@ def enabled() -> bool:
 
 
 def _jit_function_type() -> type | None:
+    if "triton" not in sys.modules:
+        # Nothing imported can be a Triton kernel, and importing Triton here would fix its
+        # interpreter switch off for the process (Note [Triton without a GPU] in solutions.py).
+        return None
     try:
         from triton.runtime.jit import JITFunction
     except Exception:  # triton missing or broken: nothing to accelerate

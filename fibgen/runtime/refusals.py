@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from fibgen.runtime import solutions
 from fibgen.runtime.apply_state import _DISCARD, ORIGINAL, SERVING, _state, _warn_once, nested
 from fibgen.runtime.errors import Decline, FallbackError, SolutionError
 from fibgen.runtime.fallbacks import _no_fallback, _unservable
@@ -61,6 +62,14 @@ class Refusals:
             with _state.lock:
                 tick = self._guard_tick(rule)
             return (ORIGINAL, self._hand_on(tick), _DISCARD)
+        missed = _state.trace_missed
+        if missed is not None:
+            # Not a route tracing wraps: it is told, and counts it (Note [missed calls]).
+            # What the call fails, worked out only for the first one, which is said.
+            def why() -> str:
+                return self._describe_failure(rule, args, kwargs)
+
+            missed(self, "unknown" if key is None else "refused", name, why)
         if _state.on:
             with _state.lock:
                 self._guard_tick(rule)()
@@ -170,7 +179,8 @@ class Refusals:
                 exc
                 if isinstance(exc, SolutionError)
                 else SolutionError(
-                    f"{label} for definition {name!r} raised {type(exc).__name__}: {exc}",
+                    f"{label} for definition {name!r} raised {type(exc).__name__}: {exc}"
+                    f"{solutions.place(exc)}",
                     name,
                     label,
                 )
@@ -230,6 +240,10 @@ class Refusals:
             return fn(*args, **kwargs)
         if self.then is not None:
             return self.then(*args, **kwargs)
+        missed = _state.trace_missed
+        if missed is not None:
+            # Not a route tracing wraps: it is told, and counts it (Note [missed calls]).
+            missed(self, self._unplanned(args, kwargs) or "unknown", None, None)
         if _state.on:
             rule = self._unplanned(args, kwargs)
             with _state.lock:

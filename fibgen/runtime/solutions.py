@@ -11,24 +11,50 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.machinery
+import importlib.util
 import inspect
 import json
+import linecache
 import os
 import shutil
 import sys
 import tempfile
+import traceback
 import types
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from fibgen.runtime.errors import ApplyConfigError, SolutionError
 
 # Languages whose sources are imported as Python, and those compiled by runtime.builders.
 IMPORTED_LANGUAGES = ("python", "triton")
 BUILT_LANGUAGES = ("cpp", "cuda")
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a Solution was read from: its JSON file, and whether its sources are the files
+    of the solution folder around it (Note [source names])."""
+
+    json: str
+    folder: bool = False
+
+    @classmethod
+    def of(cls, path: str | os.PathLike[str], solution: Any) -> Origin:
+        """The origin of ``solution``, read from the JSON at ``path``."""
+        from fibgen.format.dataset import is_solution_folder
+
+        return cls(str(path), is_solution_folder(path, solution))
+
+    def name(self, source: str) -> str:
+        """How messages name the solution's source ``source`` (its relative path)."""
+        if self.folder:
+            return str(Path(self.json).parent / source)
+        return f"{self.json}: {source}"
 
 
 @dataclass(frozen=True)
@@ -44,6 +70,8 @@ class Entry:
     # Whether ``fn`` is destination-passing, where fibgen made it (a keyed selection's entry):
     # then, like a Solution, it takes either calling style from hand-written code.
     dps: bool | None = None
+    # Where the Solution was read from: messages name its files (Note [source names]).
+    origin: Origin | None = None
 
 
 @dataclass(frozen=True)
@@ -89,11 +117,13 @@ def _json_entry(definition: str, solution: Any, origin: str) -> Entry:
             f"{origin}: solution {solution.name!r} is for definition {solution.definition!r}, "
             f"but it was registered for {definition!r}"
         )
+    given = origin == "given object"
     return Entry(
         definition,
         f"solution {solution.name!r} ({origin})",
         solution=solution,
-        root=_dataset_root(Path(origin)) if origin != "given object" else None,
+        root=None if given else _dataset_root(Path(origin)),
+        origin=None if given else Origin.of(origin, solution),
     )
 
 
@@ -242,8 +272,9 @@ def takes_inplace(fn: Callable[..., Any]) -> bool:
 
 def cache_root() -> Path:
     """Where Solution sources are materialized: ``$FIBGEN_CACHE_DIR`` or ``~/.cache/fibgen``."""
-    base = os.environ.get("FIBGEN_CACHE_DIR") or Path.home() / ".cache" / "fibgen"
-    return Path(base) / "solutions"
+    from fibgen.fsutil import cache_dir
+
+    return cache_dir() / "solutions"
 
 
 def _digest(solution: Any) -> str:
@@ -290,15 +321,28 @@ def materialize(solution: Any) -> tuple[Path, str]:
 # Entry modules of solutions whose Triton kernels fibgen accelerated, with their count.
 _ACCELERATED: dict[str, int] = {}
 
+TRITON_INSTALL = "pip install 'fibgen[triton]'"
+
 
 def _import_solution(entry: Entry) -> Callable[..., Any]:
     solution = entry.solution
     spec = solution.spec
+    if spec.language == "triton" and not triton_installed():
+        # Said before anything else: no interpreter to turn on, nothing to import.
+        raise SolutionError(
+            f"{entry.label} for definition {entry.definition!r} is a Triton solution, and "
+            f"Triton is not installed here: {TRITON_INSTALL}",
+            entry.definition,
+            entry.label,
+        )
+    names: set[str] = set()
     try:
         if spec.language in BUILT_LANGUAGES:
             from fibgen.runtime.builders import build_solution
 
-            return build_solution(solution)[0]
+            origin = entry.origin
+            folder = str(Path(origin.json).parent) if origin and origin.folder else None
+            return build_solution(solution, sources_at=folder)[0]
         if spec.language not in IMPORTED_LANGUAGES:
             raise ValueError(
                 f"language {spec.language!r} has no builder; this runtime imports "
@@ -308,16 +352,22 @@ def _import_solution(entry: Entry) -> Callable[..., Any]:
         entry_file, symbol = spec.entry_point.split("::")
         if not entry_file.endswith(".py"):
             raise ValueError(f"entry file {entry_file!r} is not a .py file")
-        if spec.language == "triton":
+        if spec.language == "triton" or (_imports_triton(solution) and triton_installed()):
             _triton_without_gpu(entry.label)
         folder, digest = materialize(solution)
+        names = {_source_name(entry.origin, folder, s.path) for s in solution.sources}
+        _SOLUTION_FILES.update(names)
         # Each solution is its own package, so its files may import each other relatively
         # and two solutions with a file of the same name do not collide.
         package = f"_fibgen_solution_{digest}"
-        if package not in sys.modules:
-            module = types.ModuleType(package)
-            module.__path__ = [str(folder)]
-            sys.modules[package] = module
+        module = sys.modules.get(package)
+        if module is None:
+            module = sys.modules[package] = types.ModuleType(package)
+        # Also for a package imported before (from another cache, as another user's files):
+        # a module it could not import is tried anew from here, under this user's names.
+        module.__path__ = [str(folder)]
+        if entry.origin is not None:
+            _SolutionFinder.register(package, folder, entry.origin)
         module = importlib.import_module(f"{package}.{entry_file[:-3].replace('/', '.')}")
         # Triton kernels the solution defines launch without Triton's per-call work.
         from fibgen.runtime.launch import accelerate_modules
@@ -333,12 +383,147 @@ def _import_solution(entry: Entry) -> Callable[..., Any]:
             _ACCELERATED[module.__name__] = accelerated
         return fn
     except Exception as exc:
+        where = place(exc, names)
+        hint = ""
+        if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "triton":
+            hint = f"; Triton is not installed here: {TRITON_INSTALL}"
+        # A SyntaxError's own text names the file by its last part: `where` names it whole.
+        text = exc.msg if isinstance(exc, SyntaxError) and where else exc
         raise SolutionError(
             f"{entry.label} for definition {entry.definition!r} failed to load: "
-            f"{type(exc).__name__}: {exc}",
+            f"{type(exc).__name__}: {text}{where}{hint}",
             entry.definition,
             entry.label,
         ) from exc
+
+
+def triton_installed() -> bool:
+    """Whether Triton can be imported, without importing it (Note [Triton without a GPU])."""
+    if sys.modules.get("triton") is not None:
+        return True
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _imports_triton(solution: Any) -> bool:
+    """Whether a Python solution's sources import Triton (at any level of a file)."""
+    import ast
+
+    for source in solution.sources:
+        if not source.path.endswith(".py") or "triton" not in source.content:
+            continue
+        try:
+            tree = ast.parse(source.content)
+        except SyntaxError:
+            continue  # the import reports it
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            if any(n.split(".")[0] == "triton" for n in names):
+                return True
+    return False
+
+
+# Note [source names]
+# A Solution's sources are written under the cache (`materialize`) and imported from there,
+# but the files a user edits are those of the solution folder, or the Solution JSON that
+# holds them. So each file is compiled under the name of the user's (`Origin.name`): the
+# folder's file, or "<json>: main.py" for a source the JSON holds. Tracebacks,
+# warnings, Triton's errors, apply's messages and bench's trace logs then name the file to
+# open, with the line in it; the cache's copy is named only where there is no user's file
+# (a Solution given as an object). The module's __file__ stays the cache's copy, so a
+# solution that reads files beside it finds them. linecache gets the text imported under
+# the user's name, so that inspect (through which Triton reads a kernel's source) sees what
+# was imported even after the user's file changed.
+
+
+# How messages name the files of every solution imported so far.
+_SOLUTION_FILES: set[str] = set()
+
+
+def _source_name(origin: Origin | None, folder: Path, source: str) -> str:
+    return origin.name(source) if origin is not None else str(folder / source)
+
+
+def place(exc: BaseException, names: set[str] | None = None) -> str:
+    """Where in a solution's own files ``exc`` was raised, as " (in FILE, line N)", or "".
+
+    ``names``: the files of one solution; by default those of every solution imported.
+    """
+    names = _SOLUTION_FILES if names is None else names
+    if isinstance(exc, SyntaxError) and exc.filename in names:
+        return f" (in {exc.filename}, line {exc.lineno})"
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if frame.filename in names:
+            return f" (in {frame.filename}, line {frame.lineno})"
+    return ""
+
+
+def solution_traceback(exc: BaseException) -> str | None:
+    """``exc`` formatted from the first line of a solution's own files on, or None where it
+    passed through none: the part of a traceback that is about the solution."""
+    if isinstance(exc, SyntaxError) and exc.filename in _SOLUTION_FILES:
+        return "".join(traceback.format_exception_only(type(exc), exc))
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename not in _SOLUTION_FILES:
+        tb = tb.tb_next
+    if tb is None:
+        return None
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+class _SourceLoader(importlib.machinery.SourceFileLoader):
+    """Imports a solution's file from the cache under the user's name for it."""
+
+    def __init__(self, fullname: str, path: str, shown: str) -> None:
+        super().__init__(fullname, path)
+        self.shown = shown
+
+    def get_code(self, fullname: str) -> types.CodeType:
+        data = self.get_data(self.path)
+        lines = importlib.util.decode_source(data).splitlines(keepends=True)
+        if lines and not lines[-1].endswith("\n"):
+            lines[-1] += "\n"
+        # mtime None: linecache.checkcache keeps the entry (Note [source names]).
+        linecache.cache[self.shown] = (len(data), None, lines, self.shown)
+        # No bytecode cache: a .pyc would carry the cache's path back in.
+        return compile(data, self.shown, "exec", dont_inherit=True)
+
+
+class _SolutionFinder:
+    """Finds the modules of imported solutions, to be loaded under their users' names."""
+
+    # package -> (the folder its files were written to, where they came from)
+    packages: ClassVar[dict[str, tuple[str, Origin]]] = {}
+
+    @classmethod
+    def register(cls, package: str, folder: Path, origin: Origin) -> None:
+        """Name the files of ``package`` (materialized in ``folder``) as ``origin`` says."""
+        cls.packages[package] = (os.path.abspath(folder), origin)
+        if cls not in sys.meta_path:
+            sys.meta_path.insert(0, cls)
+
+    @classmethod
+    def find_spec(cls, fullname: str, path: Any = None, target: Any = None) -> Any:
+        package, dot, _ = fullname.partition(".")
+        known = cls.packages.get(package) if dot else None
+        if known is None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is None or type(spec.loader) is not importlib.machinery.SourceFileLoader:
+            return spec
+        folder, origin = known
+        source = os.path.relpath(os.path.abspath(spec.origin), folder)
+        if source.startswith(".."):
+            return spec
+        spec.loader = _SourceLoader(fullname, spec.origin, origin.name(Path(source).as_posix()))
+        return spec
 
 
 # Note [Triton without a GPU]
@@ -346,11 +531,14 @@ def _import_solution(entry: Entry) -> Callable[..., Any]:
 # ([]). There should only be one." Its interpreter runs the same kernels on the CPU, slowly,
 # but only kernels decorated while TRITON_INTERPRET=1 is set, Triton's own library
 # (`tl.sum`, `tl.cdiv`, ...) included, which it decorates when it is first imported. So
-# where there is no GPU and Triton is not imported yet, TRITON_INTERPRET=1 is set before the
-# solution is imported, as bench's CPU workers do, for the whole process (a compiled Triton
-# kernel could not run in it anyway), and said once. Where Triton was imported already with
-# its interpreter off, or TRITON_INTERPRET=0 is set, the solution fails to load, saying what
-# to do.
+# where there is no GPU and Triton is not imported yet, TRITON_INTERPRET=1 is set before a
+# Triton solution (or a Python one that imports Triton) is imported, as bench's CPU workers
+# do, for the whole process (a compiled Triton kernel could not run in it anyway), and said
+# once. fibgen itself never imports Triton before that: loading any solution looks for
+# Triton kernels only where Triton was imported already (`_jit_function_type` in launch.py).
+# Where Triton was imported already with its interpreter off, or TRITON_INTERPRET=0 is set,
+# the solution fails to load, saying what to do; where Triton is not installed, it fails
+# saying how to install it, before any of this.
 
 
 def _triton_without_gpu(label: str) -> None:

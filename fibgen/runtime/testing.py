@@ -444,7 +444,8 @@ def check_solutions(prepared: Prepared) -> None:
             continue
         try:
             # Strict: a solution that fails must fail its test, not fall back to the reference.
-            enable_apply({case.name: solution}, patch=False, packages=(), strict=True)
+            # By its path: failures name the solution's own files (Note [source names]).
+            enable_apply({case.name: str(path)}, patch=False, packages=(), strict=True)
             result = _call(api, prepared, _device_for(solution))
             counts = _counts(api.label)
             if counts["hit"] != 1:

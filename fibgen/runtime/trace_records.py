@@ -88,7 +88,14 @@ class _Recorder:
             cuda = any(t.is_cuda for _, t in dumped)
             if cuda and torch.cuda.is_current_stream_capturing():
                 # A copy would be captured into the graph; the call is not recorded.
-                next(self.filtered)
+                next(self.capturing)
+                self._warn_once(
+                    "capturing",
+                    f"a call of {name} made while a CUDA graph is captured is not recorded: a "
+                    "copy of its tensors would be captured into the graph; "
+                    "tracing_stats()['capturing'] counts them. To record such calls, trace "
+                    "them outside capture (the eager warm-up), or dump no tensors (dump='none')",
+                )
                 return
             with self.lock:
                 if self.pending_bytes + nbytes > self.max_bytes:

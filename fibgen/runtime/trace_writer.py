@@ -148,8 +148,13 @@ def _save_blob(
     # A new name per record, renamed into place: a reader never sees half a blob. No fsync:
     # losing recent records to a power cut is acceptable, a writer that lags is not.
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(save({n: t.contiguous() for n, t in tensors.items()}))
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(save({n: t.contiguous() for n, t in tensors.items()}))
+        os.replace(tmp, path)
+    except BaseException:
+        # A failed write (a full disk) leaves nothing in the dataset: the record is counted.
+        tmp.unlink(missing_ok=True)
+        raise
     return relpath
 
 

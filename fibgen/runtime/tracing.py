@@ -35,6 +35,29 @@ call goes through ``_api.resolve`` once per key, and ``resolve`` hands every new
 
 The generated ``_var_axes`` reads each var axis from the shape of an input that carries it,
 as decided at generation time. Turning tracing off restores the routes and hooks.
+
+Note [missed calls]
+Tracing says what it did not record. Every call that reaches a dispatcher while tracing is
+on is recorded, filtered out by the dedup policy, or counted in ``tracing_stats()`` under
+the reason it was not recorded, and the first call of each reason warns once, saying how to
+get such calls recorded:
+
+- ``unknown``: its const values name no definition of the family (or none at all);
+- ``mismatched``: its inputs are not its definition's (Note [checked records]);
+- ``unplanned``: a ``run()`` of a wrapper whose ``plan()`` tracing did not see: planned
+  before tracing was turned on (turning tracing or apply on or off forgets every plan,
+  Note [plan state] in patching.py); its plan-time inputs are unknown;
+- ``plan_changed``: a ``run()`` after the wrapper's plan state changed behind fibgen's back
+  (a ``plan()`` through a method bound before, or ``forward()``);
+- ``refused``: with apply on, a call that fails a rule of its definition (another ``eps``,
+  another dtype) and goes to the original API: it is not a workload of that definition;
+- ``capturing``: a call made while a CUDA graph is captured, with tensors to dump, whose
+  copy would be captured into the graph;
+- ``dropped`` and ``failed``: records the writer could not keep up with, or not write.
+
+The calls of the first four never reach a route that ``_wrap`` wraps (a miss, a refusal,
+a route of a name that is no definition): the dispatcher's ``miss`` and ``refuse`` tell
+tracing of them through ``set_tracer``'s ``missed``.
 """
 
 from __future__ import annotations
@@ -117,6 +140,11 @@ class _Tracer(_Recorder, _Writer):
         self.warned: set[str] = set()
         self.unknown = itertools.count()
         self.mismatched = itertools.count()
+        # Calls not recorded, by reason (Note [missed calls]).
+        self.unplanned = itertools.count()
+        self.plan_changed = itertools.count()
+        self.refused = itertools.count()
+        self.capturing = itertools.count()
         # Definition name -> the check of a call's inputs (Note [checked records]).
         self.checks: dict[str, Callable[[Sequence[Any]], str | None]] = {}
         # Definition name -> its JSON file beside the dispatcher (None: not found), filled
@@ -178,6 +206,10 @@ class _Tracer(_Recorder, _Writer):
             "pending": len(self.queue),
             "unknown": read(self.unknown),
             "mismatched": read(self.mismatched),
+            "unplanned": read(self.unplanned),
+            "plan_changed": read(self.plan_changed),
+            "refused": read(self.refused),
+            "capturing": read(self.capturing),
         }
 
 
@@ -188,11 +220,11 @@ class _Tracer(_Recorder, _Writer):
 def _wrap(tracer: _Tracer) -> Callable[[Api, str | None, Any], Any]:
     def wrap(api: Api, name: str | None, route: Any) -> Any:
         kind, fn, tick, values = route
-        if api.trace_inputs is None or name is None or fn is api.then:
-            # Hand-written routes, calls this family cannot name, and calls passed on to the
-            # next family of the same API (which records them itself).
+        if api.trace_inputs is None or fn is api.then:
+            # Hand-written routes, and calls passed on to the next family of the same API
+            # (which records them itself).
             return route
-        if name not in api.known_names:
+        if name is None or name not in api.known_names:
             return (kind, _uncounted(tracer, api, name, fn), tick, values)
         if name not in tracer.sources:
             tracer.sources[name] = _definition_file(api, name)
@@ -224,21 +256,76 @@ def _wrap(tracer: _Tracer) -> Callable[[Api, str | None, Any], Any]:
     return wrap
 
 
-def _uncounted(tracer: _Tracer, api: Api, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+def _uncounted(
+    tracer: _Tracer, api: Api, name: str | None, fn: Callable[..., Any]
+) -> Callable[..., Any]:
     """A route of a definition that does not exist: counted, reported once, not recorded."""
-    count = tracer.unknown.__next__
 
     def untraced(*args: Any, **kwargs: Any) -> Any:
-        count()
-        tracer._warn_once(
-            "unknown",
-            f"{api.label} was called for {name}, which is not a definition of its family "
-            "(no instance declares those values); such calls are not recorded, and "
-            "tracing_stats()['unknown'] counts them",
-        )
+        _missed_call(tracer, api, "unknown", name, None)
         return fn(*args, **kwargs)
 
     return untraced
+
+
+def _missed(tracer: _Tracer) -> Callable[[Api, str | None, str | None, Any], None]:
+    """What the dispatchers tell of the calls no wrapped route sees (Note [missed calls]).
+
+    ``detail``, for a refused call, is a function that says what it fails (called once).
+    """
+
+    def missed(api: Api, reason: str | None, name: str | None, detail: Any) -> None:
+        if api.trace_inputs is None:
+            return  # a hand-written apply(): nothing of it is ever recorded
+        reason = _PLAN_REASONS.get(reason, reason) or "unknown"
+        _missed_call(tracer, api, reason, name, detail)
+
+    return missed
+
+
+# Why a run() is not routed (Note [plan state]), as tracing_stats() counts it.
+_PLAN_REASONS = {"plan:unseen": "unplanned", "plan:changed": "plan_changed"}
+
+
+def _missed_call(tracer: _Tracer, api: Api, reason: str, name: str | None, detail: Any) -> None:
+    """Count a call that is not recorded, and say the first of its reason (Note [missed
+    calls])."""
+    next(getattr(tracer, reason))
+    if reason in tracer.warned:
+        return
+    counted = f"tracing_stats()[{reason!r}] counts them"
+    if reason == "unknown":
+        what = (
+            f"{api.label} was called for {name}, which is not a definition of its family (no "
+            "instance declares those values)"
+            if name is not None
+            else f"{api.label} was called with values that name no definition of its family"
+        )
+        message = (
+            f"{what}; such calls are not recorded, and {counted}. To record them, declare an "
+            "instance with those values in the family's .fidef and rebuild"
+        )
+    elif reason == "unplanned":
+        message = (
+            f"a call of {api.label}() on a wrapper whose plan() tracing did not see (planned "
+            "before enable_tracing, or before apply was last turned on or off) is not "
+            f"recorded: its plan-time inputs are unknown; {counted}. To record its runs, call "
+            "plan() again after enable_tracing (FIBGEN_TRACE=1 traces from the start)"
+        )
+    elif reason == "plan_changed":
+        message = (
+            f"a call of {api.label}() after the wrapper's plan state changed behind fibgen "
+            "(a plan() through a method bound before tracing or apply was turned on, or "
+            f"forward()) is not recorded; {counted}. To record its runs, call plan() through "
+            "the wrapper itself, after enable_tracing"
+        )
+    else:  # refused
+        message = (
+            f"a call of {api.label} for {name} is not recorded: {detail()}, so it is not a "
+            f"workload of {name}; {counted}. To record such calls, declare a definition (an "
+            "instance in the .fidef) that they satisfy"
+        )
+    tracer._warn_once(reason, message)
 
 
 def _record_failed(tracer: _Tracer, name: str, exc: Exception) -> None:
@@ -266,6 +353,10 @@ _STATS = (
     "pending",
     "unknown",
     "mismatched",
+    "unplanned",
+    "plan_changed",
+    "refused",
+    "capturing",
 )
 
 
@@ -309,7 +400,7 @@ def enable_tracing(
         except OSError as exc:
             raise TracingConfigError(f"cannot create dataset folder {root}: {exc}") from None
         _tracer = tracer
-        set_tracer(_wrap(tracer), patch=patch)
+        set_tracer(_wrap(tracer), patch=patch, missed=_missed(tracer))
         if not _atexit_registered:
             atexit.register(disable_tracing)
             _atexit_registered = True
@@ -343,9 +434,9 @@ def is_tracing() -> bool:
 
 
 def tracing_stats() -> dict[str, int]:
-    """Counts of the current (or last) tracing: recorded, filtered, dropped, written, failed,
-    pending, unknown (calls of definitions that do not exist, not recorded) and mismatched
-    (calls whose inputs do not match their definition, not recorded)."""
+    """Counts of the current (or last) tracing: recorded, filtered (by the dedup policy),
+    written, pending, and the calls not recorded by reason (Note [missed calls]): dropped,
+    failed, unknown, mismatched, unplanned, plan_changed, refused, capturing."""
     tracer = _tracer
     if tracer is not None:
         return tracer.stats()

@@ -18,7 +18,7 @@ from fibgen.format.dataset.sidecars import dump_extras, sidecar_path
 from fibgen.format.errors import FormatWarning
 from fibgen.format.jsonio import dump_definition, dump_solution, dump_trace_line
 from fibgen.format.models import Definition, Solution, Trace, Workload
-from fibgen.fsutil import replace_atomically
+from fibgen.fsutil import lock_path, replace_atomically
 
 
 def write_bytes_atomic(path: PathLike, data: bytes) -> bool:
@@ -83,8 +83,8 @@ def drop_torn_last_line(path: PathLike) -> str | None:
 
     path = Path(path)
     if not path.is_file():
-        return None  # nothing to repair; and no lock file beside a path that is not there
-    with FileLock(str(path.with_name(f".{path.name}.lock"))):
+        return None  # nothing to repair
+    with FileLock(str(lock_path(path))):
         try:
             data = path.read_bytes()
         except FileNotFoundError:
@@ -108,8 +108,9 @@ def append_lines_atomic(path: PathLike, lines: Iterable[str]) -> None:
     new = "".join(line + "\n" for line in lines).encode("utf-8")
     if not new:
         return
-    # Read-modify-replace loses lines when two writers race; the lock serializes them.
-    with FileLock(str(path.with_name(f".{path.name}.lock"))):
+    # Read-modify-replace loses lines when two writers race; the lock serializes them (its
+    # file is kept out of the dataset: Note [lock files] in fibgen/fsutil.py).
+    with FileLock(str(lock_path(path))):
         try:
             old = path.read_bytes()
         except FileNotFoundError:
