@@ -13,12 +13,22 @@ from fibgen.runtime.registry import register_api
 
 _handwritten: dict[tuple[Callable[..., Any], Any], Callable[..., Any]] = {}
 
+# The names hand-written code routes (``@apply("name")``), and whether some code routes
+# names its resolver computes, which cannot be known ahead: what enable_apply checks the
+# names it is given against (Note [unknown names] in fibgen/runtime/apply.py).
+routed_names: set[str] = set()
+resolvers: list[Callable[..., str]] = []
+
 
 def _route_handwritten(
     fallback: Callable[..., Any], target: str | Callable[..., str]
 ) -> Callable[..., Any]:
     label = f"{getattr(fallback, '__module__', '?')}.{getattr(fallback, '__qualname__', '?')}"
     api = register_api(label, fallback, patch=False, by_name=True, original=fallback)
+    if callable(target):
+        resolvers.append(target)
+    else:
+        routed_names.add(target)
     routes = api.routes
     resolver = target if callable(target) else None
 
