@@ -50,6 +50,13 @@ def _doubling(hidden_states, weight):
     return hidden_states * 2
 
 
+def _no_handwritten_routes(monkeypatch) -> None:
+    # Hand-written code routes names (an earlier test's), or any name by a resolver.
+    handwritten = importlib.import_module("fibgen.runtime.handwritten")
+    monkeypatch.setattr(handwritten, "resolvers", [])
+    monkeypatch.setattr(handwritten, "routed_names", set())
+
+
 def test_apply_off_calls_the_original_api():
     # Counts of an earlier enable stay readable after disable; calls with apply off add none.
     before = rt.stats()
@@ -89,7 +96,7 @@ def test_miss_falls_back_to_the_original():
 
 
 def test_name_rule_reaches_a_solution_for_an_undeclared_size(monkeypatch):
-    monkeypatch.setattr(importlib.import_module("fibgen.runtime.handwritten"), "resolvers", [])
+    _no_handwritten_routes(monkeypatch)
     x, w = torch.randn(2, 8), torch.randn(8)
     # No instance declares it, so enable says so (it could be a typo); the name rule spells it.
     with pytest.warns(RuntimeWarning, match="is called 'rmsnorm_h8'"):
@@ -677,8 +684,7 @@ def test_a_result_unlike_the_definitions_is_an_error_that_says_what_was_expected
 
 
 def test_a_mistyped_name_is_warned_about_at_enable_with_the_closest_names(monkeypatch):
-    # Hand-written code that routes by a resolver (an earlier test's) could route any name.
-    monkeypatch.setattr(importlib.import_module("fibgen.runtime.handwritten"), "resolvers", [])
+    _no_handwritten_routes(monkeypatch)
     with pytest.warns(RuntimeWarning) as caught:
         rt.enable_apply({"rmsnorm_h4069": _doubling}, patch=False)
     (warning,) = [w for w in caught if "enable_apply" in str(w.message)]
@@ -716,7 +722,7 @@ def test_a_catalogue_name_without_an_imported_dispatcher_is_known():
 
 
 def test_no_name_is_called_unknown_while_a_resolver_routes_hand_written_code(monkeypatch):
-    monkeypatch.setattr(importlib.import_module("fibgen.runtime.handwritten"), "resolvers", [])
+    _no_handwritten_routes(monkeypatch)
 
     @rt.apply(lambda x: f"resolved_{x.shape[0]}")
     def handwritten(x):

@@ -95,13 +95,12 @@ def _from_dataset(name: str, path: str) -> Union[_Found, str]:
 
 
 def _from_builtin(name: str) -> Union[_Found, str]:
-    from fibgen.paths import builtin_definition_file, catalogue_root
+    from fibgen.paths import builtin_definition_file, builtin_definition_names
 
     # Looked up before torch (input_spec) is imported: a mistyped name is answered at once.
     file = builtin_definition_file(name)
     if file is None:
-        known = sorted(p.stem for p in (catalogue_root() / "definitions").glob("*/*.json"))
-        return _unknown(name, known, "fibgen's built-in catalogue")
+        return _unknown(name, sorted(builtin_definition_names()), "fibgen's built-in catalogue")
     from fibgen.curation.workloads import input_spec
     from fibgen.format import FormatError, load_definition
     from fibgen.format.dataset import read_extras

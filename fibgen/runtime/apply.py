@@ -173,18 +173,11 @@ def _warn_unknown_names(entries: Mapping[str, Any]) -> None:
     )
 
 
-_CATALOGUE_NAMES: frozenset[str] | None = None
-
-
 def _catalogue_names() -> frozenset[str]:
-    """The names of fibgen's built-in definitions (listed once per process)."""
-    global _CATALOGUE_NAMES
-    if _CATALOGUE_NAMES is None:
-        from fibgen.paths import catalogue_root
+    """The names of fibgen's built-in definitions."""
+    from fibgen.paths import builtin_definition_names
 
-        folder = catalogue_root() / "definitions"
-        _CATALOGUE_NAMES = frozenset(p.stem for p in folder.glob("*/*.json"))
-    return _CATALOGUE_NAMES
+    return builtin_definition_names()
 
 
 def strict_from_env() -> bool:

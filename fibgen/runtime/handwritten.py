@@ -61,6 +61,16 @@ def _route_handwritten(
 _reference_fallbacks: dict[Any, Callable[..., Any]] = {}
 
 
+def _closest(name: str) -> str:
+    """`` (did you mean 'a'?)`` for the catalogue's names close to ``name``, else ``""``."""
+    import difflib
+
+    from fibgen.paths import builtin_definition_names
+
+    close = difflib.get_close_matches(name, sorted(builtin_definition_names()), n=3)
+    return f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+
+
 def apply(
     target: str | Callable[..., str],
     args: tuple[Any, ...] | None = None,
@@ -96,8 +106,8 @@ def apply(
                     raise LookupError(
                         f"apply({name!r}): no solution serves this call and no fallback was "
                         f"given, and definition {name!r} is not in {where} to run its "
-                        "reference; pass fallback=, or enable apply on the dataset that "
-                        "defines it"
+                        f"reference{_closest(name)}; pass fallback=, or enable apply on the "
+                        "dataset that defines it"
                     )
                 key = (name, definition["reference"])
                 run = references.get(key)
