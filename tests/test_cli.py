@@ -298,3 +298,11 @@ def test_import_into_a_file_is_refused_and_leaves_it(tmp_path):
         "files in\n"
     )
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_fmt_says_it_rewrites_files():
+    code, out, _ = cli("fmt", "--help")
+    assert code == 0 and "Rewrite each .fidef file in place" in out
+    code, out, _ = cli("--help")
+    (line,) = [line for line in out.splitlines() if line.split()[:1] == ["fmt"]]
+    assert line.split()[1] == "rewrite"

@@ -220,6 +220,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "fmt",
         help="rewrite .fidef files in canonical form (comments kept, meaning checked unchanged)",
+        description="Rewrite each .fidef file in place in canonical form: the layout fibgen "
+        "prints, comments kept, its meaning checked unchanged before it is written. With "
+        "--check nothing is written.",
     )
     p.add_argument("paths", nargs="+", metavar="PATH", help=".fidef files or folders")
     p.add_argument(
