@@ -52,6 +52,9 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     if _without_sources(args.paths) is not None:
         return EXIT_FAIL
+    if Path(args.output).exists() and not Path(args.output).is_dir():
+        _eprint(f"error: -o {args.output} is a file; give the folder to write into")
+        return EXIT_FAIL
     if args.package is None:
         args.package = default_package(args.paths)
     # Fast path: nothing that the output depends on changed since the last build, and nobody
@@ -87,8 +90,12 @@ def _build(args: argparse.Namespace, digest: str | None) -> int:
         return EXIT_FAIL
     try:
         report = write_files(Path(args.output), files, check=args.check, inputs=digest)
-    except (WriteError, OSError) as exc:
+    except WriteError as exc:
         _eprint(f"error: {exc}")
+        return EXIT_FAIL
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        _eprint(f"error: cannot write into {args.output}: {exc.strerror or exc}{where}")
         return EXIT_FAIL
     n_defs = len(result.module.definitions)
     if args.check:

@@ -153,11 +153,18 @@ def pack_solution(path: PathLike, output: PathLike | None = None, *, check: bool
     solution = read_solution(json_path)
     target = json_path if output is None else Path(output)
     text = dump_solution(solution)
+    if target.is_dir():
+        raise FormatError(target, "is a folder; give the file to write the Solution JSON into")
     try:
         current = target.read_text(encoding="utf-8")
     except FileNotFoundError:
         current = None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FormatError(target, f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     changed = current != text
     if changed and not check:
-        write_text_atomic(target, text)
+        try:
+            write_text_atomic(target, text)
+        except OSError as exc:
+            raise FormatError(target, f"cannot write: {exc.strerror or exc}") from None
     return Packed(target, solution, changed)
