@@ -34,11 +34,6 @@ def eprint(text: str) -> None:
         sys.stderr.write(text if text.endswith("\n") else text + "\n")
 
 
-def error(text: str) -> None:
-    """Write ``error: text`` to stderr; ``text`` that already says ``error:`` is kept as is."""
-    eprint(text if text.startswith("error:") else f"error: {text}")
-
-
 def did_you_mean(name: str, known: list[str] | tuple[str, ...], n: int = 3) -> str:
     """``"; did you mean `a`, `b`?"`` for the names of ``known`` close to ``name``, else ``""``."""
     import difflib

@@ -16,11 +16,10 @@ def _names_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the names given on the command line (each becomes a folder name)."""
     from fibgen.format.models.names import NAME_RULE, name_problem
 
-    for flag, value in (("DEFINITION", args.definition), ("--author", args.author)):
+    given = (("DEFINITION", args.definition), ("--author", args.author), ("--name", args.name))
+    for flag, value in given:
         if value is not None and name_problem(value) is not None:
             return f"{flag} {value!r} {name_problem(value)}; {NAME_RULE}"
-    if args.name is not None and name_problem(args.name) is not None:
-        return f"--name {args.name!r} {name_problem(args.name)}; {NAME_RULE}"
     return None
 
 
