@@ -70,3 +70,9 @@ def builtin_definition_file(name: str) -> Path | None:
         return None
     found = sorted((catalogue_root() / "definitions").glob(f"*/{glob.escape(name)}.json"))
     return found[0] if found else None
+
+
+@lru_cache(maxsize=None)
+def builtin_definition_names() -> frozenset[str]:
+    """The names of the built-in definitions (listed once per process)."""
+    return frozenset(p.stem for p in (catalogue_root() / "definitions").glob("*/*.json"))

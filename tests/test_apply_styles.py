@@ -181,6 +181,12 @@ def test_a_miss_without_a_fallback_or_a_definition_raises_naming_it(tmp_path):
     assert "pass fallback=" in message
 
 
+def test_a_mistyped_name_without_a_fallback_names_the_closest_definitions():
+    with pytest.raises(LookupError) as info:
+        rt.apply("rmsnorm_h4069", args=(torch.randn(2, 4096), torch.randn(4096)))
+    assert "to run its reference (did you mean 'rmsnorm_h4096'," in str(info.value)
+
+
 def test_strict_apply_without_a_fallback_raises_on_a_miss(tmp_path):
     rt.enable_apply(make_dataset(tmp_path / "ds", ["good_returns"], sizes=(3,)), strict=True)
     with pytest.raises(rt.FallbackError, match="rmsnorm_h128"):

@@ -62,9 +62,9 @@ def layer_of(module: str) -> str | None:
         return top
     if top in ("paths", "fsutil", "data"):
         return "base"
-    # The command line, wherever its modules are: fibgen/cli/, or cli_*.py beside it, and
-    # the modules that only the command line uses.
-    if top.startswith("cli") or top in ("scaffold", "demo"):
+    # The command line, wherever its modules are: fibgen/cli/, or cli_*.py beside it,
+    # `python -m fibgen`, and the modules that only the command line uses.
+    if top.startswith("cli") or top in ("scaffold", "demo", "__main__"):
         return "cli"
     return None
 

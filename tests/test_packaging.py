@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -20,6 +21,7 @@ import pytest
 from _shared import require_flashinfer_bench
 
 ROOT = Path(__file__).resolve().parents[1]
+VERSION = re.search(r'^version = "(.+)"$', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
 
 FIDEF = """\
 family scale {
@@ -98,6 +100,11 @@ def test_wheel_install_builds_outside_the_checkout(installed, tmp_path):
     proc = _run(installed, ["fibgen", "build", "defs", "-o", "out"], work)
     assert proc.returncode == 0, proc.stderr
     assert (work / "out" / "definitions" / "scale" / "scale_d8.json").is_file()
+    # A folder of one's own gets a package of its own, which cannot hide the catalogue's.
+    assert sorted(p.name for p in (work / "out" / "python").iterdir()) == ["defs_kernels"]
+    for command in (["fibgen", "--version"], ["python", "-m", "fibgen", "--version"]):
+        proc = _run(installed, command, work)
+        assert (proc.returncode, proc.stdout) == (0, f"fibgen {VERSION}\n"), proc.stderr
     # The grammar and the catalogue came from the installed package, not from this checkout.
     where = _run(
         installed,

@@ -50,6 +50,13 @@ def _doubling(hidden_states, weight):
     return hidden_states * 2
 
 
+def _no_handwritten_routes(monkeypatch) -> None:
+    # Hand-written code routes names (an earlier test's), or any name by a resolver.
+    handwritten = importlib.import_module("fibgen.runtime.handwritten")
+    monkeypatch.setattr(handwritten, "resolvers", [])
+    monkeypatch.setattr(handwritten, "routed_names", set())
+
+
 def test_apply_off_calls_the_original_api():
     # Counts of an earlier enable stay readable after disable; calls with apply off add none.
     before = rt.stats()
@@ -89,9 +96,13 @@ def test_miss_falls_back_to_the_original():
     assert rt.stats()[RMS]["fallback_no_candidate"] == 2
 
 
-def test_name_rule_reaches_a_solution_for_an_undeclared_size():
+def test_name_rule_reaches_a_solution_for_an_undeclared_size(monkeypatch):
+    _no_handwritten_routes(monkeypatch)
     x, w = torch.randn(2, 8), torch.randn(8)
-    with rt.enable_apply({"rmsnorm_h8": _doubling}):
+    # No instance declares it, so enable says so (it could be a typo); the name rule spells it.
+    with pytest.warns(RuntimeWarning, match="is called 'rmsnorm_h8'"):
+        applied = rt.enable_apply({"rmsnorm_h8": _doubling})
+    with applied:
         assert torch.equal(rmsnorm.rmsnorm(x, w), x * 2)
 
 
@@ -672,3 +683,53 @@ def test_a_result_unlike_the_definitions_is_an_error_that_says_what_was_expected
     assert torch.equal(plain, ORIGINAL_RMSNORM(x, w))
     assert filled is out and torch.equal(out, plain)
     assert counts["error"] == 2 and counts["hit"] == 0
+
+
+def test_a_mistyped_name_is_warned_about_at_enable_with_the_closest_names(monkeypatch):
+    _no_handwritten_routes(monkeypatch)
+    with pytest.warns(RuntimeWarning) as caught:
+        rt.enable_apply({"rmsnorm_h4069": _doubling}, patch=False)
+    (warning,) = [w for w in caught if "enable_apply" in str(w.message)]
+    assert str(warning.message) == (
+        "fibgen: enable_apply: no imported dispatcher and no definition of fibgen's catalogue "
+        "is called 'rmsnorm_h4069' (did you mean 'rmsnorm_h4096', 'rmsnorm_h7168', "
+        "'rmsnorm_h5376'?); a call reaches its solution only if some dispatcher routes that "
+        "name"
+    )
+    assert warning.filename == __file__  # the caller's line, not fibgen's
+
+
+def test_known_names_enable_without_a_warning_or_a_look_at_the_catalogue(monkeypatch):
+    def listing_the_catalogue():
+        raise AssertionError("the catalogue is listed only for a name nothing else knows")
+
+    monkeypatch.setattr(apply_module, "_catalogue_names", listing_the_catalogue)
+
+    @rt.apply("handwritten_only_name")
+    def handwritten(x):
+        return x
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # A dispatcher's name, and a name hand-written code routes.
+        rt.enable_apply(
+            {"rmsnorm_h4096": _doubling, "handwritten_only_name": handwritten}, patch=False
+        )
+
+
+def test_a_catalogue_name_without_an_imported_dispatcher_is_known():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rt.enable_apply({"gemm_n128_k2048": _doubling}, patch=False, packages=[])
+
+
+def test_no_name_is_called_unknown_while_a_resolver_routes_hand_written_code(monkeypatch):
+    _no_handwritten_routes(monkeypatch)
+
+    @rt.apply(lambda x: f"resolved_{x.shape[0]}")
+    def handwritten(x):
+        return x
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rt.enable_apply({"resolved_3": lambda x: x}, patch=False)

@@ -129,7 +129,10 @@ def test_unknown_definition_lists_the_closest_names(tmp_path, capsys):
     args = ["scaffold-solution", "rmsnorm_h4069", "--language", "python"]
     assert main([*args, "-o", str(tmp_path), "--definitions", DEFINITIONS]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: unknown definition 'rmsnorm_h4069'; did you mean rmsnorm_h4096")
+    assert err.startswith(
+        f"error: no definition named `rmsnorm_h4069` in {DEFINITIONS}\n"
+        "  = help: did you mean `rmsnorm_h4096`"
+    )
     assert not any(tmp_path.iterdir())
 
 
@@ -193,3 +196,72 @@ def test_pack_refuses_what_is_not_a_solution_folder(tmp_path, capsys, make, mess
     (tmp_path / "notes.txt").write_text("x")
     assert main(["pack", str(make(tmp_path))]) == 1
     assert message in capsys.readouterr().err
+
+
+def test_pack_fills_a_json_whose_sources_are_empty(tmp_path, capsys):
+    """Filling `sources` is pack's job: an empty list (or none) in a folder is not an error."""
+    result = scaffold_solution(
+        "rmsnorm_h128", language="python", author="me", output=tmp_path, definitions=DEFINITIONS
+    )
+    packed = json.loads(result.solution_json.read_text())
+    for emptied in ([], None):
+        data = {k: v for k, v in packed.items() if k != "sources"}
+        if emptied is not None:
+            data["sources"] = emptied
+        result.solution_json.write_text(json.dumps(data))
+        assert main(["pack", "--check", str(result.folder)]) == 1
+        assert capsys.readouterr().out == f"stale: {result.solution_json}\n"
+        assert main(["pack", str(result.folder)]) == 0, capsys.readouterr().err
+        capsys.readouterr()
+        assert json.loads(result.solution_json.read_text()) == packed
+
+
+def test_compile_errors_of_definitions_are_not_prefixed_twice(tmp_path, capsys):
+    (tmp_path / "bad.fidef").write_text(
+        "family f {\n  op_type x\n  axes { n : var }\n  inputs { a : float32[m] }\n"
+        '  outputs { b : float32[n] }\n  reference """\ndef run(a):\n    return a\n"""\n}\n'
+    )
+    args = ["scaffold-solution", "f", "--language", "python", "-o", str(tmp_path / "out")]
+    assert main([*args, "--definitions", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "error: error:" not in err
+    assert err.startswith("error: ") and "unknown axis `m`" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_dataset_as_definitions_scaffolds_what_the_catalogue_does(tmp_path, capsys):
+    """`workloads --definitions DATASET` takes a dataset; so does scaffold-solution."""
+    dataset = tmp_path / "ds"
+    assert main(["workloads", "rmsnorm_h128", "--axes", "batch_size=2", "-o", str(dataset)]) == 0
+    args = ["scaffold-solution", "rmsnorm_h128", "--language", "python", "--author", "me"]
+    assert main([*args, "-o", str(tmp_path / "a"), "--definitions", str(dataset)]) == 0
+    assert main([*args, "-o", str(tmp_path / "b")]) == 0
+    capsys.readouterr()
+
+    def files(root: Path) -> dict[str, str]:
+        return {str(p.relative_to(root)): p.read_text() for p in root.rglob("*") if p.is_file()}
+
+    assert files(tmp_path / "a") == files(tmp_path / "b") != {}
+    assert main([*args[:1], "rmsnorm_h129", *args[2:], "--definitions", str(dataset)]) == 1
+    assert capsys.readouterr().err == (
+        f"error: no definition named `rmsnorm_h129` in {dataset / 'definitions'}\n"
+        "  = help: did you mean `rmsnorm_h128`?\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["a/b", "--language", "python"], "DEFINITION 'a/b' contains the path separator"),
+        (["x", "--language", "python", "--name", ".hidden"], "--name '.hidden' starts with '.'"),
+        (["x", "--language", "pyton"], "invalid choice: 'pyton'; did you mean `python`?"),
+    ],
+)
+def test_names_of_the_wrong_form_are_command_line_errors(tmp_path, capsys, argv, message):
+    try:
+        code = main(["scaffold-solution", *argv, "-o", str(tmp_path)])
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())

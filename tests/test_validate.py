@@ -215,10 +215,20 @@ def test_the_real_dataset_has_only_its_missing_blobs_to_report():
 
 
 def test_a_folder_that_is_no_dataset_is_an_error(tmp_path, capsys):
-    code, out = _validate(capsys, str(tmp_path))
-    assert code == 1 and "not a dataset: it has none of definitions/, solutions/" in out
-    code, out = _validate(capsys, str(tmp_path / "missing"))
-    assert code == 1 and "no such dataset folder" in out
+    # The command says so in one line, not in a table of nothing; the library in its report.
+    (tmp_path / "notes.txt").write_text("x")
+    for where, message in [
+        (tmp_path, f"{tmp_path} is not a dataset: it has none of definitions/, solutions/"),
+        (tmp_path / "missing", f"dataset folder {tmp_path / 'missing'} does not exist"),
+        (tmp_path / "notes.txt", f"{tmp_path / 'notes.txt'} is not a folder"),
+    ]:
+        assert main(["validate", str(where)]) == 1
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith(f"error: {message}")
+    (problem,) = validate_dataset(tmp_path).errors
+    assert problem.message.startswith("not a dataset: it has none of definitions/, solutions/")
+    (problem,) = validate_dataset(tmp_path / "missing").errors
+    assert problem.message == "no such dataset folder"
 
 
 def test_trace_lines_do_not_need_fibgen_to_be_readable(tmp_path):

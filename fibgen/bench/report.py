@@ -281,25 +281,39 @@ def render(summary: dict[str, Any], fmt: str = "text") -> str:
 
 def plot(summary: dict[str, Any], path: str | os.PathLike[str]) -> None:
     """Draw speedup over the reference per workload, one line per solution, one panel per
-    definition and hardware."""
+    definition and hardware, into ``path`` (its suffix is the file type; its folder is made).
+
+    The file is replaced whole or not at all.
+    """
+    import io
+
+    from fibgen.fsutil import replace_atomically
+
+    path = Path(path)
     fig = figure(summary)  # says how to install matplotlib when it is missing
     import matplotlib.pyplot as plt
 
-    fig.savefig(path)
-    plt.close(fig)
+    data = io.BytesIO()
+    try:
+        fig.savefig(data, format=path.suffix.lstrip(".").lower() or None)
+    except ValueError as exc:  # a file type matplotlib does not draw
+        raise ReportError(f"cannot draw {path}: {exc}") from None
+    finally:
+        plt.close(fig)
+    try:
+        replace_atomically(path, data.getvalue())
+    except OSError as exc:
+        raise ReportError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def figure(summary: dict[str, Any]) -> Any:
-    """The matplotlib figure ``plot`` saves: speedups on a log axis."""
-    try:
-        import matplotlib
+    """The matplotlib figure ``plot`` saves: speedups on a log axis, labelled plainly."""
+    from fibgen.bench.plotting import PlotUnavailable, plain_log_formatter, pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ReportError(
-            "--plot needs matplotlib; install it with `pip install 'fibgen[plot]'`"
-        ) from None
+    try:
+        plt = pyplot()
+    except PlotUnavailable as exc:
+        raise ReportError(str(exc)) from None
     panels = _each(summary)
     fig, axes = plt.subplots(len(panels), 1, figsize=(8, 3 * len(panels)), squeeze=False)
     for ax, (name, hw, d) in zip(axes[:, 0], panels):
@@ -310,6 +324,8 @@ def figure(summary: dict[str, Any]) -> Any:
         ax.axhline(1.0, color="grey", linewidth=0.8)
         # Ratios: 2x faster and 2x slower are the same distance from 1.
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(plain_log_formatter())
+        ax.yaxis.set_minor_formatter(plain_log_formatter())
         ax.set_title(f"{name} on {hw}")
         ax.set_ylabel("speedup over reference (log scale)")
         ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=7)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-EXIT_OK, EXIT_FAIL = 0, 1
+from fibgen.cli.console import EXIT_FAIL, EXIT_OK, EXIT_USAGE, count, positive_float, positive_int
+from fibgen.cli.console import eprint as _eprint
+
 NOISY_PERCENT = 25  # fibgen.bench.runner.NOISY_SPREAD, without importing torch at start-up
-
-
-def _eprint(text: str) -> None:
-    sys.stderr.write(text if text.endswith("\n") else text + "\n")
 
 
 def _list(values: list[str]) -> tuple[str, ...]:
@@ -69,14 +68,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="skip runs already in traces/")
     p.add_argument(
         "--timeout",
-        type=float,
+        type=positive_float,
         default=120.0,
         help="seconds per solution and workload (120; a sampler gets 5 times it)",
     )
-    p.add_argument("--warmup", type=int, default=3, help="untimed calls before timing (3)")
+    p.add_argument("--warmup", type=count, default=3, help="untimed calls before timing (3)")
     p.add_argument(
         "--repeat",
-        type=int,
+        type=positive_int,
         default=None,
         help="timed calls (default: as many as fit in 100 ms, at least 10 on a GPU and 30 "
         "on a CPU)",
@@ -102,7 +101,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--retries",
-        type=int,
+        type=count,
         default=2,
         metavar="N",
         help="with --ray: how often a job whose worker or node was lost is sent again (2)",
@@ -115,7 +114,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     r.add_argument("dataset", metavar="DATASET", help="dataset folder holding traces/")
     r.add_argument("--format", choices=("text", "md", "json"), default="text")
-    r.add_argument("--plot", metavar="FILE.png", help="also draw speedup per workload (matplotlib)")
+    r.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="also draw speedup per workload into FILE (.png, .svg, .pdf ...; needs "
+        "`pip install 'fibgen[plot]'`); its folder is made if missing",
+    )
     r.set_defaults(func=cmd_report)
 
 
@@ -125,6 +129,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     The last line says whether every run passed; notes on what was not run, packed or timed
     noisily go to stderr before it.
     """
+    problem = _dataset_problem(args.dataset)
+    if problem is not None:
+        _eprint(f"error: {problem}")
+        return EXIT_FAIL
     from fibgen.bench import ray_runner
     from fibgen.bench.runner import BenchError, BenchOptions, DeviceError, check_devices, run_bench
     from fibgen.format import FormatError
@@ -132,12 +140,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     # On a cluster the devices are the cluster's: without --devices, its GPUs if it has any.
     given = args.devices if args.devices is not None or args.ray else _default_devices()
     devices = () if given is None else tuple(d.strip() for d in given.split(","))
-    if args.timeout <= 0 or args.warmup < 0 or (args.repeat is not None and args.repeat < 1):
-        _eprint("error: --timeout must be positive, --warmup 0 or more, --repeat 1 or more")
-        return 2
-    if args.retries < 0:
-        _eprint("error: --retries must be 0 or more")
-        return 2
     try:
         if args.ray:
             ray_runner.device_kind(devices)
@@ -145,8 +147,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         else:
             check_devices(devices)
     except (DeviceError, ray_runner.RayMissing) as exc:
+        # A device the machine lacks is a wrong --devices; Ray missing, an optional package
+        # (Note [exit codes] in fibgen/cli/console.py).
         _eprint(f"error: {exc}")
-        return 2
+        return EXIT_USAGE
     options = BenchOptions(
         devices=devices,
         definitions=_list(args.definitions),
@@ -190,8 +194,53 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return EXIT_FAIL if summary.problems or summary.failed else EXIT_OK
 
 
+def _dataset_problem(dataset: str) -> str | None:
+    """Why ``dataset`` cannot be a dataset folder, seen before anything heavy is imported."""
+    path = Path(dataset)
+    if not path.exists():
+        return f"dataset folder {dataset} does not exist"
+    if not path.is_dir():
+        return f"{dataset} is not a folder; give the dataset folder"
+    return None
+
+
+def _plot_problem(target: str) -> tuple[int, str] | None:
+    """(exit code, message) when the report cannot be drawn into ``target``; checked before
+    the report is printed, so that a bad --plot does not come after a page of output."""
+    from fibgen.bench.plotting import PlotUnavailable, plot_formats
+
+    try:
+        formats = plot_formats()
+    except PlotUnavailable as exc:
+        return EXIT_USAGE, str(exc)
+    if Path(target).is_dir():
+        return EXIT_FAIL, f"--plot {target} is a folder; give a file name such as {target}/x.png"
+    suffix = Path(target).suffix.lower().lstrip(".")
+    if suffix not in formats:
+        what = f"a .{suffix} file" if suffix else "a file name without a suffix"
+        return EXIT_USAGE, (
+            f"--plot {target}: matplotlib cannot draw {what}; end the name with one of "
+            f"{', '.join(f'.{f}' for f in sorted(formats))}"
+        )
+    for folder in Path(target).parents:
+        if folder.exists():
+            if not folder.is_dir():
+                return EXIT_FAIL, f"--plot {target}: {folder} is a file, not a folder"
+            break
+    return None
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     """Print the report; draw the plot when asked."""
+    problem = _dataset_problem(args.dataset)
+    if problem is not None:
+        _eprint(f"error: {problem}")
+        return EXIT_FAIL
+    if args.plot:
+        plot_problem = _plot_problem(args.plot)
+        if plot_problem is not None:
+            _eprint(f"error: {plot_problem[1]}")
+            return plot_problem[0]
     from fibgen.bench.report import ReportError, plot, render, summarize
     from fibgen.format import FormatError
 
@@ -199,6 +248,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         summary = summarize(args.dataset)
         sys.stdout.write(render(summary, args.format))
         if args.plot:
+            sys.stdout.flush()
             plot(summary, args.plot)
             _eprint(f"wrote {args.plot}")
     except (ReportError, FormatError) as exc:

@@ -10,6 +10,32 @@ from fibgen.cli.console import EXIT_FAIL, EXIT_OK
 from fibgen.cli.console import eprint as _eprint
 
 
+def _package_name(text: str) -> str:
+    """An argparse type: a name the generated dispatchers' package may take."""
+    from fibgen.codegen.packages import package_problem
+
+    problem = package_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{text!r} {problem}")
+    return text
+
+
+def _without_sources(paths: list[str]) -> int | None:
+    """EXIT_FAIL, said, when a folder among ``paths`` holds no `.fidef` file; else None.
+
+    A mistyped folder (a dataset, a solutions folder) must not pass as "0 definitions".
+    """
+    empty = [p for p in paths if Path(p).is_dir() and next(Path(p).rglob("*.fidef"), None) is None]
+    for folder in empty:
+        hint = ""
+        if (Path(folder) / "definitions").is_dir():
+            hint = (
+                "\n  = help: a dataset's definitions are JSON: `fibgen validate` checks a dataset"
+            )
+        _eprint(f"error: no .fidef files in {folder}{hint}")
+    return EXIT_FAIL if empty else None
+
+
 def _compile(paths: list[str]):
     from fibgen.compiler import compile_paths
     from fibgen.compiler.diagnostics import render_all
@@ -20,9 +46,17 @@ def _compile(paths: list[str]):
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    from fibgen.codegen.packages import default_package
     from fibgen.codegen.writer import inputs_digest, up_to_date
     from fibgen.compiler import discover, read_source
 
+    if _without_sources(args.paths) is not None:
+        return EXIT_FAIL
+    if Path(args.output).exists() and not Path(args.output).is_dir():
+        _eprint(f"error: -o {args.output} is a file; give the folder to write into")
+        return EXIT_FAIL
+    if args.package is None:
+        args.package = default_package(args.paths)
     # Fast path: nothing that the output depends on changed since the last build, and nobody
     # edited the output. Checked without importing the compiler or the generators.
     found, problems = discover(args.paths)
@@ -47,9 +81,6 @@ def _build(args: argparse.Namespace, digest: str | None) -> int:
     result = _compile(args.paths)
     if result.module is None:
         return EXIT_FAIL
-    if not result.module.definitions and not result.module.files:
-        _eprint(f"error: no .fidef files found in {', '.join(args.paths)}")
-        return EXIT_FAIL
     from fibgen.codegen.files import GenerateError
 
     try:
@@ -59,8 +90,12 @@ def _build(args: argparse.Namespace, digest: str | None) -> int:
         return EXIT_FAIL
     try:
         report = write_files(Path(args.output), files, check=args.check, inputs=digest)
-    except (WriteError, OSError) as exc:
+    except WriteError as exc:
         _eprint(f"error: {exc}")
+        return EXIT_FAIL
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        _eprint(f"error: cannot write into {args.output}: {exc.strerror or exc}{where}")
         return EXIT_FAIL
     n_defs = len(result.module.definitions)
     if args.check:
@@ -76,12 +111,15 @@ def _build(args: argparse.Namespace, digest: str | None) -> int:
         return EXIT_OK
     print(
         f"built {n_defs} definitions into {args.output}: {len(report.written)} written, "
-        f"{len(report.unchanged)} unchanged, {len(report.removed)} removed"
+        f"{len(report.unchanged)} unchanged, {len(report.removed)} removed; dispatchers in "
+        f"package {args.package} ({args.output}/python/{args.package}/)"
     )
     return EXIT_OK
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    if _without_sources(args.paths) is not None:
+        return EXIT_FAIL
     result = _compile(args.paths)
     if result.module is None:
         return EXIT_FAIL
@@ -107,6 +145,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         from fibgen.paths import definitions_dir
 
         paths = [str(definitions_dir())]
+    if _without_sources(paths) is not None:
+        return EXIT_FAIL
     result = _compile(paths)
     if result.module is None:
         return EXIT_FAIL
@@ -148,6 +188,8 @@ def _list_apis(module) -> int:
 def cmd_fmt(args: argparse.Namespace) -> int:
     from fibgen.compiler.format import format_paths
 
+    if _without_sources(args.paths) is not None:
+        return EXIT_FAIL
     return format_paths(args.paths, check=args.check, out=sys.stdout, err=sys.stderr)
 
 
@@ -171,21 +213,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--package",
-        default="fibgen_kernels",
-        help="Python package name of the dispatch modules (default: fibgen_kernels)",
+        default=None,
+        type=_package_name,
+        help="Python package of the dispatch modules (default: fibgen_kernels for the built-in "
+        "catalogue, else <folder>_kernels after the first DIR)",
     )
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("check", help="compile definitions and report diagnostics only")
-    p.add_argument("paths", nargs="+", metavar="DIR")
+    p.add_argument("paths", nargs="+", metavar="DIR", help=".fidef files or folders")
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("fmt", help="print .fidef files in canonical form")
-    p.add_argument("paths", nargs="+", metavar="PATH")
+    p = sub.add_parser(
+        "fmt",
+        help="rewrite .fidef files in canonical form (comments kept, meaning checked unchanged)",
+        description="Rewrite each .fidef file in place in canonical form: the layout fibgen "
+        "prints, comments kept, its meaning checked unchanged before it is written. With "
+        "--check nothing is written.",
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help=".fidef files or folders")
     p.add_argument(
         "--check",
         action="store_true",
-        help="write nothing; exit 1 listing files that are not formatted",
+        help="write nothing; exit 1 with a diff of the files that are not formatted",
     )
     p.set_defaults(func=cmd_fmt)
 

@@ -7,23 +7,64 @@ import os
 import sys
 from pathlib import Path
 
+from fibgen.cli.console import EXIT_FAIL, EXIT_OK, EXIT_USAGE
+from fibgen.cli.console import eprint as _eprint
 from fibgen.codegen.scaffold import LANGUAGES
+
+
+def _names_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the names given on the command line (each becomes a folder name)."""
+    from fibgen.format.models.names import NAME_RULE, name_problem
+
+    given = (("DEFINITION", args.definition), ("--author", args.author), ("--name", args.name))
+    for flag, value in given:
+        if value is not None and name_problem(value) is not None:
+            return f"{flag} {value!r} {name_problem(value)}; {NAME_RULE}"
+    return None
+
+
+def _is_dataset(path: str) -> bool:
+    """Whether ``path`` is a dataset (definitions/ of JSON) rather than `.fidef` sources."""
+    folder = Path(path)
+    return (
+        folder.is_dir()
+        and (folder / "definitions").is_dir()
+        and next(folder.rglob("*.fidef"), None) is None
+    )
 
 
 def cmd_scaffold(args: argparse.Namespace) -> int:
     """Write the scaffold; print where, or the reason it was not written."""
-    from fibgen.codegen.scaffold import ScaffoldError, scaffold_solution
+    problem = _names_problem(args)
+    if problem is not None:
+        _eprint(f"error: {problem}")
+        return EXIT_USAGE
+    from fibgen.codegen.scaffold import DiagnosticsError, ScaffoldError, scaffold_solution
 
-    dataset_parts = _dataset_parts(Path(args.output))
+    output = Path(args.output)
+    if output.exists() and not output.is_dir():
+        _eprint(f"error: -o {args.output} is a file; give the folder of solutions")
+        return EXIT_FAIL
+    dataset_parts = _dataset_parts(output)
     if dataset_parts:
         # Written there, the solution would sit beside the dataset's folders, where neither
         # bench nor apply looks.
         target = Path(args.output) / "solutions"
-        sys.stderr.write(
+        _eprint(
             f"error: {args.output} is a dataset (it has {', '.join(dataset_parts)}); bench and "
-            f"apply find its solutions under {target}: use -o {target}\n"
+            f"apply find its solutions under {target}: use -o {target}"
         )
-        return 1
+        return EXIT_FAIL
+    definitions = args.definitions
+    if definitions is not None and _is_dataset(definitions):
+        # A dataset's definitions are JSON: imported as `fibgen import` would (as `fibgen
+        # workloads --definitions DATASET` reads them).
+        from fibgen.pipeline.importing import dataset_definition
+
+        definitions = dataset_definition(definitions, args.definition)
+        if isinstance(definitions, str):
+            _eprint(definitions)
+            return EXIT_FAIL
     try:
         result = scaffold_solution(
             args.definition,
@@ -32,14 +73,17 @@ def cmd_scaffold(args: argparse.Namespace) -> int:
             name=args.name,
             dps=args.dps,
             output=args.output,
-            definitions=args.definitions,
+            definitions=definitions,
             force=args.force,
         )
+    except DiagnosticsError as exc:
+        _eprint(str(exc))  # compiler diagnostics, each saying `error:` itself
+        return EXIT_FAIL
     except ScaffoldError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 1
+        _eprint(f"error: {exc}")
+        return EXIT_FAIL
     print(f"wrote {result.folder}: {result.solution_json.name}, {', '.join(result.sources)}")
-    return 0
+    return EXIT_OK
 
 
 def _dataset_parts(folder: Path) -> list[str]:
@@ -75,7 +119,8 @@ def _register_scaffold(subparsers: argparse._SubParsersAction) -> None:
         "--definitions",
         default=None,
         metavar="DIR",
-        help=".fidef files or folders (default: fibgen's built-in catalogue)",
+        help=".fidef files or folders, or a dataset holding definitions/ (default: fibgen's "
+        "built-in catalogue)",
     )
     p.add_argument("--force", action="store_true", help="replace an existing solution folder")
     p.set_defaults(func=cmd_scaffold)

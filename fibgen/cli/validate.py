@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+from fibgen.cli.console import EXIT_FAIL, eprint
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,8 +37,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_validate)
 
 
+def _not_a_dataset(dataset: str) -> str | None:
+    """Why ``dataset`` is no dataset folder at all: said alone, not as a table of nothing."""
+    from fibgen.format.dataset import DATASET_FOLDERS
+
+    path = Path(dataset)
+    if not path.exists():
+        return f"dataset folder {dataset} does not exist"
+    if not path.is_dir():
+        return f"{dataset} is not a folder; give the dataset folder"
+    if not any((path / name).is_dir() for name in DATASET_FOLDERS):
+        return f"{dataset} is not a dataset: it has none of {', '.join(f'{n}/' for n in DATASET_FOLDERS)}"
+    return None
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     """Validate; exit 1 when an error was found."""
+    problem = _not_a_dataset(args.dataset)
+    if problem is not None:
+        eprint(f"error: {problem}")
+        return EXIT_FAIL
     from fibgen.curation.findings import render
     from fibgen.curation.validate import validate_dataset
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 from fibgen.cli.console import EXIT_FAIL, EXIT_OK, EXIT_USAGE
+from fibgen.cli.console import eprint as _eprint
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,7 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="AXIS=V1,V2,...",
-        help="values of one var axis; repeat for several axes (the cross product is written)",
+        help="values of one var axis; repeat for several axes (the cross product is written); "
+        "without it, one workload at the values input generation derives (it says which)",
     )
     p.add_argument(
         "-o",
@@ -51,34 +52,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_workloads)
 
 
-def _eprint(text: str) -> None:
-    sys.stderr.write(text if text.endswith("\n") else text + "\n")
-
-
 def cmd_workloads(args: argparse.Namespace) -> int:
     """Run `fibgen workloads`."""
-    from fibgen.format import FormatError
-    from fibgen.format.models import NAME_RULE, name_problem
-    from fibgen.curation.synthetic import parse_grid, write_synthetic
-    from fibgen.curation.workloads import WorkloadError
-    from fibgen.pipeline.workload_definitions import add_definition, definition_for_workloads
+    from fibgen.curation.grid import GridError, parse_grid
+    from fibgen.format.models.names import NAME_RULE, name_problem
 
-    # The name becomes a file name under the dataset (Note [safe names]).
+    # The command line first, before torch is imported. The name becomes a file name under
+    # the dataset (Note [safe names]).
     problem = name_problem(args.definition)
     if problem is not None:
         _eprint(f"error: DEFINITION {args.definition!r} {problem}; {NAME_RULE}")
         return EXIT_USAGE
     try:
         grid = parse_grid(args.axes)
-    except WorkloadError as exc:
+    except GridError as exc:
         _eprint(f"error: {exc}")
         return EXIT_USAGE
+    root = Path(args.output or os.environ.get("FIBGEN_DATASET_PATH") or ".")
+    if root.exists() and not root.is_dir():
+        _eprint(f"error: the dataset {root} is a file, not a folder")
+        return EXIT_FAIL
+
+    from fibgen.pipeline.workload_definitions import add_definition, definition_for_workloads
+
     found = definition_for_workloads(args.definition, args.definitions)
     if isinstance(found, str):
         _eprint(found)
         return EXIT_FAIL
     spec, op_type, model, extras = found
-    root = Path(args.output or os.environ.get("FIBGEN_DATASET_PATH") or ".")
+    from fibgen.curation.synthetic import write_synthetic
+    from fibgen.curation.workloads import WorkloadError
+    from fibgen.format import FormatError
+
     try:
         # Workloads first: a bad grid is found before anything is written. Then the
         # definition, without which flashinfer-bench refuses the workloads.
@@ -92,6 +97,14 @@ def cmd_workloads(args: argparse.Namespace) -> int:
         return EXIT_FAIL
     if note:
         _eprint(note)
+    if not grid and result.values:
+        # Nothing chosen: say what was, and how to choose.
+        shown = ", ".join(f"{a}={','.join(map(str, v))}" for a, v in result.values.items())
+        first = next(iter(result.values))
+        _eprint(
+            f"note: no --axes given: wrote the workload at {shown}, the values input "
+            f"generation derives; --axes {first}=V1,V2,... chooses"
+        )
     kept = f"; kept {result.kept} existing" if result.kept else ""
     print(f"wrote {result.added} workload(s) of {spec.name} to {result.path}{kept}")
     return EXIT_OK

@@ -33,19 +33,18 @@ ENTRY_FILE = "binding.cpp"
 # ---------------------------------------------------------------------------- emitters
 
 
-def _shared_headers() -> dict[str, str]:
-    return {
-        "fibgen_launch.h": render("cuda_launch.h.j2"),
-        "fibgen_kernel.h": render("cuda_kernel.h.j2"),
-    }
+def _shared_headers() -> dict[str, tuple[str, str]]:
+    # The same for every build: made from fibgen's templates, not from a .fidef.
+    templates = {"fibgen_launch.h": "cuda_launch.h.j2", "fibgen_kernel.h": "cuda_kernel.h.j2"}
+    return {path: (template, render(template)) for path, template in templates.items()}
 
 
 def emit_cuda(module: ir.Module) -> list[GeneratedFile]:
     """``cuda/<name>/`` per definition, and the headers they share in ``cuda/include/``."""
     families = {f.name: f for f in module.families()}
     files = [
-        GeneratedFile(f"cuda/include/{path}", with_c_header(text, ""), "")
-        for path, text in _shared_headers().items()
+        GeneratedFile(f"cuda/include/{path}", with_c_header(text, f"template {template}"), "")
+        for path, (template, text) in _shared_headers().items()
     ]
     definitions = sorted(module.definitions, key=lambda x: x.name)
     views = [_view(defn) for defn in definitions]
@@ -79,7 +78,7 @@ def scaffold_sources(
     if not symbol.isidentifier():
         raise CudaGenError(f"entry symbol {symbol!r} is not a C++ identifier")
     d = _view(definition)
-    sources = dict(_shared_headers())
+    sources = {path: text for path, (_, text) in _shared_headers().items()}
     sources[f"{d.name}.cuh"] = _kernel_header(d, family)
     sources[f"{d.name}.cu"] = _launcher(d, family)
     sources[entry_file or ENTRY_FILE] = _binding(d, [(symbol, dps)])

@@ -43,7 +43,8 @@ from fibgen.codegen.dispatch_plan import (
 )
 from fibgen.codegen.dispatch_call import call_recipe
 from fibgen.codegen.dispatch_rules import module_names
-from fibgen.codegen.files import GeneratedFile, with_python_header
+from fibgen.codegen.files import GeneratedFile, build_label, with_python_header
+from fibgen.codegen.packages import CATALOGUE_PACKAGE, package_problem
 from fibgen.codegen.pyformat import format_python
 from fibgen.codegen.pyliteral import inline_dict, literal
 from fibgen.codegen.templates import render, source_label
@@ -369,7 +370,8 @@ def emit_python_dispatch(module: ir.Module, package: str) -> list[GeneratedFile]
     files = [
         GeneratedFile(
             f"python/{package}/{name}.py",
-            with_python_header(text, source_label(sources[name])),
+            # The package index is made of the whole build: it names the build's sources.
+            with_python_header(text, source_label(sources[name]) or build_label(module)),
             source_label(sources[name]),
         )
         for name, text in zip(names, texts)
@@ -382,8 +384,9 @@ def plan_dispatch(module: ir.Module, package: str) -> tuple[dict[str, ModuleView
 
     ``fibgen check`` runs this too, so that it reports what ``fibgen build`` would.
     """
-    if not package.isidentifier():
-        raise DispatchGenError(f"package name {package!r} is not a Python identifier")
+    problem = package_problem(package)
+    if problem is not None:
+        raise DispatchGenError(f"package name {package!r} {problem}")
     sources = {f.name: sf.path for sf in module.files for f in sf.families}
     sources |= {g.name: sf.path for sf in module.files for g in sf.dispatches}
     families = {f.name: f for f in module.families()}
@@ -436,7 +439,7 @@ def plan_dispatch(module: ir.Module, package: str) -> tuple[dict[str, ModuleView
             name in heads,
             then.get(name),
             foreign.get(name, frozenset()),
-            "fibgen" if package == "fibgen_kernels" else package,
+            "fibgen" if package == CATALOGUE_PACKAGE else package,
         )
         if name in heads:
             claim(family.api.path, name)

@@ -48,29 +48,42 @@ def default_author() -> str:
         return "author"
 
 
-def _compile(definitions: str | Path | None) -> ir.Module:
-    from fibgen.compiler import compile_paths
+class DiagnosticsError(ScaffoldError):
+    """The definitions do not compile; the message is the rendered diagnostics, which say
+    ``error:`` themselves."""
+
+
+def _compile(definitions: str | Path | ir.Module | None) -> tuple[ir.Module, str]:
+    """The module of ``definitions`` and how to name where it came from."""
+    from fibgen.compiler import compile_paths, discover, ir
     from fibgen.compiler.diagnostics import has_errors, render_all
     from fibgen.paths import definitions_dir
 
+    if isinstance(definitions, ir.Module):
+        return definitions, "the given definitions"
+    where = f"{definitions}"
     if definitions is None:
-        definitions = definitions_dir()
+        definitions, where = definitions_dir(), "fibgen's built-in catalogue"
     elif not Path(definitions).exists():
         raise ScaffoldError(f"definitions folder {definitions} does not exist")
+    elif not discover([str(definitions)])[0]:
+        raise ScaffoldError(f"no .fidef files in {definitions}")
     result = compile_paths([str(definitions)])
     if result.module is None or has_errors(result.diagnostics):
-        raise ScaffoldError(render_all(result.diagnostics, result.sources).rstrip())
-    return result.module
+        raise DiagnosticsError(render_all(result.diagnostics, result.sources).rstrip())
+    return result.module, where
 
 
-def find_definition(module: ir.Module, name: str) -> tuple[ir.Definition, ir.Family]:
-    """The definition called ``name`` and its family; an error lists the closest names."""
+def find_definition(
+    module: ir.Module, name: str, where: str = "the definitions"
+) -> tuple[ir.Definition, ir.Family]:
+    """The definition called ``name`` and its family; an error names the closest names."""
     by_name = {d.name: d for d in module.definitions}
     defn = by_name.get(name)
     if defn is None:
-        close = difflib.get_close_matches(name, sorted(by_name), n=5, cutoff=0.5)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise ScaffoldError(f"unknown definition {name!r}{hint}")
+        close = difflib.get_close_matches(name, sorted(by_name), n=3)
+        hint = f"\n  = help: did you mean {', '.join(f'`{c}`' for c in close)}?" if close else ""
+        raise ScaffoldError(f"no definition named `{name}` in {where}{hint}")
     family = next(f for f in module.families() if f.name == defn.family)
     return defn, family
 
@@ -200,12 +213,13 @@ def scaffold_solution(
     name: str | None = None,
     dps: bool = True,
     output: str | Path = "solutions",
-    definitions: str | Path | None = None,
+    definitions: str | Path | ir.Module | None = None,
     force: bool = False,
 ) -> Scaffold:
     """Write a solution folder for ``definition``; nothing is written when anything fails.
 
-    ``definitions``: `.fidef` files or folders; None is fibgen's built-in catalogue.
+    ``definitions``: `.fidef` files or folders, or a compiled module; None is fibgen's
+    built-in catalogue.
     """
     from fibgen.codegen.pyformat import format_python
     from fibgen.format.jsonio import dump_solution
@@ -224,7 +238,8 @@ def scaffold_solution(
         problem = name_problem(value)
         if problem is not None:
             raise ScaffoldError(f"{flags[what]} {value!r} {problem}; {NAME_RULE}")
-    defn, family = find_definition(_compile(definitions), definition)
+    module, where = _compile(definitions)
+    defn, family = find_definition(module, definition, where)
 
     binding = None
     if language == "cuda":

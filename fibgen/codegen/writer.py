@@ -155,7 +155,7 @@ def _plan(out: Path, files: list[GeneratedFile]) -> tuple[dict[str, str], list[s
             other = by_path[f.path]
             raise WriteError(
                 f"two generated files share the path {f.path} "
-                f"(from {other.source or 'the catalogue'} and {f.source or 'the catalogue'})"
+                f"(from {other.source or 'the whole build'} and {f.source or 'the whole build'})"
             )
         by_path[f.path] = f
     new = {p: f.text for p, f in sorted(by_path.items())}

@@ -96,4 +96,6 @@ def format_paths(paths: list[str], *, check: bool, out: TextIO, err: TextIO) -> 
         return 1
     if not check and unformatted:
         out.write(f"formatted {len(unformatted)} file(s)\n")
+    elif not unformatted and not failed:
+        out.write(f"{len(inputs)} file(s) already formatted\n")
     return 1 if failed else 0

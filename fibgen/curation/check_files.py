@@ -80,7 +80,8 @@ def _definitions(report: Report) -> dict[str, tuple[Path, Definition]]:
             except FormatError as exc:
                 report.add("error", path, exc.message)
                 continue
-        _caught(report, caught)
+        # Counted in the definition's row, where the table shows it.
+        _caught(report, caught, defn.name)
         report.records["definitions"] += 1
         report.rows.setdefault(defn.name, Row())
         if defn.name in found:

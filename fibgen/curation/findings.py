@@ -140,6 +140,12 @@ def render(report: Report, limit: int | None = 40) -> str:
         ]
         for name, r in sorted(report.rows.items())
     ]
+    # Problems of no definition (a stray file, a sidecar alone) get a row of their own, so
+    # that the table's counts add up to the verdict's.
+    other = [p for p in report.problems if p.definition not in report.rows]
+    if other:
+        errors = sum(p.level == "error" for p in other)
+        rows.append(["(no definition)", "-", "-", "-", "-", str(errors), str(len(other) - errors)])
     if rows:
         widths = [max(len(x[i]) for x in [header, *rows]) for i in range(len(header))]
 

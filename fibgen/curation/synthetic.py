@@ -11,13 +11,14 @@ import itertools
 import math
 import os
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from fibgen.curation.grid import parse_grid  # noqa: F401  (here too, beside what it feeds)
 from fibgen.curation.workloads import WorkloadError, load_workloads
 from fibgen.format import RandomInput, SafetensorsInput, ScalarInput, Workload, save_blob
 from fibgen.format.dataset import blob_relpath, workload_path, write_workloads
@@ -90,11 +91,13 @@ def _plain(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class SyntheticResult:
-    """What ``write_synthetic`` did: the workload file, and workloads added and kept."""
+    """What ``write_synthetic`` did: the workload file, workloads added and kept, and the
+    values each var axis took in the workloads made (those not in the grid were derived)."""
 
     path: Path
     added: int
     kept: int
+    values: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 def write_synthetic(
@@ -127,28 +130,9 @@ def write_synthetic(
             save_blob(root, op_type, spec.name, workload.uuid, tensors)
         added.append(workload)
     write_workloads(root, op_type, spec.name, [*existing, *added])
-    return SyntheticResult(path, len(added), len(existing))
-
-
-def parse_grid(text: Iterable[str]) -> dict[str, list[int]]:
-    """Parse ``["batch_size=1,7,64", "num_pages=8"]`` into a grid of var-axis values."""
-    grid: dict[str, list[int]] = {}
-    for item in text:
-        name, sep, values = item.partition("=")
-        name = name.strip()
-        if not sep or not name.isidentifier():
-            raise WorkloadError(
-                f"--axes {item!r}: write AXIS=V1,V2,... (for example batch_size=1,7)"
-            )
-        if name in grid:
-            raise WorkloadError(f"--axes {name} is given twice; list every value in one --axes")
-        try:
-            parsed = [int(v) for v in values.split(",") if v.strip()]
-        except ValueError:
-            raise WorkloadError(
-                f"--axes {item!r}: values must be integers separated by commas"
-            ) from None
-        if not parsed or any(v < 0 for v in parsed):
-            raise WorkloadError(f"--axes {item!r}: give one or more integers >= 0")
-        grid[name] = parsed
-    return grid
+    values = {
+        axis: tuple(sorted({w.axes[axis] for w, _ in made}))
+        for axis, kind, _ in spec.axes
+        if kind == "var"
+    }
+    return SyntheticResult(path, len(added), len(existing), values)

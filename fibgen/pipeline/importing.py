@@ -51,16 +51,14 @@ def _load(inputs: list[str], err: TextIO) -> list | None:
     return None if failed else defs
 
 
-def import_paths(inputs: list[str], output: Path, *, force: bool, out: TextIO, err: TextIO) -> int:
-    """Import definition JSON files into `.fidef` files under `output`, one per op_type."""
+def _families(defs: list, output: Path) -> tuple[dict[str, str], int, ir.Module | str]:
+    """The `.fidef` text per file of ``defs`` (one file per op_type), how many families, and
+    the module they compile to, checked to build every definition again; or why not."""
     from fibgen.compiler import compile_sources
     from fibgen.compiler.diagnostics import render_all
     from fibgen.compiler.printer import print_file
     from fibgen.format.jsonio import semantic_equal
 
-    defs = _load(inputs, err)
-    if defs is None:
-        return 1
     groups = group_definitions(defs)
     by_op: dict[str, list[ir.Family]] = {}
     for g in groups:
@@ -69,21 +67,67 @@ def import_paths(inputs: list[str], output: Path, *, force: bool, out: TextIO, e
         f"{op}.fidef": print_file(ir.SourceFile(path=f"{op}.fidef", families=tuple(fams)))
         for op, fams in sorted(by_op.items())
     }
-    # Verify before writing anything: the written files must compile back to the input.
     result = compile_sources([(str(output / n), n, t) for n, t in texts.items()])
     if result.module is None:
-        err.write(render_all(result.diagnostics, result.sources))
-        err.write("error: the imported families do not compile; nothing was written\n")
-        return 1
+        return (
+            texts,
+            len(groups),
+            (
+                render_all(result.diagnostics, result.sources)
+                + "error: the imported families do not compile"
+            ),
+        )
     from fibgen.codegen.definition_json import definition_dict
 
     built = {d.name: definition_dict(d) for d in result.module.definitions}
     bad = [d.name for d in defs if d.name not in built or not semantic_equal(built[d.name], d)]
     if bad:
-        err.write(
-            f"error: {len(bad)} definition(s) would not round-trip: {', '.join(bad[:5])}; "
-            "nothing was written\n"
+        return (
+            texts,
+            len(groups),
+            (f"error: {len(bad)} definition(s) would not round-trip: {', '.join(bad[:5])}"),
         )
+    return texts, len(groups), result.module
+
+
+def dataset_definition(root: str | Path, name: str) -> ir.Module | str:
+    """A module holding the definition ``name`` of the dataset at ``root`` (its JSON, imported
+    as `fibgen import` does and checked the same way), or an error message.
+
+    For the commands that take `.fidef` files or a dataset (`scaffold-solution
+    --definitions DATASET`), as `fibgen workloads` does.
+    """
+    import difflib
+
+    from fibgen.format import FormatError, load_definition_files
+
+    try:
+        found = load_definition_files(root)
+    except FormatError as exc:
+        return f"error: {exc}"
+    if name not in found:
+        close = difflib.get_close_matches(name, sorted(found), n=3)
+        hint = f"\n  = help: did you mean {', '.join(f'`{c}`' for c in close)}?" if close else ""
+        return f"error: no definition named `{name}` in {Path(root) / 'definitions'}{hint}"
+    path, defn = found[name]
+    _, _, module = _families([defn], Path(root))
+    if isinstance(module, str):
+        return f"{module}\n  = note: {path} cannot be used as a definition here"
+    return module
+
+
+def import_paths(inputs: list[str], output: Path, *, force: bool, out: TextIO, err: TextIO) -> int:
+    """Import definition JSON files into `.fidef` files under `output`, one per op_type."""
+    if output.exists() and not output.is_dir():
+        err.write(f"error: -o {output} is a file; give the folder to write the .fidef files in\n")
+        return 1
+    defs = _load(inputs, err)
+    if defs is None:
+        return 1
+    # Verify before writing anything: the written files must compile back to the input.
+    texts, n_families, module = _families(defs, output)
+    if isinstance(module, str):
+        err.write(f"{module}; nothing was written\n")
         return 1
     existing = [n for n in texts if (output / n).exists()]
     if existing and not force:
@@ -92,10 +136,14 @@ def import_paths(inputs: list[str], output: Path, *, force: bool, out: TextIO, e
             "  = help: pass --force to overwrite them\n"
         )
         return 1
-    for name, text in texts.items():
-        atomic_write(output / name, text)
+    try:
+        for name, text in texts.items():
+            atomic_write(output / name, text)
+    except OSError as exc:
+        err.write(f"error: cannot write into {output}: {exc.strerror or exc}\n")
+        return 1
     out.write(
-        f"imported {len(defs)} definitions as {len(groups)} families into "
+        f"imported {len(defs)} definitions as {n_families} families into "
         f"{len(texts)} files in {output}\n"
     )
     return 0

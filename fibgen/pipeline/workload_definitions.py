@@ -49,12 +49,8 @@ def _unknown(name: str, known: list[str], where: str) -> str:
 
 def _from_fidef(name: str, path: str) -> Union[_Found, str, None]:
     """The definition from `.fidef` sources; an error message; None when there are none."""
-    from fibgen.codegen.bench_extras import emit_bench_extras
-    from fibgen.codegen.definition_json import definition_dict
     from fibgen.compiler import compile_paths, discover
     from fibgen.compiler.diagnostics import render_all
-    from fibgen.format import Definition
-    from fibgen.runtime.inputs import InputSpec
 
     found, _ = discover([path])
     if not found:
@@ -66,6 +62,12 @@ def _from_fidef(name: str, path: str) -> Union[_Found, str, None]:
     defn = by_name.get(name)
     if defn is None:
         return _unknown(name, sorted(by_name), path)
+    # Found: what makes its inputs (torch) is imported only now.
+    from fibgen.codegen.bench_extras import emit_bench_extras
+    from fibgen.codegen.definition_json import definition_dict
+    from fibgen.format import Definition
+    from fibgen.runtime.inputs import InputSpec
+
     family = next(f for f in result.module.families() if f.name == defn.family)
     model = Definition.model_validate(definition_dict(defn))
     sidecar = f"definitions/{defn.op_type}/{defn.name}.fibgen"
@@ -78,7 +80,6 @@ def _from_fidef(name: str, path: str) -> Union[_Found, str, None]:
 def _from_dataset(name: str, path: str) -> Union[_Found, str]:
     from fibgen.format import FormatError, load_definition_files
     from fibgen.format.dataset import read_extras
-    from fibgen.curation.workloads import input_spec
 
     try:
         definitions = load_definition_files(path)
@@ -88,19 +89,22 @@ def _from_dataset(name: str, path: str) -> Union[_Found, str]:
         extras = read_extras(file)
     except FormatError as exc:
         return f"error: {exc}"
+    from fibgen.curation.workloads import input_spec
+
     return input_spec(defn, extras.get("hints")), defn.op_type, defn, extras
 
 
 def _from_builtin(name: str) -> Union[_Found, str]:
-    from fibgen.format import FormatError, load_definition
-    from fibgen.format.dataset import read_extras
-    from fibgen.paths import builtin_definition_file, catalogue_root
-    from fibgen.curation.workloads import input_spec
+    from fibgen.paths import builtin_definition_file, builtin_definition_names
 
+    # Looked up before torch (input_spec) is imported: a mistyped name is answered at once.
     file = builtin_definition_file(name)
     if file is None:
-        known = sorted(p.stem for p in (catalogue_root() / "definitions").glob("*/*.json"))
-        return _unknown(name, known, "fibgen's built-in catalogue")
+        return _unknown(name, sorted(builtin_definition_names()), "fibgen's built-in catalogue")
+    from fibgen.curation.workloads import input_spec
+    from fibgen.format import FormatError, load_definition
+    from fibgen.format.dataset import read_extras
+
     try:
         defn = load_definition(file)
         extras = read_extras(file)

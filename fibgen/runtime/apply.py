@@ -116,6 +116,8 @@ def enable_apply(
         entries = solutions.collect(solutions_or_path)
     _import_packages(packages, entries, patch)
     _check_callables(entries)
+    if isinstance(solutions_or_path, Mapping):
+        _warn_unknown_names(entries)
     with _state.lock:
         _state.entries = entries
         _state.loaded = {}
@@ -127,6 +129,62 @@ def enable_apply(
             api._turn_on()
         _repatch()
     return Applied()
+
+
+# Note [unknown names]
+# ~~~~~~~~~~~~~~~~~~~~
+# A name in enable_apply's mapping is typed by a person, and a typo (``rmsnorm_h4069``) is
+# accepted like any name: its solution is simply never called, which disable_apply's "never
+# matched" warning says only at the end of the run. So enable_apply warns at once, with the
+# closest known names, about a name that no imported dispatcher declares, no hand-written
+# ``@apply`` routes, and fibgen's catalogue does not have. A name rule can still spell it (a
+# hidden size no instance declares), so it is a warning, not an error. Names of a dataset
+# folder come from its Solution JSONs, which `fibgen validate` checks against the dataset's
+# definitions; they are not checked here. The known names are sets already in memory; the
+# catalogue's names are listed (one glob, cached) only when some name is not among them, and
+# nothing is checked while hand-written code routes by a resolver, whose names are unknown.
+
+
+def _warn_unknown_names(entries: Mapping[str, Any]) -> None:
+    from fibgen.runtime import handwritten
+
+    if handwritten.resolvers:
+        return
+    with _state.lock:
+        known = set(handwritten.routed_names)
+        for api in _state.apis:
+            known |= api.known_names
+        for _, definitions in _state.packages.values():
+            known.update(definitions)
+    unknown = [name for name in entries if name not in known]
+    if not unknown:
+        return
+    catalogue = _catalogue_names()
+    unknown = [name for name in unknown if name not in catalogue]
+    if not unknown:
+        return
+    import difflib
+
+    everything = sorted(known | catalogue)
+    shown = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, everything, n=3)
+        hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+        shown.append(f"{name!r}{hint}")
+    warnings.warn(
+        f"fibgen: enable_apply: no imported dispatcher and no definition of fibgen's catalogue "
+        f"is called {', '.join(shown)}; a call reaches its solution only if some dispatcher "
+        "routes that name",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def _catalogue_names() -> frozenset[str]:
+    """The names of fibgen's built-in definitions."""
+    from fibgen.paths import builtin_definition_names
+
+    return builtin_definition_names()
 
 
 def strict_from_env() -> bool:

@@ -13,12 +13,22 @@ from fibgen.runtime.registry import register_api
 
 _handwritten: dict[tuple[Callable[..., Any], Any], Callable[..., Any]] = {}
 
+# The names hand-written code routes (``@apply("name")``), and whether some code routes
+# names its resolver computes, which cannot be known ahead: what enable_apply checks the
+# names it is given against (Note [unknown names] in fibgen/runtime/apply.py).
+routed_names: set[str] = set()
+resolvers: list[Callable[..., str]] = []
+
 
 def _route_handwritten(
     fallback: Callable[..., Any], target: str | Callable[..., str]
 ) -> Callable[..., Any]:
     label = f"{getattr(fallback, '__module__', '?')}.{getattr(fallback, '__qualname__', '?')}"
     api = register_api(label, fallback, patch=False, by_name=True, original=fallback)
+    if callable(target):
+        resolvers.append(target)
+    else:
+        routed_names.add(target)
     routes = api.routes
     resolver = target if callable(target) else None
 
@@ -56,6 +66,16 @@ def _route_handwritten(
 _reference_fallbacks: dict[Any, Callable[..., Any]] = {}
 
 
+def _closest(name: str) -> str:
+    """`` (did you mean 'a'?)`` for the catalogue's names close to ``name``, else ``""``."""
+    import difflib
+
+    from fibgen.paths import builtin_definition_names
+
+    close = difflib.get_close_matches(name, sorted(builtin_definition_names()), n=3)
+    return f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+
+
 def apply(
     target: str | Callable[..., str],
     args: tuple[Any, ...] | None = None,
@@ -91,8 +111,8 @@ def apply(
                     raise LookupError(
                         f"apply({name!r}): no solution serves this call and no fallback was "
                         f"given, and definition {name!r} is not in {where} to run its "
-                        "reference; pass fallback=, or enable apply on the dataset that "
-                        "defines it"
+                        f"reference{_closest(name)}; pass fallback=, or enable apply on the "
+                        "dataset that defines it"
                     )
                 key = (name, definition["reference"])
                 run = references.get(key)

@@ -6,8 +6,10 @@ source files, as ``fibgen scaffold-solution`` writes it. Its files are the truth
 ``read_solution`` takes the sources from them (every file in the folder but the JSON, hidden
 names, ``__pycache__`` and build outputs), so an edit is used by bench, tests and apply as
 soon as it is saved. ``pack_solution`` writes them into the JSON, which then stands alone
-(what flashinfer-bench reads, and what one submits). A Solution JSON elsewhere, or in a
-folder that does not hold its entry file, is self-contained as it is.
+(what flashinfer-bench reads, and what one submits). The JSON of a folder may therefore hold
+no sources yet (``"sources": []``, or no key): the folder's files stand in for them, and
+packing fills them. A Solution JSON elsewhere, or in a folder that does not hold its entry
+file, is self-contained as it is, and must list its sources.
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ from pathlib import Path
 from fibgen.format.dataset.layout import PathLike
 from fibgen.format.dataset.writers import write_text_atomic
 from fibgen.format.errors import FormatError
-from fibgen.format.jsonio import dump_solution, load_solution, solution_to_json, validate_obj
+from fibgen.format.jsonio import (
+    dump_solution,
+    parse_json,
+    read_text,
+    solution_to_json,
+    validate_obj,
+)
 from fibgen.format.models import Solution
 
 # What a solution folder holds besides its sources: caches and build outputs.
@@ -66,9 +74,36 @@ def folder_sources(path: PathLike) -> dict[str, str]:
     return dict(sorted(sources.items()))
 
 
+def _load_in_folder(path: PathLike) -> Solution:
+    """The Solution JSON at ``path``; in a solution folder, one whose ``sources`` are empty or
+    missing too (Note [solution folders]: its files are the sources, and filling the list is
+    what `fibgen pack` is for), with the folder's files as its sources."""
+    path = Path(path)
+    obj = parse_json(read_text(path), path)
+    if isinstance(obj, dict) and not obj.get("sources") and _names_its_folder(path, obj):
+        sources = folder_sources(path)
+        if sources:
+            obj = {**obj, "sources": [{"path": p, "content": c} for p, c in sources.items()]}
+    return validate_obj(Solution, obj, path)
+
+
+def _names_its_folder(path: Path, obj: dict) -> bool:
+    """``is_solution_folder`` on a JSON object not yet known to be a valid Solution."""
+    spec = obj.get("spec")
+    entry = spec.get("entry_point") if isinstance(spec, dict) else None
+    if not isinstance(entry, str) or entry.count("::") != 1:
+        return False
+    entry_file = entry.split("::")[0]
+    return (
+        path.parent.name == obj.get("name") == path.stem
+        and bool(entry_file)
+        and (path.parent / entry_file).is_file()
+    )
+
+
 def read_solution(path: PathLike) -> Solution:
     """The Solution at ``path``, with a solution folder's sources read from its files."""
-    solution = load_solution(path)
+    solution = _load_in_folder(path)
     if not is_solution_folder(path, solution):
         return solution
     sources = folder_sources(path)
@@ -81,10 +116,12 @@ def read_solution(path: PathLike) -> Solution:
 
 def is_stale(path: PathLike) -> bool:
     """Whether a solution folder's files differ from the sources its JSON holds."""
-    solution = load_solution(path)
-    return is_solution_folder(path, solution) and (
-        folder_sources(path) != {s.path: s.content for s in solution.sources}
-    )
+    solution = _load_in_folder(path)
+    if not is_solution_folder(path, solution):
+        return False
+    # The sources as the JSON holds them: none, for a folder not packed yet.
+    written = parse_json(read_text(path), path).get("sources") or []
+    return folder_sources(path) != {s["path"]: s["content"] for s in written}
 
 
 @dataclass(frozen=True)
@@ -106,7 +143,7 @@ def pack_solution(path: PathLike, output: PathLike | None = None, *, check: bool
     json_path = path / f"{path.name}.json" if path.is_dir() else path
     if not json_path.is_file():
         raise FormatError(path, f"no solution folder here: expected {json_path.name} in it")
-    stored = load_solution(json_path)
+    stored = _load_in_folder(json_path)
     if not is_solution_folder(json_path, stored):
         raise FormatError(
             json_path,
@@ -116,11 +153,18 @@ def pack_solution(path: PathLike, output: PathLike | None = None, *, check: bool
     solution = read_solution(json_path)
     target = json_path if output is None else Path(output)
     text = dump_solution(solution)
+    if target.is_dir():
+        raise FormatError(target, "is a folder; give the file to write the Solution JSON into")
     try:
         current = target.read_text(encoding="utf-8")
     except FileNotFoundError:
         current = None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FormatError(target, f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     changed = current != text
     if changed and not check:
-        write_text_atomic(target, text)
+        try:
+            write_text_atomic(target, text)
+        except OSError as exc:
+            raise FormatError(target, f"cannot write: {exc.strerror or exc}") from None
     return Packed(target, solution, changed)
