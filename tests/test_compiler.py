@@ -356,3 +356,56 @@ def test_fmt_prints_returns_after_the_api_line(written, canonical):
     api = next(i for i, line in enumerate(lines) if line.startswith("  api "))
     assert lines[api + 1] == canonical
     assert format_text(once, "t.fidef")[0] == once
+
+
+@pytest.mark.parametrize(
+    "value, spelled",
+    [
+        (1e-6, "1e-6"),
+        (1e-5, "1e-5"),
+        (2.5e-7, "2.5e-7"),
+        (-1e-6, "-1e-6"),
+        (1e16, "1e16"),
+        (1.5e300, "1.5e300"),
+        (0.01, "0.01"),
+        (0.99, "0.99"),
+        (1.0, "1.0"),
+        (4096, "4096"),
+        (-3, "-3"),
+    ],
+)
+def test_numbers_print_in_their_shortest_spelling(value, spelled):
+    from fibgen.compiler.printer import number
+
+    assert number(value) == spelled
+    assert type(value)(number(value)) == value
+
+
+def test_fmt_writes_numbers_as_1e_6_not_1e_06():
+    text = textwrap.dedent("""\
+        family f {
+          op_type x
+          tolerance(atol=1e-6, rtol=2.5e-7, matched=0.99)
+
+          params {
+            EPS = 1e-6
+            BIG = 1e16
+          }
+
+          axes {
+            n : var
+          }
+
+          inputs {
+            x : float32[n]
+          }
+
+          instances {
+            EPS=1e-5
+          }
+        }
+        """)
+    once, diags = format_text(text, "t.fidef")
+    assert once == text, diags
+    (definition,) = definitions(text).values()
+    assert dict(definition.param_values) == {"EPS": 1e-5, "BIG": 1e16}
