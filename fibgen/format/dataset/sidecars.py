@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from fibgen.format.dataset.layout import PathLike
-from fibgen.format.errors import FormatError
+from fibgen.format.errors import FormatError, join_messages
+from fibgen.format.hints import HintError, check_hint, parse_hint_text
 from fibgen.format.jsonio import parse_json
 
 # Beside ``<name>.json``: ``<name>.fibgen`` holds ``{"tolerance": {...}, "hints": {...}}``,
@@ -39,9 +40,26 @@ def read_extras(definition_file: PathLike) -> dict:
                 problems.append(f"unknown key {key!r} (allowed keys: tolerance, hints)")
             elif not isinstance(value, dict):
                 problems.append(f"{key}: expected an object")
+            elif key == "hints":
+                problems += _hint_problems(value)
     if problems:
-        raise FormatError(path, "; ".join(problems))
+        raise FormatError(path, join_messages(problems))
     return data
+
+
+def _hint_problems(hints: dict) -> list[str]:
+    # Hints are evaluated when inputs are made: held to the checked language of
+    # fibgen.format.expressions (Note [checked expressions]), like the definition's constraints.
+    problems = []
+    for name, text in hints.items():
+        if not isinstance(text, str):
+            problems.append(f'hints.{name}: expected a string such as "indptr(over=kv_indices)"')
+            continue
+        try:
+            check_hint(*parse_hint_text(text))
+        except HintError as exc:
+            problems.append(f"hints.{name}: {exc}")
+    return problems
 
 
 def dump_extras(extras: dict) -> str:
