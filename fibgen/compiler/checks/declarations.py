@@ -14,6 +14,7 @@ from fibgen.compiler.checks.common import (
     _names_in,
     _sub_span,
 )
+from fibgen.compiler.checks.names import module_name_problem
 from fibgen.format.expressions import (
     BUILTIN_NAMES,
     HELP,
@@ -37,6 +38,14 @@ class DeclarationChecks(CheckerBase):
     """Names declared once, shapes over declared axes, dtypes, generation hints, constraints."""
 
     def _declarations(self, fam: ir.Family) -> _FamilyView:
+        problem = module_name_problem(fam.name)
+        if problem is not None:
+            self.err(
+                f"family name `{fam.name}` {problem}",
+                fam.span,
+                help=f"the family's dispatcher is the module and function `{fam.name}` of the "
+                "generated package: choose another name",
+            )
         axes: dict[str, ir.VarAxis | ir.ConstAxis] = {}
         for ax in fam.axes:
             if ax.name in axes:
