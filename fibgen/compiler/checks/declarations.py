@@ -42,7 +42,7 @@ class DeclarationChecks(CheckerBase):
         if problem is not None:
             self.err(
                 f"family name `{fam.name}` {problem}",
-                fam.span,
+                fam.name_span if fam.name_span.line > 0 else fam.span,
                 help=f"the family's dispatcher is the module and function `{fam.name}` of the "
                 "generated package: choose another name",
             )

@@ -15,7 +15,7 @@ class DispatchChecks(CheckerBase):
         if problem is not None:
             self.err(
                 f"dispatch group name `{group.name}` {problem}",
-                group.span,
+                group.name_span if group.name_span.line > 0 else group.span,
                 help=f"the group's dispatcher is the module and function `{group.name}` of the "
                 "generated package: choose another name",
             )

@@ -208,7 +208,9 @@ class InstanceChecks(CheckerBase):
             return None
         found = definition_name_problem(name)
         if found is not None:
-            self.err(f"definition name `{name}` {found[0]}", inst.span, help=found[1])
+            # A family without instances is one definition, named after the family.
+            where = inst.span if fam.instances or fam.name_span.line == 0 else fam.name_span
+            self.err(f"definition name `{name}` {found[0]}", where, help=found[1])
             return None
 
         def dtype_of(t: ir.Tensor) -> str:

@@ -70,7 +70,12 @@ class FamilyLowering(LowerBase):
                     )
                     for t in fields.get(key, ())
                 )
-        return ir.Family(name=str(name_tok), span=self._span(meta), **fields)
+        return ir.Family(
+            name=str(name_tok),
+            name_span=self._tok_span(name_tok),
+            span=self._span(meta),
+            **fields,
+        )
 
     # ------------------------------------------------------------------ family statements
     def op_type_stmt(self, meta: Meta, c: list) -> _Stmt:
@@ -236,7 +241,11 @@ class FamilyLowering(LowerBase):
     def dispatch(self, meta: Meta, c: list) -> ir.DispatchGroup:
         name, selector, *cases = c
         return ir.DispatchGroup(
-            name=str(name), selector=str(selector), cases=tuple(cases), span=self._span(meta)
+            name=str(name),
+            name_span=self._tok_span(name),
+            selector=str(selector),
+            cases=tuple(cases),
+            span=self._span(meta),
         )
 
     def case(self, meta: Meta, c: list) -> ir.DispatchCase:
