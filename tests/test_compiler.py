@@ -356,3 +356,147 @@ def test_fmt_prints_returns_after_the_api_line(written, canonical):
     api = next(i for i, line in enumerate(lines) if line.startswith("  api "))
     assert lines[api + 1] == canonical
     assert format_text(once, "t.fidef")[0] == once
+
+
+@pytest.mark.parametrize(
+    "value, spelled",
+    [
+        (1e-6, "1e-6"),
+        (1e-5, "1e-5"),
+        (2.5e-7, "2.5e-7"),
+        (-1e-6, "-1e-6"),
+        (1e16, "1e16"),
+        (1.5e300, "1.5e300"),
+        (0.01, "0.01"),
+        (0.99, "0.99"),
+        (1.0, "1.0"),
+        (4096, "4096"),
+        (-3, "-3"),
+    ],
+)
+def test_numbers_print_in_their_shortest_spelling(value, spelled):
+    from fibgen.compiler.printer import number
+
+    assert number(value) == spelled
+    assert type(value)(number(value)) == value
+
+
+def test_fmt_writes_numbers_as_1e_6_not_1e_06():
+    text = textwrap.dedent("""\
+        family f {
+          op_type x
+          tolerance(atol=1e-6, rtol=2.5e-7, matched=0.99)
+
+          params {
+            EPS = 1e-6
+            BIG = 1e16
+          }
+
+          axes {
+            n : var
+          }
+
+          inputs {
+            x : float32[n]
+          }
+
+          instances {
+            EPS=1e-5
+          }
+        }
+        """)
+    once, diags = format_text(text, "t.fidef")
+    assert once == text, diags
+    (definition,) = definitions(text).values()
+    assert dict(definition.param_values) == {"EPS": 1e-5, "BIG": 1e16}
+
+
+def _family_named(name: str, template: str = "", instances: str = "") -> str:
+    return (
+        f"family {name} {{\n  op_type t\n{template}  params {{\n    mode m\n  }}\n"
+        "  axes {\n    n : var\n  }\n  inputs {\n    x : float32[n]\n  }\n"
+        f"  instances {{\n{instances or '    mode=a'}\n  }}\n}}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        (_family_named("class"), "family name `class` is a Python keyword"),
+        (_family_named("_helper"), "family name `_helper` starts with '_'"),
+        (_family_named("torch"), "family name `torch` is a name every generated"),
+        (_family_named("APIS"), "family name `APIS` is a name every generated"),
+        (
+            _family_named("f", '  name "{mode}"\n', '    mode="lambda"'),
+            "definition name `lambda` is a word that torch's op schema reserves",
+        ),
+        (
+            _family_named("f", '  name "{mode}"\n', "    mode=NoneType"),
+            "definition name `NoneType` is a word that torch's op schema reserves",
+        ),
+        (
+            _family_named("f", "", '    mode="x.y"'),
+            "definition name `f_mx.y` contains '.', which a torch op name cannot hold",
+        ),
+        (
+            _family_named("f", "", '    mode="x-y"'),
+            "definition name `f_mx-y` contains '-', which a torch op name cannot hold",
+        ),
+        (
+            "family f {\n  op_type t\n  api pkg.f(x, sel)\n  axes { n : var }\n"
+            "  inputs { x : float32[n] <- x }\n}\n"
+            "dispatch def on sel {\n  1 -> f\n}\n",
+            "dispatch group name `def` is a Python keyword",
+        ),
+    ],
+)
+def test_names_that_generated_code_cannot_carry_are_diagnostics(source, message):
+    result = compile_text(source)
+    assert not result.ok
+    assert message in [d.message for d in result.diagnostics][0]
+
+
+def test_the_names_a_dispatcher_module_defines_are_reserved_for_families():
+    # Note [generated names]: every name a generated module imports or the package defines.
+    import ast
+
+    from fibgen.compiler.checks.names import MODULE_NAMES
+
+    defined = set()
+    for path in (ROOT / "generated" / "python" / "fibgen_kernels").glob("*.py"):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
+            elif isinstance(node, ast.Assign):
+                defined |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    public = {name for name in defined if not name.startswith("_")}
+    assert public <= MODULE_NAMES, public - MODULE_NAMES
+
+
+def test_a_definition_name_the_checks_let_by_registers_as_a_torch_op(tmp_path):
+    import importlib
+    import sys
+
+    import torch
+
+    from fibgen.cli import main
+
+    # `match` and `type` are soft keywords of Python: names as any other, for torch too.
+    source = (
+        'family match {\n  op_type t\n  name "type_h{h}"\n'
+        "  axes {\n    n : var\n    h : const h\n  }\n  inputs {\n    x : float32[n, h]\n  }\n"
+        "  outputs {\n    y : float32[n, h]\n  }\n"
+        '  reference """\n    def run(x):\n        return x * 2\n  """\n'
+        "  instances {\n    h=4\n  }\n}\n"
+    )
+    (tmp_path / "m.fidef").write_text(source, encoding="utf-8")
+    argv = ["build", str(tmp_path / "m.fidef"), "-o", str(tmp_path / "out")]
+    assert main(argv + ["--package", "names_kernels"]) == 0
+    sys.path.insert(0, str(tmp_path / "out" / "python"))
+    try:
+        module = importlib.import_module("names_kernels.match")
+    finally:
+        sys.path.remove(str(tmp_path / "out" / "python"))
+    assert hasattr(torch.ops.names_kernels, "type_h4")
+    assert hasattr(torch.ops.names_kernels, "match")
+    assert torch.equal(module.match(torch.ones(2, 4)), torch.full((2, 4), 2.0))

@@ -44,6 +44,15 @@ def test_a_whole_family_of_the_docs_compiles(path, text, tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
 
 
+@pytest.mark.parametrize("path, text", EXAMPLES)
+def test_a_whole_family_of_the_docs_is_in_canonical_form(path, text, tmp_path, capsys):
+    # What the docs show is what `fibgen fmt` writes: numbers included (`1e-6`, not `1e-06`).
+    source = tmp_path / "example.fidef"
+    source.write_text(text, encoding="utf-8")
+    code = main(["fmt", "--check", str(source)])
+    assert code == 0, capsys.readouterr().err
+
+
 def test_the_language_reference_lists_every_diagnostic_fixture():
     text = LANGUAGE.read_text(encoding="utf-8")
     cases = sorted(

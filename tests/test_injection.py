@@ -7,7 +7,8 @@ docstring, newlines starting a statement or ending a comment, a trailing backsla
 lines, trigraphs, format braces, NUL and other control characters. The corpus is built with
 `fibgen build`; then every generated Python module is imported and called, the generated
 tests are run, and the command must never have run (no marker file), while every string
-reads back exactly as written. Names cannot carry payloads: they are refused (last test).
+reads back exactly as written. Names, constraints and generation hints cannot carry payloads:
+they are refused (`test_names_cannot_carry_code`, `test_constraints_and_hints_cannot_carry_code`).
 """
 
 from __future__ import annotations
@@ -52,10 +53,10 @@ def payloads(marker: Path) -> list[str]:
 def _corpus(p: list[str]) -> tuple[str, dict[str, object]]:
     """The .fidef text, and what each field must read back as."""
     text = " | ".join(p)
-    # A constraint is one Python expression inside a block without braces: the payloads go
-    # into a string literal of it, braces spelled another way.
+    # Braces spelled another way: the rules block is one token without braces. A constraint
+    # holds no string at all (it is the checked expression language, not Python).
     no_braces = text.replace("{", "<").replace("}", ">")
-    constraint = f"n >= 0 or {no_braces!r} == ''"
+    constraint = "n >= 0"
     reference = f"PAYLOAD = {text!r}\n\n\ndef run(x, w):\n    return x * w\n"
     # A default in an API's parameter list holds no quote or newline (the grammar's limit).
     doubling = "def run(x):\n    return x * 2\n"
@@ -332,6 +333,35 @@ def test_names_cannot_carry_code(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "gives unsafe definition names: the text contains '\"'" in err
     assert not (tmp_path / "out").exists()
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "constraint",
+    [
+        "len.__self__.__import__('os').system('touch {marker}') == 0",
+        "n >= 0 or x.__class__.__init__.__globals__['os'].system('touch {marker}') == 0",
+        "n >= 0 or (lambda: __import__('os').system('touch {marker}'))() == 0",
+    ],
+)
+def test_constraints_and_hints_cannot_carry_code(tmp_path, capsys, constraint):
+    # `len` and a tensor input were both in scope of the old eval: each led back to builtins.
+    marker = tmp_path / "PWNED_expression"
+    hint = f"gen value(len.__self__.__import__('os').system('touch {marker}'))"
+    source = (
+        "family f {\n  op_type f\n  axes {\n    n : var\n  }\n"
+        f"  constraints {{\n    {constraint.format(marker=marker)}\n  }}\n"
+        f"  inputs {{\n    x : float32[n]\n    s : float32 scalar {hint}\n  }}\n}}\n"
+    )
+    (tmp_path / "f.fidef").write_text(source, encoding="utf-8")
+    argv = ["workloads", "f", "--axes", "n=2", "--definitions", str(tmp_path / "f.fidef")]
+    assert main(argv + ["-o", str(tmp_path / "ds")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("error: ") == 2
+    assert "cannot be used in a constraint" in err or "a constraint calls functions" in err
+    assert "cannot be used in a generation hint" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "ds").exists()
     assert not marker.exists()
 
 

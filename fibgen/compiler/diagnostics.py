@@ -40,6 +40,7 @@ class Sources:
 
     def __init__(self) -> None:
         self._lines: dict[str, list[str]] = {}
+        self._shown: dict[tuple[str, int], str] = {}
 
     def add(self, path: str, text: str) -> None:
         # Lines as the lexer counts them: at '\n' only (splitlines also splits at '\x0c',
@@ -51,6 +52,17 @@ class Sources:
         if lines is None or not 1 <= line <= len(lines):
             return None
         return lines[line - 1]
+
+    def shown(self, path: str, line: int) -> str | None:
+        """A line as diagnostics quote it (tabs expanded, control characters made visible),
+        prepared once: a line that holds many errors is scanned once, not once per error."""
+        key = (path, line)
+        if key not in self._shown:
+            text = self.line(path, line)
+            if text is None:
+                return None
+            self._shown[key] = _visible(text.expandtabs(4).rstrip())
+        return self._shown[key]
 
 
 _MAX_SHOWN = 120
@@ -77,10 +89,9 @@ def render(diag: Diagnostic, sources: Sources | None = None) -> str:
     span = diag.span
     if span is not None and span.line > 0:
         out.append(f" --> {span.file}:{span.line}:{span.column}")
-        text = sources.line(span.file, span.line) if sources else None
+        text = sources.shown(span.file, span.line) if sources else None
         if text is not None:
             gutter = " " * len(str(span.line))
-            text = _visible(text.expandtabs(4).rstrip())
             column = span.column
             if len(text) > _MAX_SHOWN:
                 # Very long lines (an instance with many tags) are cut around the column.

@@ -354,6 +354,7 @@ class Instance(Node):
 
 class Family(Node):
     name: str
+    name_span: Span = Field(default=NO_SPAN, repr=False)
     op_type: str
     description: str | None = None
     tags: tuple[str, ...] = ()
@@ -394,6 +395,7 @@ class DispatchGroup(Node):
     """``dispatch API on ARG { value -> family ... }``: one API, several families."""
 
     name: str
+    name_span: Span = Field(default=NO_SPAN, repr=False)
     selector: str
     cases: tuple[DispatchCase, ...]
 

@@ -32,11 +32,23 @@ def _tags(tags: tuple[str, ...]) -> str:
     return "[" + ", ".join(_tag(t) for t in tags) + "]"
 
 
-def _value(value: int | float | str | bool) -> str:
+def number(value: int | float) -> str:
+    """How `fibgen fmt` spells a number: Python's shortest repr, with the exponent written
+    without a '+' or leading zeros (`1e-6`, `1e16`; repr gives `1e-06`, `1e+16`)."""
+    text = repr(value)
+    if isinstance(value, float) and "e" in text:
+        mantissa, exponent = text.split("e")
+        sign = "-" if exponent.startswith("-") else ""
+        text = f"{mantissa}e{sign}{exponent.lstrip('+-').lstrip('0') or '0'}"
+    return text
+
+
+def value_text(value: int | float | str | bool) -> str:
+    """How `fibgen fmt` writes an instance value, a param default or a selector value."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
-        return repr(value)
+        return number(value)
     if _NAME.match(value) and value not in _KEYWORDS:
         return value
     return quote(value)
@@ -237,7 +249,7 @@ class Printer:
         if fam.tolerance is not None:
             t = fam.tolerance
             args = [
-                f"{k}={getattr(t, k)!r}"
+                f"{k}={number(getattr(t, k))}"
                 for k in ("atol", "rtol", "matched")
                 if getattr(t, k) is not None
             ]
@@ -273,7 +285,7 @@ class Printer:
         self.emit("", "}")
 
     def _param_cols(self, p: ir.Param) -> list[str]:
-        default = f"= {_value(p.default)}" if p.default is not None else ""
+        default = f"= {value_text(p.default)}" if p.default is not None else ""
         middle = " ".join(part for part in (p.abbrev or "", default) if part)
         return [p.name, middle, quote(p.description) if p.description is not None else ""]
 
@@ -326,7 +338,7 @@ class Printer:
         self.emit(indent, "instances {")
         rows = []
         for inst in instances:
-            row = [f"{a.key}={_value(a.value)}" for a in inst.values]
+            row = [f"{a.key}={value_text(a.value)}" for a in inst.values]
             tail = []
             if inst.tags:
                 tail.append(f"tags {_tags(inst.tags)}")
@@ -345,7 +357,7 @@ class Printer:
         self.emit("", f"dispatch {group.name} on {group.selector} {{", group.span)
         rows = [
             [
-                _value(c.value) if not isinstance(c.value, str) else quote(c.value),
+                value_text(c.value) if not isinstance(c.value, str) else quote(c.value),
                 "->",
                 ", ".join(c.families),
             ]

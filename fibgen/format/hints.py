@@ -5,14 +5,17 @@ The compiler checks a hint against ``HINT_SIGNATURES`` (so a typo is a compile e
 position); the runtime (``fibgen.runtime.inputs``) gives each kind its meaning. This module
 imports neither torch nor the compiler, so both sides can use it cheaply.
 
-Arguments are Python expressions over axes, parameters and the functions of ``math``
-(``sqrt``, ``log2``, ...), except the parameters listed in ``HintSignature.tensor_params``:
-those name another input tensor (``indptr(over=kv_indices)``).
+Arguments are expressions of the checked language of ``fibgen.format.expressions`` (Note
+[checked expressions]) over axes and parameters, except the parameters listed in
+``HintSignature.tensor_params``: those name another input tensor (``indptr(over=kv_indices)``).
 """
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
+
+from fibgen.format.expressions import ExpressionError, check_expression
 
 # The size input generation gives a var axis that neither the caller, a constraint nor a hint
 # sets; test generation sizes its cases with the same number.
@@ -168,4 +171,45 @@ def bind_hint(kind: str, args: tuple, kwargs: tuple) -> dict:
     missing = [p for p in sig.required if p not in bound]
     if missing:
         raise HintError(f"`{kind}` needs {', '.join(f'`{m}`' for m in missing)}")
+    return bound
+
+
+def parse_hint_text(text: str) -> tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """``"indptr(over=kv_indices)"`` (a hint as `.fidef` spells it, without `gen`) as its
+    kind, positional argument texts and (keyword, text) pairs; HintError when it is none."""
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError as exc:
+        raise HintError(f"generation hint `{text}` is not valid: {exc.msg}") from None
+    except (ValueError, MemoryError, RecursionError) as exc:
+        raise HintError(f"generation hint `{text}` is not valid: {exc}") from None
+    if isinstance(node, ast.Name):
+        return (node.id, (), ())
+    if (
+        not isinstance(node, ast.Call)
+        or not isinstance(node.func, ast.Name)
+        or any(isinstance(a, ast.Starred) for a in node.args)
+        or any(k.arg is None for k in node.keywords)
+    ):
+        raise HintError(f"generation hint `{text}` must look like `kind(args)`")
+    try:
+        args = tuple(ast.unparse(a) for a in node.args)
+        kwargs = tuple((str(k.arg), ast.unparse(k.value)) for k in node.keywords)
+    except RecursionError:
+        raise HintError(f"generation hint `{text}` is nested too deeply") from None
+    return (node.func.id, args, kwargs)
+
+
+def check_hint(kind: str, args: tuple[str, ...], kwargs: tuple[tuple[str, str], ...]) -> dict:
+    """``bind_hint`` over argument texts, each also held to the expression language (Note
+    [checked expressions]) and, where it names an input, a bare name; HintError if not."""
+    bound = bind_hint(kind, args, kwargs)
+    sig = HINT_SIGNATURES[kind]
+    for key, text in bound.items():
+        try:
+            check_expression(text, "a generation hint")
+        except ExpressionError as exc:
+            raise HintError(f"argument `{key}` of `{kind}`, `{text}`: {exc.message}") from None
+        if key in sig.tensor_params and not text.strip().isidentifier():
+            raise HintError(f"`{key}` of `{kind}` names an input, not `{text}`")
     return bound

@@ -4,22 +4,19 @@ they leave open, and the constraints they must meet."""
 from __future__ import annotations
 
 import ast
-import math
 from typing import Any
 
 import torch
 
+from fibgen.format.expressions import BUILTIN_NAMES, EvaluationError, ExpressionError, evaluate
 from fibgen.format.hints import DEFAULT_VAR_AXIS, HINT_SIGNATURES, bind_hint
 from fibgen.runtime.input_fills import _Fills
 from fibgen.runtime.input_sizes import available_memory
 from fibgen.runtime.input_specs import InputGenerationError, InputSpec, _bare_name, _names
 
-# What hint and constraint expressions may call besides axes, parameters and inputs.
-_FUNCS: dict[str, Any] = {
-    name: getattr(math, name)
-    for name in ("sqrt", "log", "log2", "log10", "exp", "ceil", "floor", "pi", "e", "inf")
-}
-_FUNCS.update(min=min, max=max, abs=abs, int=int, float=float, round=round, len=len, bool=bool)
+# Hint and constraint expressions are not Python: they are evaluated by the interpreter of
+# the checked language (Note [checked expressions] in fibgen/format/expressions.py).
+_ARRAYS = (torch.Tensor,)
 
 
 def _show(value: Any) -> str:
@@ -71,8 +68,7 @@ class _Generator(_Fills):
         return bool(_names(text) & set(self.inputs))
 
     def _env(self) -> dict[str, Any]:
-        env: dict[str, Any] = dict(_FUNCS)
-        env.update(self.spec.params)
+        env: dict[str, Any] = dict(self.spec.params)
         env.update(self.axes)
         env.update(self.values)
         return env
@@ -82,7 +78,7 @@ class _Generator(_Fills):
             name in self.axes
             or name in self.values
             or name in self.spec.params
-            or (name in _FUNCS and name not in self.kinds and name not in self.inputs)
+            or (name in BUILTIN_NAMES and name not in self.kinds and name not in self.inputs)
         )
 
     def _check_names(self, text: str, where: str) -> None:
@@ -91,19 +87,19 @@ class _Generator(_Fills):
                 name in self.kinds
                 or name in self.inputs
                 or name in self.spec.params
-                or name in _FUNCS
+                or name in BUILTIN_NAMES
             ):
                 raise InputGenerationError(
                     f"{self.spec.name}: {where} `{text}` uses `{name}`, which is not an axis, "
                     f"parameter or input"
                 )
 
-    def _eval(self, text: str, where: str) -> Any:
+    def _eval(self, text: str, where: str, env: dict[str, Any] | None = None) -> Any:
         try:
-            return eval(compile(text, "<expr>", "eval"), {"__builtins__": {}}, self._env())
-        except Exception as e:  # a user expression: report it in their terms
+            return evaluate(text, self._env() if env is None else env, _ARRAYS)
+        except (EvaluationError, ExpressionError) as e:  # reported in the user's terms
             raise InputGenerationError(
-                f"{self.spec.name}: cannot evaluate {where} `{text}`: {type(e).__name__}: {e}"
+                f"{self.spec.name}: cannot evaluate {where} `{text}`: {e}"
             ) from None
 
     # -- axis derivation ----------------------------------------------------------------
@@ -143,11 +139,11 @@ class _Generator(_Fills):
         def f(x: int) -> Any:
             env = self._env()
             env[axis] = x
-            return eval(compile(expr, "<expr>", "eval"), {"__builtins__": {}}, env)
+            return self._eval(expr, "constraint", env)
 
         try:
             f0, f1, f2 = f(0), f(1), f(2)
-        except Exception:
+        except InputGenerationError:
             return None
         slope = f1 - f0
         if slope == 0 or f2 - f1 != slope:
@@ -169,10 +165,8 @@ class _Generator(_Fills):
             env = self._env()
             env[axis] = x
             try:
-                return all(
-                    eval(compile(c, "<c>", "eval"), {"__builtins__": {}}, env) for c in relevant
-                )
-            except Exception:
+                return all(self._eval(c, "constraint", env) for c in relevant)
+            except InputGenerationError:
                 return False
 
         x = DEFAULT_VAR_AXIS

@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from fibgen.format.hints import HintError, bind_hint
+from fibgen.format.expressions import ExpressionError, check_expression
+from fibgen.format.hints import HintError, check_hint, parse_hint_text
 
 # (kind, positional argument texts, ((keyword, text), ...)): cheap to embed in generated code.
 Hint = tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]
@@ -53,16 +54,9 @@ def torch_dtype(dtype: str) -> torch.dtype:
 def parse_hint(text: str) -> Hint:
     """Parse ``"indptr(over=kv_indices)"`` (the `.fidef` spelling, without `gen`) to a Hint."""
     try:
-        node = ast.parse(text.strip(), mode="eval").body
-    except SyntaxError as e:
-        raise InputGenerationError(f"generation hint `{text}` is not valid: {e.msg}") from None
-    if isinstance(node, ast.Name):
-        return (node.id, (), ())
-    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
-        raise InputGenerationError(f"generation hint `{text}` must look like `kind(args)`")
-    args = tuple(ast.unparse(a) for a in node.args)
-    kwargs = tuple((k.arg, ast.unparse(k.value)) for k in node.keywords if k.arg is not None)
-    return (node.func.id, args, kwargs)
+        return parse_hint_text(text)
+    except HintError as e:
+        raise InputGenerationError(str(e)) from None
 
 
 def _norm_hint(hint: Any) -> Hint | None:
@@ -101,10 +95,19 @@ class InputSpec:
             hint = _norm_hint(hint)
             if hint is not None:
                 try:
-                    bind_hint(hint[0], hint[1], hint[2])
+                    check_hint(hint[0], hint[1], hint[2])
                 except HintError as e:
                     raise InputGenerationError(f"{self.name}: input `{name}`: {e}") from None
             norm.append((name, dtype, shape, bool(optional), hint))
+        # What input generation evaluates is held to the checked language here, whatever
+        # built the spec (Note [checked expressions] in fibgen/format/expressions.py).
+        for text in self.constraints:
+            try:
+                check_expression(text)
+            except ExpressionError as e:
+                raise InputGenerationError(
+                    f"{self.name}: constraint `{text}`: {e.message}"
+                ) from None
         object.__setattr__(self, "inputs", tuple(norm))
         object.__setattr__(self, "axes", tuple((n, k, v) for n, k, v in self.axes))
         object.__setattr__(self, "constraints", tuple(self.constraints))

@@ -8,7 +8,8 @@ and no definitions.
 (axes, parameters, tensors, dtypes, hints, constraints), ``api`` (what the family reads from
 its API and writes back), ``returns``, ``reference``, ``rules``, ``dispatch`` (dispatch
 groups), ``variants`` (families that stand for one API) and ``instances`` (values, names,
-the definitions built; derived consts in ``const_eval``).
+the definitions built; derived consts in ``const_eval``, what a family, dispatch group or
+definition may be called in ``names``).
 """
 
 from fibgen.compiler.checks.checker import Checker

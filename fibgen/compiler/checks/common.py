@@ -12,7 +12,8 @@ from fibgen.compiler import ir
 from fibgen.compiler.diagnostics import Diagnostic, error, warning
 from fibgen.compiler.pysyntax import PythonSyntaxError, parse_python
 
-# Names a constraint or hint expression may use besides axes, params and tensors.
+# Names a rule, an effect or a derived const may use besides the family's own. (Constraints
+# and hints have the narrower list of fibgen.format.expressions.BUILTIN_NAMES.)
 EXPR_BUILTINS = frozenset(
     {"len", "int", "float", "min", "max", "abs", "sum", "all", "any", "round", "math", "bool"}
     | {n for n in dir(math) if not n.startswith("_")}

@@ -7,13 +7,20 @@ import re
 
 from fibgen.compiler import ir
 from fibgen.compiler.checks.common import (
-    EXPR_BUILTINS,
     CheckerBase,
     _closest,
     _did_you_mean,
     _FamilyView,
     _names_in,
     _sub_span,
+)
+from fibgen.compiler.checks.names import module_name_problem
+from fibgen.format.expressions import (
+    BUILTIN_NAMES,
+    HELP,
+    ExpressionError,
+    check_expression,
+    expression_names,
 )
 
 _REQUIRES = re.compile(r"^sm_?(\d{2,3})a?$")
@@ -31,6 +38,14 @@ class DeclarationChecks(CheckerBase):
     """Names declared once, shapes over declared axes, dtypes, generation hints, constraints."""
 
     def _declarations(self, fam: ir.Family) -> _FamilyView:
+        problem = module_name_problem(fam.name)
+        if problem is not None:
+            self.err(
+                f"family name `{fam.name}` {problem}",
+                fam.name_span if fam.name_span.line > 0 else fam.span,
+                help=f"the family's dispatcher is the module and function `{fam.name}` of the "
+                "generated package: choose another name",
+            )
         axes: dict[str, ir.VarAxis | ir.ConstAxis] = {}
         for ax in fam.axes:
             if ax.name in axes:
@@ -172,12 +187,16 @@ class DeclarationChecks(CheckerBase):
         assert hint is not None
         known = self._expr_names(v)
         for expr in list(hint.args) + [e for _, e in hint.kwargs]:
+            # A hint's argument is kept as Python prints it, not as written: a problem in it
+            # is shown on the whole argument.
+            if not self._in_language(expr, "a generation hint", whole=True):
+                continue
             for name, offset in _names_in(expr.text):
                 if name not in known:
                     self.err(
                         f"unknown name `{name}` in the generation hint of `{t.name}`",
                         _sub_span(expr.span, offset, len(name)),
-                        help=_did_you_mean(name, known - EXPR_BUILTINS, "names"),
+                        help=_did_you_mean(name, known - BUILTIN_NAMES, "names"),
                     )
         table = _hint_signatures()
         if table is None:
@@ -215,9 +234,30 @@ class DeclarationChecks(CheckerBase):
                     hint.span,
                     help=f"signature: {hint.kind}({', '.join(positional + keywords)})",
                 )
+        named = dict(zip(positional, hint.args)) | dict(hint.kwargs)
+        for key in getattr(sig, "tensor_params", ()):
+            if key in named and not named[key].text.isidentifier():
+                self.err(
+                    f"`{key}` of `{hint.kind}` names an input, not `{named[key].text}`",
+                    named[key].span,
+                    help=f"write `{key}=NAME`, NAME an input of `{v.family.name}`",
+                )
 
     def _expr_names(self, v: _FamilyView) -> set[str]:
-        return set(v.axes) | set(v.params) | set(v.inputs) | set(v.outputs) | EXPR_BUILTINS
+        return set(v.axes) | set(v.params) | set(v.inputs) | set(v.outputs) | BUILTIN_NAMES
+
+    def _in_language(self, expr: ir.Expr, what: str, whole: bool = False) -> bool:
+        """Whether an expression is in the checked language of constraints and hints (Note
+        [checked expressions] in fibgen/format/expressions.py); an error where it is not."""
+        try:
+            check_expression(expr.text, what)
+        except ExpressionError as exc:
+            if exc.message.startswith("not an expression"):
+                return False  # a syntax error, which lowering reported
+            span = expr.span if whole else _in_expr(expr.span, exc.line, exc.column, exc.width)
+            self.err(exc.message, span, help=HELP)
+            return False
+        return True
 
     def _var_axes_bound(self, v: _FamilyView) -> None:
         bound = {d for t in v.family.inputs for d in (t.shape or ())}
@@ -233,12 +273,14 @@ class DeclarationChecks(CheckerBase):
     def _constraints(self, v: _FamilyView) -> None:
         known = self._expr_names(v)
         for c in v.family.constraints:
-            for name, offset in _names_in(c.text):
+            if not self._in_language(c, "a constraint"):
+                continue
+            for name, line, column in expression_names(c.text):
                 if name not in known:
                     self.err(
                         f"unknown name `{name}` in constraint",
-                        _sub_span(c.span, offset, len(name)),
-                        help=_did_you_mean(name, known - EXPR_BUILTINS, "names"),
+                        _in_expr(c.span, line, column, len(name)),
+                        help=_did_you_mean(name, known - BUILTIN_NAMES, "names"),
                     )
 
     def _requires(self, fam: ir.Family) -> None:
@@ -249,3 +291,12 @@ class DeclarationChecks(CheckerBase):
                     fam.span,
                     help="write a minimum compute capability such as `sm90` or `sm100`",
                 )
+
+
+def _in_expr(span: ir.Span, line: int, column: int, width: int) -> ir.Span:
+    """The span of a place in an expression, given at (line, column) of its text: a constraint
+    over several lines keeps each continued line as the file has it, from column 1."""
+    if line == 1:
+        return _sub_span(span, column - 1, width)
+    at = span.line + line - 1
+    return ir.Span(file=span.file, line=at, column=column, end_line=at, end_column=column + width)

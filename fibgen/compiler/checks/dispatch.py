@@ -4,12 +4,21 @@ from __future__ import annotations
 
 from fibgen.compiler import ir
 from fibgen.compiler.checks.common import CheckerBase, _did_you_mean
+from fibgen.compiler.checks.names import module_name_problem
 
 
 class DispatchChecks(CheckerBase):
     """Dispatch groups: known families of one API, a selector they take."""
 
     def dispatch(self, group: ir.DispatchGroup, families: dict[str, ir.Family]) -> None:
+        problem = module_name_problem(group.name)
+        if problem is not None:
+            self.err(
+                f"dispatch group name `{group.name}` {problem}",
+                group.name_span if group.name_span.line > 0 else group.span,
+                help=f"the group's dispatcher is the module and function `{group.name}` of the "
+                "generated package: choose another name",
+            )
         if not group.cases:
             self.err(
                 f"dispatch `{group.name}` has no cases",

@@ -14,6 +14,8 @@ from fibgen.compiler.checks.common import (
     _shown,
 )
 from fibgen.compiler.checks.const_eval import _UNPARSABLE, INT64_MAX, _evaluate
+from fibgen.compiler.checks.names import definition_name_problem
+from fibgen.compiler.printer import quote, value_text
 from fibgen.format.models import NAME_RULE, name_problem
 
 _TEMPLATE_FIELD = re.compile(r"\{([^{}]*)\}")
@@ -43,13 +45,25 @@ class InstanceChecks(CheckerBase):
                     help="a definition name can only use const values",
                 )
         # The text around the fields is in every name: check it once, here.
-        problem = name_problem(_TEMPLATE_FIELD.sub("0", fam.name_template))
+        literal = _TEMPLATE_FIELD.sub("0", fam.name_template)
+        problem = name_problem(literal)
         if problem is not None:
             self.err(
                 f"name template `{_shown(fam.name_template)}` gives unsafe definition names: "
                 f"the text {problem}",
                 span,
                 help=NAME_RULE,
+            )
+            return
+        # A field may start a name with a letter (a str param), so only the characters are
+        # held to a torch op name's here; each name is checked whole when it is made.
+        found = definition_name_problem(_TEMPLATE_FIELD.sub("a", fam.name_template))
+        if found is not None and found[0].startswith("contains"):
+            self.err(
+                f"name template `{fam.name_template}` gives definition names that cannot be "
+                f"torch op names: the text {found[0]}",
+                span,
+                help=found[1],
             )
 
     def _instances(self, v: _FamilyView, path: str, build: bool) -> list[ir.Definition]:
@@ -67,6 +81,12 @@ class InstanceChecks(CheckerBase):
                 key_of.setdefault(p.abbrev, p.name)
         for dp in fam.dtype_params:
             key_of[dp.name] = dp.name
+        # A param has one type: its default's, else that of the first instance giving it.
+        param_types: dict[str, tuple[str, str]] = {
+            p.name: (_kind(p.default), f"its default is `{value_text(p.default)}`")
+            for p in fam.params
+            if p.default is not None
+        }
         defs: list[ir.Definition] = []
         for index, inst in enumerate(instances):
             values: dict[str, ir.Assignment] = {}
@@ -96,6 +116,9 @@ class InstanceChecks(CheckerBase):
                         help="remove it from the instance",
                     )
                     continue
+                if target in v.params and not self._typed(target, a, param_types):
+                    ok = False
+                    continue
                 values[target] = a
             if not ok:
                 continue
@@ -104,6 +127,31 @@ class InstanceChecks(CheckerBase):
                 if d is not None:
                     defs.append(d)
         return defs
+
+    def _typed(self, param: str, a: ir.Assignment, types: dict[str, tuple[str, str]]) -> bool:
+        """Whether an instance gives ``param`` a value of its type; an error if not. (An int
+        serves where a float is expected: `EPS=1`.)"""
+        kind = _kind(a.value)
+        if param not in types:
+            types[param] = (kind, f"the instance at {a.span} gives it {kind}")
+            return True
+        expected, why = types[param]
+        if kind == expected or (kind == "an int" and expected == "a float"):
+            return True
+        if isinstance(a.value, str) and a.value.lower().lstrip("+-") in _NOT_FINITE:
+            help = (
+                f"`{a.value}` is read as a word: a number in a .fidef is finite, and a float "
+                "parameter takes one"
+            )
+        else:
+            help = f"give `{param}` {expected} in every instance"
+        shown = quote(a.value) if isinstance(a.value, str) else value_text(a.value)
+        self.err(
+            f"`{a.key}={shown}` gives `{param}` {kind}, but `{param}` is {expected}: {why}",
+            a.span,
+            help=help,
+        )
+        return False
 
     def _dtype_choices(
         self, v: _FamilyView, values: dict[str, ir.Assignment], inst: ir.Instance
@@ -157,6 +205,12 @@ class InstanceChecks(CheckerBase):
         if problem is not None:
             # From a value: the name template (or the family name) was checked on its own.
             self.err(f"definition name `{_shown(name)}` {problem}", inst.span, help=NAME_RULE)
+            return None
+        found = definition_name_problem(name)
+        if found is not None:
+            # A family without instances is one definition, named after the family.
+            where = inst.span if fam.instances or fam.name_span.line == 0 else fam.name_span
+            self.err(f"definition name `{name}` {found[0]}", where, help=found[1])
             return None
 
         def dtype_of(t: ir.Tensor) -> str:
@@ -309,6 +363,20 @@ class InstanceChecks(CheckerBase):
                 lambda m: fields.get(m.group(1), m.group(0)), fam.name_template
             )
         return definition_name(fam, consts, params, dtypes)
+
+
+_NOT_FINITE = frozenset({"inf", "infinity", "nan"})
+
+
+def _kind(value: int | float | str | bool) -> str:
+    """The type of an instance value or param default, as messages say it."""
+    if isinstance(value, bool):
+        return "a bool"
+    if isinstance(value, int):
+        return "an int"
+    if isinstance(value, float):
+        return "a float"
+    return "a string"
 
 
 def definition_name(

@@ -9,7 +9,7 @@ from lark.tree import Meta
 
 from fibgen.compiler import ir
 from fibgen.compiler.lower.base import LowerBase, _Stmt
-from fibgen.compiler.lower.text import _open_brackets, _split_comment, _split_statements, _token
+from fibgen.compiler.lower.text import _Brackets, _split_comment, _split_statements, _token
 from fibgen.compiler.pysyntax import PythonSyntaxError, literal_value
 
 
@@ -32,7 +32,8 @@ class BlockLowering(LowerBase):
         """
         out: list[Token] = []
         text = str(block)[1:-1]
-        pending: tuple[int, int, str] | None = None  # (line, column, text) of an open statement
+        # An open statement: where it starts, its lines so far, and its open brackets.
+        pending: tuple[int, int, list[str], _Brackets] | None = None
         for n, line in enumerate(text.split("\n")):
             lineno = block.line + n
             base = (block.column + 1) if n == 0 else 1
@@ -40,13 +41,12 @@ class BlockLowering(LowerBase):
             if hash_at is not None:
                 self.comments.append((lineno, base + hash_at, line[hash_at:].rstrip()))
             if pending is not None:
-                start_line, start_col, so_far = pending
-                joined = so_far + "\n" + code.rstrip()
-                if _open_brackets(joined) > 0:
-                    pending = (start_line, start_col, joined)
+                start_line, start_col, parts, brackets = pending
+                parts.append(code.rstrip())
+                if brackets.feed("\n" + parts[-1]) > 0:
                     continue
                 pending = None
-                out.append(_token(joined, start_line, start_col))
+                out.append(_token("\n".join(parts), start_line, start_col))
                 continue
             offset = 0
             pieces = _split_statements(code)
@@ -54,13 +54,14 @@ class BlockLowering(LowerBase):
                 stripped = piece.strip()
                 if stripped:
                     col = base + offset + (len(piece) - len(piece.lstrip()))
-                    if i == len(pieces) - 1 and _open_brackets(stripped) > 0:
-                        pending = (lineno, col, piece.strip())
+                    brackets = _Brackets()
+                    if i == len(pieces) - 1 and brackets.feed(stripped) > 0:
+                        pending = (lineno, col, [stripped], brackets)
                     else:
                         out.append(_token(stripped, lineno, col))
                 offset += len(piece) + 1
         if pending is not None:
-            out.append(_token(pending[2], pending[0], pending[1]))
+            out.append(_token("\n".join(pending[2]), pending[0], pending[1]))
         return out
 
     # ------------------------------------------------------------------ rules

@@ -13,6 +13,7 @@ from fibgen.compiler import ir
 from fibgen.compiler.lower.base import LowerBase, _Stmt
 from fibgen.compiler.lower.text import dedent_block
 from fibgen.compiler.pysyntax import PythonSyntaxError, literal_string
+from fibgen.format.tolerances import tolerance_problem
 
 
 @v_args(meta=True)
@@ -69,7 +70,12 @@ class FamilyLowering(LowerBase):
                     )
                     for t in fields.get(key, ())
                 )
-        return ir.Family(name=str(name_tok), span=self._span(meta), **fields)
+        return ir.Family(
+            name=str(name_tok),
+            name_span=self._tok_span(name_tok),
+            span=self._span(meta),
+            **fields,
+        )
 
     # ------------------------------------------------------------------ family statements
     def op_type_stmt(self, meta: Meta, c: list) -> _Stmt:
@@ -179,6 +185,14 @@ class FamilyLowering(LowerBase):
                         self._arg_span(c[0], kw.value),
                     )
                     continue
+                problem = tolerance_problem(kw.arg, value)
+                if problem is not None:
+                    self._error(
+                        f"tolerance `{kw.arg}={_written(c[0], kw.value)}` {problem[0]}",
+                        self._arg_span(c[0], kw.value),
+                        help=problem[1],
+                    )
+                    continue
                 values[kw.arg] = value
         return _Stmt("tolerance", ir.Tolerance(span=span, **values), span, "tolerance")
 
@@ -227,7 +241,11 @@ class FamilyLowering(LowerBase):
     def dispatch(self, meta: Meta, c: list) -> ir.DispatchGroup:
         name, selector, *cases = c
         return ir.DispatchGroup(
-            name=str(name), selector=str(selector), cases=tuple(cases), span=self._span(meta)
+            name=str(name),
+            name_span=self._tok_span(name),
+            selector=str(selector),
+            cases=tuple(cases),
+            span=self._span(meta),
         )
 
     def case(self, meta: Meta, c: list) -> ir.DispatchCase:
@@ -238,3 +256,8 @@ class FamilyLowering(LowerBase):
             also=tuple(str(f) for f in also),
             span=self._span(meta),
         )
+
+
+def _written(tok: Token, node: ast.expr) -> str:
+    """An argument of a parenthesized token as the file spells it (`-1e-3`, not `-0.001`)."""
+    return ast.get_source_segment("f" + str(tok), node) or ast.unparse(node)

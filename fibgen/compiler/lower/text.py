@@ -75,15 +75,40 @@ def _split_comment(line: str) -> tuple[str, int | None]:
     return line, None
 
 
-def _open_brackets(text: str) -> int:
-    """How many brackets are open at the end of ``text`` (outside string literals)."""
-    depth = 0
-    for _, ch in _code_positions(text):
-        if ch in "([":
-            depth += 1
-        elif ch in ")]":
-            depth -= 1
-    return depth
+class _Brackets:
+    """The brackets open after the text fed so far, outside string literals.
+
+    A statement continued over many lines is fed one line at a time, so that each line is
+    scanned once: counting over the whole statement at every line made a constraint of
+    10,000 lines take 83 s.
+    """
+
+    __slots__ = ("depth", "quote", "escaped")
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.quote: str | None = None
+        self.escaped = False
+
+    def feed(self, text: str) -> int:
+        """Scan more text (what follows the text fed before); the brackets open after it."""
+        quote, escaped, depth = self.quote, self.escaped, self.depth
+        for ch in text:
+            if quote:
+                if escaped:
+                    escaped = False
+                elif ch == "\\":
+                    escaped = True
+                elif ch == quote:
+                    quote = None
+            elif ch in "\"'":
+                quote = ch
+            elif ch in "([":
+                depth += 1
+            elif ch in ")]":
+                depth -= 1
+        self.quote, self.escaped, self.depth = quote, escaped, depth
+        return depth
 
 
 def _split_statements(code: str) -> list[str]:

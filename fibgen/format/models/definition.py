@@ -7,6 +7,7 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import Field, field_validator, model_validator
 
+from fibgen.format.expressions import HELP, ExpressionError, check_expression
 from fibgen.format.models.base import DType, NonEmptyStr, _check_name, _Model, _raise_problems
 
 
@@ -108,20 +109,22 @@ def reference_problems(reference: str) -> list[str]:
 
 
 def constraint_problems(constraints: list[str]) -> list[str]:
-    """Problems with constraints: each must parse as one Python expression."""
+    """Problems with constraints: each must be an expression of the checked language that
+    input generation evaluates (Note [checked expressions] in ``fibgen.format.expressions``)."""
     problems = []
     for i, text in enumerate(constraints):
         try:
-            ast.parse(text, mode="eval")
-        except SyntaxError as exc:
+            check_expression(text)
+        except ExpressionError as exc:
+            if exc.message.startswith("not an expression"):
+                problems.append(
+                    f"constraints[{i}]: {text!r} is not a Python expression "
+                    f"({exc.message.removeprefix('not an expression: ')}); "
+                    "write a condition such as 'num_pages >= batch_size'"
+                )
+                continue
             problems.append(
-                f"constraints[{i}]: {text!r} is not a Python expression ({exc.msg}); "
-                "write a condition such as 'num_pages >= batch_size'"
-            )
-        except (ValueError, MemoryError, RecursionError) as exc:
-            problems.append(
-                f"constraints[{i}]: {text!r} is not a Python expression "
-                f"({str(exc) or 'too deeply nested'})"
+                f"constraints[{i}]: {text!r}: {exc.message} (column {exc.column}); {HELP}"
             )
     return problems
 
