@@ -111,6 +111,12 @@ def eager_rounds(
     return costs
 
 
+def per_call(cost: EagerCost) -> float:
+    """One round's per-call figure: the n/2n difference, or where noise made it 0 or less the
+    round's average (Note [eager rounds])."""
+    return cost.per_call if cost.per_call > 0 else cost.average
+
+
 def eager_costs(
     fn: Callable[[], Any],
     *,

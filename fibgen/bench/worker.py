@@ -201,7 +201,7 @@ class Worker:
         import statistics
         import warnings
 
-        from fibgen.bench.eager import eager_rounds
+        from fibgen.bench.eager import eager_rounds, per_call
         from fibgen.bench.timing import measure
         from fibgen.runtime import api_calls
         from fibgen.runtime.apply import disable_apply, enable_apply, stats
@@ -285,13 +285,13 @@ class Worker:
                         figures["original_ms"] = original.median_ms
                     except Exception as exc:  # noqa: BLE001
                         notes.append(f"the API's own function could not be timed: {exc}")
-        per_call = {k: [c.per_call for c in v] for k, v in rounds.items()}
-        figures["e2e_ms"] = statistics.median(per_call["solution"]) / 1e3
-        figures["reference_e2e_ms"] = statistics.median(per_call["reference"]) / 1e3
-        if "original" in per_call:
-            figures["original_e2e_ms"] = statistics.median(per_call["original"]) / 1e3
+        each = {k: [per_call(c) for c in v] for k, v in rounds.items()}
+        figures["e2e_ms"] = statistics.median(each["solution"]) / 1e3
+        figures["reference_e2e_ms"] = statistics.median(each["reference"]) / 1e3
+        if "original" in each:
+            figures["original_e2e_ms"] = statistics.median(each["original"]) / 1e3
         # The spread of the paired ratio: the host's drift cancels within a round.
-        ratios = [s / r for s, r in zip(per_call["solution"], per_call["reference"]) if r > 0]
+        ratios = [s / r for s, r in zip(each["solution"], each["reference"]) if r > 0]
         if len(ratios) >= 2:
             q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
             middle = statistics.median(ratios)
