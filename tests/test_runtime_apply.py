@@ -643,13 +643,6 @@ def test_without_an_original_a_call_its_rules_refuse_raises_instead_of_running_t
     assert counts["rules"] == {"eps": 1}
 
 
-class _OnAnotherDevice(torch.Tensor):
-    """A result that says it is on GPU 1 (a CPU cannot make one that is)."""
-
-    def get_device(self):
-        return 1
-
-
 @pytest.mark.parametrize(
     "make, got",
     [
@@ -657,7 +650,11 @@ class _OnAnotherDevice(torch.Tensor):
         (lambda x: x.double(), "a float64 tensor of shape [1, 4096] on cpu"),
         (lambda x: None, "None"),
         (lambda x: (x, x), "a tuple of 2"),
-        (lambda x: x.clone().as_subclass(_OnAnotherDevice), "a float32 tensor of shape [1, 4096]"),
+        # On another device: meta, which get_device() alone took for the CPU (-1 for both).
+        (
+            lambda x: torch.empty_like(x, device="meta"),
+            "a float32 tensor of shape [1, 4096] on meta",
+        ),
     ],
 )
 def test_a_result_unlike_the_definitions_is_an_error_that_says_what_was_expected(make, got):

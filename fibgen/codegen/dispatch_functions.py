@@ -31,13 +31,13 @@ class _Family(FamilyKey):
     ) -> tuple[str, str] | None:
         """The condition a value-returning solution's output meets, and what is expected of it
         as ``(dtype, shape or None, device or None)`` (evaluated only when the condition
-        fails, for the message); None for a scalar."""
+        fails, for the message); None for a scalar. Note [result check] in
+        ``fibgen/runtime/result_check.py``: ``_api.same`` checks dtype, shape and device."""
         if o.shape is None:
             return None
         dtype = self._dtype(o)
         if o.dtype.kind == "concrete" and o.dtype.name not in self.dtype_params:
             dtype = _dtype_constant(o.dtype.name)
-        parts = [f"isinstance({local}, _Tensor)", f"{local}.dtype is {dtype}"]
         required = [self.input_expr[t.name] for t in self.f.inputs if t.shape and not t.optional]
         # An input of the very same axes gives the expected shape in one comparison.
         same = next(
@@ -48,26 +48,26 @@ class _Family(FamilyKey):
             ),
             None,
         )
-        shape = "None"
         if same is not None:
-            parts.append(f"{local}.shape == {same}.shape")
             shape = f"{same}.shape"
         else:
             dims = self._dims(o, fields)
+            shape = dims if dims is not None else "None"
+        if required:
+            sizes = shape if shape != "None" else str(len(o.shape))
+            cond = f"_api.same({local}, {dtype}, {sizes}, {required[0]})"
+            device = f"{required[0]}.device"
+        else:
+            # Nothing to take the device from: the dtype and the shape.
+            parts = [f"isinstance({local}, _Tensor)", f"{local}.dtype is {dtype}"]
             parts.append(
-                f"{local}.shape == {dims}"
-                if dims is not None
+                f"{local}.shape == {shape}"
+                if shape != "None"
                 else f"{local}.ndim == {len(o.shape)}"
             )
-            shape = dims if dims is not None else "None"
-        # The output on the device of the inputs: get_device() is an int (-1 for the CPU),
-        # cheaper than comparing torch.device objects (0.1 µs on the 2-core machine).
-        device = "None"
-        if required:
-            parts.append(f"{local}.get_device() == {required[0]}.get_device()")
-            device = f"{required[0]}.device"
-        cond = " and ".join(parts)
-        cond = f"{local} is None or ({cond})" if o.optional else cond
+            cond = " and ".join(parts)
+            device = "None"
+        cond = f"{local} is None or {cond}" if o.optional else cond
         return cond, f"({dtype}, {shape}, {device})"
 
     def dispatcher(self, fields: tuple[str, ...], plan: RulePlan) -> FunctionView:

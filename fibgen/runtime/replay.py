@@ -35,7 +35,7 @@ matter at such sizes) and layouts beyond ``_MAX_LAYOUTS`` per solution. Replays 
 while Triton's launch hooks are empty (a profiler's hooks would otherwise miss them).
 
 The call itself is the hot path: reading a layout through Python's tensor attributes costs
-about 0.45 µs per tensor, a third of a 1-row rmsnorm's launch. ``_replay.cpp`` reads it in
+about 0.45 µs per tensor, a third of a 1-row rmsnorm's launch. ``_native.cpp`` reads it in
 C++ (about 15 ns per tensor) and launches from there. It is built once per machine with
 torch's extension builder (``builders.build_extension``, cached like solution builds), in a
 background thread started by the first wrapped solution; until it is ready, or where it
@@ -315,18 +315,22 @@ def _native(start: bool, waiting: Replayer) -> Any:
 
 
 def wait_native() -> None:
-    """Wait for a C++ table build started in the background, if any (benchmarks time the
-    path a settled process takes)."""
+    """Wait for the builds of the extension module started in the background, if any
+    (benchmarks time the path a settled process takes)."""
     thread = _native_state.get("thread")
     if thread is not None:
         thread.join()
+    from fibgen.runtime import result_check  # the same module, built from another thread
+
+    result_check.wait()
 
 
 def build_native() -> Any:
-    """Build (or load from the cache) the C++ table, in this thread; the module."""
+    """Build (or load from the cache) the runtime's extension module, in this thread: the C++
+    table, and the result check (Note [result check] in result_check.py)."""
     from fibgen.runtime.builders import build_extension
 
-    return build_extension("replay", [Path(__file__).with_name("_replay.cpp")], cuda=False)
+    return build_extension("native", [Path(__file__).with_name("_native.cpp")], cuda=False)
 
 
 def _build_native() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from fibgen.runtime import patching, solutions
+from fibgen.runtime import patching, result_check, solutions
 from fibgen.runtime.apply_state import (
     _DISCARD,
     _UNSET,
@@ -90,6 +90,7 @@ class Api(Fallbacks, Refusals):
         "plan_call",
         "call_params",
         "call_problem",
+        "same",
     )
 
     def __init__(
@@ -173,6 +174,8 @@ class Api(Fallbacks, Refusals):
         self.plan_call = plan_call
         self.call_params = dict(call_params or {})
         self.call_problem = call_problem
+        # The check of a value-returning solution's output (Note [result check]).
+        self.same = result_check.current()
         self._original = _UNSET if original is None else original
         self._fixed_original = original is not None
         self._outside: Callable[..., Any] | None = None
@@ -354,6 +357,8 @@ class Api(Fallbacks, Refusals):
         self._resolved[key] = (name, loaded.label, loaded.fn)
         _state.matched.add(name)
         kind = (INPLACE if self.inplace and loaded.inplace else DPS) if loaded.dps else RETURNS
+        if kind == RETURNS:
+            result_check.start()  # its outputs are checked on every call: natively, once built
         return (kind, loaded.fn, self._tick("hit", name), values)
 
     def _load(self, name: str, entry: solutions.Entry) -> solutions.Loaded:
@@ -466,3 +471,12 @@ def _read(counter: itertools.count) -> int:
 
 
 DISPATCH_CODES.add(Api.call_definition.__code__)
+
+
+def _use_native_check(same: Callable[..., bool]) -> None:
+    with _state.lock:
+        for api in _state.apis:
+            api.same = same
+
+
+result_check.on_ready(_use_native_check)

@@ -1,0 +1,154 @@
+"""The check of a value-returning solution's output (Note [result check] in
+fibgen/runtime/result_check.py): the Python check and the native one agree on every case, and
+a dispatcher on the native check falls back on a wrong output as it does on the Python one."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import fibgen.runtime as rt
+from fake_flashinfer.catalogue import generated_package
+from fibgen.runtime import result_check
+
+from _shared import REQUIRE_OPTIONAL
+
+generated_package()
+
+from fake_kernels import rmsnorm  # noqa: E402  (generated just above)
+
+routing = importlib.import_module("fibgen.runtime.routing")
+pytestmark = pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning")
+
+
+@pytest.fixture(scope="module")
+def native():
+    """The native check, built once (the build is cached per machine)."""
+    try:
+        return result_check.build()
+    except Exception as exc:
+        if REQUIRE_OPTIONAL:
+            raise
+        pytest.skip(f"the extension module does not build here: {exc}")
+
+
+@pytest.fixture(params=["python", "native"])
+def same(request):
+    return (
+        result_check.same_python if request.param == "python" else request.getfixturevalue("native")
+    )
+
+
+X = torch.randn(2, 3)
+
+CASES = [
+    # (output, dtype, shape, like, expected)
+    (X, torch.float32, X.shape, X, True),
+    (X, torch.float32, (2, 3), X, True),
+    (X, torch.float32, 2, X, True),  # an int: the number of dimensions
+    (X, torch.float64, X.shape, X, False),
+    (X, torch.float32, (3, 2), X, False),
+    (X, torch.float32, (2, 3, 1), X, False),
+    (X, torch.float32, 3, X, False),
+    (X.unsqueeze(0), torch.float32, (2, 3), X, False),
+    (torch.empty(2, 3, device="meta"), torch.float32, (2, 3), X, False),
+    (X, torch.float32, (2, 3), torch.empty(1, device="meta"), False),
+    (None, torch.float32, (2, 3), X, False),
+    ([X], torch.float32, (2, 3), X, False),
+    ((X,), torch.float32, (2, 3), X, False),
+    (X.t().contiguous().t(), torch.float32, (2, 3), X, True),  # strides are not checked
+]
+
+
+@pytest.mark.parametrize("out, dtype, shape, like, expected", CASES)
+def test_the_check_says_whether_an_output_is_the_declared_one(
+    same, out, dtype, shape, like, expected
+):
+    assert same(out, dtype, shape, like) is expected
+
+
+def test_the_native_check_refuses_a_wrong_call_with_a_type_error(native):
+    with pytest.raises(TypeError, match="takes 4 arguments"):
+        native(X, torch.float32, X.shape)
+    # Sizes that are not ints, a dtype that is not one: not the declared output.
+    assert native(X, torch.float32, ("2", 3), X) is False
+    assert native(X, "float32", X.shape, X) is False
+
+
+@pytest.fixture
+def on_native(native):
+    """Every dispatcher on the native check, as after a background build; then back."""
+    routing._use_native_check(native)
+    yield native
+    routing._use_native_check(result_check.same_python)
+
+
+@pytest.mark.parametrize(
+    "make, ok",
+    [
+        (lambda x: x * 2, True),
+        (lambda x: x.double(), False),
+        (lambda x: x[:, :8], False),
+        (lambda x: torch.empty_like(x, device="meta"), False),
+        (lambda x: None, False),
+    ],
+)
+def test_a_dispatcher_on_the_native_check_serves_or_falls_back_as_on_python(on_native, make, ok):
+    x, w = torch.randn(1, 4096), torch.randn(4096)
+    assert rmsnorm._api.same is on_native
+    with rt.enable_apply({"rmsnorm_h4096": lambda hidden_states, weight: make(hidden_states)}):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = rmsnorm.rmsnorm(x, w)
+        counts = rt.stats()["fake_flashinfer.norm.rmsnorm"]
+    rt.disable_apply()
+    if ok:
+        assert counts["hit"] == 1 and torch.equal(got, x * 2)
+    else:
+        assert counts["error"] == 1 and counts["hit"] == 0
+        assert not torch.equal(got, x * 2)
+
+
+def test_a_value_returning_hit_builds_the_check_in_the_background_and_switches_to_it(
+    tmp_path, native
+):
+    # In a fresh process with the native check allowed (the test suite turns it off): the
+    # first value-returning hit starts the build, and once it is done every dispatcher,
+    # those imported before and those imported after, checks natively.
+    script = """
+import importlib, sys, torch
+import fibgen.runtime as rt
+from fibgen.runtime import replay, result_check
+from fake_flashinfer.catalogue import generated_package
+generated_package()
+from fake_kernels import rmsnorm
+assert rmsnorm._api.same is result_check.same_python
+x, w = torch.randn(1, 2048), torch.randn(2048)
+with rt.enable_apply({"rmsnorm_h2048": lambda hidden_states, weight: hidden_states * 2}):
+    assert torch.equal(rmsnorm.rmsnorm(x, w), x * 2)
+    replay.wait_native()
+    assert result_check.current() is not result_check.same_python
+    assert rmsnorm._api.same is result_check.current()
+    assert torch.equal(rmsnorm.rmsnorm(x, w), x * 2)
+    assert rt.stats()["fake_flashinfer.norm.rmsnorm"]["hit"] == 2
+from fake_kernels import relu
+assert relu._api.same is result_check.current()
+print("ok")
+"""
+    env = {**os.environ, "FIBGEN_NATIVE": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+def test_with_native_code_turned_off_the_python_check_stays(monkeypatch):
+    monkeypatch.setenv("FIBGEN_NATIVE", "0")
+    assert not result_check.enabled()
