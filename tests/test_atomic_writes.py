@@ -105,7 +105,7 @@ def test_an_exception_mid_write_leaves_no_temp_file(tmp_path, source, monkeypatc
     monkeypatch.setattr("fibgen.fsutil.os.replace", failing)
     code, _, stderr = _run(["build", str(source), "-o", str(out)])
     assert code == 1
-    assert stderr.startswith("error: [Errno 28] No space left on device")
+    assert stderr.startswith(f"error: cannot write into {out}: No space left on device"), stderr
     assert _temps(out) == []
 
 
