@@ -49,7 +49,7 @@ ROUNDS = 15  # rounds of eager_rounds: apply off and on timed in turn in each
 class Model:
     """Weights, a paged KV cache per layer and one decode wrapper per batch size."""
 
-    def __init__(self, layers: int, max_batch: int) -> None:
+    def __init__(self, layers: int, max_batch: int, page: int = PAGE) -> None:
         gen = torch.Generator(device="cuda").manual_seed(0)
 
         def w(*shape):
@@ -69,8 +69,9 @@ class Model:
         ]
         self.final_norm = w(HIDDEN) + 1
         self.lm_head = w(VOCAB, HIDDEN)
-        pages = (CONTEXT + PAGE - 1) // PAGE
-        shape = (max_batch * pages, PAGE, KV_HEADS, HEAD_DIM)
+        self.page = page
+        pages = (CONTEXT + page - 1) // page
+        shape = (max_batch * pages, page, KV_HEADS, HEAD_DIM)
         self.caches = [
             (
                 torch.randn(shape, device="cuda", generator=gen).bfloat16(),
@@ -86,7 +87,7 @@ class Model:
 
         indptr = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * self.pages
         indices = torch.arange(batch * self.pages, dtype=torch.int32, device="cuda")
-        last = torch.full((batch,), CONTEXT - (self.pages - 1) * PAGE, dtype=torch.int32)
+        last = torch.full((batch,), CONTEXT - (self.pages - 1) * self.page, dtype=torch.int32)
         last = last.cuda()
         workspace = torch.empty(WORKSPACE, dtype=torch.uint8, device="cuda")
         extra = {}
@@ -105,7 +106,7 @@ class Model:
             HEADS,
             KV_HEADS,
             HEAD_DIM,
-            PAGE,
+            self.page,
             q_data_type=torch.bfloat16,
             kv_data_type=torch.bfloat16,
         )
@@ -125,7 +126,7 @@ class Model:
                 ops.fused_add_rmsnorm(h, residual, layer["in_norm"], EPS)
             qkv = h @ layer["qkv"].T
             q = qkv[:, : HEADS * HEAD_DIM].reshape(batch, HEADS, HEAD_DIM)
-            attn = wrapper.run(q, cache)
+            attn = ops.attention(wrapper, q, cache)
             h = attn.reshape(batch, HEADS * HEAD_DIM) @ layer["o"].T
             ops.fused_add_rmsnorm(h, residual, layer["post_norm"], EPS)
             h = ops.silu_and_mul(h @ layer["gate_up"].T) @ layer["down"].T
@@ -134,11 +135,12 @@ class Model:
 
 
 class Ops(NamedTuple):
-    """The functions a step calls for its norms and activation."""
+    """The functions a step calls for its norms, activation and attention."""
 
     rmsnorm: Callable
     fused_add_rmsnorm: Callable
     silu_and_mul: Callable
+    attention: Callable  # (wrapper, q, cache) -> output
 
     @classmethod
     def now(cls) -> Ops:
@@ -146,7 +148,13 @@ class Ops(NamedTuple):
         import flashinfer
 
         norm = flashinfer.norm
-        return cls(norm.rmsnorm, norm.fused_add_rmsnorm, flashinfer.activation.silu_and_mul)
+        run = flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper.run
+        return cls(
+            norm.rmsnorm,
+            norm.fused_add_rmsnorm,
+            flashinfer.activation.silu_and_mul,
+            lambda wrapper, q, cache: run(wrapper, q, cache),
+        )
 
 
 def graphed(model: Model, batch: int, x: torch.Tensor, ops: Ops):
