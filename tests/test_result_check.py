@@ -66,6 +66,15 @@ CASES = [
 ]
 
 
+if torch.cuda.is_available():
+    G = X.cuda()
+    CASES += [
+        (G, torch.float32, (2, 3), G, True),
+        (G, torch.float32, (2, 3), X, False),
+        (X, torch.float32, (2, 3), G, False),
+    ]
+
+
 @pytest.mark.parametrize("out, dtype, shape, like, expected", CASES)
 def test_the_check_says_whether_an_output_is_the_declared_one(
     same, out, dtype, shape, like, expected
