@@ -2,8 +2,9 @@
 
 Every entry point FlashInfer traces (``fibgen.format.fi_apis``) is routed (a family's `api` or
 `plan` line names it, by any path that reaches it), declared unroutable with its reason, or
-neither: not yet covered ("missing"), which `fibgen list --apis` flags and the catalogue's coverage test refuses
-(Note [declared entry points] in ``ir.py``). Routed and declared at once is a contradiction,
+neither: not yet covered (status "missing"), which `fibgen list --apis` flags and the
+catalogue's coverage test refuses unless the entry point is on its list of those still to
+cover (Note [declared entry points] in ``ir.py``). Routed and declared at once is a contradiction,
 which the checker reports; it is kept apart here too, for a module compiled without
 FlashInfer's source at hand (where two spellings of one entry point were not matched).
 """

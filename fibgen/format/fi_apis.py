@@ -26,7 +26,6 @@ import importlib.util
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 

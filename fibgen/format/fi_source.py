@@ -108,10 +108,11 @@ def module_table(source: str, module: str, is_package: bool) -> dict[str, Any]:
     resolution]); raises SyntaxError for a file Python cannot parse.
 
     ``names`` holds what each name of the module or of a class body (by qualname) is bound
-    to last: ``["function"]``, ``["class", bases]``, ``["import", module, attr or None]`` or
-    ``["alias", dotted]`` or ``["value"]`` (any other assignment); ``functions`` every function with its line and decorators;
-    ``star`` the modules imported with ``*``; ``all`` the module's ``__all__`` where it is a
-    literal; ``str_maps`` its literal tables of strings.
+    to last: ``["function"]``, ``["class", bases]``, ``["import", module, attr or None]``,
+    ``["alias", dotted]`` or ``["value"]`` (any other assignment); ``functions`` every
+    function with its line and decorators; ``star`` the modules imported with ``*``; ``all``
+    the module's ``__all__`` where it is a literal; ``str_maps`` its literal tables of
+    strings.
     """
     tree = ast.parse(source)
     table: dict[str, Any] = {"names": {}, "functions": {}, "star": [], "all": None, "str_maps": {}}
@@ -223,7 +224,7 @@ class PackageSource:
             dirs[:] = sorted(d for d in dirs if d != "__pycache__" and d.isidentifier())
             rel = Path(folder).relative_to(self.root).parts
             for name in sorted(names):
-                stem, dot, suffix = name.partition(".")
+                stem, _, suffix = name.partition(".")
                 if suffix != "py" or not stem.isidentifier():
                     continue
                 path = Path(folder) / name
