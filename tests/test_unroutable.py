@@ -247,3 +247,21 @@ def test_list_apis_without_flashinfer_says_why(tmp_path, monkeypatch, capsys):
     # The view by definition needs no FlashInfer.
     assert main(["list", "--by-definition", str(folder)]) == 0
     assert "norm_a" in capsys.readouterr().out
+
+
+def test_list_apis_says_which_modules_it_could_not_read(apis, tmp_path, monkeypatch, capsys):
+    broken = apis.source.root / "broken.py"
+    broken.write_text(
+        "from .api_logging import flashinfer_api\n@flashinfer_api(trace=t)\ndef f(:\n"
+    )
+    unreadable = TracedApis(PackageSource(apis.source.root, "flashinfer"), "9.9")
+    monkeypatch.setattr(fi_apis, "traced_apis", lambda *a, **k: unreadable)
+    monkeypatch.setattr(TracedApis, "op_types", lambda self, api: ("op",))
+    folder = tmp_path / "defs"
+    folder.mkdir()
+    (folder / "t.fidef").write_text(FAMILIES, encoding="utf-8")
+    assert main(["list", "--apis", str(folder)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    (line,) = [x for x in out if x.startswith("warning:")]
+    assert line.startswith("warning: flashinfer.broken cannot be read (SyntaxError: ")
+    assert line.endswith("): its traced entry points are not listed")

@@ -233,6 +233,9 @@ def _list_entry_points(module) -> int:
         )
     for u in coverage.unknown:
         print(f"note: `unroutable {u.path}` at {u.span} names no traced entry point")
+    for module, why in entry_points.unreadable:
+        # Its entry points are unknown, so the list above lacks them: said, not left out.
+        print(f"warning: {module} cannot be read ({why}): its traced entry points are not listed")
     print(coverage.summary())
     return EXIT_OK
 
