@@ -1,8 +1,10 @@
 """FlashInfer's own trace output lands on the catalogue's definitions (``fibgen.format.fi_resolve``).
 
-First the matching rules on small definitions written here; then, for every routed entry
-point (a wrapper's run included), the definition JSON FlashInfer 0.7.2.post1's own template writes for a routed call
-(``tests/_routable_calls.py``), resolved against the definitions of the family that routes it.
+First the matching rules on small definitions written here. Then FlashInfer 0.7.2.post1's own
+templates: for every routed entry point (a wrapper's run included), the definition JSON its
+template writes for a routed call (``tests/_routable_calls.py``); and for every instance of a
+routed function, for a call made from the instance's own inputs; each resolved against the
+definitions of the family that routes it.
 """
 
 from __future__ import annotations
@@ -193,3 +195,93 @@ def test_flashinfer_trace_of_a_routed_call_lands_on_its_definition(path, routed)
         assert r.kind == expected, r.describe()
         if expected == "ambiguous":
             assert call.name in r.candidates
+
+
+# Routed functions whose calls cannot be made from a definition's own tensors and values alone;
+# one routed call of each is resolved above instead.
+NOT_FROM_THE_DEFINITION = {
+    # Its family's `let` views FlashInfer's flattened query and key ([nnz, heads * head_size])
+    # as the definition's [num_tokens, heads, head_size]: a call made of the definition's
+    # tensors would pass the unflattened ones.
+    "flashinfer.rope.apply_rope_with_cos_sin_cache_inplace": "a `let` view of the call's tensors",
+    # Parameters the families' rules fix (`local_num_experts == num_local_experts`,
+    # `local_expert_offset`, `routed_scaling_factor`, the routing options) are named like no
+    # axis or parameter.
+    "flashinfer.fused_moe.core.trtllm_fp8_block_scale_moe": "parameters only its rules fix",
+    "flashinfer.fused_moe.core.trtllm_fp8_per_tensor_scale_moe": "parameters only its rules fix",
+}
+
+
+def _call_of(definition, family, function, catalogue) -> dict:
+    """The arguments of a call of ``function`` for one definition, made from its own inputs:
+    each read parameter (`<- p`, or an input named like it) gets the input, each parameter
+    named like an axis or a parameter of the definition its value; the rest are defaults."""
+    if "moe" in definition.name:  # gigabytes of weights: FlashInfer's template reads shapes
+        values, axes = catalogue.meta_inputs(definition.name, seq_len=2)
+    else:
+        values, axes = catalogue.inputs(definition.name)
+    signature = inspect.signature(function)
+    given: dict = {}
+    parts: dict[str, dict[int, object]] = {}
+    for t in family.inputs:
+        if t.name not in values:
+            continue
+        if t.source is None:
+            if t.name in signature.parameters:
+                given[t.name] = values[t.name]
+        elif t.source.index is None:
+            given[t.source.param] = values[t.name]
+        else:
+            parts.setdefault(t.source.param, {})[t.source.index] = values[t.name]
+    given |= {p: tuple(v[i] for i in sorted(v)) for p, v in parts.items()}
+    for name, value in {**axes, **dict(definition.param_values)}.items():
+        if name in signature.parameters:
+            given.setdefault(name, value)
+    bound = signature.bind(**given)
+    bound.apply_defaults()
+    return bound.arguments
+
+
+def test_flashinfer_trace_of_every_instance_of_a_routed_function_lands_on_it(routed):
+    routable, catalogue, apis, generated = routed
+    checked, problems = 0, []
+    for family in catalogue.families.values():
+        if family.api is None or family.plan is not None:
+            continue
+        api = apis.lookup(family.api.path).api
+        if api is None or "." in api.qualname or api.path in NOT_FROM_THE_DEFINITION:
+            continue
+        function = inspect.unwrap(getattr(importlib.import_module(api.module), api.qualname))
+        definitions = [d for d in catalogue.defs.values() if d.family == family.name]
+        candidates = [generated[d.name] for d in definitions]
+        for d in definitions:
+            try:
+                arguments = _call_of(d, family, function, catalogue)
+            except TypeError as exc:
+                problems.append(
+                    f"{d.name}: no call of {api.path} can be made from the definition alone "
+                    f"({exc}); name the entry point in NOT_FROM_THE_DEFINITION with the reason"
+                )
+                continue
+            written = apis.trace_definition(api, arguments)
+            r = resolve(written, candidates)
+            checked += 1
+            expected = NOT_LANDING.get(api.path)
+            if expected is None and r.definition != d.name:
+                problems.append(f"{d.name}: {r.describe()}")
+            elif expected is not None and (
+                r.kind != expected or (expected == "ambiguous" and d.name not in r.candidates)
+            ):
+                problems.append(f"{d.name}: {r.describe()}, expected {expected}")
+    assert not problems, "\n".join(problems)
+    # Every instance of the routed function families, but for those a call cannot be made
+    # for from the definition alone.
+    assert checked == sum(
+        1
+        for d in catalogue.defs.values()
+        if (f := catalogue.families[d.family]).api is not None
+        and f.plan is None
+        and "." not in apis.lookup(f.api.path).api.qualname
+        and apis.lookup(f.api.path).api.path not in NOT_FROM_THE_DEFINITION
+    )
+    assert checked >= 60
