@@ -7,13 +7,13 @@ of wording with `python tests/fixtures/diagnostics/regen.py`, and read the diff.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import os
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
+from _shared import require_module
 
 from fibgen.cli import main
 
@@ -46,9 +46,9 @@ def test_there_are_at_least_thirty_distinct_mistakes():
 
 @pytest.mark.parametrize("case", CASES)
 def test_fixture(case: str):
-    if case.startswith("unroutable") and importlib.util.find_spec("flashinfer") is None:
+    if case.startswith("unroutable"):
         # `unroutable` paths are checked against FlashInfer's source, where it is installed.
-        pytest.skip("flashinfer-python 0.7.2.post1 is not installed (see .ci/run)")
+        require_module("flashinfer", "flashinfer-python 0.7.2.post1 is not installed (see .ci/run)")
     expected = (ROOT / FIXTURES / f"{case}.expected").read_text(encoding="utf-8")
     code, stderr = run_check(case)
     assert stderr == expected

@@ -15,10 +15,12 @@ import json
 from pathlib import Path
 
 import pytest
+from _shared import require_module
 
 from fibgen.format.fi_resolve import entry_point_of, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
+FLASHINFER = "flashinfer-python 0.7.2.post1 is not installed (see .ci/run)"
 
 
 def definition(name, inputs, outputs, axes, tags=("fi_api:flashinfer.activation.silu_and_mul",)):
@@ -139,7 +141,7 @@ NOT_LANDING = {
 
 
 def _routed_paths() -> list[str]:
-    pytest.importorskip("flashinfer")
+    require_module("flashinfer", FLASHINFER)
     import _routable_calls as routable
 
     return list(routable.ROUTABLE)
@@ -147,7 +149,7 @@ def _routed_paths() -> list[str]:
 
 @pytest.fixture(scope="module")
 def routed():
-    pytest.importorskip("flashinfer")
+    require_module("flashinfer", FLASHINFER)
     import _routable_calls as routable
 
     from fibgen.compiler import compile_paths
