@@ -113,3 +113,23 @@ def test_the_pending_list_is_read_as_it_is_written(tmp_path):
     listing = tmp_path / "pending.txt"
     listing.write_text("# heading\n\nflashinfer.a.b  # why\n  flashinfer.c\n", encoding="utf-8")
     assert read_pending(listing) == [(3, "flashinfer.a.b"), (4, "flashinfer.c")]
+
+
+def test_list_apis_shows_the_same_status_for_each(coverage, capsys):
+    from fibgen.cli import main
+
+    assert main(["list", "--apis", str(ROOT / "definitions")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"flashinfer {VERSION} traces 213 API entry points (")
+    rows = {line.split()[0]: line for line in out[1:214]}
+    assert list(rows) == [e.api.path for e in coverage.entries]
+    words = {
+        "routed": "routed: ",
+        "unroutable": "unroutable: ",
+        "missing": "NOT YET COVERED: neither routed nor declared unroutable",
+    }
+    for e in coverage.entries:
+        assert words[e.status] in rows[e.api.path], rows[e.api.path]
+    rmsnorm = rows["flashinfer.norm.rmsnorm"].split()
+    assert rmsnorm[1] == "rmsnorm"  # the op type of its template
+    assert out[-1] == coverage.summary()
