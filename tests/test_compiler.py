@@ -278,7 +278,7 @@ def test_reference_text_survives_fmt_exactly():
 def test_list_apis_names_the_api_of_every_definition_or_why_it_has_none(capsys):
     from fibgen.cli import main
 
-    assert main(["list", "--apis", str(ROOT / "definitions")]) == 0
+    assert main(["list", "--by-definition", str(ROOT / "definitions")]) == 0
     out = capsys.readouterr().out.splitlines()
     rows = {line.split()[0]: line for line in out[:-1]}
     assert "flashinfer.norm.rmsnorm (2 rules)" in rows["rmsnorm_h4096"]

@@ -36,12 +36,36 @@ def _without_sources(paths: list[str]) -> int | None:
     return EXIT_FAIL if empty else None
 
 
+class _EntryPoints:
+    """FlashInfer's traced entry points, read when the compiler asks (the sources declare
+    `unroutable` ones), and why there are none where it is not installed."""
+
+    def __init__(self) -> None:
+        self.problem: str | None = None
+
+    def __call__(self):
+        from fibgen.format.fi_apis import FlashInferUnavailable, traced_apis
+
+        try:
+            return traced_apis()
+        except FlashInferUnavailable as exc:
+            self.problem = str(exc)
+            return None
+
+
 def _compile(paths: list[str]):
     from fibgen.compiler import compile_paths
     from fibgen.compiler.diagnostics import render_all
 
-    result = compile_paths(paths)
+    entry_points = _EntryPoints()
+    result = compile_paths(paths, entry_points)
     _eprint(render_all(result.diagnostics, result.sources))
+    if entry_points.problem is not None:
+        # Not an error of the sources, but what was not checked is said.
+        _eprint(
+            "note: the paths of `unroutable` declarations were checked only against each "
+            f"other and the families, not against FlashInfer: {entry_points.problem}"
+        )
     return result
 
 
@@ -150,13 +174,69 @@ def cmd_list(args: argparse.Namespace) -> int:
     result = _compile(paths)
     if result.module is None:
         return EXIT_FAIL
-    if args.apis:
+    if args.by_definition:
         return _list_apis(result.module)
+    if args.apis:
+        return _list_entry_points(result.module)
     rows = [(d.name, d.op_type, f"{d.span.file}:{d.span.line}") for d in result.module.definitions]
     rows.sort()
     width = [max((len(r[i]) for r in rows), default=0) for i in range(2)]
     for name, op_type, where in rows:
         print(f"{name:<{width[0]}}  {op_type:<{width[1]}}  {where}")
+    return EXIT_OK
+
+
+def _list_entry_points(module) -> int:
+    """FlashInfer's traced entry points: routed (by which families), declared unroutable
+    (and why), or not yet covered, flagged; then the count of each."""
+    from fibgen.compiler.coverage import api_coverage, route_text
+    from fibgen.format.fi_apis import FlashInferUnavailable, TemplateUnavailable, traced_apis
+
+    try:
+        entry_points = traced_apis()
+    except FlashInferUnavailable as exc:
+        _eprint(
+            f"error: --apis lists FlashInfer's traced entry points from its installed source: "
+            f"{exc}\n  = help: `fibgen list --apis --by-definition` shows the API of each "
+            "definition without it"
+        )
+        return EXIT_FAIL
+    coverage = api_coverage(module, entry_points)
+    rows = []
+    for entry in coverage.entries:
+        try:
+            op_types = ", ".join(entry_points.op_types(entry.api))
+        except TemplateUnavailable:
+            op_types = "?"
+        status = entry.status
+        if status in ("routed", "both"):
+            n = len(entry.definitions)
+            what = f"routed: {route_text(entry.routes)} ({n} definition{'s' if n != 1 else ''})"
+            if status == "both":
+                what += f"; ALSO declared unroutable at {entry.unroutable.span}"
+        elif status == "unroutable":
+            what = f"unroutable: {entry.unroutable.reason}"
+        else:
+            what = "NOT YET COVERED: neither routed nor declared unroutable"
+        rows.append((entry.api.path, op_types, what))
+    print(
+        f"flashinfer {coverage.version} traces {len(coverage.entries)} API entry points "
+        f"({entry_points.source.root})"
+    )
+    width = [max(len(r[i]) for r in rows) for i in range(2)] if rows else [0, 0]
+    for path, op_types, what in rows:
+        print(f"{path:<{width[0]}}  {op_types:<{width[1]}}  {what}")
+    for route in coverage.untraced:
+        print(
+            f"note: family `{route.family}` routes `{route.path}` ({route.keyword}), which "
+            f"flashinfer {coverage.version} does not trace"
+        )
+    for u in coverage.unknown:
+        print(f"note: `unroutable {u.path}` at {u.span} names no traced entry point")
+    for module, why in entry_points.unreadable:
+        # Its entry points are unknown, so the list above lacks them: said, not left out.
+        print(f"warning: {module} cannot be read ({why}): its traced entry points are not listed")
+    print(coverage.summary())
     return EXIT_OK
 
 
@@ -255,6 +335,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--apis",
         action="store_true",
-        help="show the API that routes each definition, or why it has none",
+        help="show every API entry point the installed FlashInfer traces: routed (by which "
+        "families), declared unroutable (and why), or not yet covered",
+    )
+    p.add_argument(
+        "--by-definition",
+        action="store_true",
+        help="with --apis, or alone: show the API that routes each definition, or why it has none",
     )
     p.set_defaults(func=cmd_list)

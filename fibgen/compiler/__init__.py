@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from fibgen.compiler.diagnostics import Diagnostic, Sources, error, has_errors
 
 if TYPE_CHECKING:  # the IR (pydantic) is imported when something is compiled, not before
     from fibgen.compiler import ir
+    from fibgen.format.fi_apis import TracedApis
 
 
 @dataclass(frozen=True)
@@ -68,8 +70,13 @@ def read_source(path: str) -> str:
         return fh.read()
 
 
-def compile_sources(items: list[tuple[str, str, str]]) -> CompileResult:
-    """Compile (display path, stable path, text) triples."""
+def compile_sources(
+    items: list[tuple[str, str, str]],
+    entry_points: Callable[[], TracedApis | None] | None = None,
+) -> CompileResult:
+    """Compile (display path, stable path, text) triples. ``entry_points`` gives FlashInfer's
+    traced entry points (None where they are unknown), against which `unroutable` paths are
+    checked; it is called only when the files declare some."""
     from fibgen.compiler import ir
     from fibgen.compiler.checks import Checker
     from fibgen.compiler.lower import lower
@@ -88,7 +95,7 @@ def compile_sources(items: list[tuple[str, str, str]]) -> CompileResult:
         diags.extend(lower_diags)
         # Generated files name their source without absolute paths: keep the stable one.
         files.append(sf.model_copy(update={"path": stable}))
-    checker = Checker()
+    checker = Checker(entry_points)
     definitions = checker.run(files)
     diags.extend(checker.diagnostics)
     if has_errors(diags):
@@ -97,8 +104,11 @@ def compile_sources(items: list[tuple[str, str, str]]) -> CompileResult:
     return CompileResult(module, diags, sources)
 
 
-def compile_paths(paths: list[str]) -> CompileResult:
-    """Compile every `.fidef` file under the given files and directories."""
+def compile_paths(
+    paths: list[str], entry_points: Callable[[], TracedApis | None] | None = None
+) -> CompileResult:
+    """Compile every `.fidef` file under the given files and directories (``entry_points``:
+    as ``compile_sources``)."""
     inputs, diags = discover(paths)
     items = []
     for item in inputs:
@@ -108,7 +118,7 @@ def compile_paths(paths: list[str]) -> CompileResult:
             diags.append(error(f"cannot read {item.path}: {exc}", None))
             continue
         items.append((item.path, item.stable, text))
-    result = compile_sources(items)
+    result = compile_sources(items, entry_points)
     if diags:
         all_diags = diags + result.diagnostics
         return CompileResult(None, all_diags, result.sources)

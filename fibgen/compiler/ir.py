@@ -400,7 +400,29 @@ class DispatchGroup(Node):
     cases: tuple[DispatchCase, ...]
 
 
-Item = Annotated[Union[Family, DispatchGroup], Field(discriminator=None)]
+class Unroutable(Node):
+    """``unroutable flashinfer.comm.allreduce_fusion "why"``: a traced entry point of
+    FlashInfer that no family routes, declared with the reason none can (Note [declared
+    entry points])."""
+
+    path: str
+    path_span: Span = Field(default=NO_SPAN, repr=False)
+    reason: str
+
+
+# Note [declared entry points]
+# Every API entry point FlashInfer traces is accounted for by the catalogue: routed (a
+# family's `api` or `plan` line names it) or declared unroutable with the reason, so that
+# what apply can never substitute is said rather than left out (`fibgen list --apis`,
+# `fibgen/compiler/coverage.py`). A declaration stands on its own, at the top level of a
+# file: it belongs to no family (a family that cannot route says `api none "why"` instead),
+# and names the entry point by any path that reaches the function (a re-export such as
+# `flashinfer.comm.allreduce_fusion`). The checker refuses a path declared twice and one that a
+# family routes; where FlashInfer's source is given to the compiler, also a path that is no
+# traced entry point of it (`fibgen/compiler/checks/unroutable.py`).
+
+
+Item = Annotated[Union[Family, DispatchGroup, Unroutable], Field(discriminator=None)]
 
 
 class SourceFile(Node):
@@ -409,6 +431,7 @@ class SourceFile(Node):
     path: str
     families: tuple[Family, ...] = ()
     dispatches: tuple[DispatchGroup, ...] = ()
+    unroutables: tuple[Unroutable, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------
@@ -463,3 +486,6 @@ class Module(Node):
 
     def dispatches(self) -> tuple[DispatchGroup, ...]:
         return tuple(d for sf in self.files for d in sf.dispatches)
+
+    def unroutables(self) -> tuple[Unroutable, ...]:
+        return tuple(u for sf in self.files for u in sf.unroutables)

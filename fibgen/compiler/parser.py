@@ -224,7 +224,7 @@ def parse_with_comments(
     return tree, diags, comments
 
 
-_TOP_LEVEL = re.compile(r"^(family|dispatch)\b", re.M)
+_TOP_LEVEL = re.compile(r"^(family|dispatch|unroutable)\b", re.M)
 
 
 def parse(text: str, path: str) -> tuple[lark.Tree | None, list[Diagnostic]]:

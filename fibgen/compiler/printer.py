@@ -126,14 +126,19 @@ def _assign_comments(
     lines = text.split("\n")  # as the lexer counts lines: a string may hold '\x0c' or '\u2028'
     out = _Comments()
     anchors = sorted(set(a for a in anchors if a[0] > 0))
+    previous: int | None = None  # the line of the last comment on a line of its own
     for line, column, body in comments:
         own_line = not lines[line - 1][: column - 1].strip() if line <= len(lines) else True
         if own_line:
             nxt = next((a for a in anchors if a[0] > line), None)
-            if nxt is None:
-                out.rest.append(body)
-            else:
-                out.leading.setdefault(nxt, []).append(body)
+            group = out.rest if nxt is None else out.leading.setdefault(nxt, [])
+            # Paragraphs of comments stay paragraphs: one blank line where the source has
+            # only blank lines between two comments of the same place.
+            between = lines[previous : line - 1] if previous is not None else []
+            if group and between and not any(x.strip() for x in between):
+                group.append("")
+            group.append(body)
+            previous = line
         else:
             on_line = [a for a in anchors if a[0] == line and a[1] < column]
             if on_line:
@@ -178,6 +183,8 @@ def _anchors(sf: ir.SourceFile) -> list[tuple[int, int]]:
         add(group)
         for case in group.cases:
             add(case)
+    for u in sf.unroutables:
+        add(u)
     return found
 
 
@@ -194,7 +201,7 @@ class Printer:
     def emit(self, indent: str, text: str, span: ir.Span | None = None) -> None:
         if span is not None:
             for c in self.comments.leading.pop(self._key(span), []):
-                self.lines.append(indent + c)
+                self.lines.append(indent + c if c else "")
             trailing = self.comments.trailing.pop(self._key(span), None)
             if trailing:
                 # After the last line: a node of several lines ends a triple-quoted block,
@@ -214,6 +221,12 @@ class Printer:
         for group in sf.dispatches:
             self.blank()
             self.dispatch(group)
+        for index, u in enumerate(sf.unroutables):
+            # One declaration a line; a comment of its own line above one starts a paragraph
+            # (declarations of a kind under a heading), as does what comes before the first.
+            if index == 0 or self._key(u.span) in self.comments.leading:
+                self.blank()
+            self.emit("", f"unroutable {u.path} {quote(u.reason)}", u.span)
         if self.comments.rest:
             self.blank()
             self.lines.extend(self.comments.rest)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from fibgen.compiler import ir
 from fibgen.compiler.checks.api import ApiChecks
 from fibgen.compiler.checks.common import EXPR_BUILTINS
@@ -11,13 +14,32 @@ from fibgen.compiler.checks.instances import InstanceChecks
 from fibgen.compiler.checks.reference import ReferenceChecks
 from fibgen.compiler.checks.returns import ReturnChecks
 from fibgen.compiler.checks.rules import RuleChecker
+from fibgen.compiler.checks.unroutable import UnroutableChecks
 from fibgen.compiler.checks.variants import check_variants
+
+if TYPE_CHECKING:
+    from fibgen.format.fi_apis import TracedApis
 
 
 class Checker(
-    DeclarationChecks, ApiChecks, ReturnChecks, ReferenceChecks, InstanceChecks, DispatchChecks
+    DeclarationChecks,
+    ApiChecks,
+    ReturnChecks,
+    ReferenceChecks,
+    InstanceChecks,
+    DispatchChecks,
+    UnroutableChecks,
 ):
-    """Runs every check over a set of source files and builds the definitions."""
+    """Runs every check over a set of source files and builds the definitions.
+
+    ``entry_points`` gives FlashInfer's traced entry points where its source is at hand (it
+    is called only for files that declare `unroutable` ones), so that their paths are checked
+    against the package (Note [declared entry points]).
+    """
+
+    def __init__(self, entry_points: Callable[[], TracedApis | None] | None = None) -> None:
+        super().__init__()
+        self.entry_points_of = entry_points
 
     # ------------------------------------------------------------------ entry point
     def run(self, files: list[ir.SourceFile]) -> list[ir.Definition]:
@@ -57,6 +79,7 @@ class Checker(
                 dispatch_names[group.name] = group
                 self.dispatch(group, families)
         check_variants(families, list(dispatch_names.values()), self.err)
+        self.unroutables(files, families)
         return definitions
 
     def _check_unique_names(

@@ -24,8 +24,13 @@ class FamilyLowering(LowerBase):
     def start(self, meta: Meta, items: list) -> ir.SourceFile:
         families = tuple(i for i in items if isinstance(i, ir.Family))
         dispatches = tuple(i for i in items if isinstance(i, ir.DispatchGroup))
+        unroutables = tuple(i for i in items if isinstance(i, ir.Unroutable))
         return ir.SourceFile(
-            path=self.path, families=families, dispatches=dispatches, span=self._span(meta)
+            path=self.path,
+            families=families,
+            dispatches=dispatches,
+            unroutables=unroutables,
+            span=self._span(meta),
         )
 
     def family(self, meta: Meta, children: list) -> ir.Family:
@@ -99,7 +104,7 @@ class FamilyLowering(LowerBase):
     def _signature(self, meta: Meta, c: list, keyword: str) -> _Stmt:
         path, params_tok = c
         span = self._span(meta)
-        sig = ir.ApiSignature(path=path, params=self._params(params_tok), span=span)
+        sig = ir.ApiSignature(path=str(path), params=self._params(params_tok), span=span)
         return _Stmt(keyword, sig, span, keyword)
 
     def api_stmt(self, meta: Meta, c: list) -> _Stmt:
@@ -234,8 +239,15 @@ class FamilyLowering(LowerBase):
         column = (tok.column + index) if "\n" not in before else index - before.rindex("\n")
         return self._at(line, column)
 
-    def dotted(self, meta: Meta, c: list) -> str:
-        return ".".join(str(t) for t in c)
+    def dotted(self, meta: Meta, c: list) -> "_Dotted":
+        return _Dotted(".".join(str(t) for t in c), self._span(meta))
+
+    # ------------------------------------------------------------------ unroutable
+    def unroutable(self, meta: Meta, c: list) -> ir.Unroutable:
+        path, reason = c
+        return ir.Unroutable(
+            path=str(path), path_span=path.span, reason=reason, span=self._span(meta)
+        )
 
     # ------------------------------------------------------------------ dispatch
     def dispatch(self, meta: Meta, c: list) -> ir.DispatchGroup:
@@ -256,6 +268,17 @@ class FamilyLowering(LowerBase):
             also=tuple(str(f) for f in also),
             span=self._span(meta),
         )
+
+
+class _Dotted(str):
+    """A dotted path as written, with where it is written."""
+
+    span: ir.Span
+
+    def __new__(cls, text: str, span: ir.Span) -> "_Dotted":
+        self = super().__new__(cls, text)
+        self.span = span
+        return self
 
 
 def _written(tok: Token, node: ast.expr) -> str:

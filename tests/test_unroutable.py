@@ -1,0 +1,267 @@
+"""`unroutable` declarations and the coverage of FlashInfer's traced entry points: what a
+module says of each (``fibgen.compiler.coverage``), the checks of declarations against a
+package's source, the canonical form, and `fibgen list --apis`.
+
+A small package laid out as FlashInfer is (``_fi_package``) stands in for the real one, so
+that every status can be made; the diagnostics against the installed FlashInfer 0.7.2.post1
+are in ``tests/fixtures/diagnostics/unroutable_mistakes.fidef``, its coverage in
+``tests/test_flashinfer_coverage.py``.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from _fi_package import make_package
+
+from fibgen.cli import main
+from fibgen.compiler import compile_sources
+from fibgen.compiler.coverage import api_coverage
+from fibgen.format import fi_apis
+from fibgen.format.fi_apis import FlashInferUnavailable, TracedApis
+from fibgen.format.fi_source import PackageSource, cache_file
+
+FAMILIES = """
+family norm_a {
+  op_type rmsnorm
+  api flashinfer.rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None)
+
+  rules {
+    ignore eps "a test family"
+    ignore out "a test family"
+    ignore enable_pdl "a test family"
+  }
+
+  axes {
+    n : var
+  }
+
+  inputs {
+    input  : float32[n]
+    weight : float32[n]
+  }
+
+  outputs {
+    y : float32[n]
+  }
+}
+
+family gone {
+  op_type gone
+  api flashinfer.norm.untraced(x)
+
+  axes {
+    n : var
+  }
+
+  inputs {
+    x : float32[n]
+  }
+
+  outputs {
+    y : float32[n]
+  }
+}
+"""
+
+
+@pytest.fixture
+def apis(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> TracedApis:
+    monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
+    root = make_package(tmp_path / "site")
+    return TracedApis(PackageSource(root, "flashinfer", cache=cache_file(root)), "9.9")
+
+
+def compile_text(text: str, apis: TracedApis | None):
+    entry_points = None if apis is None else (lambda: apis)
+    return compile_sources([("t.fidef", "t.fidef", textwrap.dedent(text))], entry_points)
+
+
+def messages(result) -> list[str]:
+    return [d.message for d in result.diagnostics]
+
+
+def test_each_entry_point_is_routed_declared_or_missing(apis):
+    # Compiled without the package at hand: paths are compared as written, so a declaration
+    # that spells a routed entry point another way is not caught here, and shows as both.
+    result = compile_text(
+        FAMILIES + """
+        unroutable flashinfer.comm.allreduce_fusion "a collective over several ranks"
+        unroutable flashinfer.norm.rmsnorm "declared and routed at once"
+        unroutable flashinfer.norm.nothing "names no entry point"
+        """,
+        None,
+    )
+    assert result.module is not None, messages(result)
+    coverage = api_coverage(result.module, apis)
+    status = {e.api.path: e.status for e in coverage.entries}
+    assert status == {
+        "flashinfer.attention.Wrapper.run": "missing",
+        "flashinfer.comm.allreduce.allreduce_fusion": "unroutable",
+        "flashinfer.norm.rmsnorm": "both",
+    }
+    rmsnorm = coverage.entries[2]
+    assert [(r.family, r.keyword, r.path) for r in rmsnorm.routes] == [
+        ("norm_a", "api", "flashinfer.rmsnorm")
+    ]
+    assert rmsnorm.definitions == ("norm_a",)
+    assert coverage.entries[1].unroutable.reason == "a collective over several ranks"
+    # What names no traced entry point is said, not dropped.
+    assert [r.family for r in coverage.untraced] == ["gone"]
+    assert [u.path for u in coverage.unknown] == ["flashinfer.norm.nothing"]
+    assert coverage.counts() == {"routed": 0, "unroutable": 1, "both": 1, "missing": 1}
+    assert coverage.summary() == (
+        "routed 1 of 3, declared unroutable 2, not yet covered 1; "
+        "1 both routed and declared unroutable"
+    )
+
+
+def test_declarations_are_checked_against_the_package_source(apis):
+    result = compile_text(
+        FAMILIES + """
+        unroutable flashinfer.norm.rmsnorm "routed by norm_a under its re-export"
+        unroutable flashinfer.allreduce_fusion "reached through a star import"
+        unroutable flashinfer.comm.allreduce.allreduce_fusion "the same entry point again"
+        unroutable flashinfer.norm.untraced "no trace template"
+        unroutable flashinfer.attention.Graph.run "inherited: Wrapper.run"
+        unroutable flashinfer.norm.rmsnrom "misspelt"
+        """,
+        apis,
+    )
+    assert result.module is None
+    assert messages(result) == [
+        "`flashinfer.norm.rmsnorm` is routed by family `norm_a`",
+        "`flashinfer.comm.allreduce.allreduce_fusion` is declared unroutable twice",
+        "`flashinfer.norm.untraced` is not a traced entry point of flashinfer 9.9",
+        "`flashinfer.norm.rmsnrom` is not a traced entry point of flashinfer 9.9",
+    ]
+    helps = [d.help for d in result.diagnostics]
+    assert "as `flashinfer.allreduce_fusion`" in helps[1]
+    assert "has no `@flashinfer_api(trace=...)`" in helps[2]
+    assert helps[3].endswith("did you mean `flashinfer.norm.rmsnorm`?")
+
+
+def test_declarations_need_a_reason_and_a_flashinfer_path(apis):
+    result = compile_text(
+        """
+        unroutable flashinfer.comm.allreduce_fusion "   "
+        unroutable torch.mm "not FlashInfer's"
+        """,
+        apis,
+    )
+    assert messages(result) == [
+        "`unroutable flashinfer.comm.allreduce_fusion` gives no reason",
+        "`torch.mm` is not an entry point of FlashInfer",
+    ]
+    # The path is pointed at, not the whole line.
+    assert (result.diagnostics[1].span.line, result.diagnostics[1].span.column) == (3, 12)
+
+
+def test_the_package_source_is_read_only_where_something_is_declared(apis):
+    asked = []
+
+    def entry_points():
+        asked.append(1)
+        return apis
+
+    result = compile_sources([("t.fidef", "t.fidef", FAMILIES)], entry_points)
+    assert result.module is not None and asked == []
+
+
+def test_declarations_keep_their_paragraphs_in_canonical_form(tmp_path):
+    source = tmp_path / "unroutable.fidef"
+    source.write_text(
+        "# Collectives\n"
+        'unroutable flashinfer.comm.allreduce_fusion    "a collective"\n'
+        'unroutable flashinfer.comm.x "another"  # the second\n'
+        "\n\n"
+        "# Plans\n"
+        "\n"
+        "# only plans\n"
+        'unroutable flashinfer.cake_vsa.plan_cake_vsa "plans only"\n',
+        encoding="utf-8",
+    )
+    assert main(["fmt", str(source)]) == 0
+    assert source.read_text(encoding="utf-8") == (
+        "# Collectives\n"
+        'unroutable flashinfer.comm.allreduce_fusion "a collective"\n'
+        'unroutable flashinfer.comm.x "another"  # the second\n'
+        "\n"
+        "# Plans\n"
+        "\n"
+        "# only plans\n"
+        'unroutable flashinfer.cake_vsa.plan_cake_vsa "plans only"\n'
+    )
+    assert main(["fmt", "--check", str(source)]) == 0
+
+
+def test_list_apis_shows_every_traced_entry_point_and_its_status(
+    apis, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(fi_apis, "traced_apis", lambda *a, **k: apis)
+    # The templates of the small package are no TraceTemplates: their op types are unknown.
+    monkeypatch.setattr(TracedApis, "op_types", lambda self, api: ("op_" + api.qualname,))
+    folder = tmp_path / "defs"
+    folder.mkdir()
+    (folder / "t.fidef").write_text(
+        FAMILIES + '\nunroutable flashinfer.comm.allreduce_fusion "a collective"\n',
+        encoding="utf-8",
+    )
+    assert main(["list", "--apis", str(folder)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"flashinfer 9.9 traces 3 API entry points ({apis.source.root})"
+    rows = {line.split()[0]: line.split(None, 2)[1:] for line in out[1:4]}
+    assert rows == {
+        "flashinfer.attention.Wrapper.run": [
+            "op_Wrapper.run",
+            "NOT YET COVERED: neither routed nor declared unroutable",
+        ],
+        "flashinfer.comm.allreduce.allreduce_fusion": [
+            "op_allreduce_fusion",
+            "unroutable: a collective",
+        ],
+        "flashinfer.norm.rmsnorm": ["op_rmsnorm", "routed: norm_a (1 definition)"],
+    }
+    assert out[4] == (
+        "note: family `gone` routes `flashinfer.norm.untraced` (api), which flashinfer 9.9 "
+        "does not trace"
+    )
+    assert out[-1] == "routed 1 of 3, declared unroutable 1, not yet covered 1"
+
+
+def test_list_apis_without_flashinfer_says_why(tmp_path, monkeypatch, capsys):
+    def unavailable(*args, **kwargs):
+        raise FlashInferUnavailable("flashinfer is not installed (pip install ...)")
+
+    monkeypatch.setattr(fi_apis, "traced_apis", unavailable)
+    folder = tmp_path / "defs"
+    folder.mkdir()
+    (folder / "t.fidef").write_text(FAMILIES, encoding="utf-8")
+    assert main(["list", "--apis", str(folder)]) == 1
+    err = capsys.readouterr().err
+    assert "error: --apis lists FlashInfer's traced entry points" in err
+    assert "flashinfer is not installed" in err
+    assert "`fibgen list --apis --by-definition`" in err
+    # The view by definition needs no FlashInfer.
+    assert main(["list", "--by-definition", str(folder)]) == 0
+    assert "norm_a" in capsys.readouterr().out
+
+
+def test_list_apis_says_which_modules_it_could_not_read(apis, tmp_path, monkeypatch, capsys):
+    broken = apis.source.root / "broken.py"
+    broken.write_text(
+        "from .api_logging import flashinfer_api\n@flashinfer_api(trace=t)\ndef f(:\n"
+    )
+    unreadable = TracedApis(PackageSource(apis.source.root, "flashinfer"), "9.9")
+    monkeypatch.setattr(fi_apis, "traced_apis", lambda *a, **k: unreadable)
+    monkeypatch.setattr(TracedApis, "op_types", lambda self, api: ("op",))
+    folder = tmp_path / "defs"
+    folder.mkdir()
+    (folder / "t.fidef").write_text(FAMILIES, encoding="utf-8")
+    assert main(["list", "--apis", str(folder)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    (line,) = [x for x in out if x.startswith("warning:")]
+    assert line.startswith("warning: flashinfer.broken cannot be read (SyntaxError: ")
+    assert line.endswith("): its traced entry points are not listed")
