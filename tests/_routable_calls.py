@@ -360,3 +360,8 @@ ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper.run": _ragged_prefill,
     "flashinfer.mla.BatchMLAPagedAttentionWrapper.run": _mla,
 }
+
+# The RoPE APIs of rope_apply.fidef and rope_cache.fidef.
+from _routable_rope import ROUTABLE as _ROPE  # noqa: E402
+
+ROUTABLE |= _ROPE
