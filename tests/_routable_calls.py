@@ -361,7 +361,7 @@ ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.mla.BatchMLAPagedAttentionWrapper.run": _mla,
 }
 
-# The RoPE APIs of rope_apply.fidef and rope_cache.fidef.
-from _routable_rope import ROUTABLE as _ROPE  # noqa: E402
+# The norm, activation and RoPE APIs of norm_*.fidef, activation_*.fidef and rope_*.fidef.
+from _routable_norm_rope import ROUTABLE as _NORM_ROPE  # noqa: E402
 
-ROUTABLE |= _ROPE
+ROUTABLE |= _NORM_ROPE

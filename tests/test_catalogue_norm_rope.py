@@ -1,5 +1,5 @@
-"""The RoPE families of rope_apply.fidef and rope_cache.fidef, held to the real FlashInfer
-0.7.2 on the CPU.
+"""The norm, activation and RoPE families of norm_*.fidef, activation_*.fidef, rope_apply.fidef
+and rope_cache.fidef, held to the real FlashInfer 0.7.2 on the CPU.
 
 Routing: FlashInfer's own functions are called with apply on and a solution that records
 what it is given. A call with FlashInfer's defaults, and one with each parameter the
@@ -27,14 +27,16 @@ from _shared import require_module
 require_module("flashinfer", "flashinfer-python 0.7.2.post1 is not installed (see .ci/run)")
 
 import flashinfer  # noqa: E402
+import flashinfer.activation  # noqa: E402
 import flashinfer.rope  # noqa: E402
+from flashinfer.trace.templates import activation as fi_activation  # noqa: E402
 from flashinfer.trace.templates import rope as fi_rope  # noqa: E402
 
 import fibgen.runtime as rt  # noqa: E402
 from fibgen.compiler import compile_paths  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = ("rope_apply.fidef", "rope_cache.fidef", "rope.fidef")
+FILES = ("rope_apply.fidef", "rope_cache.fidef", "rope.fidef", "activation_gated.fidef")
 # What FlashInfer raises here: its kernels need a GPU.
 ON_CPU = "FlashInfer requires GPUs|device must be a cuda device|CUDA|cuda"
 FLASHINFER_ON_CPU = (RuntimeError, ValueError, AssertionError)
@@ -76,6 +78,13 @@ def _i32(values):
 def _close(a, b, atol=2e-2):
     assert a.shape == b.shape, (a.shape, b.shape)
     assert (a.float() - b.float()).abs().max().item() <= atol
+
+
+def _rel_close(a, b):
+    # bfloat16 keeps 8 significant bits: within 2**-8 of the value, and a little absolute.
+    assert a.shape == b.shape, (a.shape, b.shape)
+    a, b = a.double(), b.double()
+    assert ((a - b).abs() <= b.abs() * 2**-7 + 1e-3).all()
 
 
 def _fp8_close(a, b):
@@ -281,23 +290,24 @@ def _same(value, expected):
     return value == expected
 
 
-def _route(fn, name, args, cases):
+def _route(fn, name, args, cases, module="rope"):
     """Each case is (keyword overrides, expected): a dict of inputs the solution must see, or
     the name of the rule that refuses the call. Returns what each routed call returned."""
     seen: list = []
     returned: list = []
-    path = f"flashinfer.rope.{fn}"
+    path = f"flashinfer.{module}.{fn}"
     with rt.enable_apply({name: _recorder(name, seen)}):
+        api = getattr(getattr(flashinfer, module), fn)  # the patched function
         for overrides, expected in cases:
             before = len(seen)
             given = dict(overrides)
             call_args = given.pop("__args__", args)
             if isinstance(expected, str):
                 with pytest.raises(FLASHINFER_ON_CPU, match=ON_CPU):
-                    getattr(flashinfer.rope, fn)(*call_args, **given)
+                    api(*call_args, **given)
                 assert len(seen) == before, overrides
             else:
-                returned.append(getattr(flashinfer.rope, fn)(*call_args, **given))
+                returned.append(api(*call_args, **given))
                 assert len(seen) == before + 1, (overrides, rt.stats()[path])
                 for key, value in expected.items():
                     assert _same(seen[-1][key], value), (overrides, key, seen[-1][key])
@@ -464,3 +474,40 @@ def test_quantize_append_writes_the_callers_pages_in_their_layout(layout):
     assert torch.equal(k_pages.float(), expected[2].float())
     assert torch.equal(v_pages.float(), expected[3].float())
     assert k_pages.float().abs().sum() > 0  # the append did write
+
+
+# ---------------------------------------------------------------------------------------
+# Activations
+# ---------------------------------------------------------------------------------------
+
+
+def test_gelu_tanh_and_mul_reference_is_flashinfers_template_and_the_tanh_formula():
+    x = _bf16(5, 2 * 6912, seed=1) * 3
+    ours = _reference("gelu_tanh_and_mul_h6912_bf16")(x)
+    _rel_close(ours, fi_activation._gelu_tanh_and_mul_reference(x.float()))
+    gate, up = x.double().chunk(2, dim=-1)
+    formula = 0.5 * gate * (1 + torch.tanh(0.7978845608028654 * (gate + 0.044715 * gate**3)))
+    _rel_close(ours, formula * up)
+    # Not the exact GELU: the approximations differ where the check can see it.
+    erf = 0.5 * gate * (1 + torch.erf(gate / math.sqrt(2)))
+    assert (formula - erf).abs().max() > 1e-4
+
+
+def test_gelu_tanh_and_mul_routes_both_dtypes_and_writes_out():
+    x = _bf16(3, 2 * 6912, seed=2)
+    out = torch.empty(3, 6912, dtype=torch.bfloat16)
+    cases = [
+        ({}, {"x": x}),
+        ({"out": out, "enable_pdl": True}, {"x": x}),
+    ]
+    returned = _route(
+        "gelu_tanh_and_mul", "gelu_tanh_and_mul_h6912_bf16", (x,), cases, "activation"
+    )
+    expected = _reference("gelu_tanh_and_mul_h6912_bf16")(x)
+    assert torch.equal(returned[0], expected) and torch.equal(out, expected)
+    assert returned[1] is out
+    name = "gelu_tanh_and_mul_h6912_fp16"
+    seen: list = []
+    with rt.enable_apply({name: _recorder(name, seen)}):
+        flashinfer.activation.gelu_tanh_and_mul(x.half())
+    assert len(seen) == 1 and seen[0]["x"].dtype == torch.float16

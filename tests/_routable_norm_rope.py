@@ -1,8 +1,9 @@
-"""Calls that give every parameter and are routed, for the RoPE APIs of
-``definitions/rope_apply.fidef`` and ``rope_cache.fidef`` (see ``_routable_calls`` for the
-convention): every value is one the family's rules accept, a non-default one wherever a rule
-allows it (a partial rotary_dim, interleaved pairs, scales, an ignored launch option, an FP8
-output buffer), the default otherwise.
+"""Calls that give every parameter and are routed, for the norm, activation and RoPE APIs
+of ``definitions/norm_*.fidef``, ``activation_*.fidef``, ``rope_apply.fidef`` and
+``rope_cache.fidef`` (see ``_routable_calls`` for the convention): every value is one the
+family's rules accept, a non-default one wherever a rule allows it (a partial rotary_dim,
+interleaved pairs, scales, an ignored launch option, an FP8 output buffer), the default
+otherwise.
 """
 
 from __future__ import annotations
@@ -86,7 +87,19 @@ def _quantize_append(c: Any) -> Any:
     return Call(name, args, kwargs)
 
 
+def _act(fn: str) -> Callable[[Any], Any]:
+    def build(c: Any) -> Any:
+        from _routable_calls import Call
+
+        name = min((n for n in c.defs if n.startswith(fn + "_h") and n.endswith("_bf16")), key=len)
+        x, axes = c.inputs(name, num_tokens=2)
+        return Call(name, (x["x"],), {"out": c.buffer(name, "output", axes), "enable_pdl": True})
+
+    return build
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
+    "flashinfer.activation.gelu_tanh_and_mul": _act("gelu_tanh_and_mul"),
     "flashinfer.rope.apply_rope": _ragged("apply_rope", "rope_h32_kv8_d128", False),
     "flashinfer.rope.apply_rope_inplace": _ragged(
         "apply_rope_inplace", "rope_inplace_h32_kv8_d128", False
