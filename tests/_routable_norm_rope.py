@@ -98,7 +98,17 @@ def _act(fn: str) -> Callable[[Any], Any]:
     return build
 
 
+def _gemma_fused_add(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "gemma_fused_add_rmsnorm_h1152"
+    x, _ = c.inputs(name, batch_size=3)
+    args = (x["hidden_states"], x["residual"], x["weight"])
+    return Call(name, args, {"eps": 1e-5, "enable_pdl": True})
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
+    "flashinfer.norm.gemma_fused_add_rmsnorm": _gemma_fused_add,
     "flashinfer.activation.gelu_tanh_and_mul": _act("gelu_tanh_and_mul"),
     "flashinfer.rope.apply_rope": _ragged("apply_rope", "rope_h32_kv8_d128", False),
     "flashinfer.rope.apply_rope_inplace": _ragged(

@@ -28,8 +28,10 @@ require_module("flashinfer", "flashinfer-python 0.7.2.post1 is not installed (se
 
 import flashinfer  # noqa: E402
 import flashinfer.activation  # noqa: E402
+import flashinfer.norm  # noqa: E402
 import flashinfer.rope  # noqa: E402
 from flashinfer.trace.templates import activation as fi_activation  # noqa: E402
+from flashinfer.trace.templates import norm as fi_norm  # noqa: E402
 from flashinfer.trace.templates import rope as fi_rope  # noqa: E402
 
 import fibgen.runtime as rt  # noqa: E402
@@ -37,6 +39,7 @@ from fibgen.compiler import compile_paths  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ("rope_apply.fidef", "rope_cache.fidef", "rope.fidef", "activation_gated.fidef")
+FILES += ("norm_fused.fidef",)
 # What FlashInfer raises here: its kernels need a GPU.
 ON_CPU = "FlashInfer requires GPUs|device must be a cuda device|CUDA|cuda"
 FLASHINFER_ON_CPU = (RuntimeError, ValueError, AssertionError)
@@ -511,3 +514,39 @@ def test_gelu_tanh_and_mul_routes_both_dtypes_and_writes_out():
     with rt.enable_apply({name: _recorder(name, seen)}):
         flashinfer.activation.gelu_tanh_and_mul(x.half())
     assert len(seen) == 1 and seen[0]["x"].dtype == torch.float16
+
+
+# ---------------------------------------------------------------------------------------
+# Norms
+# ---------------------------------------------------------------------------------------
+
+
+def _rms(x, eps):
+    """RMSNorm without weight, in float64: an independent computation."""
+    x = x.double()
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def test_gemma_fused_add_rmsnorm_reference_is_flashinfers_template():
+    x, r, w = _bf16(4, 1152, seed=1), _bf16(4, 1152, seed=2), _bf16(1152, seed=3)
+    out, residual = _reference("gemma_fused_add_rmsnorm_h1152")(x, r, w, 1e-6)
+    _rel_close(out, fi_norm._gemma_fused_add_rmsnorm_reference(x, r, w))
+    _rel_close(out, _rms(x.double() + r.double(), 1e-6) * (1 + w.double()))
+    assert torch.equal(residual, (x.float() + r.float()).bfloat16())
+    other, _ = _reference("gemma_fused_add_rmsnorm_h1152")(x * 1e-3, r * 1e-3, w, 1e-2)
+    assert (other.float() - out.float()).abs().max() > 0.1  # epsilon is honoured
+
+
+def test_gemma_fused_add_rmsnorm_writes_input_and_residual_in_place():
+    x, r, w = _bf16(3, 1152, seed=1), _bf16(3, 1152, seed=2), _bf16(1152, seed=3)
+    expected = _reference("gemma_fused_add_rmsnorm_h1152")(x, r, w, 1e-5)
+    xx, rr = x.clone(), r.clone()
+    cases = [
+        ({"__args__": (xx, rr, w), "eps": 1e-5, "enable_pdl": True}, {"eps": 1e-5}),
+        ({"__args__": (x.half(), r.half(), w.half())}, "tensor:hidden_states"),
+    ]
+    returned = _route(
+        "gemma_fused_add_rmsnorm", "gemma_fused_add_rmsnorm_h1152", None, cases, "norm"
+    )
+    assert returned == [None]  # FlashInfer's in-place norms return nothing
+    assert torch.equal(xx, expected[0]) and torch.equal(rr, expected[1])
