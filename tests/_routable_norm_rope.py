@@ -107,7 +107,25 @@ def _gemma_fused_add(c: Any) -> Any:
     return Call(name, args, {"eps": 1e-5, "enable_pdl": True})
 
 
+def _norm_quant(fn: str, name: str) -> Callable[[Any], Any]:
+    def build(c: Any) -> Any:
+        from _routable_calls import Call
+
+        x, axes = c.inputs(name, batch_size=3)
+        args: tuple = (c.buffer(name, "out", axes), x["hidden_states"])
+        if "residual" in x:
+            args += (x["residual"],)
+        args += (x["weight"], x["scale"])
+        return Call(name, args, {"eps": 1e-5, "enable_pdl": True})
+
+    return build
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
+    "flashinfer.norm.rmsnorm_quant": _norm_quant("rmsnorm_quant", "rmsnorm_quant_h2048"),
+    "flashinfer.norm.fused_add_rmsnorm_quant": _norm_quant(
+        "fused_add_rmsnorm_quant", "fused_add_rmsnorm_quant_h2048"
+    ),
     "flashinfer.norm.gemma_fused_add_rmsnorm": _gemma_fused_add,
     "flashinfer.activation.gelu_tanh_and_mul": _act("gelu_tanh_and_mul"),
     "flashinfer.rope.apply_rope": _ragged("apply_rope", "rope_h32_kv8_d128", False),

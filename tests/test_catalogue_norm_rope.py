@@ -550,3 +550,61 @@ def test_gemma_fused_add_rmsnorm_writes_input_and_residual_in_place():
     )
     assert returned == [None]  # FlashInfer's in-place norms return nothing
     assert torch.equal(xx, expected[0]) and torch.equal(rr, expected[1])
+
+
+def _fp8(x):
+    return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_rmsnorm_quant_references_are_flashinfers_templates(fused):
+    x, r, w = _bf16(4, 2048, seed=1), _bf16(4, 2048, seed=2), _bf16(2048, seed=3)
+    scale = torch.tensor([0.01])  # small enough that some values saturate
+    if fused:
+        out, residual = _reference("fused_add_rmsnorm_quant_h2048")(x, r, w, scale, 1e-6)
+        theirs, theirs_residual = fi_norm._fused_add_rmsnorm_quant_reference(x, r, w, scale)
+        assert torch.equal(residual, theirs_residual)
+        total = x.double() + r.double()
+    else:
+        out = _reference("rmsnorm_quant_h2048")(x, w, scale, 1e-6)
+        theirs = fi_norm._rmsnorm_quant_reference(x, w, scale)
+        total = x.double()
+    _fp8_close(out, theirs)
+    _fp8_close(out, _fp8(_rms(total, 1e-6) * w.double() / 0.01))
+    assert out.float().abs().max() == FP8_MAX  # saturated, not NaN
+    assert (out.float().abs() < FP8_MAX).float().mean() > 0.5
+
+
+def test_rmsnorm_quant_routes_tensor_and_float_scales_and_refuses_e5m2():
+    x, w = _bf16(3, 2048, seed=1), _bf16(2048, seed=2)
+    out = torch.zeros(3, 2048, dtype=torch.float8_e4m3fn)
+    scale = torch.tensor([0.5])
+    cases = [
+        ({}, {"scale": scale, "eps": 1e-6, "hidden_states": x}),
+        ({"eps": 1e-5, "enable_pdl": True}, {"eps": 1e-5}),
+        # The deprecated float scale reaches the solution as FlashInfer's one-element tensor.
+        ({"__args__": (out, x, w, 0.5)}, {"scale": scale}),
+        ({"__args__": (out.view(torch.float8_e5m2), x, w, scale)}, "out"),
+        ({"__args__": (out, x.half(), w.half(), scale)}, "tensor:hidden_states"),
+    ]
+    returned = _route("rmsnorm_quant", "rmsnorm_quant_h2048", (out, x, w, scale), cases, "norm")
+    assert returned == [None] * 3  # as FlashInfer's
+    expected = _reference("rmsnorm_quant_h2048")(x, w, scale, 1e-6)
+    assert torch.equal(out.float(), expected.float()) and out.float().abs().sum() > 0
+
+
+def test_fused_add_rmsnorm_quant_writes_out_and_the_residual():
+    x, r, w = _bf16(3, 2048, seed=1), _bf16(3, 2048, seed=2), _bf16(2048, seed=3)
+    out = torch.zeros(3, 2048, dtype=torch.float8_e4m3fn)
+    rr, scale = r.clone(), torch.tensor([2.0])
+    expected = _reference("fused_add_rmsnorm_quant_h2048")(x, r, w, scale, 1e-5)
+    cases = [
+        ({"__args__": (out, x, rr, w, scale), "eps": 1e-5}, {"eps": 1e-5}),
+        ({"__args__": (out.view(torch.float8_e5m2), x, r, w, scale)}, "out"),
+    ]
+    returned = _route(
+        "fused_add_rmsnorm_quant", "fused_add_rmsnorm_quant_h2048", None, cases, "norm"
+    )
+    assert returned == [None]
+    assert torch.equal(out.float(), expected[0].float()) and torch.equal(rr, expected[1])
+    assert not torch.equal(rr, r)
