@@ -121,7 +121,17 @@ def _norm_quant(fn: str, name: str) -> Callable[[Any], Any]:
     return build
 
 
+def _layernorm_quant(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "layernorm_quant_h768"
+    x, axes = c.inputs(name, batch_size=3)
+    args = (c.buffer(name, "out", axes), x["hidden_states"], x["weight"], x["bias"], x["scale"])
+    return Call(name, args, {"eps": 1e-5})
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
+    "flashinfer.norm.layernorm_quant": _layernorm_quant,
     "flashinfer.norm.rmsnorm_quant": _norm_quant("rmsnorm_quant", "rmsnorm_quant_h2048"),
     "flashinfer.norm.fused_add_rmsnorm_quant": _norm_quant(
         "fused_add_rmsnorm_quant", "fused_add_rmsnorm_quant_h2048"

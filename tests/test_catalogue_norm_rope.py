@@ -608,3 +608,34 @@ def test_fused_add_rmsnorm_quant_writes_out_and_the_residual():
     assert returned == [None]
     assert torch.equal(out.float(), expected[0].float()) and torch.equal(rr, expected[1])
     assert not torch.equal(rr, r)
+
+
+def test_layernorm_quant_reference_is_flashinfers_template():
+    x, w, b = _bf16(4, 768, seed=1) * 2 + 1, torch.randn(768), torch.randn(768)
+    scale = torch.tensor([0.005])  # small enough that some values saturate
+    out = _reference("layernorm_quant_h768")(x, w, b, scale, 1e-6)
+    _fp8_close(out, fi_norm._layernorm_quant_reference(x, w, b, scale))
+    xd = x.double()
+    normed = (xd - xd.mean(-1, keepdim=True)) / torch.sqrt(
+        xd.var(-1, unbiased=False, keepdim=True) + 1e-6
+    )
+    _fp8_close(out, _fp8((normed * w.double() + b.double()) / 0.005))
+    assert out.float().abs().max() == FP8_MAX
+
+
+def test_layernorm_quant_routes_and_writes_out():
+    x, w, b = _bf16(3, 768, seed=1), torch.randn(768), torch.randn(768)
+    out, scale = torch.zeros(3, 768, dtype=torch.float8_e4m3fn), torch.tensor([0.5])
+    cases = [
+        ({}, {"scale": scale, "eps": 1e-6, "weight": w, "bias": b}),
+        ({"eps": 1e-5}, {"eps": 1e-5}),
+        ({"__args__": (out, x, w, b, 0.5)}, {"scale": scale}),
+        ({"__args__": (out.view(torch.float8_e5m2), x, w, b, scale)}, "out"),
+        ({"__args__": (out, x, w.bfloat16(), b, scale)}, "tensor:weight"),
+    ]
+    returned = _route(
+        "layernorm_quant", "layernorm_quant_h768", (out, x, w, b, scale), cases, "norm"
+    )
+    assert returned == [None] * 3
+    expected = _reference("layernorm_quant_h768")(x, w, b, scale, 1e-6)
+    assert torch.equal(out.float(), expected.float()) and out.float().abs().sum() > 0
