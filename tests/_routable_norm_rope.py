@@ -130,7 +130,39 @@ def _layernorm_quant(c: Any) -> Any:
     return Call(name, args, {"eps": 1e-5})
 
 
+def _sigmoid_gate(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "rmsnorm_sigmoid_gate_nh32_h64"
+    x, _ = c.inputs(name, num_tokens=3)
+    return Call(name, (x["x"], x["gate"]), {"eps": 1e-6, "enable_pdl": False})
+
+
+def _gated_residual(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "gated_residual_rmsnorm_h8192"
+    x, axes = c.inputs(name, num_rows=2)
+    args = (x["branch"], x["residual"], x["weight"], x["alpha"], x["beta"])
+    kwargs = {"eps": 1e-5, "gain_center": 1.0, "out": c.buffer(name, "output", axes)}
+    return Call(name, args, kwargs | {"enable_pdl": False})
+
+
+def _gated_residual_next(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "gated_residual_next_rmsnorm_h8192"
+    x, axes = c.inputs(name, num_rows=2)
+    args = (x["branch"], x["residual"], x["next_weight"], 1.0, x["beta"], 1e-5, 1e-5, 1.0)
+    args += (c.buffer(name, "residual_out", axes), c.buffer(name, "ffn_input", axes))
+    kwargs = {"post_weight": x["post_weight"], "post_gain_center": 1.0, "enable_pdl": False}
+    return Call(name, args, kwargs)
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
+    "flashinfer.norm.rmsnorm_sigmoid_gate": _sigmoid_gate,
+    "flashinfer.norm.gated_residual_rmsnorm": _gated_residual,
+    "flashinfer.norm.gated_residual_next_rmsnorm": _gated_residual_next,
     "flashinfer.norm.layernorm_quant": _layernorm_quant,
     "flashinfer.norm.rmsnorm_quant": _norm_quant("rmsnorm_quant", "rmsnorm_quant_h2048"),
     "flashinfer.norm.fused_add_rmsnorm_quant": _norm_quant(

@@ -39,9 +39,10 @@ from fibgen.compiler import compile_paths  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ("rope_apply.fidef", "rope_cache.fidef", "rope.fidef", "activation_gated.fidef")
-FILES += ("norm_fused.fidef",)
-# What FlashInfer raises here: its kernels need a GPU.
-ON_CPU = "FlashInfer requires GPUs|device must be a cuda device|CUDA|cuda"
+FILES += ("norm_fused.fidef", "norm_gated.fidef")
+# What FlashInfer raises here: its kernels need a GPU; its CuTe DSL norms check first that
+# the device is one they support.
+ON_CPU = "FlashInfer requires GPUs|device must be a cuda device|CUDA|cuda|do not satisfy the"
 FLASHINFER_ON_CPU = (RuntimeError, ValueError, AssertionError)
 FP8_MAX = 448.0
 pytestmark = pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning")
@@ -639,3 +640,110 @@ def test_layernorm_quant_routes_and_writes_out():
     assert returned == [None] * 3
     expected = _reference("layernorm_quant_h768")(x, w, b, scale, 1e-6)
     assert torch.equal(out.float(), expected.float()) and out.float().abs().sum() > 0
+
+
+def _f32(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_rmsnorm_sigmoid_gate_reference_is_flashinfers_template():
+    x, gate = _bf16(3, 32, 64, seed=1), _bf16(3, 32, 64, seed=2)
+    out = _reference("rmsnorm_sigmoid_gate_nh32_h64")(x, gate, 1e-5)
+    assert torch.equal(out, fi_norm._rmsnorm_sigmoid_gate_reference(x, gate, 1e-5))
+    _rel_close(out, _rms(x, 1e-5) * torch.sigmoid(gate.double()))
+
+
+def test_rmsnorm_sigmoid_gate_routes_in_place_and_refuses_2d_rows():
+    x, gate = _bf16(3, 32, 64, seed=1), _bf16(3, 32, 64, seed=2)
+    xx = x.clone()
+    expected = _reference("rmsnorm_sigmoid_gate_nh32_h64")(x, gate, 1e-6)
+    cases = [
+        ({"__args__": (xx, gate), "eps": 1e-6, "enable_pdl": False}, {"eps": 1e-6}),
+        ({"__args__": (x.half(), gate.half())}, "tensor:x"),
+    ]
+    name = "rmsnorm_sigmoid_gate_nh32_h64"
+    returned = _route("rmsnorm_sigmoid_gate", name, None, cases, "norm")
+    assert returned == [None] and torch.equal(xx, expected)
+    # 2-D rows are not modelled: no definition is a candidate, and FlashInfer serves them.
+    with rt.enable_apply({name: _recorder(name, [])}):
+        with pytest.raises(FLASHINFER_ON_CPU, match=ON_CPU):
+            flashinfer.norm.rmsnorm_sigmoid_gate(x.flatten(0, 1), gate.flatten(0, 1))
+        assert rt.stats()["flashinfer.norm.rmsnorm_sigmoid_gate"]["fallback_no_candidate"] == 1
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+def test_gated_residual_rmsnorm_reference_is_flashinfers_template(weighted):
+    branch, residual = _bf16(2, 8192, seed=1), _f32(2, 8192, seed=2)
+    weight = _bf16(8192, seed=3) if weighted else None
+    alpha, beta = _f32(8192, seed=4), _f32(8192, seed=5)
+    args = (branch, residual, weight, alpha, beta, 1e-6, 0.5)
+    out = _reference("gated_residual_rmsnorm_h8192")(*args)
+    assert out.dtype == torch.float32
+    assert torch.allclose(out, fi_norm._gated_residual_rmsnorm_reference(*args), atol=1e-5)
+    values = branch.double() * ((weight.double() + 0.5) if weighted else 1.0)
+    expected = alpha.double() * residual.double() + beta.double() * _rms(values, 1e-6)
+    assert torch.allclose(out.double(), expected, atol=1e-4)
+
+
+def test_gated_residual_rmsnorm_routes_with_and_without_a_weight():
+    branch, residual = _bf16(2, 8192, seed=1), _f32(2, 8192, seed=2)
+    weight, alpha, beta = _bf16(8192, seed=3), _f32(8192, seed=4), _f32(8192, seed=5)
+    out = torch.zeros(2, 8192)
+    cases = [
+        ({}, {"weight": weight, "eps": 1e-6, "gain_center": 0.0}),
+        ({"__args__": (branch, residual, None, alpha, beta)}, {"weight": None}),
+        ({"eps": 1e-5, "gain_center": 1.0, "out": out, "enable_pdl": False}, {"gain_center": 1.0}),
+        ({"__args__": (branch, residual.bfloat16(), weight, alpha, beta)}, "tensor:residual"),
+    ]
+    args = (branch, residual, weight, alpha, beta)
+    returned = _route("gated_residual_rmsnorm", "gated_residual_rmsnorm_h8192", args, cases, "norm")
+    run = _reference("gated_residual_rmsnorm_h8192")
+    assert torch.equal(returned[0], run(*args, 1e-6, 0.0))
+    assert torch.equal(returned[1], run(branch, residual, None, alpha, beta, 1e-6, 0.0))
+    assert returned[2] is out and torch.equal(out, run(*args, 1e-5, 1.0))
+
+
+@pytest.mark.parametrize("post_weighted", [True, False])
+def test_gated_residual_next_rmsnorm_reference_is_flashinfers_template(post_weighted):
+    branch, residual, next_weight = _bf16(2, 8192, seed=1), _f32(2, 8192, seed=2), _bf16(8192)
+    alpha, beta = _f32(8192, seed=4), _f32(8192, seed=5)
+    post_weight = _bf16(8192, seed=6) if post_weighted else None
+    ours = _reference("gated_residual_next_rmsnorm_h8192")(
+        branch, residual, next_weight, alpha, beta, post_weight, 1e-6, 1e-5, 0.5, 1.0
+    )
+    theirs = fi_norm._gated_residual_next_rmsnorm_reference(
+        branch, residual, next_weight, alpha, beta, 1e-6, 1e-5, 0.5, post_weight, 1.0
+    )
+    assert torch.allclose(ours[0], theirs[0], atol=1e-5)
+    assert ours[1].dtype == torch.bfloat16
+    _rel_close(ours[1], theirs[1])
+    # The FFN input is the catalogue's RMSNorm of the residual stream.
+    _rel_close(ours[1], _rms(ours[0], 1e-5) * (next_weight.double() + 0.5))
+
+
+def test_gated_residual_next_rmsnorm_routes_tensor_and_scalar_alpha():
+    branch, residual, next_weight = _bf16(2, 8192, seed=1), _f32(2, 8192, seed=2), _bf16(8192)
+    alpha, beta, post_weight = _f32(8192, seed=4), _f32(8192, seed=5), _bf16(8192, seed=6)
+    residual_out, ffn_input = torch.zeros(2, 8192), torch.zeros(2, 8192, dtype=torch.bfloat16)
+    cases = [
+        ({}, {"alpha": alpha, "post_weight": None, "post_eps": 1e-6, "post_gain_center": 0.0}),
+        # A float alpha reaches the solution as that gate on every channel.
+        (
+            {"__args__": (branch, residual, next_weight, 0.5, beta)},
+            {"alpha": torch.full((8192,), 0.5)},
+        ),
+        ({"post_weight": post_weight, "post_gain_center": 1.0}, {"post_weight": post_weight}),
+        (
+            {"residual_out": residual_out, "ffn_input": ffn_input, "next_eps": 1e-5},
+            {"next_eps": 1e-5},
+        ),
+        ({"__args__": (branch.half(), residual, next_weight, alpha, beta)}, "tensor:branch"),
+    ]
+    args = (branch, residual, next_weight, alpha, beta)
+    name = "gated_residual_next_rmsnorm_h8192"
+    returned = _route("gated_residual_next_rmsnorm", name, args, cases, "norm")
+    run = _reference(name)
+    expected = run(*args, None, 1e-6, 1e-6, 0.0, 0.0)
+    assert torch.equal(returned[0][0], expected[0]) and torch.equal(returned[0][1], expected[1])
+    assert returned[3][0] is residual_out and returned[3][1] is ffn_input
+    assert torch.equal(ffn_input, run(*args, None, 1e-6, 1e-5, 0.0, 0.0)[1])
