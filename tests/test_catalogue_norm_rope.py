@@ -747,3 +747,20 @@ def test_gated_residual_next_rmsnorm_routes_tensor_and_scalar_alpha():
     assert torch.equal(returned[0][0], expected[0]) and torch.equal(returned[0][1], expected[1])
     assert returned[3][0] is residual_out and returned[3][1] is ffn_input
     assert torch.equal(ffn_input, run(*args, None, 1e-6, 1e-5, 0.0, 0.0)[1])
+
+
+@pytest.mark.parametrize("head_size, rotary_dim", [(128, 128), (64, 64), (256, 256), (128, 64)])
+def test_cos_sin_cache_in_place_routes_each_models_rotary_width(head_size, rotary_dim):
+    q, k = _bf16(3, 4, head_size, seed=1), _bf16(3, 2, head_size, seed=2)
+    cache, positions = _cos_sin_cache(8, rotary_dim), torch.tensor([0, 7, 3])
+    name = f"rope_with_cos_sin_cache_neox_style_d{head_size}_rd{rotary_dim}"
+    query, key = q.flatten(1).clone(), k.flatten(1).clone()
+    cases = [
+        ({"__args__": (positions, query, key, head_size, cache)}, {"cos_sin_cache": cache}),
+        ({"is_neox": False}, "is_neox"),
+    ]
+    args = (positions, q.flatten(1), k.flatten(1), head_size, cache)
+    _route("apply_rope_with_cos_sin_cache_inplace", name, args, cases)
+    theirs = fi_rope._apply_rope_with_cos_sin_cache_reference(*args, True)
+    _close(query, theirs[0]), _close(key, theirs[1])
+    assert not torch.equal(query, q.flatten(1))
