@@ -159,7 +159,17 @@ def _gated_residual_next(c: Any) -> Any:
     return Call(name, args, kwargs)
 
 
+def _rmsnorm_silu(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "fused_rmsnorm_silu_h128"
+    x, axes = c.inputs(name, num_tokens=3)
+    kwargs = {"eps": 1e-5, "out": c.buffer(name, "output", axes), "block_scale": None}
+    return Call(name, (x["hidden_states"], x["weight"]), kwargs)
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
+    "flashinfer.norm.fused_rmsnorm_silu": _rmsnorm_silu,
     "flashinfer.norm.rmsnorm_sigmoid_gate": _sigmoid_gate,
     "flashinfer.norm.gated_residual_rmsnorm": _gated_residual,
     "flashinfer.norm.gated_residual_next_rmsnorm": _gated_residual_next,

@@ -764,3 +764,26 @@ def test_cos_sin_cache_in_place_routes_each_models_rotary_width(head_size, rotar
     theirs = fi_rope._apply_rope_with_cos_sin_cache_reference(*args, True)
     _close(query, theirs[0]), _close(key, theirs[1])
     assert not torch.equal(query, q.flatten(1))
+
+
+def test_fused_rmsnorm_silu_reference_is_flashinfers_template():
+    x, w = _bf16(4, 128, seed=1) * 5 + 5, _bf16(128, seed=2).abs() + 0.5
+    out = _reference("fused_rmsnorm_silu_h128")(x, w, 1e-6)
+    assert torch.equal(out, fi_norm._fused_rmsnorm_silu_reference(x, w, 1e-6))
+    normed = _rms(x, 1e-6) * w.double()
+    _rel_close(out, normed / (1 + torch.exp(-normed)))
+
+
+def test_fused_rmsnorm_silu_routes_bfloat16_output_and_refuses_fp8():
+    x, w = _bf16(3, 128, seed=1), _bf16(128, seed=2)
+    out = torch.zeros(3, 128, dtype=torch.bfloat16)
+    cases = [
+        ({}, {"eps": 1e-6, "hidden_states": x}),
+        ({"eps": 1e-5, "out": out}, {"eps": 1e-5}),
+        ({"out": torch.zeros(3, 128, dtype=torch.float8_e4m3fn)}, "out"),
+        ({"__args__": (x, w.float())}, "tensor:weight"),
+    ]
+    returned = _route("fused_rmsnorm_silu", "fused_rmsnorm_silu_h128", (x, w), cases, "norm")
+    run = _reference("fused_rmsnorm_silu_h128")
+    assert torch.equal(returned[0], run(x, w, 1e-6))
+    assert returned[1] is out and torch.equal(out, run(x, w, 1e-5))
