@@ -360,3 +360,8 @@ ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper.run": _ragged_prefill,
     "flashinfer.mla.BatchMLAPagedAttentionWrapper.run": _mla,
 }
+
+# The norm, activation and RoPE APIs of norm_*.fidef, activation_*.fidef and rope_*.fidef.
+from _routable_norm_rope import ROUTABLE as _NORM_ROPE  # noqa: E402
+
+ROUTABLE |= _NORM_ROPE
