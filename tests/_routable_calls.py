@@ -360,3 +360,8 @@ ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper.run": _ragged_prefill,
     "flashinfer.mla.BatchMLAPagedAttentionWrapper.run": _mla,
 }
+
+# The sampling, top-k and quantization APIs, kept in a module of their own.
+from _routable_samp_quant import ROUTABLE as _SAMP_QUANT  # noqa: E402
+
+ROUTABLE |= _SAMP_QUANT
