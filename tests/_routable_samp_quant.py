@@ -97,6 +97,14 @@ def _varlen(c: Catalogue) -> Call:
     return Call(name, (x["logits"], x["seq_lens"], 512), kwargs)
 
 
+def _mxfp8(c: Catalogue) -> Call:
+    name = "mxfp8_quantize_k4096"
+    x, _ = c.inputs(name, M=3)
+    kwargs = {"is_sf_swizzled_layout": False, "alignment": 32, "enable_pdl": True}
+    kwargs |= {"backend": "cute-dsl", "sf_swizzle_layout": None}
+    return Call(name, (x["input"],), kwargs)
+
+
 ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.sampling.softmax": _softmax,
     "flashinfer.sampling.sampling_from_probs": _sampler(
@@ -118,4 +126,5 @@ ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.topk.top_k_ragged_transform": _ragged,
     "flashinfer.topk.top_k_page_table_transform": _page_table,
     "flashinfer.topk_varlen.topk_varlen.top_k_varlen": _varlen,
+    "flashinfer.quantization.fp8_quantization.mxfp8_quantize": _mxfp8,
 }

@@ -1,0 +1,173 @@
+"""The quantization families of quantization.fidef, held to the real FlashInfer 0.7.2 on
+the CPU.
+
+Routing: FlashInfer's own functions are called with apply on and a solution that records
+what it is given; the scales come back in the layout the call asks for (Note [block scale
+layouts]), checked here against the 128x4 swizzle index written out one scale at a time. A
+call the definition does not model is refused, counted with its rule, and goes to
+FlashInfer itself, whose kernels raise on this CPU.
+
+References: against FlashInfer's template references and the formats' definitions
+(values that dequantize to the input, scales that are powers of two).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import pytest
+import torch
+
+from _shared import require_module
+
+require_module("flashinfer", "flashinfer-python 0.7.2.post1 is not installed (see .ci/run)")
+
+import flashinfer  # noqa: E402
+from flashinfer.tllm_enums import SfLayout  # noqa: E402
+from flashinfer.trace.templates import quantize as fi_quantize  # noqa: E402
+
+import fibgen.runtime as rt  # noqa: E402
+from fibgen.compiler import compile_paths  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+# What FlashInfer raises here: its JIT's architecture check, or its device checks.
+FLASHINFER_ON_CPU = (RuntimeError, ValueError)
+pytestmark = pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning")
+
+
+@functools.cache
+def _module():
+    result = compile_paths([str(ROOT / "definitions" / "quantization.fidef")])
+    assert result.ok, "the quantization definitions do not compile"
+    return result.module
+
+
+@functools.cache
+def _reference(name):
+    (d,) = [d for d in _module().definitions if d.name == name]
+    namespace: dict = {}
+    exec(d.reference, namespace)
+    return namespace["run"]
+
+
+@pytest.fixture(autouse=True)
+def _off():
+    yield
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rt.disable_apply()
+
+
+def _recorder(name, seen):
+    """A solution of ``name`` that records its inputs and returns what the reference does."""
+
+    def solution(**inputs):
+        seen.append(inputs)
+        return _reference(name)(**inputs)
+
+    return solution
+
+
+def _bf16(*shape, seed=0, scale=3.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16)
+
+
+def _swizzled_128x4(scales: torch.Tensor) -> torch.Tensor:
+    """[M, C] scales in FlashInfer's 128x4 layout, one index at a time
+    (compute_sf_index_swizzled_128x4_gpu in quantization_cute_dsl_utils.py)."""
+    m, c = scales.shape
+    rows, cols = -(-m // 128) * 128, -(-c // 4) * 4
+    out = torch.zeros(rows * cols, dtype=scales.dtype)
+    for r in range(m):
+        for k in range(c):
+            offset = k % 4 + (k // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4
+            out[offset + (r // 128) * 128 * cols] = scales[r, k]
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# mxfp8_quantize
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [2880, 4096])
+def test_mxfp8_calls_are_routed_and_return_flashinfers_layouts(k):
+    name = f"mxfp8_quantize_k{k}"
+    x, seen = _bf16(130, k), []
+    with rt.enable_apply({name: _recorder(name, seen)}, strict=True):
+        q, swizzled = flashinfer.mxfp8_quantize(x)
+        q2, linear = flashinfer.mxfp8_quantize(
+            x, is_sf_swizzled_layout=False, enable_pdl=True, backend="cute-dsl"
+        )
+    assert len(seen) == 2 and torch.equal(seen[0]["input"], x)
+    ref_q, ref_scales = _reference(name)(x)
+    assert q.dtype == torch.float8_e4m3fn and q.shape == (130, k)
+    assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8)) and torch.equal(
+        q2.view(torch.uint8), q.view(torch.uint8)
+    )
+    assert swizzled.dtype == linear.dtype == torch.uint8
+    # The sizes FlashInfer allocates (fp8_quantization.py): padded rows times padded columns.
+    cols = -(-k // 32 // 4) * 4
+    assert swizzled.shape == (256 * cols,) and linear.shape == (130 * k // 32,)
+    expected = ref_scales.view(torch.uint8)
+    assert torch.equal(linear, expected.reshape(-1))
+    assert torch.equal(swizzled, _swizzled_128x4(expected))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "rule"),
+    [
+        ({"alignment": 64}, "alignment"),
+        ({"sf_swizzle_layout": SfLayout.layout_8x4}, "sf_swizzle_layout"),
+    ],
+)
+def test_an_mxfp8_call_the_definition_does_not_model_falls_back(kwargs, rule):
+    name, seen = "mxfp8_quantize_k4096", []
+    with rt.enable_apply({name: _recorder(name, seen)}):
+        with pytest.raises(FLASHINFER_ON_CPU):
+            flashinfer.mxfp8_quantize(_bf16(4, 4096), **kwargs)
+    assert not seen
+    path = "flashinfer.quantization.fp8_quantization.mxfp8_quantize"
+    assert rt.stats()[path]["rules"] == {rule: 1}
+
+
+def test_mxfp8_reference_rounds_the_scale_up_and_never_saturates():
+    x = _bf16(64, 4096, seed=1)
+    x[0, :32] = 0.0  # an all-zero block: scale byte 0, values 0
+    x[1, :32] = 448.0 * 4  # amax / 448 a power of two: scale 2^2 exactly
+    q, scales = _reference("mxfp8_quantize_k4096")(x)
+    scales = scales.view(torch.uint8).to(torch.int32)
+    assert scales[0, 0] == 0 and (q[0, :32].float() == 0).all()
+    assert scales[1, 0] == 127 + 2 and (q[1, :32].float() == 448.0).all()
+    blocks = x.float().reshape(64, -1, 32)
+    amax = blocks.abs().amax(-1)
+    scale = torch.pow(2.0, (scales - 127).float())
+    live = amax > 0
+    # The smallest power of two that brings the block's amax within 448.
+    assert (amax[live] / scale[live] <= 448.0).all()
+    assert (amax[live] / scale[live] > 224.0).all()
+    # Values dequantize to the input within e4m3's rounding (3 mantissa bits).
+    deq = q.float().reshape(64, -1, 32) * scale.unsqueeze(-1)
+    err = (deq - blocks).abs()
+    assert (err <= blocks.abs() * 2**-4 + scale.unsqueeze(-1) * 2**-9).all()
+
+
+def test_mxfp8_reference_is_flashinfers_template_up_to_its_exponent_rounding():
+    # FlashInfer's template takes floor(log2(amax / 448)); its kernels round up. Where
+    # amax / 448 is a power of two they agree; elsewhere the kernels' exponent is one more.
+    x = _bf16(16, 4096, seed=2)
+    x[:, ::32] = 448.0 * 2.0 ** torch.arange(-8, 8).repeat_interleave(1).reshape(16, 1)
+    ours_q, ours_s = _reference("mxfp8_quantize_k4096")(x)
+    theirs_q, theirs_s = fi_quantize._quantize_mxfp8(x)
+    ours_s, theirs_s = ours_s.view(torch.uint8), theirs_s.view(torch.uint8)
+    amax = x.float().reshape(16, -1, 32).abs().amax(-1) / 448.0
+    exact = torch.frexp(amax).mantissa == 0.5
+    assert exact.any() and (~exact).any()
+    assert torch.equal(ours_s[exact], theirs_s[exact])
+    assert torch.equal(ours_s[~exact].int(), theirs_s[~exact].int() + 1)
+    assert torch.equal(
+        ours_q.reshape(16, -1, 32)[exact].float(), theirs_q.reshape(16, -1, 32)[exact].float()
+    )
