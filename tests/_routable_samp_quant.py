@@ -105,6 +105,12 @@ def _mxfp8(c: Catalogue) -> Call:
     return Call(name, (x["input"],), kwargs)
 
 
+def _mxfp4(c: Catalogue) -> Call:
+    name = "mxfp4_quantize_k4096"
+    x, _ = c.inputs(name, M=3)
+    return Call(name, (x["a"],), {"backend": "cute-dsl", "enable_pdl": True, "sfLayout": 2})
+
+
 ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.sampling.softmax": _softmax,
     "flashinfer.sampling.sampling_from_probs": _sampler(
@@ -127,4 +133,5 @@ ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.topk.top_k_page_table_transform": _page_table,
     "flashinfer.topk_varlen.topk_varlen.top_k_varlen": _varlen,
     "flashinfer.quantization.fp8_quantization.mxfp8_quantize": _mxfp8,
+    "flashinfer.quantization.fp4_quantization.mxfp4_quantize": _mxfp4,
 }

@@ -171,3 +171,97 @@ def test_mxfp8_reference_is_flashinfers_template_up_to_its_exponent_rounding():
     assert torch.equal(
         ours_q.reshape(16, -1, 32)[exact].float(), theirs_q.reshape(16, -1, 32)[exact].float()
     )
+
+
+# ---------------------------------------------------------------------------------------
+# mxfp4_quantize
+# ---------------------------------------------------------------------------------------
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def _unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
+    """Values of packed e2m1 bytes, low nibble first."""
+    b = packed.view(torch.uint8).to(torch.int64)
+    nibbles = torch.stack([b & 0xF, b >> 4], dim=-1).flatten(-2)
+    values = E2M1[nibbles & 7]
+    return torch.where(nibbles >= 8, -values, values)
+
+
+@pytest.mark.parametrize("k", [2880, 4096])
+def test_mxfp4_calls_are_routed_and_return_flashinfers_layouts(k):
+    name = f"mxfp4_quantize_k{k}"
+    x, seen = _bf16(130, k), []
+    with rt.enable_apply({name: _recorder(name, seen)}, strict=True):
+        q, swizzled = flashinfer.mxfp4_quantize(x)
+        q2, linear = flashinfer.mxfp4_quantize(
+            x, sfLayout=SfLayout.layout_linear, backend="cute-dsl"
+        )
+        _, linear_int = flashinfer.mxfp4_quantize(x, "cuda", True, 2)
+    assert len(seen) == 3 and torch.equal(seen[0]["a"], x)
+    assert q.dtype == torch.uint8 and q.shape == (130, k // 2) and torch.equal(q, q2)
+    ref_q, ref_scales = _reference(name)(x)
+    assert torch.equal(q, ref_q.view(torch.uint8))
+    # The shapes fp4_quantize returns: [padded rows, padded columns] or [M, K / 32].
+    cols = -(-k // 32 // 4) * 4
+    assert swizzled.dtype == linear.dtype == torch.uint8
+    assert swizzled.shape == (256, cols) and linear.shape == (130, k // 32)
+    expected = ref_scales.view(torch.uint8)
+    assert torch.equal(linear, expected) and torch.equal(linear_int, expected)
+    assert torch.equal(swizzled.reshape(-1), _swizzled_128x4(expected))
+
+
+def test_an_mxfp4_call_with_the_8x4_layout_falls_back():
+    name, seen = "mxfp4_quantize_k4096", []
+    with rt.enable_apply({name: _recorder(name, seen)}):
+        # FlashInfer's CUDA path moves the input to the GPU first, which asserts here.
+        with pytest.raises((*FLASHINFER_ON_CPU, AssertionError)):
+            flashinfer.mxfp4_quantize(_bf16(4, 4096), sfLayout=SfLayout.layout_8x4)
+    assert not seen
+    path = "flashinfer.quantization.fp4_quantization.mxfp4_quantize"
+    assert rt.stats()[path]["rules"] == {"sfLayout": 1}
+
+
+def test_mxfp4_reference_rounds_to_nearest_even_and_scales_up():
+    x = torch.zeros(2, 4096, dtype=torch.bfloat16)
+    # Block 0 of row 0: amax 6 * 2 = 12, so the scale is 2 (exactly) and the values halve.
+    x[0, :8] = torch.tensor([12.0, 0.5, 1.5, 3.5, 7.0, -5.0, -0.25, 10.0])
+    x[1, :32] = 0.0  # an all-zero block
+    q, scales = _reference("mxfp4_quantize_k4096")(x)
+    scales = scales.view(torch.uint8)
+    assert scales[0, 0] == 128 and scales[1, 0] == 0
+    # 0.25 -> 0 and 0.75 -> 1.0, 1.75 -> 2.0, 3.5 -> 4.0, -2.5 -> -2.0: ties to the even code.
+    got = _unpack_e2m1(q[0, :4])
+    assert got.tolist() == [6.0, 0.0, 1.0, 2.0, 4.0, -2.0, -0.0, 4.0]
+    assert (_unpack_e2m1(q[1, :16]) == 0).all()
+    # Random rows: the values dequantize to the input within e2m1's rounding, and the scale
+    # is the smallest power of two that brings amax within 6.
+    x = _bf16(64, 4096, seed=3)
+    q, scales = _reference("mxfp4_quantize_k4096")(x)
+    scale = torch.pow(2.0, (scales.view(torch.uint8).to(torch.int32) - 127).float())
+    blocks = x.float().reshape(64, -1, 32)
+    amax = blocks.abs().amax(-1)
+    assert (amax / scale <= 6.0).all() and (amax / scale > 3.0).all()
+    deq = _unpack_e2m1(q).reshape(64, -1, 32) * scale.unsqueeze(-1)
+    assert ((deq - blocks).abs() <= scale.unsqueeze(-1) * 1.0 + 1e-6).all()
+    assert ((deq - blocks).abs() <= blocks.abs() * 0.25 + scale.unsqueeze(-1) * 0.25).all()
+
+
+def test_mxfp4_reference_is_flashinfers_template_where_their_roundings_agree():
+    # FlashInfer's template takes floor(log2(amax / 6)) and breaks ties toward the smaller
+    # magnitude; its kernels round the exponent up and ties to even. Blocks whose amax / 6
+    # is a power of two and whose scaled values are on the e2m1 grid agree exactly.
+    grid = torch.cat([E2M1, -E2M1[1:]])
+    g = torch.Generator().manual_seed(4)
+    codes = grid[torch.randint(0, len(grid), (8, 4096), generator=g)]
+    codes[:, ::32] = 6.0
+    exps = torch.randint(-4, 5, (8, 128, 1), generator=g).float()
+    x = (codes.reshape(8, 128, 32) * torch.pow(2.0, exps)).reshape(8, 4096).to(torch.bfloat16)
+    ours_q, ours_s = _reference("mxfp4_quantize_k4096")(x)
+    theirs_q, theirs_s = fi_quantize._mxfp4_quantize_reference(x)
+    assert torch.equal(ours_s.view(torch.uint8), theirs_s.view(torch.uint8))
+    assert torch.equal(_unpack_e2m1(ours_q), _unpack_e2m1(theirs_q))
+    assert torch.equal(
+        _unpack_e2m1(ours_q),
+        x.float() / torch.pow(2.0, exps).repeat_interleave(32, 1).reshape(8, 4096),
+    )
