@@ -111,6 +111,12 @@ def _mxfp4(c: Catalogue) -> Call:
     return Call(name, (x["a"],), {"backend": "cute-dsl", "enable_pdl": True, "sfLayout": 2})
 
 
+def _nvfp4_kv(c: Catalogue) -> Call:
+    name = "nvfp4_kv_quantize_k128"
+    x, _ = c.inputs(name, M=3)
+    return Call(name, (x["input"], x["global_scale"]))
+
+
 ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.sampling.softmax": _softmax,
     "flashinfer.sampling.sampling_from_probs": _sampler(
@@ -134,4 +140,5 @@ ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.topk_varlen.topk_varlen.top_k_varlen": _varlen,
     "flashinfer.quantization.fp8_quantization.mxfp8_quantize": _mxfp8,
     "flashinfer.quantization.fp4_quantization.mxfp4_quantize": _mxfp4,
+    "flashinfer.quantization.fp4_quantization.nvfp4_kv_quantize": _nvfp4_kv,
 }

@@ -265,3 +265,62 @@ def test_mxfp4_reference_is_flashinfers_template_where_their_roundings_agree():
         _unpack_e2m1(ours_q),
         x.float() / torch.pow(2.0, exps).repeat_interleave(32, 1).reshape(8, 4096),
     )
+
+
+# ---------------------------------------------------------------------------------------
+# nvfp4_kv_quantize
+# ---------------------------------------------------------------------------------------
+
+
+def test_nvfp4_kv_calls_are_routed_and_return_uint8_bytes():
+    name, seen = "nvfp4_kv_quantize_k128", []
+    x, gs = _bf16(40, 128), torch.tensor([0.5])
+    with rt.enable_apply({name: _recorder(name, seen)}, strict=True):
+        x_q, sf = flashinfer.nvfp4_kv_quantize(x, gs)
+    assert len(seen) == 1 and torch.equal(seen[0]["global_scale"], gs)
+    assert x_q.dtype == sf.dtype == torch.uint8
+    assert x_q.shape == (40, 64) and sf.shape == (40, 8)
+    ref_q, ref_sf = _reference(name)(x, gs)
+    assert torch.equal(x_q, ref_q.view(torch.uint8)) and torch.equal(sf, ref_sf.view(torch.uint8))
+
+
+def test_an_nvfp4_kv_call_of_another_head_dim_falls_back():
+    name, seen = "nvfp4_kv_quantize_k128", []
+    with rt.enable_apply({name: _recorder(name, seen)}):
+        with pytest.raises(FLASHINFER_ON_CPU):
+            flashinfer.nvfp4_kv_quantize(_bf16(4, 96), torch.tensor([1.0]))
+    assert not seen
+
+
+@pytest.mark.parametrize("gs", [0.5, 1.0, 3.0])
+def test_nvfp4_kv_reference_dequantizes_with_the_global_scale(gs):
+    # x is about value * sf * global_scale, within e2m1's rounding of the block.
+    x = _bf16(64, 128, seed=5, scale=2.0)
+    x[0, :16] = 0.0
+    q, sf = _reference("nvfp4_kv_quantize_k128")(x, torch.tensor([gs]))
+    assert (sf[0, 0].float() == 0) and (_unpack_e2m1(q[0, :8]) == 0).all()
+    scale = sf.float().unsqueeze(-1) * gs
+    blocks = x.float().reshape(64, -1, 16)
+    deq = _unpack_e2m1(q).reshape(64, -1, 16) * scale
+    amax = blocks.abs().amax(-1, keepdim=True)
+    # The e4m3 scale is within 1/16 of amax / 6 / global_scale.
+    assert ((sf.float() * gs * 6 - amax[..., 0]).abs() <= amax[..., 0] / 16 + 1e-6).all()
+    assert ((deq - blocks).abs() <= scale * 1.0 + 1e-6).all()
+    assert (deq - blocks).abs().mean() < 0.1 * blocks.abs().mean()
+
+
+def test_nvfp4_kv_reference_agrees_with_flashinfers_template_at_a_global_scale_of_one():
+    # With global_scale 1 the directions agree; the template breaks e2m1 ties toward the
+    # smaller magnitude, the kernel to the even code, so compare dequantized values loosely
+    # and scales exactly.
+    x = _bf16(32, 128, seed=6)
+    one = torch.tensor([1.0])
+    ours_q, ours_sf = _reference("nvfp4_kv_quantize_k128")(x, one)
+    theirs_q, theirs_sf = fi_quantize._nvfp4_kv_quantize_reference(x, one)
+    assert torch.equal(ours_sf.view(torch.uint8), theirs_sf.view(torch.uint8))
+    ours, theirs = _unpack_e2m1(ours_q), _unpack_e2m1(theirs_q)
+    assert (ours - theirs).abs().max() <= 1.0  # at most one e2m1 step apart
+    assert (ours == theirs).float().mean() > 0.9
+    # A global scale of 2: the kernel divides by it, the template multiplies.
+    ours_sf2 = _reference("nvfp4_kv_quantize_k128")(x, torch.tensor([2.0]))[1]
+    assert (ours_sf2.float() < ours_sf.float()).float().mean() > 0.9
