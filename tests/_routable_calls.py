@@ -365,3 +365,8 @@ ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
 from _routable_norm_rope import ROUTABLE as _NORM_ROPE  # noqa: E402
 
 ROUTABLE |= _NORM_ROPE
+
+# The sampling, top-k and quantization APIs, kept in a module of their own.
+from _routable_samp_quant import ROUTABLE as _SAMP_QUANT  # noqa: E402
+
+ROUTABLE |= _SAMP_QUANT

@@ -168,3 +168,99 @@ def test_draws_that_do_not_fit_the_budget_leave_the_sampler_undecided(monkeypatc
     assert result.reason.startswith("not judged within 0.06 s: 1000 draws per row of the reference")
     # The reference's round and the solution's, at the reference's speed, per 1000 draws.
     assert result.seconds_needed == pytest.approx(0.1 * result.needed / SAMPLING_MIN_DRAWS)
+
+
+# ---------------------------------------------------------------------------------------
+# Which definitions are samplers, and what their rows draw from (Note [judging samplers])
+
+
+def test_a_sampler_is_recognised_by_its_op_type_and_its_output():
+    from fibgen.runtime.compare import is_sampling
+
+    def definition(op_type, inputs, outputs):
+        return {"op_type": op_type, "inputs": dict.fromkeys(inputs), "outputs": outputs}
+
+    assert is_sampling(definition("sampling", ["probs", "top_k"], {"samples": {}}))
+    assert is_sampling(definition("sampling", ["logits"], {"samples": {}}))
+    chain = {"accepted_token_ids": {}, "accepted_token_num": {}}
+    assert is_sampling(definition("sampling", ["draft_probs"], chain))
+    # FlashInfer files deterministic helpers under op_type "sampling" too.
+    assert not is_sampling(definition("sampling", ["probs", "top_p"], {"renormalized": {}}))
+    assert not is_sampling(definition("sampling", ["input", "lengths"], {"indices": {}}))
+    assert not is_sampling(definition("rmsnorm", ["probs"], {"samples": {}}))
+
+
+def _softmax_sampler(inputs: dict) -> torch.Tensor:
+    return torch.multinomial(torch.softmax(inputs["logits"], -1), 1).squeeze(-1)
+
+
+def test_a_sampler_from_logits_draws_from_their_softmax():
+    from fibgen.runtime.compare import compare_sampling
+
+    logits = torch.randn(4, 32, generator=torch.Generator().manual_seed(1)) * 2
+    definition = {"name": "sampling_from_logits_v32", "op_type": "sampling"}
+    inputs = {"logits": logits}
+    assert compare_sampling(_softmax_sampler, _softmax_sampler, inputs, definition).ok
+    greedy = compare_sampling(
+        lambda i: i["logits"].argmax(-1), _softmax_sampler, inputs, definition
+    )
+    assert not greedy.ok and greedy.reason.startswith("total variation distance")
+
+
+def test_a_min_p_sampler_draws_only_above_its_threshold():
+    from fibgen.runtime.compare import compare_sampling
+
+    probs = torch.softmax(torch.randn(4, 32, generator=torch.Generator().manual_seed(2)) * 2, -1)
+    inputs = {"probs": probs, "min_p": torch.full((4,), 0.2)}
+
+    def min_p(i):
+        kept = torch.where(
+            i["probs"] >= i["probs"].max(-1, keepdim=True).values * 0.2, i["probs"], 0
+        )
+        return torch.multinomial(kept, 1).squeeze(-1)
+
+    definition = {"name": "min_p_sampling_v32", "op_type": "sampling"}
+    assert compare_sampling(min_p, min_p, inputs, definition).ok
+    # Unfiltered draws land outside the min-p set: caught by the first check.
+    plain = compare_sampling(
+        lambda i: torch.multinomial(i["probs"], 1).squeeze(-1), min_p, inputs, definition
+    )
+    assert not plain.ok and "outside its valid min_p set" in plain.reason
+
+
+def _chain(inputs: dict, accept_all: bool = False) -> torch.Tensor:
+    # Speculative sampling of a chain: accept draft i with min(1, target / draft), then draw
+    # the correction (or the bonus token); -1 after it.
+    draft, ids, target = inputs["draft_probs"], inputs["draft_token_ids"], inputs["target_probs"]
+    batch, steps = ids.shape
+    out = torch.full((batch, steps + 1), -1, dtype=torch.int32)
+    for b in range(batch):
+        pos = steps
+        for i in range(steps):
+            tok = int(ids[b, i])
+            if accept_all or torch.rand(()) * draft[b, i, tok] < target[b, i, tok]:
+                out[b, i] = tok
+            else:
+                pos = i
+                break
+        weights = target[b, pos] - (draft[b, pos] if pos < steps else 0)
+        out[b, pos] = int(torch.multinomial(weights.clamp(min=0), 1))
+    return out
+
+
+def test_a_sampler_of_several_positions_is_judged_position_by_position():
+    from fibgen.runtime.compare import compare_sampling
+
+    gen = torch.Generator().manual_seed(3)
+    draft = torch.softmax(torch.randn(2, 2, 8, generator=gen), -1)
+    target = torch.softmax(torch.randn(2, 3, 8, generator=gen), -1)
+    ids = torch.multinomial(draft.reshape(-1, 8), 1, generator=gen).reshape(2, 2).int()
+    inputs = {"draft_probs": draft, "draft_token_ids": ids, "target_probs": target}
+    definition = {"name": "chain_speculative_sampling_v8", "op_type": "sampling"}
+    assert compare_sampling(_chain, _chain, inputs, definition).ok
+    # Accepting every draft token emits the wrong tokens at every position.
+    wrong = compare_sampling(lambda i: _chain(i, accept_all=True), _chain, inputs, definition)
+    assert not wrong.ok and wrong.reason.startswith("total variation distance")
+    # A position outside the vocabulary (and not -1) is an invalid draw.
+    bad = compare_sampling(lambda i: _chain(i).clamp(min=0) + 8, _chain, inputs, definition)
+    assert not bad.ok and "outside the vocabulary" in bad.reason

@@ -108,7 +108,7 @@ def _deadline(job: _Job, options: BenchOptions) -> float:
     """Seconds after which a job's worker is taken for stuck: far more than the timeouts of
     its group allow, so that it trips only on a node that stopped answering."""
     definition = job.group.definition
-    sampler = is_sampling({"op_type": definition.op_type, "inputs": definition.inputs})
+    sampler = is_sampling({"op_type": definition.op_type, "outputs": definition.outputs})
     limit = options.timeout * (SAMPLING_TIMEOUT_SCALE if sampler else 1)
     prepare = options.timeout * PREPARE_TIMEOUTS
     # Each solution may kill the worker, which then prepares the workload again.

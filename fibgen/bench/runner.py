@@ -257,7 +257,9 @@ def _run_group(handle: _Handle, group: _Group, root: Path, options: BenchOptions
         why = {"timeout": timed_out}.get(reply[0], reply[-1])
         return [], f"{where}: {why}", []
     # A sampler is judged by thousands of draws, each a call (Note [judging samplers]).
-    sampler = is_sampling({"op_type": group.definition.op_type, "inputs": group.definition.inputs})
+    sampler = is_sampling(
+        {"op_type": group.definition.op_type, "outputs": group.definition.outputs}
+    )
     limit = options.timeout * (SAMPLING_TIMEOUT_SCALE if sampler else 1)
     _, reference, hardware, libs = reply
     noisy = []

@@ -229,6 +229,22 @@ def compare_outputs(
 # the result is then undecided (``timed_out``), with the time the full count would take.
 # Bench gives a sampler ``SAMPLING_TIMEOUT_SCALE`` times its --timeout, and spends
 # ``SAMPLING_BUDGET_SHARE`` of that on the draws, the rest on loading and timing.
+#
+# Which definitions are samplers, and what a row's target is (``is_sampling``,
+# ``_target``). flashinfer-bench takes every definition of op_type "sampling" with a
+# `probs` input for one; FlashInfer's trace templates also file deterministic helpers
+# under op_type "sampling" (top_p_renorm_probs takes `probs` and returns probabilities, the
+# top-k transforms return indices), which must be compared element by element. So a
+# sampler is recognised by its op_type and its output: the first output holds draws, named
+# as the dataset and FlashInfer's templates name them (``SAMPLED_OUTPUTS``). The
+# probabilities a row draws from are its `probs`, or the softmax of its `logits`; min-p
+# rows keep the tokens at least min_p times the row's largest. A sampler with neither
+# (chain speculative sampling: each row emits several positions, and a position may be -1)
+# is judged slot by slot: every element of its output is a draw over the vocabulary and
+# -1, the vocabulary being the last axis of its first floating input, and the noise of two
+# correct samplers is estimated from the reference's first round of draws. That compares
+# the distribution of each output position, not the joint one of a whole row: a sampler
+# that draws every position right but ties them together wrongly is not caught.
 
 SAMPLING_VALIDATION_TRIALS = 100
 SAMPLING_TVD_THRESHOLD = 0.2
@@ -244,17 +260,46 @@ SAMPLING_BUDGET_SHARE = 0.75
 _clock = time.perf_counter
 
 
+# The first output of a sampler, as the dataset and FlashInfer's sampling templates name it.
+SAMPLED_OUTPUTS = frozenset({"samples", "accepted_token_ids"})
+
+
 def is_sampling(definition: dict[str, Any]) -> bool:
-    """Whether a definition (its JSON) is judged as a sampler (flashinfer-bench's rule)."""
-    return definition.get("op_type") == "sampling" and "probs" in definition.get("inputs", {})
+    """Whether a definition (its JSON) is judged as a sampler: op_type "sampling" and a first
+    output of draws (Note [judging samplers])."""
+    if definition.get("op_type") != "sampling":
+        return False
+    outputs = definition.get("outputs") or {}
+    return next(iter(outputs), None) in SAMPLED_OUTPUTS
 
 
 def _thresholding(name: str) -> str:
     name = name.lower()
-    for method in ("top_k_top_p", "top_k", "top_p"):
+    for method in ("min_p", "top_k_top_p", "top_k", "top_p"):
         if method in name:
             return method
     return "none"
+
+
+def _target(inputs: dict[str, Any]) -> torch.Tensor | None:
+    """Per row, the probabilities a sampler draws from before its filters: its `probs`, or
+    the softmax of its `logits`; None for a sampler of neither (judged slot by slot)."""
+    if "probs" in inputs:
+        probs = inputs["probs"].detach().float().cpu()
+    elif "logits" in inputs:
+        probs = torch.softmax(inputs["logits"].detach().float().cpu(), dim=-1)
+    else:
+        return None
+    return probs.reshape(-1, probs.shape[-1])
+
+
+def _vocabulary(inputs: dict[str, Any]) -> int:
+    """The vocabulary of a sampler judged slot by slot: the last axis of its first floating
+    input, plus one for the -1 a slot may hold."""
+    for value in inputs.values():
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() > 0:
+            return value.shape[-1] + 1
+    raise ValueError("a sampler without probs or logits needs a floating input with a vocabulary")
 
 
 def _row_values(value: Any, rows: int) -> list[float]:
@@ -267,6 +312,9 @@ def sampling_mask(probs: torch.Tensor, method: str, inputs: dict[str, Any]) -> t
     probs = probs.float().reshape(-1, probs.shape[-1])
     rows, vocab = probs.shape
     mask = torch.ones_like(probs, dtype=torch.bool)
+    if method == "min_p":
+        for i, p in enumerate(_row_values(inputs["min_p"], rows)):
+            mask[i] = probs[i] >= probs[i].max() * p
     if method in ("top_k", "top_k_top_p"):
         for i, k in enumerate(_row_values(inputs["top_k"], rows)):
             k = int(k)
@@ -343,24 +391,35 @@ class _Bad(Exception):
     pass
 
 
-def _samples(draw: Any, inputs: dict[str, Any], rows: int, vocab: int) -> torch.Tensor:
+def _samples(
+    draw: Any, inputs: dict[str, Any], rows: int, vocab: int, slots: bool = False
+) -> torch.Tensor:
     samples = torch.as_tensor(draw(inputs)).detach().cpu().flatten().to(torch.int64)
     if samples.numel() != rows:
         raise _Bad(f"{samples.numel()} samples for {rows} rows")
-    outside = (samples < 0) | (samples >= vocab)
+    # An empty slot (-1) is the last category (Note [judging samplers]); that category's
+    # number itself is no token.
+    low, high = (-1, vocab - 1) if slots else (0, vocab)
+    outside = (samples < low) | (samples >= high)
     if outside.any():
-        raise _Bad(f"sample {int(samples[outside][0])} is outside the vocabulary [0, {vocab})")
-    return samples
+        raise _Bad(f"sample {int(samples[outside][0])} is outside the vocabulary [0, {high})")
+    return torch.where(samples == -1, vocab - 1, samples) if slots else samples
 
 
 def _counts(
-    draw: Any, inputs: dict[str, Any], rows: int, vocab: int, draws: int, per_call: int
+    draw: Any,
+    inputs: dict[str, Any],
+    rows: int,
+    vocab: int,
+    draws: int,
+    per_call: int,
+    slots: bool = False,
 ) -> torch.Tensor:
     counts = torch.zeros(rows * vocab, dtype=torch.int64)
     done = 0
     while done < draws:
         times = min(per_call, draws - done)
-        samples = _samples(draw, _repeated(inputs, times), rows * times, vocab)
+        samples = _samples(draw, _repeated(inputs, times), rows * times, vocab, slots)
         counts += torch.bincount(
             torch.arange(rows * times) % rows * vocab + samples, minlength=rows * vocab
         )
@@ -385,16 +444,25 @@ def compare_sampling(
     ``budget_s``, no round of draws is started that would end after that many seconds.
     """
     started = _clock()
-    probs = inputs["probs"]
-    flat = probs.detach().float().cpu().reshape(-1, probs.shape[-1])
-    rows, vocab = flat.shape
-    params = {k: inputs[k] for k in ("top_k", "top_p") if k in inputs}
+    flat = _target(inputs)
+    slots = flat is None
+    if slots:
+        # Judged slot by slot (Note [judging samplers]): one call tells how many there are.
+        vocab = _vocabulary(inputs)
+        rows = torch.as_tensor(reference(inputs)).numel()
+    else:
+        rows, vocab = flat.shape
+    params = {k: inputs[k] for k in ("top_k", "top_p", "min_p") if k in inputs}
     params = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in params.items()}
-    method = _thresholding(definition["name"])
+    method = "none" if slots else _thresholding(definition["name"])
+    per_call = max(1, min(SAMPLING_ROWS // rows, SAMPLING_BATCH_BYTES // max(1, rows * vocab * 4)))
+    draws = min(max_draws, SAMPLING_MIN_DRAWS)
+    if slots:
+        target = _counts(reference, inputs, rows, vocab, draws, per_call, slots)
+        flat = target.double() / draws
     mask = sampling_mask(flat, method, params)
     noise = _noise(flat, mask)
     needed = min(max_draws, _draws_needed(flat, mask))
-    per_call = max(1, min(SAMPLING_ROWS // rows, SAMPLING_BATCH_BYTES // max(1, rows * vocab * 4)))
     draws = min(needed, SAMPLING_MIN_DRAWS)
 
     def fail(reason: str) -> SamplingResult:
@@ -421,13 +489,14 @@ def compare_sampling(
             seconds_needed=elapsed * needed / draws,
         )
 
-    target = _counts(reference, inputs, rows, vocab, draws, per_call)
+    if not slots:
+        target = _counts(reference, inputs, rows, vocab, draws, per_call)
     # The solution's draws are expected to cost what the reference's did.
     round_s = _clock() - started
     valid = mask | (target > 0)
     try:
         for _ in range(trials):
-            samples = _samples(draw, inputs, rows, vocab)
+            samples = _samples(draw, inputs, rows, vocab, slots)
             allowed = valid[torch.arange(rows), samples]
             if not allowed.all():
                 row = int((~allowed).nonzero()[0])
@@ -438,7 +507,7 @@ def compare_sampling(
         if budget_s is not None and elapsed + round_s > budget_s:
             what = f"{draws} draws per row of the reference took {round_s:.0f} s"
             return out_of_time(what, elapsed + round_s)
-        got = _counts(draw, inputs, rows, vocab, draws, per_call)
+        got = _counts(draw, inputs, rows, vocab, draws, per_call, slots)
         while True:
             diff = (got.double() - target.double()).abs() / draws
             tvd = 0.5 * diff.sum(-1)
@@ -455,8 +524,8 @@ def compare_sampling(
                     f"more draws may bring under {SAMPLING_TVD_THRESHOLD:g}"
                 )
                 return out_of_time(what, elapsed)
-            target += _counts(reference, inputs, rows, vocab, more, per_call)
-            got += _counts(draw, inputs, rows, vocab, more, per_call)
+            target += _counts(reference, inputs, rows, vocab, more, per_call, slots)
+            got += _counts(draw, inputs, rows, vocab, more, per_call, slots)
             draws += more
     except _Bad as exc:
         return fail(str(exc))

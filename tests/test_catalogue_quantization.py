@@ -1,0 +1,326 @@
+"""The quantization families of quantization.fidef, held to the real FlashInfer 0.7.2 on
+the CPU.
+
+Routing: FlashInfer's own functions are called with apply on and a solution that records
+what it is given; the scales come back in the layout the call asks for (Note [block scale
+layouts]), checked here against the 128x4 swizzle index written out one scale at a time. A
+call the definition does not model is refused, counted with its rule, and goes to
+FlashInfer itself, whose kernels raise on this CPU.
+
+References: against FlashInfer's template references and the formats' definitions
+(values that dequantize to the input, scales that are powers of two).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import pytest
+import torch
+
+from _shared import require_module
+
+require_module("flashinfer", "flashinfer-python 0.7.2.post1 is not installed (see .ci/run)")
+
+import flashinfer  # noqa: E402
+from flashinfer.tllm_enums import SfLayout  # noqa: E402
+from flashinfer.trace.templates import quantize as fi_quantize  # noqa: E402
+
+import fibgen.runtime as rt  # noqa: E402
+from fibgen.compiler import compile_paths  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+# What FlashInfer raises here: its JIT's architecture check, or its device checks.
+FLASHINFER_ON_CPU = (RuntimeError, ValueError)
+pytestmark = pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning")
+
+
+@functools.cache
+def _module():
+    result = compile_paths([str(ROOT / "definitions" / "quantization.fidef")])
+    assert result.ok, "the quantization definitions do not compile"
+    return result.module
+
+
+@functools.cache
+def _reference(name):
+    (d,) = [d for d in _module().definitions if d.name == name]
+    namespace: dict = {}
+    exec(d.reference, namespace)
+    return namespace["run"]
+
+
+@pytest.fixture(autouse=True)
+def _off():
+    yield
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rt.disable_apply()
+
+
+def _recorder(name, seen):
+    """A solution of ``name`` that records its inputs and returns what the reference does."""
+
+    def solution(**inputs):
+        seen.append(inputs)
+        return _reference(name)(**inputs)
+
+    return solution
+
+
+def _bf16(*shape, seed=0, scale=3.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16)
+
+
+def _swizzled_128x4(scales: torch.Tensor) -> torch.Tensor:
+    """[M, C] scales in FlashInfer's 128x4 layout, one index at a time
+    (compute_sf_index_swizzled_128x4_gpu in quantization_cute_dsl_utils.py)."""
+    m, c = scales.shape
+    rows, cols = -(-m // 128) * 128, -(-c // 4) * 4
+    out = torch.zeros(rows * cols, dtype=scales.dtype)
+    for r in range(m):
+        for k in range(c):
+            offset = k % 4 + (k // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4
+            out[offset + (r // 128) * 128 * cols] = scales[r, k]
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# mxfp8_quantize
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [2880, 4096])
+def test_mxfp8_calls_are_routed_and_return_flashinfers_layouts(k):
+    name = f"mxfp8_quantize_k{k}"
+    x, seen = _bf16(130, k), []
+    with rt.enable_apply({name: _recorder(name, seen)}, strict=True):
+        q, swizzled = flashinfer.mxfp8_quantize(x)
+        q2, linear = flashinfer.mxfp8_quantize(
+            x, is_sf_swizzled_layout=False, enable_pdl=True, backend="cute-dsl"
+        )
+    assert len(seen) == 2 and torch.equal(seen[0]["input"], x)
+    ref_q, ref_scales = _reference(name)(x)
+    assert q.dtype == torch.float8_e4m3fn and q.shape == (130, k)
+    assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8)) and torch.equal(
+        q2.view(torch.uint8), q.view(torch.uint8)
+    )
+    assert swizzled.dtype == linear.dtype == torch.uint8
+    # The sizes FlashInfer allocates (fp8_quantization.py): padded rows times padded columns.
+    cols = -(-k // 32 // 4) * 4
+    assert swizzled.shape == (256 * cols,) and linear.shape == (130 * k // 32,)
+    expected = ref_scales.view(torch.uint8)
+    assert torch.equal(linear, expected.reshape(-1))
+    assert torch.equal(swizzled, _swizzled_128x4(expected))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "rule"),
+    [
+        ({"alignment": 64}, "alignment"),
+        ({"sf_swizzle_layout": SfLayout.layout_8x4}, "sf_swizzle_layout"),
+    ],
+)
+def test_an_mxfp8_call_the_definition_does_not_model_falls_back(kwargs, rule):
+    name, seen = "mxfp8_quantize_k4096", []
+    with rt.enable_apply({name: _recorder(name, seen)}):
+        with pytest.raises(FLASHINFER_ON_CPU):
+            flashinfer.mxfp8_quantize(_bf16(4, 4096), **kwargs)
+    assert not seen
+    path = "flashinfer.quantization.fp8_quantization.mxfp8_quantize"
+    assert rt.stats()[path]["rules"] == {rule: 1}
+
+
+def test_mxfp8_reference_rounds_the_scale_up_and_never_saturates():
+    x = _bf16(64, 4096, seed=1)
+    x[0, :32] = 0.0  # an all-zero block: scale byte 0, values 0
+    x[1, :32] = 448.0 * 4  # amax / 448 a power of two: scale 2^2 exactly
+    q, scales = _reference("mxfp8_quantize_k4096")(x)
+    scales = scales.view(torch.uint8).to(torch.int32)
+    assert scales[0, 0] == 0 and (q[0, :32].float() == 0).all()
+    assert scales[1, 0] == 127 + 2 and (q[1, :32].float() == 448.0).all()
+    blocks = x.float().reshape(64, -1, 32)
+    amax = blocks.abs().amax(-1)
+    scale = torch.pow(2.0, (scales - 127).float())
+    live = amax > 0
+    # The smallest power of two that brings the block's amax within 448.
+    assert (amax[live] / scale[live] <= 448.0).all()
+    assert (amax[live] / scale[live] > 224.0).all()
+    # Values dequantize to the input within e4m3's rounding (3 mantissa bits).
+    deq = q.float().reshape(64, -1, 32) * scale.unsqueeze(-1)
+    err = (deq - blocks).abs()
+    assert (err <= blocks.abs() * 2**-4 + scale.unsqueeze(-1) * 2**-9).all()
+
+
+def test_mxfp8_reference_is_flashinfers_template_up_to_its_exponent_rounding():
+    # FlashInfer's template takes floor(log2(amax / 448)); its kernels round up. Where
+    # amax / 448 is a power of two they agree; elsewhere the kernels' exponent is one more.
+    x = _bf16(16, 4096, seed=2)
+    x[:, ::32] = 448.0 * 2.0 ** torch.arange(-8, 8).repeat_interleave(1).reshape(16, 1)
+    ours_q, ours_s = _reference("mxfp8_quantize_k4096")(x)
+    theirs_q, theirs_s = fi_quantize._quantize_mxfp8(x)
+    ours_s, theirs_s = ours_s.view(torch.uint8), theirs_s.view(torch.uint8)
+    amax = x.float().reshape(16, -1, 32).abs().amax(-1) / 448.0
+    exact = torch.frexp(amax).mantissa == 0.5
+    assert exact.any() and (~exact).any()
+    assert torch.equal(ours_s[exact], theirs_s[exact])
+    assert torch.equal(ours_s[~exact].int(), theirs_s[~exact].int() + 1)
+    assert torch.equal(
+        ours_q.reshape(16, -1, 32)[exact].float(), theirs_q.reshape(16, -1, 32)[exact].float()
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# mxfp4_quantize
+# ---------------------------------------------------------------------------------------
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def _unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
+    """Values of packed e2m1 bytes, low nibble first."""
+    b = packed.view(torch.uint8).to(torch.int64)
+    nibbles = torch.stack([b & 0xF, b >> 4], dim=-1).flatten(-2)
+    values = E2M1[nibbles & 7]
+    return torch.where(nibbles >= 8, -values, values)
+
+
+@pytest.mark.parametrize("k", [2880, 4096])
+def test_mxfp4_calls_are_routed_and_return_flashinfers_layouts(k):
+    name = f"mxfp4_quantize_k{k}"
+    x, seen = _bf16(130, k), []
+    with rt.enable_apply({name: _recorder(name, seen)}, strict=True):
+        q, swizzled = flashinfer.mxfp4_quantize(x)
+        q2, linear = flashinfer.mxfp4_quantize(
+            x, sfLayout=SfLayout.layout_linear, backend="cute-dsl"
+        )
+        _, linear_int = flashinfer.mxfp4_quantize(x, "cuda", True, 2)
+    assert len(seen) == 3 and torch.equal(seen[0]["a"], x)
+    assert q.dtype == torch.uint8 and q.shape == (130, k // 2) and torch.equal(q, q2)
+    ref_q, ref_scales = _reference(name)(x)
+    assert torch.equal(q, ref_q.view(torch.uint8))
+    # The shapes fp4_quantize returns: [padded rows, padded columns] or [M, K / 32].
+    cols = -(-k // 32 // 4) * 4
+    assert swizzled.dtype == linear.dtype == torch.uint8
+    assert swizzled.shape == (256, cols) and linear.shape == (130, k // 32)
+    expected = ref_scales.view(torch.uint8)
+    assert torch.equal(linear, expected) and torch.equal(linear_int, expected)
+    assert torch.equal(swizzled.reshape(-1), _swizzled_128x4(expected))
+
+
+def test_an_mxfp4_call_with_the_8x4_layout_falls_back():
+    name, seen = "mxfp4_quantize_k4096", []
+    with rt.enable_apply({name: _recorder(name, seen)}):
+        # FlashInfer's CUDA path moves the input to the GPU first, which asserts here.
+        with pytest.raises((*FLASHINFER_ON_CPU, AssertionError)):
+            flashinfer.mxfp4_quantize(_bf16(4, 4096), sfLayout=SfLayout.layout_8x4)
+    assert not seen
+    path = "flashinfer.quantization.fp4_quantization.mxfp4_quantize"
+    assert rt.stats()[path]["rules"] == {"sfLayout": 1}
+
+
+def test_mxfp4_reference_rounds_to_nearest_even_and_scales_up():
+    x = torch.zeros(2, 4096, dtype=torch.bfloat16)
+    # Block 0 of row 0: amax 6 * 2 = 12, so the scale is 2 (exactly) and the values halve.
+    x[0, :8] = torch.tensor([12.0, 0.5, 1.5, 3.5, 7.0, -5.0, -0.25, 10.0])
+    x[1, :32] = 0.0  # an all-zero block
+    q, scales = _reference("mxfp4_quantize_k4096")(x)
+    scales = scales.view(torch.uint8)
+    assert scales[0, 0] == 128 and scales[1, 0] == 0
+    # 0.25 -> 0 and 0.75 -> 1.0, 1.75 -> 2.0, 3.5 -> 4.0, -2.5 -> -2.0: ties to the even code.
+    got = _unpack_e2m1(q[0, :4])
+    assert got.tolist() == [6.0, 0.0, 1.0, 2.0, 4.0, -2.0, -0.0, 4.0]
+    assert (_unpack_e2m1(q[1, :16]) == 0).all()
+    # Random rows: the values dequantize to the input within e2m1's rounding, and the scale
+    # is the smallest power of two that brings amax within 6.
+    x = _bf16(64, 4096, seed=3)
+    q, scales = _reference("mxfp4_quantize_k4096")(x)
+    scale = torch.pow(2.0, (scales.view(torch.uint8).to(torch.int32) - 127).float())
+    blocks = x.float().reshape(64, -1, 32)
+    amax = blocks.abs().amax(-1)
+    assert (amax / scale <= 6.0).all() and (amax / scale > 3.0).all()
+    deq = _unpack_e2m1(q).reshape(64, -1, 32) * scale.unsqueeze(-1)
+    assert ((deq - blocks).abs() <= scale.unsqueeze(-1) * 1.0 + 1e-6).all()
+    assert ((deq - blocks).abs() <= blocks.abs() * 0.25 + scale.unsqueeze(-1) * 0.25).all()
+
+
+def test_mxfp4_reference_is_flashinfers_template_where_their_roundings_agree():
+    # FlashInfer's template takes floor(log2(amax / 6)) and breaks ties toward the smaller
+    # magnitude; its kernels round the exponent up and ties to even. Blocks whose amax / 6
+    # is a power of two and whose scaled values are on the e2m1 grid agree exactly.
+    grid = torch.cat([E2M1, -E2M1[1:]])
+    g = torch.Generator().manual_seed(4)
+    codes = grid[torch.randint(0, len(grid), (8, 4096), generator=g)]
+    codes[:, ::32] = 6.0
+    exps = torch.randint(-4, 5, (8, 128, 1), generator=g).float()
+    x = (codes.reshape(8, 128, 32) * torch.pow(2.0, exps)).reshape(8, 4096).to(torch.bfloat16)
+    ours_q, ours_s = _reference("mxfp4_quantize_k4096")(x)
+    theirs_q, theirs_s = fi_quantize._mxfp4_quantize_reference(x)
+    assert torch.equal(ours_s.view(torch.uint8), theirs_s.view(torch.uint8))
+    assert torch.equal(_unpack_e2m1(ours_q), _unpack_e2m1(theirs_q))
+    assert torch.equal(
+        _unpack_e2m1(ours_q),
+        x.float() / torch.pow(2.0, exps).repeat_interleave(32, 1).reshape(8, 4096),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# nvfp4_kv_quantize
+# ---------------------------------------------------------------------------------------
+
+
+def test_nvfp4_kv_calls_are_routed_and_return_uint8_bytes():
+    name, seen = "nvfp4_kv_quantize_k128", []
+    x, gs = _bf16(40, 128), torch.tensor([0.5])
+    with rt.enable_apply({name: _recorder(name, seen)}, strict=True):
+        x_q, sf = flashinfer.nvfp4_kv_quantize(x, gs)
+    assert len(seen) == 1 and torch.equal(seen[0]["global_scale"], gs)
+    assert x_q.dtype == sf.dtype == torch.uint8
+    assert x_q.shape == (40, 64) and sf.shape == (40, 8)
+    ref_q, ref_sf = _reference(name)(x, gs)
+    assert torch.equal(x_q, ref_q.view(torch.uint8)) and torch.equal(sf, ref_sf.view(torch.uint8))
+
+
+def test_an_nvfp4_kv_call_of_another_head_dim_falls_back():
+    name, seen = "nvfp4_kv_quantize_k128", []
+    with rt.enable_apply({name: _recorder(name, seen)}):
+        with pytest.raises(FLASHINFER_ON_CPU):
+            flashinfer.nvfp4_kv_quantize(_bf16(4, 96), torch.tensor([1.0]))
+    assert not seen
+
+
+@pytest.mark.parametrize("gs", [0.5, 1.0, 3.0])
+def test_nvfp4_kv_reference_dequantizes_with_the_global_scale(gs):
+    # x is about value * sf * global_scale, within e2m1's rounding of the block.
+    x = _bf16(64, 128, seed=5, scale=2.0)
+    x[0, :16] = 0.0
+    q, sf = _reference("nvfp4_kv_quantize_k128")(x, torch.tensor([gs]))
+    assert (sf[0, 0].float() == 0) and (_unpack_e2m1(q[0, :8]) == 0).all()
+    scale = sf.float().unsqueeze(-1) * gs
+    blocks = x.float().reshape(64, -1, 16)
+    deq = _unpack_e2m1(q).reshape(64, -1, 16) * scale
+    amax = blocks.abs().amax(-1, keepdim=True)
+    # The e4m3 scale is within 1/16 of amax / 6 / global_scale.
+    assert ((sf.float() * gs * 6 - amax[..., 0]).abs() <= amax[..., 0] / 16 + 1e-6).all()
+    assert ((deq - blocks).abs() <= scale * 1.0 + 1e-6).all()
+    assert (deq - blocks).abs().mean() < 0.1 * blocks.abs().mean()
+
+
+def test_nvfp4_kv_reference_agrees_with_flashinfers_template_at_a_global_scale_of_one():
+    # With global_scale 1 the directions agree; the template breaks e2m1 ties toward the
+    # smaller magnitude, the kernel to the even code, so compare dequantized values loosely
+    # and scales exactly.
+    x = _bf16(32, 128, seed=6)
+    one = torch.tensor([1.0])
+    ours_q, ours_sf = _reference("nvfp4_kv_quantize_k128")(x, one)
+    theirs_q, theirs_sf = fi_quantize._nvfp4_kv_quantize_reference(x, one)
+    assert torch.equal(ours_sf.view(torch.uint8), theirs_sf.view(torch.uint8))
+    ours, theirs = _unpack_e2m1(ours_q), _unpack_e2m1(theirs_q)
+    assert (ours - theirs).abs().max() <= 1.0  # at most one e2m1 step apart
+    assert (ours == theirs).float().mean() > 0.9
+    # A global scale of 2: the kernel divides by it, the template multiplies.
+    ours_sf2 = _reference("nvfp4_kv_quantize_k128")(x, torch.tensor([2.0]))[1]
+    assert (ours_sf2.float() < ours_sf.float()).float().mean() > 0.9
