@@ -360,3 +360,9 @@ ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper.run": _ragged_prefill,
     "flashinfer.mla.BatchMLAPagedAttentionWrapper.run": _mla,
 }
+
+# The attention APIs of attention_single.fidef, attention_cascade.fidef and
+# attention_batch.fidef.
+from _routable_attention import ROUTABLE as _ATTENTION  # noqa: E402
+
+ROUTABLE |= _ATTENTION

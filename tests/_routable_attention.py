@@ -1,0 +1,182 @@
+"""Calls that give every parameter and are routed, for the attention APIs of
+``definitions/attention_single.fidef``, ``attention_cascade.fidef`` and
+``attention_batch.fidef`` (see ``_routable_calls`` for the convention): every value is one
+the family's rules accept, a non-default one wherever a rule allows it (a window, a soft cap,
+an explicit scale, an ignored launch option), the default otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def _kv_len_arr(x: dict, page_size: int) -> torch.Tensor:
+    pages = x["kv_indptr"][1:] - x["kv_indptr"][:-1]
+    return ((pages - 1) * page_size + x["kv_last_page_len"]).to(torch.int32)
+
+
+def _single_decode(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "single_decode_h32_kv8_d128"
+    x, _ = c.inputs(name, kv_len=5)
+    kwargs: dict = {"kv_layout": "NHD", "pos_encoding_mode": "NONE", "use_tensor_cores": True}
+    kwargs |= {"q_scale": None, "k_scale": None, "v_scale": None, "window_left": 3}
+    kwargs |= {"logits_soft_cap": 30.0, "sm_scale": 0.1, "rope_scale": 2.0, "rope_theta": 5e5}
+    kwargs |= {"return_lse": False}
+    return Call(name, (x["q"], x["k"], x["v"]), kwargs)
+
+
+def _single_prefill(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "single_prefill_h32_kv8_d128"
+    x, _ = c.inputs(name, qo_len=3, kv_len=5)
+    kwargs: dict = {"scale_q": None, "scale_k": None, "scale_v": None, "o_dtype": torch.bfloat16}
+    kwargs |= {"custom_mask": None, "packed_custom_mask": None, "causal": True}
+    kwargs |= {"kv_layout": "NHD", "pos_encoding_mode": "NONE", "use_fp16_qk_reduction": False}
+    kwargs |= {"sm_scale": 0.1, "window_left": 3, "logits_soft_cap": 30.0, "rope_scale": 2.0}
+    kwargs |= {"rope_theta": 5e5, "backend": "fa2", "return_lse": False, "kv_cache_sf": None}
+    kwargs |= {"k_scale": None, "v_scale": None}
+    return Call(name, (x["q"], x["k"], x["v"]), kwargs)
+
+
+def _merge_state_in_place(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "merge_state_in_place_h32_d128"
+    x, _ = c.inputs(name, seq_len=3)
+    mask = torch.tensor([True, False, True])
+    return Call(name, (x["v"], x["s"], x["v_other"], x["s_other"]), {"mask": mask})
+
+
+def _merge_states(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "merge_states_h32_d128"
+    x, _ = c.inputs(name, seq_len=3, num_states=2)
+    return Call(name, (x["v"], x["s"]))
+
+
+def _cascade(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "multi_level_cascade_run_h32_kv8_d128_ps16"
+    x, _ = c.inputs(name, len_shared_indptr=2, len_unique_indptr=3, total_q=4, num_pages=32)
+    plan = (
+        [x["shared_qo_indptr"], x["unique_qo_indptr"]],
+        [x["shared_kv_indptr"], x["unique_kv_indptr"]],
+        [x["shared_kv_indices"], x["unique_kv_indices"]],
+        [x["shared_kv_last_page_len"], x["unique_kv_last_page_len"]],
+        32,
+        8,
+        128,
+        16,
+    )
+    plan_kwargs: dict = {"causal": True, "pos_encoding_mode": "NONE"}
+    plan_kwargs |= {"use_fp16_qk_reduction": False, "sm_scale": 0.1, "window_left": -1}
+    plan_kwargs |= {"logits_soft_cap": 30.0, "rope_scale": 2.0, "rope_theta": 5e5}
+    plan_kwargs |= {"q_data_type": torch.bfloat16, "kv_data_type": torch.bfloat16}
+    return Call(
+        name,
+        (x["q"], (x["k_cache"], x["v_cache"])),
+        {},
+        (plan, plan_kwargs),
+        {"_kv_layout": "NHD"},
+    )
+
+
+def _batch_attention(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "batch_attention_run_h32_kv8_d128_ps16"
+    x, axes = c.inputs(name, len_indptr=3, total_q=5, num_pages=32)
+    plan = (x["qo_indptr"], x["kv_indptr"], x["kv_indices"], _kv_len_arr(x, 16))
+    plan += (32, 8, 128, 128, 16)
+    plan_kwargs: dict = {"causal": True, "sm_scale": 0.1, "logits_soft_cap": 30.0}
+    plan_kwargs |= {"q_data_type": torch.bfloat16, "kv_data_type": torch.bfloat16}
+    plan_kwargs |= {"use_profiler": False}
+    kwargs: dict = {"out": c.buffer(name, "output", axes), "lse": c.buffer(name, "lse", axes)}
+    kwargs |= {"k_scale": None, "v_scale": None, "logits_soft_cap": 30.0}
+    kwargs |= {"profiler_buffer": torch.zeros(4), "kv_cache_sf": None}
+    return Call(
+        name,
+        (x["q"], (x["k_cache"], x["v_cache"])),
+        kwargs,
+        (plan, plan_kwargs),
+        {"_kv_layout": "NHD"},
+    )
+
+
+def _pod(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "pod_run_h32_kv8_d128_ps16"
+    x, _ = c.inputs(name, batch_size=3, qo_len=2, kv_len=5, num_pages=32)
+    plan = (x["kv_indptr"], x["kv_indices"], x["kv_last_page_len"], 32, 8, 128, 16)
+    plan_kwargs: dict = {"pos_encoding_mode": "NONE", "window_left": 7}
+    plan_kwargs |= {"q_data_type": torch.bfloat16, "kv_data_type": torch.bfloat16}
+    plan_kwargs |= {"data_type": torch.bfloat16, "sm_scale": 0.1, "rope_scale": 2.0}
+    plan_kwargs |= {"rope_theta": 5e5, "non_blocking": False}
+    kwargs: dict = {"custom_mask_p": None, "packed_custom_mask_p": None, "causal_p": True}
+    kwargs |= {"kv_layout_p": "NHD", "pos_encoding_mode_p": "NONE", "sm_scale_p": 0.2}
+    kwargs |= {"window_left_p": 3, "rope_scale_p": 2.0, "rope_theta_p": 5e5, "return_lse_p": True}
+    kwargs |= {"custom_mask_d": None, "packed_custom_mask_d": None, "causal_d": True}
+    kwargs |= {"kv_layout_d": "HND", "pos_encoding_mode_d": "ROPE_LLAMA", "sm_scale_d": 0.3}
+    kwargs |= {"window_left_d": 1, "rope_scale_d": 2.0, "rope_theta_d": 5e5}
+    kwargs |= {"q_scale": None, "k_scale": None, "v_scale": None, "return_lse_d": True}
+    kwargs |= {"use_fp16_qk_reduction": False, "enable_pdl": True}
+    run = (x["q_p"], x["k_p"], x["v_p"], x["q_d"], (x["k_cache"], x["v_cache"]))
+    return Call(name, run, kwargs, (plan, plan_kwargs), {"_kv_layout": "NHD"})
+
+
+def _batch_pod(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "batch_pod_run_h32_kv8_d128_ps16"
+    axes = {"len_indptr_p": 3, "total_q_p": 5, "num_pages_p": 32}
+    axes |= {"len_indptr_d": 4, "total_q_d": 3, "num_pages_d": 32}
+    x, _ = c.inputs(name, **axes)
+    plan = (x["qo_indptr_p"], x["kv_indptr_p"], x["kv_indices_p"], x["kv_last_page_len_p"])
+    plan += (x["qo_indptr_d"], x["kv_indptr_d"], x["kv_indices_d"], x["kv_last_page_len_d"])
+    plan += (32, 8, 128, 16)
+    plan_kwargs: dict = {"pos_encoding_mode": "NONE", "window_left": 7}
+    plan_kwargs |= {"q_data_type": torch.bfloat16, "kv_data_type": torch.bfloat16}
+    plan_kwargs |= {"data_type": torch.bfloat16, "sm_scale": 0.1, "rope_scale": 2.0}
+    plan_kwargs |= {"rope_theta": 5e5, "non_blocking": False}
+    kwargs: dict = {"custom_mask_p": None, "packed_custom_mask_p": None, "causal_p": True}
+    kwargs |= {"q_scale": None, "k_scale": None, "v_scale": None, "return_lse": False}
+    kwargs |= {"use_fp16_qk_reduction": False, "enable_pdl": True}
+    run = (x["q_p"], (x["k_cache_p"], x["v_cache_p"]), x["q_d"], (x["k_cache_d"], x["v_cache_d"]))
+    return Call(name, run, kwargs, (plan, plan_kwargs), {"_kv_layout": "NHD"})
+
+
+def _cudnn_decode(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "cudnn_batch_decode_h64_kv8_d64_ps16"
+    x, axes = c.inputs(name, batch_size=2, num_pages_per_seq=3, total_num_pages=8)
+    args = (x["q"], x["k_cache"], x["v_cache"], 0.125, torch.empty(16, dtype=torch.uint8))
+    kwargs: dict = {"max_sequence_kv": 48, "actual_seq_lens_kv": x["actual_seq_lens_kv"]}
+    kwargs |= {"block_tables": x["block_tables"], "is_cuda_graph_compatible": True}
+    kwargs |= {f"batch_offsets_{k}": None for k in "qokv"}
+    kwargs |= {"out": c.buffer(name, "output", axes), "return_lse": True}
+    kwargs |= {"lse": c.buffer(name, "lse", axes), "q_len_per_req": 1, "window_left": 127}
+    kwargs |= {"sinks": x["sinks"]}
+    return Call(name, args, kwargs)
+
+
+ROUTABLE: dict[str, Callable[[Any], Any]] = {
+    "flashinfer.decode.single_decode_with_kv_cache": _single_decode,
+    "flashinfer.prefill.single_prefill_with_kv_cache": _single_prefill,
+    "flashinfer.cascade.merge_state_in_place": _merge_state_in_place,
+    "flashinfer.cascade.merge_states": _merge_states,
+    "flashinfer.cascade.MultiLevelCascadeAttentionWrapper.run": _cascade,
+    "flashinfer.attention.BatchAttention.run": _batch_attention,
+    "flashinfer.pod.PODWithPagedKVCacheWrapper.run": _pod,
+    "flashinfer.pod.BatchPODWithPagedKVCacheWrapper.run": _batch_pod,
+    "flashinfer.cudnn.decode.cudnn_batch_decode_with_kv_cache": _cudnn_decode,
+}
