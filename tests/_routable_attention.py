@@ -1,6 +1,6 @@
 """Calls that give every parameter and are routed, for the attention APIs of
-``definitions/attention_single.fidef``, ``attention_cascade.fidef`` and
-``attention_batch.fidef`` (see ``_routable_calls`` for the convention): every value is one
+``definitions/attention_single.fidef``, ``attention_cascade.fidef``, ``attention_batch.fidef``
+and ``attention_page.fidef`` (see ``_routable_calls`` for the convention): every value is one
 the family's rules accept, a non-default one wherever a rule allows it (a window, a soft cap,
 an explicit scale, an ignored launch option), the default otherwise.
 """
@@ -169,6 +169,16 @@ def _cudnn_decode(c: Any) -> Any:
     return Call(name, args, kwargs)
 
 
+def _append_mla(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "append_paged_mla_kv_cache_ckv512_kpe64"
+    x, _ = c.inputs(name, nnz_kv=3, batch_size=2, num_pages=8, page_size=4, num_kv_indices=4)
+    args = (x["append_ckv"], x["append_kpe"], x["batch_indices"], x["positions"])
+    args += (x["ckv_cache"], x["kpe_cache"], x["kv_indices"], x["kv_indptr"])
+    return Call(name, (*args, x["kv_last_page_len"]), {})
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.decode.single_decode_with_kv_cache": _single_decode,
     "flashinfer.prefill.single_prefill_with_kv_cache": _single_prefill,
@@ -179,4 +189,5 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.pod.PODWithPagedKVCacheWrapper.run": _pod,
     "flashinfer.pod.BatchPODWithPagedKVCacheWrapper.run": _batch_pod,
     "flashinfer.cudnn.decode.cudnn_batch_decode_with_kv_cache": _cudnn_decode,
+    "flashinfer.page.append_paged_mla_kv_cache": _append_mla,
 }

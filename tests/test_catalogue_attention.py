@@ -1,4 +1,5 @@
-"""The attention families of attention_single, attention_cascade and attention_batch.fidef,
+"""The attention families of attention_single, attention_cascade, attention_batch and
+attention_page.fidef,
 held to the real FlashInfer 0.7.2 on the CPU.
 
 Routing: FlashInfer's own functions are called with apply on and a solution that records
@@ -32,10 +33,12 @@ import flashinfer  # noqa: E402
 import flashinfer.cascade  # noqa: E402
 import flashinfer.cudnn.decode  # noqa: E402
 import flashinfer.decode  # noqa: E402
+import flashinfer.page  # noqa: E402
 import flashinfer.pod  # noqa: E402
 import flashinfer.prefill  # noqa: E402
 from flashinfer.trace.templates import attention as fi_attention  # noqa: E402
 from flashinfer.trace.templates import cascade as fi_cascade  # noqa: E402
+from flashinfer.trace.templates import page as fi_page  # noqa: E402
 
 import _routable_calls as routable  # noqa: E402
 import fibgen.runtime as rt  # noqa: E402
@@ -56,6 +59,7 @@ def _module():
     files += [
         ROOT / "definitions" / f for f in ("attention_cascade.fidef", "attention_batch.fidef")
     ]
+    files += [ROOT / "definitions" / "attention_page.fidef"]
     result = compile_paths([str(f) for f in files])
     assert result.ok, "the attention definitions do not compile"
     return result.module
@@ -705,3 +709,59 @@ def _routable_attention_call(path):
 
 def _build(call):
     return lambda catalogue: call
+
+
+# ---------------------------------------------------------------------------------------
+# MLA page append
+# ---------------------------------------------------------------------------------------
+
+
+def _mla_append_call(seed=0):
+    x, _ = _catalogue().inputs(
+        "append_paged_mla_kv_cache_ckv512_kpe64", seed=seed, nnz_kv=5, batch_size=2,
+        num_pages=6, page_size=4, num_kv_indices=4,
+    )  # fmt: skip
+    return x
+
+
+def test_mla_append_reference_is_flashinfers_template_and_writes_only_the_named_slots():
+    x = _mla_append_call()
+    # Two tokens of request 1 in its second page, and one written twice: the later wins.
+    x["batch_indices"] = torch.tensor([0, 1, 1, 1, 0], dtype=torch.int32)
+    x["positions"] = torch.tensor([2, 5, 6, 5, 0], dtype=torch.int32)
+    x["kv_indices"] = torch.tensor([4, 0, 3, 5], dtype=torch.int32)
+    x["kv_indptr"] = torch.tensor([0, 1, 4], dtype=torch.int32)
+    ckv, kpe = _reference("append_paged_mla_kv_cache_ckv512_kpe64")(**x)
+    theirs_ckv, theirs_kpe = fi_page._append_paged_mla_kv_cache_reference(
+        **{**x, "ckv_cache": x["ckv_cache"].clone(), "kpe_cache": x["kpe_cache"].clone()}
+    )
+    assert torch.equal(ckv, theirs_ckv) and torch.equal(kpe, theirs_kpe)
+    # Independently: request 1's position 5 is slot 1 of its second page (page 3).
+    assert torch.equal(ckv[3, 1], x["append_ckv"][3]) and torch.equal(kpe[3, 1], x["append_kpe"][3])
+    assert torch.equal(ckv[3, 2], x["append_ckv"][2]) and torch.equal(ckv[4, 2], x["append_ckv"][0])
+    assert torch.equal(ckv[4, 0], x["append_ckv"][4])
+    written = {(3, 1), (3, 2), (4, 2), (4, 0)}
+    for page in range(6):
+        for slot in range(4):
+            if (page, slot) not in written:
+                assert torch.equal(ckv[page, slot], x["ckv_cache"][page, slot])
+                assert torch.equal(kpe[page, slot], x["kpe_cache"][page, slot])
+
+
+def test_mla_append_routes_in_place_and_refuses_a_missing_cache_or_another_dtype():
+    x = _mla_append_call(seed=1)
+    expected = _reference("append_paged_mla_kv_cache_ckv512_kpe64")(**x)
+    order = ["append_ckv", "append_kpe", "batch_indices", "positions", "ckv_cache", "kpe_cache"]
+    order += ["kv_indices", "kv_indptr", "kv_last_page_len"]
+    args = tuple(x[k] for k in order)
+    half = (x["append_ckv"].half(), x["append_kpe"].half(), *args[2:4])
+    half += (x["ckv_cache"].half(), x["kpe_cache"].half(), *args[6:])
+    cases = [
+        ({}, {"ckv_cache": x["ckv_cache"], "kv_last_page_len": x["kv_last_page_len"]}),
+        ({"__args__": (*args[:4], None, *args[5:])}, "unevaluable"),
+        ({"__args__": half}, "tensor:append_ckv"),
+    ]
+    path = "flashinfer.page.append_paged_mla_kv_cache"
+    _route(path, "append_paged_mla_kv_cache_ckv512_kpe64", (args, {}), cases)
+    # The routed call wrote the caches in place, as FlashInfer's kernel does.
+    assert torch.equal(x["ckv_cache"], expected[0]) and torch.equal(x["kpe_cache"], expected[1])
