@@ -1,6 +1,6 @@
 """Calls that give every parameter and are routed, for the attention APIs of
-``definitions/attention_single.fidef``, ``attention_cascade.fidef``, ``attention_batch.fidef``
-and ``attention_page.fidef`` (see ``_routable_calls`` for the convention): every value is one
+``definitions/attention_single.fidef``, ``attention_cascade.fidef``, ``attention_batch.fidef``,
+``attention_page.fidef`` and ``attention_block_sparse.fidef`` (see ``_routable_calls`` for the convention): every value is one
 the family's rules accept, a non-default one wherever a rule allows it (a window, a soft cap,
 an explicit scale, an ignored launch option), the default otherwise.
 """
@@ -179,6 +179,28 @@ def _append_mla(c: Any) -> Any:
     return Call(name, (*args, x["kv_last_page_len"]), {})
 
 
+def _block_sparse(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "block_sparse_run_h32_kv8_d128"
+    x, _ = c.inputs(name, qo_len=32, kv_len=16, len_indptr=3, nnz=3)
+    # 2 x 2 blocks of 16 x 8: block row 0 sees column block 1, block row 1 both.
+    indptr = torch.tensor([0, 1, 3], dtype=torch.int32)
+    indices = torch.tensor([1, 0, 1], dtype=torch.int32)
+    plan = (indptr, indices, 32, 16, 16, 8, 32, 8, 128)
+    plan_kwargs: dict = {"mask": None, "packed_mask": None, "causal": False}
+    plan_kwargs |= {"pos_encoding_mode": "NONE", "use_fp16_qk_reduction": False}
+    plan_kwargs |= {"logits_soft_cap": 30.0, "sm_scale": 0.1, "rope_scale": 2.0}
+    plan_kwargs |= {"rope_theta": 5e5, "q_data_type": torch.bfloat16}
+    plan_kwargs |= {"kv_data_type": torch.bfloat16, "o_data_type": torch.bfloat16}
+    plan_kwargs |= {"non_blocking": False, "block_mask": None, "kv_block_lens": None}
+    plan_kwargs |= {"q2k_indices": None, "q2k_num": None, "kv_splits": None, "use_clc": None}
+    plan_kwargs |= {"q_scale": None, "k_scale": None, "v_scale": None}
+    kwargs: dict = {"scale_q": None, "scale_k": None, "scale_v": None, "out": None}
+    kwargs |= {"lse": None, "return_lse": True, "enable_pdl": True}
+    return Call(name, (x["q"], x["k"], x["v"]), kwargs, (plan, plan_kwargs))
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.decode.single_decode_with_kv_cache": _single_decode,
     "flashinfer.prefill.single_prefill_with_kv_cache": _single_prefill,
@@ -190,4 +212,5 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.pod.BatchPODWithPagedKVCacheWrapper.run": _batch_pod,
     "flashinfer.cudnn.decode.cudnn_batch_decode_with_kv_cache": _cudnn_decode,
     "flashinfer.page.append_paged_mla_kv_cache": _append_mla,
+    "flashinfer.sparse.BlockSparseAttentionWrapper.run": _block_sparse,
 }

@@ -1,5 +1,5 @@
-"""The attention families of attention_single, attention_cascade, attention_batch and
-attention_page.fidef,
+"""The attention families of attention_single, attention_cascade, attention_batch,
+attention_page and attention_block_sparse.fidef,
 held to the real FlashInfer 0.7.2 on the CPU.
 
 Routing: FlashInfer's own functions are called with apply on and a solution that records
@@ -59,7 +59,9 @@ def _module():
     files += [
         ROOT / "definitions" / f for f in ("attention_cascade.fidef", "attention_batch.fidef")
     ]
-    files += [ROOT / "definitions" / "attention_page.fidef"]
+    files += [
+        ROOT / "definitions" / f for f in ("attention_page.fidef", "attention_block_sparse.fidef")
+    ]
     result = compile_paths([str(f) for f in files])
     assert result.ok, "the attention definitions do not compile"
     return result.module
@@ -765,3 +767,81 @@ def test_mla_append_routes_in_place_and_refuses_a_missing_cache_or_another_dtype
     _route(path, "append_paged_mla_kv_cache_ckv512_kpe64", (args, {}), cases)
     # The routed call wrote the caches in place, as FlashInfer's kernel does.
     assert torch.equal(x["ckv_cache"], expected[0]) and torch.equal(x["kpe_cache"], expected[1])
+
+
+# ---------------------------------------------------------------------------------------
+# Block-sparse attention
+# ---------------------------------------------------------------------------------------
+
+
+def _bsr_dense(q, k, v, indptr, indices, R, C, sm_scale, cap):
+    """FlashInfer's docstring example: the BSR matrix expanded to each row's key list, then
+    dense attention over those keys, one row and head at a time."""
+    m, h, _ = q.shape
+    group = h // k.shape[1]
+    out, lse = torch.zeros(m, h, v.shape[-1]), torch.full((m, h), -math.inf)
+    for i in range(m):
+        r = i // R
+        blocks = indices[int(indptr[r]) : int(indptr[r + 1])].tolist()
+        keys = sorted(j for b in blocks for j in range(b * C, (b + 1) * C))
+        if not keys:
+            continue
+        for head in range(h):
+            x = (k[keys, head // group].float() @ q[i, head].float()) * sm_scale
+            if cap > 0:
+                x = cap * torch.tanh(x / cap)
+            lse[i, head] = torch.logsumexp(x, 0) / math.log(2)
+            out[i, head] = torch.softmax(x, 0) @ v[keys, head // group].float()
+    return out, lse
+
+
+@pytest.mark.parametrize("cap", [0.0, 5.0])
+def test_block_sparse_reference_is_dense_attention_over_the_listed_blocks(cap):
+    q, k, v = _bf16(10, 4, 64, seed=1), _bf16(12, 2, 64, seed=2), _bf16(12, 2, 64, seed=3)
+    # R=4, C=3: 3 block rows (the last one partial: rows 8-9), 4 column blocks; block row
+    # 1 lists nothing, block row 2 lists blocks out of order.
+    i32 = functools.partial(torch.tensor, dtype=torch.int32)
+    indptr, indices = i32([0, 2, 2, 5]), i32([0, 3, 3, 1, 2])
+    out, lse = _reference("block_sparse_run_h32_kv8_d128")(q, k, v, indptr, indices, 4, 3, 0.2, cap)
+    expected, expected_lse = _bsr_dense(q, k, v, indptr, indices, 4, 3, 0.2, cap)
+    _close(out, expected)
+    assert torch.allclose(lse, expected_lse, atol=1e-3)
+    assert torch.equal(out[4:8], torch.zeros_like(out[4:8])) and torch.isinf(lse[4:8]).all()
+    # With every block listed it is FlashInfer's single prefill without a mask.
+    full = _reference("block_sparse_run_h32_kv8_d128")(
+        q, k, v, i32([0, 4, 8, 12]), i32([0, 1, 2, 3] * 3), 4, 3, 0.2, 0.0
+    )
+    _close(full[0], fi_attention._single_prefill_reference(q, k, v, causal=False, sm_scale=0.2))
+
+
+def test_block_sparse_routes_what_it_models_and_refuses_the_rest(monkeypatch):
+    from flashinfer.sparse import BlockSparseAttentionWrapper
+
+    call = _routable_attention_call("flashinfer.sparse.BlockSparseAttentionWrapper.run")
+    indptr, indices = call.plan[0][:2]
+    q = call.args[0]
+    cases = [
+        ({}, {}, {"sm_scale": 0.1, "logits_soft_cap": 30.0, "R": 16, "C": 8, "indptr": indptr}),
+        (
+            {"sm_scale": None, "logits_soft_cap": None},
+            {"return_lse": False, "enable_pdl": None},
+            {"sm_scale": 1 / math.sqrt(128), "logits_soft_cap": 0.0, "indices": indices},
+        ),
+        ({"causal": True}, {}, "plan.causal"),
+        ({"mask": torch.ones(3, 16, 8, dtype=torch.bool)}, {}, "plan.mask"),
+        ({"packed_mask": torch.ones(48, dtype=torch.uint8)}, {}, "plan.packed_mask"),
+        ({"pos_encoding_mode": "ROPE_LLAMA"}, {}, "plan.pos_encoding_mode"),
+        ({"use_fp16_qk_reduction": True}, {}, "plan.use_fp16_qk_reduction"),
+        ({"block_mask": torch.ones(32, 2, 2, dtype=torch.bool)}, {}, "plan.block_mask"),
+        ({"kv_splits": "auto"}, {}, "plan.kv_splits"),
+        ({"q_data_type": "float16"}, {}, "plan.q_data_type"),
+        ({"o_data_type": torch.float16}, {}, "plan.o_data_type"),
+        ({}, {"scale_q": torch.ones(1)}, "scale_q"),
+        ({"__args__": (indptr, indices, 16, 16, 8, 8, 32, 8, 128)}, {}, "plan.M,q"),
+        ({}, {"__args__": (q.half(), *[t.half() for t in call.args[1:]])}, "tensor:q"),
+    ]
+    seen = _route_wrapper(
+        monkeypatch, BlockSparseAttentionWrapper, "_pos_encoding_mode",
+        "block_sparse_run_h32_kv8_d128", _build(call), cases,
+    )  # fmt: skip
+    assert torch.equal(seen[0]["q"], q)
