@@ -201,6 +201,24 @@ def _block_sparse(c: Any) -> Any:
     return Call(name, (x["q"], x["k"], x["v"]), kwargs, (plan, plan_kwargs))
 
 
+def _var_block_sparse(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "var_block_sparse_run_h32_kv8_d128"
+    x, _ = c.inputs(name, qo_len=6, kv_len=6)
+    # The docstring's example: rows in blocks of 1, 2, 3; keys in blocks of 3, 1, 2.
+    mask = torch.tensor([[0, 0, 1], [1, 0, 1], [0, 1, 1]], dtype=torch.bool).expand(8, 3, 3)
+    rows = torch.tensor([1, 2, 3], dtype=torch.int32).expand(8, 3)
+    cols = torch.tensor([3, 1, 2], dtype=torch.int32).expand(8, 3)
+    plan_kwargs: dict = {"causal": False, "pos_encoding_mode": "NONE"}
+    plan_kwargs |= {"use_fp16_qk_reduction": False, "logits_soft_cap": 30.0, "sm_scale": 0.1}
+    plan_kwargs |= {"rope_scale": 2.0, "rope_theta": 5e5, "non_blocking": False}
+    plan_kwargs |= {"q_data_type": torch.bfloat16, "kv_data_type": torch.bfloat16}
+    kwargs = {"out": None, "lse": None, "return_lse": False, "enable_pdl": True}
+    plan = ((mask, rows, cols, 32, 8, 128), plan_kwargs)
+    return Call(name, (x["q"], x["k"], x["v"]), kwargs, plan)
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.decode.single_decode_with_kv_cache": _single_decode,
     "flashinfer.prefill.single_prefill_with_kv_cache": _single_prefill,
@@ -213,4 +231,5 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.cudnn.decode.cudnn_batch_decode_with_kv_cache": _cudnn_decode,
     "flashinfer.page.append_paged_mla_kv_cache": _append_mla,
     "flashinfer.sparse.BlockSparseAttentionWrapper.run": _block_sparse,
+    "flashinfer.sparse.VariableBlockSparseAttentionWrapper.run": _var_block_sparse,
 }

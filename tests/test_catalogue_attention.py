@@ -845,3 +845,80 @@ def test_block_sparse_routes_what_it_models_and_refuses_the_rest(monkeypatch):
         "block_sparse_run_h32_kv8_d128", _build(call), cases,
     )  # fmt: skip
     assert torch.equal(seen[0]["q"], q)
+
+
+def _var_bsr_dense(q, k, v, mask, rows, cols, sm_scale, cap):
+    """The variable blocks expanded to each (head, query)'s key list, as FlashInfer's plan
+    expands them, then dense attention over those keys."""
+    h, m, _ = q.shape
+    group = h // k.shape[0]
+    row_of = [r for r, n in enumerate(rows.tolist()) for _ in range(n)]
+    starts = [0, *torch.as_tensor(cols).cumsum(0).tolist()]
+    out = torch.zeros(h, m, v.shape[-1])
+    for head in range(h):
+        kv = head // group
+        for i in range(m):
+            selected = mask[kv, row_of[i]].nonzero().flatten().tolist()
+            keys = [j for c in selected for j in range(starts[c], starts[c + 1])]
+            if not keys:
+                continue
+            x = (k[kv, keys].float() @ q[head, i].float()) * sm_scale
+            if cap > 0:
+                x = cap * torch.tanh(x / cap)
+            out[head, i] = torch.softmax(x, 0) @ v[kv, keys].float()
+    return out
+
+
+@pytest.mark.parametrize("cap", [0.0, 5.0])
+def test_var_block_sparse_reference_is_dense_attention_over_each_heads_blocks(cap):
+    q, k, v = _bf16(4, 7, 64, seed=1), _bf16(2, 9, 64, seed=2), _bf16(2, 9, 64, seed=3)
+    # Rows in blocks of 2, 0, 5; keys in blocks of 4, 1, 4; KV head 1 has its own mask, and
+    # its row block 0 sees nothing.
+    mask = torch.tensor(
+        [[[1, 0, 1], [0, 0, 0], [0, 1, 1]], [[0, 0, 0], [1, 1, 1], [1, 0, 0]]], dtype=torch.bool
+    )
+    rows, cols = torch.tensor([2, 0, 5]), torch.tensor([4, 1, 4])
+    i32 = functools.partial(torch.tensor, dtype=torch.int32)
+    out = _reference("var_block_sparse_run_h32_kv8_d128")(
+        q, k, v, mask, i32([0, 2, 2, 7]), i32([0, 4, 5, 9]), 0.2, cap
+    )
+    _close(out, _var_bsr_dense(q, k, v, mask, rows, cols, 0.2, cap))
+    assert torch.equal(out[2:, :2], torch.zeros_like(out[2:, :2]))  # KV head 1, row block 0
+    assert out[:2, :2].abs().sum() > 0
+
+
+def test_var_block_sparse_routes_offsets_from_block_sizes_and_refuses_the_rest(monkeypatch):
+    from flashinfer.sparse import VariableBlockSparseAttentionWrapper
+
+    call = _routable_attention_call("flashinfer.sparse.VariableBlockSparseAttentionWrapper.run")
+    mask, rows, cols = call.plan[0][:3]
+    per_head = rows.clone()
+    per_head[1] = torch.tensor([3, 2, 1], dtype=torch.int32)
+    i32 = functools.partial(torch.tensor, dtype=torch.int32)
+    cases = [
+        (
+            {},
+            {},
+            {"row_indptr": i32([0, 1, 3, 6]), "col_indptr": i32([0, 3, 4, 6]), "sm_scale": 0.1},
+        ),
+        (
+            {"sm_scale": None, "logits_soft_cap": None},
+            {"enable_pdl": None},
+            {"sm_scale": 1 / math.sqrt(128), "logits_soft_cap": 0.0, "block_mask_map": mask},
+        ),
+        ({"causal": True}, {}, "plan.causal"),
+        ({"pos_encoding_mode": "ROPE_LLAMA"}, {}, "plan.pos_encoding_mode"),
+        ({"use_fp16_qk_reduction": True}, {}, "plan.use_fp16_qk_reduction"),
+        ({"q_data_type": "float16"}, {}, "plan.q_data_type"),
+        ({"__args__": (mask, per_head, cols, 32, 8, 128)}, {}, "plan.block_row_sz"),
+        ({}, {"return_lse": True}, "return_lse"),
+        ({}, {"out": torch.empty(1)}, "out"),
+    ]
+    seen = _route_wrapper(
+        monkeypatch, VariableBlockSparseAttentionWrapper, "_pos_encoding_mode",
+        "var_block_sparse_run_h32_kv8_d128", _build(call), cases,
+    )  # fmt: skip
+    # The routed result is the docstring example's: dense attention under the expanded mask.
+    q, k, v = call.args
+    expected = _var_bsr_dense(q, k, v, mask, rows[0], cols[0].tolist(), 0.1, 30.0)
+    _close(_reference("var_block_sparse_run_h32_kv8_d128")(**seen[0]), expected)

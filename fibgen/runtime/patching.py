@@ -121,7 +121,8 @@ def patch(path: str, wrapper: Callable[..., Any], done: list[Patch]) -> Callable
 #   it has no forward().
 # - BlockSparseAttentionWrapper: ``_pos_encoding_mode``, as the decode wrapper; its forward()
 #   assigns it too. Its cake and VSA backends return from plan() before assigning it, so a
-#   wrapper of those backends never has the stamp and its runs are not routed.
+#   wrapper of those backends never has the stamp and its runs are not routed. The same
+#   holds for VariableBlockSparseAttentionWrapper.
 # - MultiLevelCascadeAttentionWrapper has none: its plan() assigns nothing on the wrapper but
 #   plans the per-level prefill wrappers it holds, and its ``forward`` is its ``run``.
 #
@@ -137,6 +138,7 @@ PLAN_STATE = {
     "flashinfer.pod.BatchPODWithPagedKVCacheWrapper.plan": "_pos_encoding_mode",
     "flashinfer.attention.BatchAttention.plan": "_plan_info",
     "flashinfer.sparse.BlockSparseAttentionWrapper.plan": "_pos_encoding_mode",
+    "flashinfer.sparse.VariableBlockSparseAttentionWrapper.plan": "_pos_encoding_mode",
 }
 
 # The stamp of an attribute that was missing at plan time: no later read is this object,
