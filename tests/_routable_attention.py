@@ -219,6 +219,26 @@ def _var_block_sparse(c: Any) -> Any:
     return Call(name, (x["q"], x["k"], x["v"]), kwargs, plan)
 
 
+def _cudnn_prefill(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "cudnn_batch_prefill_h32_kv8_d128_ps16"
+    x, _ = c.inputs(name, batch_size=2, num_tokens=5, num_pages_per_seq=2, total_num_pages=6)
+    lens_q = (x["qo_indptr"][1:] - x["qo_indptr"][:-1]).reshape(2, 1, 1, 1)
+    args = (x["q"], x["k_cache"], x["v_cache"], 0.1, torch.empty(16, dtype=torch.uint8))
+    kwargs: dict = {"max_token_per_sequence": 5, "max_sequence_kv": 32}
+    kwargs |= {"actual_seq_lens_q": lens_q}
+    kwargs |= {"actual_seq_lens_kv": x["actual_seq_lens_kv"].reshape(2, 1, 1, 1)}
+    kwargs |= {"block_tables": x["block_tables"], "causal": True, "return_lse": False}
+    kwargs |= {"q_scale": None, "k_scale": None, "v_scale": None}
+    kwargs |= {"batch_offsets_q": x["qo_indptr"], "batch_offsets_o": x["qo_indptr"]}
+    kwargs |= {"batch_offsets_k": None, "batch_offsets_v": None, "batch_offsets_stats": None}
+    kwargs |= {"batch_offsets_units": "tokens", "out": None, "lse": None}
+    kwargs |= {"is_cuda_graph_compatible": True, "backend": "cubin"}
+    kwargs |= {"o_data_type": torch.bfloat16, "lse_base": "ln"}
+    return Call(name, args, kwargs)
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.decode.single_decode_with_kv_cache": _single_decode,
     "flashinfer.prefill.single_prefill_with_kv_cache": _single_prefill,
@@ -232,4 +252,5 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.page.append_paged_mla_kv_cache": _append_mla,
     "flashinfer.sparse.BlockSparseAttentionWrapper.run": _block_sparse,
     "flashinfer.sparse.VariableBlockSparseAttentionWrapper.run": _var_block_sparse,
+    "flashinfer.cudnn.prefill.cudnn_batch_prefill_with_kv_cache": _cudnn_prefill,
 }

@@ -32,6 +32,7 @@ require_module("flashinfer", "flashinfer-python 0.7.2.post1 is not installed (se
 import flashinfer  # noqa: E402
 import flashinfer.cascade  # noqa: E402
 import flashinfer.cudnn.decode  # noqa: E402
+import flashinfer.cudnn.prefill  # noqa: E402
 import flashinfer.decode  # noqa: E402
 import flashinfer.page  # noqa: E402
 import flashinfer.pod  # noqa: E402
@@ -922,3 +923,85 @@ def test_var_block_sparse_routes_offsets_from_block_sizes_and_refuses_the_rest(m
     q, k, v = call.args
     expected = _var_bsr_dense(q, k, v, mask, rows[0], cols[0].tolist(), 0.1, 30.0)
     _close(_reference("var_block_sparse_run_h32_kv8_d128")(**seen[0]), expected)
+
+
+# ---------------------------------------------------------------------------------------
+# cuDNN paged prefill
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_cudnn_prefill_reference_is_flashinfers_template_and_dense_attention(causal):
+    g = torch.Generator().manual_seed(0)
+    ps, kv, h, d = 4, 2, 8, 64
+    k = torch.randn(9, kv, ps, d, generator=g).to(torch.bfloat16)
+    v = torch.randn(9, kv, ps, d, generator=g).to(torch.bfloat16)
+    lens_q, lens_kv = torch.tensor([3, 1, 4], dtype=torch.int32), torch.tensor([10, 5, 2])
+    q = torch.randn(8, h, d, generator=g).to(torch.bfloat16)
+    tables = torch.tensor([[4, 1, 7], [0, 6, 2], [3, 5, 8]], dtype=torch.int32)
+    indptr = torch.tensor([0, 3, 4, 8], dtype=torch.int32)
+    out = _reference("cudnn_batch_prefill_h32_kv8_d128_ps16")(
+        q, k, v, 0.125, 4, 12, indptr, lens_kv.int(), tables, causal
+    )
+    theirs, _ = fi_attention._cudnn_batch_prefill_reference(
+        q, k, v, 0.125, None, 4, 12, lens_q, lens_kv, causal, False, block_tables=tables
+    )
+    _close(out, theirs)
+    for b in range(2):  # the requests with at least as many keys as queries
+        keys = k[tables[b].long()].permute(0, 2, 1, 3).flatten(0, 1)[: int(lens_kv[b])]
+        vals = v[tables[b].long()].permute(0, 2, 1, 3).flatten(0, 1)[: int(lens_kv[b])]
+        rows = slice(int(indptr[b]), int(indptr[b + 1]))
+        expected, _ = _dense(q[rows], keys, vals, sm_scale=0.125, causal=causal)
+        _close(out[rows], expected)
+    if causal:  # request 2 has 4 queries and 2 keys: its first query sees key 0 alone
+        _close(out[4], v[3, :, 0].repeat_interleave(h // kv, dim=0))
+
+
+def _cudnn_prefill_call():
+    call = _routable_attention_call("flashinfer.cudnn.prefill.cudnn_batch_prefill_with_kv_cache")
+    return call.args, dict(call.kwargs)
+
+
+def test_cudnn_prefill_routes_packed_offsets_and_refuses_the_rest():
+    args, kwargs = _cudnn_prefill_call()
+    indptr = kwargs["batch_offsets_q"]
+    q = args[0]
+    elements = indptr * q.shape[1] * q.shape[2]
+    moved = indptr.clone()
+    moved[1] += 1
+    # Without cudnn-frontend (as here) FlashInfer's cubin path takes the refused calls, and
+    # it asserts return_lse before it reaches a kernel.
+    cubin = AssertionError
+    cases = [
+        ({}, {"qo_indptr": indptr, "causal": True, "scale": 0.1}),
+        (
+            {"batch_offsets_q": None, "batch_offsets_o": None, "causal": False},
+            {"qo_indptr": indptr, "causal": False},
+        ),
+        (
+            {
+                "batch_offsets_units": "elements",
+                "batch_offsets_q": elements,
+                "batch_offsets_o": elements,
+            },
+            {"q": q},
+        ),
+        ({"batch_offsets_q": moved}, ("batch_offsets_q,batch_offsets_units,q", cubin)),
+        ({"batch_offsets_q": elements}, ("batch_offsets_q,batch_offsets_units,q", cubin)),
+        ({"return_lse": True}, ("return_lse", NotImplementedError)),
+        ({"out": torch.empty_like(q)}, ("out", cubin)),
+        ({"q_scale": torch.ones(1, 1, 1, 1)}, ("q_scale", cubin)),
+        ({"o_data_type": torch.float16}, ("o_data_type", cubin)),
+        ({"batch_offsets_stats": indptr}, ("batch_offsets_stats", cubin)),
+    ]
+    path = "flashinfer.cudnn.prefill.cudnn_batch_prefill_with_kv_cache"
+    _route(path, "cudnn_batch_prefill_h32_kv8_d128_ps16", (args, kwargs), cases)
+
+
+def test_cudnn_prefill_returns_output_and_no_lse_as_flashinfer_does():
+    args, kwargs = _cudnn_prefill_call()
+    name = "cudnn_batch_prefill_h32_kv8_d128_ps16"
+    with rt.enable_apply({name: _recorder(name, [])}):
+        result = flashinfer.cudnn.prefill.cudnn_batch_prefill_with_kv_cache(*args, **kwargs)
+    assert isinstance(result, tuple) and len(result) == 2 and result[1] is None
+    assert result[0].shape == args[0].shape and result[0].dtype == torch.bfloat16
