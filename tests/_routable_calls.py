@@ -361,8 +361,8 @@ ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.mla.BatchMLAPagedAttentionWrapper.run": _mla,
 }
 
-# The attention APIs of attention_single.fidef, attention_cascade.fidef and
-# attention_batch.fidef.
+# The attention APIs of attention_single.fidef, attention_cascade.fidef,
+# attention_batch.fidef, attention_page.fidef and attention_block_sparse.fidef.
 from _routable_attention import ROUTABLE as _ATTENTION  # noqa: E402
 
 ROUTABLE |= _ATTENTION
