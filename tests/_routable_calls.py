@@ -370,3 +370,9 @@ ROUTABLE |= _NORM_ROPE
 from _routable_samp_quant import ROUTABLE as _SAMP_QUANT  # noqa: E402
 
 ROUTABLE |= _SAMP_QUANT
+
+# The attention APIs of attention_single.fidef, attention_cascade.fidef,
+# attention_batch.fidef, attention_page.fidef and attention_block_sparse.fidef.
+from _routable_attention import ROUTABLE as _ATTENTION  # noqa: E402
+
+ROUTABLE |= _ATTENTION

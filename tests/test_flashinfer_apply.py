@@ -331,11 +331,12 @@ def _given(real, args, kwargs) -> dict:
 def _planner(real, calls, path):
     """A stand-in for a wrapper's plan: records, and sets the state FlashInfer's plan sets."""
     sig = inspect.signature(real)
-    attr = patching.PLAN_STATE[path]
+    attr = patching.PLAN_STATE.get(path)
 
     def plan(*args, **kwargs):
         calls.append(sig.bind(*args, **kwargs).arguments)
-        setattr(args[0], attr, "NONE" if attr == "_pos_encoding_mode" else object())
+        if attr is not None:
+            setattr(args[0], attr, "NONE" if attr == "_pos_encoding_mode" else object())
 
     plan.__signature__ = sig
     return plan
@@ -777,14 +778,25 @@ def _accepting_any(seen):
     return solution
 
 
+# Wrappers whose plan() leaves nothing on the wrapper to stamp (Note [plan state]).
+UNSTAMPED = {
+    "flashinfer.cascade.MultiLevelCascadeAttentionWrapper.plan": "plans the wrappers it holds",
+}
+
+
 def test_every_wrapper_of_the_catalogue_has_a_plan_state_its_plan_and_forward_assign():
     # Note [plan state]: the attribute stamped must be assigned by every plan() and by every
     # method that changes what run() computes (forward, forward_return_lse).
     import ast
     import textwrap
 
-    paths = {f.plan.path for f in _families() if f.plan is not None}
+    paths = {f.plan.path for f in _families() if f.plan is not None} - set(UNSTAMPED)
     assert paths <= set(patching.PLAN_STATE), paths - set(patching.PLAN_STATE)
+    for path in UNSTAMPED:
+        owner, _ = patching._locate(path)
+        # No stamp: nothing but plan() may change what run() computes.
+        assert vars(owner).get("forward") in (None, vars(owner)["run"]), path
+        assert "forward_return_lse" not in vars(owner), path
     for path in paths:
         attr = patching.PLAN_STATE[path]
         owner, _ = patching._locate(path)

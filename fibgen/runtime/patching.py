@@ -115,6 +115,16 @@ def patch(path: str, wrapper: Callable[..., Any], done: list[Patch]) -> Callable
 #   (or leave it), and forward() does not touch it.
 # - the MLA wrapper: ``_input_contract``, a new object built by every plan(); it has no
 #   forward().
+# - the two POD wrappers: ``_pos_encoding_mode``, as the decode wrapper; they have no
+#   forward().
+# - BatchAttention: ``_plan_info``, a new object from every plan() (the kernel's schedule);
+#   it has no forward().
+# - BlockSparseAttentionWrapper: ``_pos_encoding_mode``, as the decode wrapper; its forward()
+#   assigns it too. Its cake and VSA backends return from plan() before assigning it, so a
+#   wrapper of those backends never has the stamp and its runs are not routed. The same
+#   holds for VariableBlockSparseAttentionWrapper.
+# - MultiLevelCascadeAttentionWrapper has none: its plan() assigns nothing on the wrapper but
+#   plans the per-level prefill wrappers it holds, and its ``forward`` is its ``run``.
 #
 # A wrapper without an entry here (a stand-in in tests, an API outside FlashInfer) is
 # routed on the plan fibgen saw, with no stamp. ``run_return_lse`` is a partialmethod of
@@ -124,6 +134,11 @@ PLAN_STATE = {
     "flashinfer.prefill.BatchPrefillWithPagedKVCacheWrapper.plan": "_pos_encoding_mode",
     "flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper.plan": "_pos_encoding_mode",
     "flashinfer.mla.BatchMLAPagedAttentionWrapper.plan": "_input_contract",
+    "flashinfer.pod.PODWithPagedKVCacheWrapper.plan": "_pos_encoding_mode",
+    "flashinfer.pod.BatchPODWithPagedKVCacheWrapper.plan": "_pos_encoding_mode",
+    "flashinfer.attention.BatchAttention.plan": "_plan_info",
+    "flashinfer.sparse.BlockSparseAttentionWrapper.plan": "_pos_encoding_mode",
+    "flashinfer.sparse.VariableBlockSparseAttentionWrapper.plan": "_pos_encoding_mode",
 }
 
 # The stamp of an attribute that was missing at plan time: no later read is this object,
