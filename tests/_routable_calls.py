@@ -360,3 +360,8 @@ ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper.run": _ragged_prefill,
     "flashinfer.mla.BatchMLAPagedAttentionWrapper.run": _mla,
 }
+
+# The APIs of attention_trtllm.fidef and its neighbours, kept in a module of their own.
+from _attn_b_calls import ROUTABLE as _ATTN_B  # noqa: E402
+
+ROUTABLE |= _ATTN_B

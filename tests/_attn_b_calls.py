@@ -1,0 +1,49 @@
+"""Routable calls of the TRT-LLM, XQA, MLA and KV-append APIs of ``attention_trtllm.fidef``,
+``attention_mla_trtllm.fidef`` and ``attention_cache_ops.fidef``.
+
+Each builder returns a ``Call`` (``_routable_calls``) that gives every parameter of the real
+signature at a value the family's rules accept, a non-default one where a rule allows it, so
+that ``test_flashinfer_apply.py`` can check the call is routed; ``test_catalogue_attn_b.py``
+varies them one parameter at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# What ``_routable_calls`` defines; imported lazily by its users to avoid a cycle.
+Catalogue = Any
+
+
+def trtllm_decode_kwargs(c: Any, name: str, x: dict, axes: dict) -> dict:
+    """Every keyword of trtllm_batch_decode_with_kv_cache at a routable value."""
+    kwargs: dict = {"bmm1_scale": float(x["bmm1_scale"]), "bmm2_scale": 1.0, "window_left": -1}
+    kwargs |= {"out": c.buffer(name, "output", axes), "out_dtype": torch.bfloat16}
+    kwargs |= {"o_sf_scale": None, "o_sf_vec_size": None, "sinks": x["sinks"]}
+    kwargs |= {"kv_layout": "NHD", "enable_pdl": True, "backend": "xqa", "q_len_per_req": 1}
+    kwargs |= {"o_scale": 1.0, "mask": None, "max_q_len": None, "cum_seq_lens_q": None}
+    kwargs |= {"skip_softmax_threshold_scale_factor": None, "kv_cache_sf": None}
+    kwargs |= {"uses_shared_paged_kv_idx": True, "lse": None, "return_lse": False}
+    kwargs |= {"bmm1_scale_log2": None, "multi_ctas_kv_counter_buffer": torch.zeros(4)}
+    kwargs |= {"enable_block_sparse_attention": False, "cp_world": 1, "cp_rank": 0}
+    kwargs |= {"causal_seqlens_kv_global": None, "bf16q_fp8kv_transform_mode": None}
+    kwargs |= {"request_order": None, "request_order_plan": None}
+    return kwargs
+
+
+def _trtllm_decode(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "trtllm_batch_decode_h64_kv8_d64_ps16"
+    x, axes = c.inputs(name, num_tokens=3, batch_size=3, num_pages=12, max_pages_per_seq=3)
+    args = (x["query"], (x["k_cache"], x["v_cache"]), torch.empty(16, dtype=torch.uint8))
+    args += (x["block_tables"], x["seq_lens"], int(x["max_seq_len"]))
+    return Call(name, args, trtllm_decode_kwargs(c, name, x, axes))
+
+
+ROUTABLE: dict[str, Callable[[Any], Any]] = {
+    "flashinfer.decode.trtllm_batch_decode_with_kv_cache": _trtllm_decode,
+}

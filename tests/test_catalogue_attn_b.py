@@ -1,0 +1,304 @@
+"""The TRT-LLM / XQA paged attention, MLA and KV-cache families against the real FlashInfer.
+
+FlashInfer 0.7.2.post1 is installed; its kernels need a GPU (most of these an SM100 one), so
+its functions are never run here. For each API the real function is replaced by a recorder
+with its signature before apply is enabled, and each check calls the patched API:
+
+- a call with FlashInfer's defaults is routed, and the solution sees the definition's inputs;
+- each ruled parameter at a non-default value is routed (an input, a layout the rules
+  convert, an ignored launch option) or refused with its rule counted, and then reaches
+  FlashInfer's function unchanged;
+- the reference agrees with an independent computation: the reference of FlashInfer's own
+  trace template where it has one, else a formula from the API's docstring.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from _shared import require_module
+
+require_module("flashinfer", "flashinfer-python 0.7.2.post1 is not installed (see .ci/run)")
+
+import _attn_b_calls as calls  # noqa: E402
+import _routable_calls as routable  # noqa: E402
+import fibgen.runtime as rt  # noqa: E402
+from fibgen.compiler import compile_paths  # noqa: E402
+from fibgen.runtime import patching  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning")
+
+
+@functools.cache
+def _module():
+    result = compile_paths([str(ROOT / "definitions")])
+    assert result.ok, "the catalogue does not compile"
+    return result.module
+
+
+@functools.cache
+def _catalogue():
+    return routable.Catalogue(_module())
+
+
+@functools.cache
+def _reference(name: str):
+    namespace: dict = {}
+    exec(_catalogue().defs[name].reference, namespace)
+    return namespace["run"]
+
+
+@pytest.fixture(autouse=True)
+def _off():
+    yield
+    rt.disable_apply()
+
+
+@dataclass
+class Outcome:
+    result: Any
+    seen: list  # the inputs each solution call got
+    originals: list  # the arguments FlashInfer's function got, as its signature binds them
+    counts: dict
+
+
+def _recorder(real, calls_):
+    sig = inspect.signature(real)
+
+    def original(*args, **kwargs):
+        calls_.append(sig.bind(*args, **kwargs).arguments)
+        return "flashinfer"
+
+    original.__signature__ = sig
+    return original
+
+
+def _route(monkeypatch, path: str, name: str, args: tuple, kwargs: dict) -> Outcome:
+    """Call the patched API with a solution for ``name`` that runs the reference."""
+    owner, attr = patching._locate(path)
+    originals: list = []
+    monkeypatch.setattr(owner, attr, _recorder(getattr(owner, attr), originals))
+    seen: list = []
+    ref = _reference(name)
+
+    def solution(**inputs):
+        seen.append(inputs)
+        return ref(**inputs)
+
+    rt.enable_apply({name: solution})
+    result = getattr(owner, attr)(*args, **kwargs)
+    counts = rt.stats()[path]
+    rt.disable_apply()
+    return Outcome(result, seen, originals, counts)
+
+
+def _hit(outcome: Outcome) -> None:
+    assert outcome.counts["hit"] == 1 and len(outcome.seen) == 1, outcome.counts
+    assert not outcome.originals
+
+
+def _refused(outcome: Outcome, rule: str) -> None:
+    assert outcome.counts["hit"] == 0 and not outcome.seen, outcome.counts
+    assert outcome.counts["fallback_guard"] == 1 and outcome.counts["rules"] == {rule: 1}
+    assert outcome.result == "flashinfer" and len(outcome.originals) == 1
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, atol: float = 2e-2) -> None:
+    assert a.shape == b.shape and a.dtype == b.dtype
+    assert (a.float() - b.float()).abs().max().item() <= atol
+
+
+# ---------------------------------------------------------------------------------------
+# trtllm_batch_decode_with_kv_cache
+# ---------------------------------------------------------------------------------------
+
+DECODE = "flashinfer.decode.trtllm_batch_decode_with_kv_cache"
+DECODE_NAME = "trtllm_batch_decode_h64_kv8_d64_ps16"
+
+
+def _decode_case(seed: int = 0):
+    c = _catalogue()
+    x, axes = c.inputs(
+        DECODE_NAME, seed=seed, num_tokens=3, batch_size=3, num_pages=12, max_pages_per_seq=3
+    )
+    # The HND cache of FlashInfer's default layout, one tensor [pages, 2, heads, ps, dim].
+    hnd = torch.stack([x["k_cache"], x["v_cache"]], dim=1).transpose(2, 3).contiguous()
+    return x, axes, hnd
+
+
+def _decode_args(x, hnd):
+    ws = torch.empty(16, dtype=torch.uint8)
+    return (x["query"], hnd, ws, x["block_tables"], x["seq_lens"], int(x["max_seq_len"]))
+
+
+def test_trtllm_decode_with_flashinfers_defaults_is_routed(monkeypatch):
+    x, _, hnd = _decode_case()
+    out = _route(monkeypatch, DECODE, DECODE_NAME, _decode_args(x, hnd), {})
+    _hit(out)
+    (seen,) = out.seen
+    # The HND tensor reaches the solution as NHD views of the same storage.
+    assert torch.equal(seen["k_cache"], x["k_cache"]) and torch.equal(seen["v_cache"], x["v_cache"])
+    assert seen["k_cache"].data_ptr() == hnd.data_ptr()
+    assert (seen["bmm1_scale"], seen["bmm2_scale"], seen["window_left"]) == (1.0, 1.0, -1)
+    assert seen["sinks"] is None
+    expected = _reference(DECODE_NAME)(**{**seen})
+    assert torch.equal(out.result, expected)
+
+
+@pytest.mark.parametrize(
+    ("param", "value", "rule"),
+    [
+        ("out_dtype", torch.float16, "out_dtype,query"),
+        ("o_sf_scale", 1.0, "o_sf_scale"),
+        ("o_sf_vec_size", 16, "o_sf_vec_size"),
+        ("q_len_per_req", 2, "q_len_per_req"),
+        ("o_scale", 0.5, "o_scale"),
+        ("mask", torch.ones(3, 1, 2, dtype=torch.int16), "mask"),
+        ("max_q_len", 1, "max_q_len"),
+        ("cum_seq_lens_q", torch.arange(4, dtype=torch.int32), "cum_seq_lens_q"),
+        ("skip_softmax_threshold_scale_factor", 0.5, "skip_softmax_threshold_scale_factor"),
+        ("kv_cache_sf", (torch.zeros(1), torch.zeros(1)), "kv_cache_sf"),
+        ("uses_shared_paged_kv_idx", False, "uses_shared_paged_kv_idx"),
+        ("lse", torch.zeros(3, 64), "lse"),
+        ("return_lse", True, "return_lse"),
+        ("bmm1_scale_log2", torch.ones(1), "bmm1_scale_log2"),
+        ("enable_block_sparse_attention", True, "enable_block_sparse_attention"),
+        ("cp_world", 2, "cp_world"),
+        ("cp_rank", 1, "cp_rank"),
+        ("causal_seqlens_kv_global", torch.ones(3, dtype=torch.int32), "causal_seqlens_kv_global"),
+        ("bf16q_fp8kv_transform_mode", "k_only", "bf16q_fp8kv_transform_mode"),
+        ("request_order", torch.arange(3, dtype=torch.int32), "request_order"),
+        ("request_order_plan", object(), "request_order_plan"),
+        ("bmm1_scale", torch.ones(1), "bmm1_scale"),
+        ("bmm2_scale", torch.ones(1), "bmm2_scale"),
+    ],
+)
+def test_trtllm_decode_parameters_the_definition_does_not_model_are_refused(
+    monkeypatch, param, value, rule
+):
+    x, _, hnd = _decode_case()
+    out = _route(monkeypatch, DECODE, DECODE_NAME, _decode_args(x, hnd), {param: value})
+    _refused(out, rule)
+    assert out.originals[0][param] is value
+
+
+@pytest.mark.parametrize(
+    ("param", "value"),
+    [
+        ("enable_pdl", True),
+        ("backend", "trtllm-gen"),
+        ("workspace_buffer", torch.zeros(8, dtype=torch.uint8)),
+        ("multi_ctas_kv_counter_buffer", torch.zeros(4, dtype=torch.int32)),
+        ("out_dtype", torch.bfloat16),
+        ("o_scale", None),
+    ],
+)
+def test_trtllm_decode_launch_options_never_stop_a_call(monkeypatch, param, value):
+    x, _, hnd = _decode_case()
+    args = list(_decode_args(x, hnd))
+    kwargs = {param: value}
+    if param == "workspace_buffer":
+        args[2], kwargs = value, {}
+    out = _route(monkeypatch, DECODE, DECODE_NAME, tuple(args), kwargs)
+    _hit(out)
+
+
+def test_trtllm_decode_values_the_definition_reads_reach_the_solution(monkeypatch):
+    x, axes, hnd = _decode_case()
+    sinks = torch.randn(64)
+    buf = torch.zeros(3, 64, 64, dtype=torch.bfloat16)
+    kwargs = {"bmm1_scale": 0.3, "bmm2_scale": 2.0, "window_left": 5, "sinks": sinks, "out": buf}
+    out = _route(monkeypatch, DECODE, DECODE_NAME, _decode_args(x, hnd), kwargs)
+    _hit(out)
+    (seen,) = out.seen
+    assert (seen["bmm1_scale"], seen["bmm2_scale"], seen["window_left"]) == (0.3, 2.0, 5)
+    assert seen["sinks"] is sinks
+    assert out.result is buf and torch.equal(buf, _reference(DECODE_NAME)(**seen))
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("form", ["tensor", "tuple"])
+def test_trtllm_decode_takes_every_cache_form(monkeypatch, layout, form):
+    x, _, _ = _decode_case()
+    k, v = x["k_cache"], x["v_cache"]
+    if layout == "HND":
+        k, v = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+    cache = (k, v) if form == "tuple" else torch.stack([k, v], dim=1)
+    args = (x["query"], cache, torch.empty(16, dtype=torch.uint8), x["block_tables"])
+    args += (x["seq_lens"], 48)
+    out = _route(monkeypatch, DECODE, DECODE_NAME, args, {"kv_layout": layout})
+    _hit(out)
+    assert torch.equal(out.seen[0]["k_cache"], x["k_cache"])
+    assert torch.equal(out.seen[0]["v_cache"], x["v_cache"])
+
+
+def test_trtllm_decode_inputs_of_another_dtype_or_shape_are_refused(monkeypatch):
+    x, _, hnd = _decode_case()
+    args = list(_decode_args(x, hnd))
+    args[1] = hnd.to(torch.float8_e4m3fn)  # an FP8 cache
+    _refused(_route(monkeypatch, DECODE, DECODE_NAME, tuple(args), {}), "tensor:k_cache")
+    args = list(_decode_args(x, hnd))
+    args[0] = torch.cat([x["query"], x["query"]])  # two tokens per sequence
+    _refused(_route(monkeypatch, DECODE, DECODE_NAME, tuple(args), {}), "query,block_tables")
+    args = list(_decode_args(x, hnd))
+    args[1] = hnd[:, :1]  # one shared K/V tensor (kv_cache_dim 1): not this contract
+    _refused(_route(monkeypatch, DECODE, DECODE_NAME, tuple(args), {}), "kv_cache")
+
+
+def _template(name: str):
+    import flashinfer.trace.templates.attention as templates
+
+    return getattr(templates, name)
+
+
+def test_trtllm_decode_reference_agrees_with_flashinfers_template():
+    x, _, hnd = _decode_case(seed=1)
+    ours = _reference(DECODE_NAME)(**{k: x[k] for k in _decode_inputs()} | {"sinks": None})
+    theirs = _template("_trtllm_batch_decode_reference")(
+        x["query"], hnd, None, x["block_tables"], x["seq_lens"], int(x["max_seq_len"]),
+        bmm1_scale=float(x["bmm1_scale"]), bmm2_scale=1.0, kv_layout="HND",
+    )  # fmt: skip
+    _close(ours, theirs)
+
+
+def _decode_inputs():
+    return [t.name for t in _catalogue().defs[DECODE_NAME].inputs]
+
+
+def _attend(q, k, v, scale, sink=None):
+    """softmax(scale * q.k) v for one query row per head: [h, d] x [n, h, d]."""
+    logits = torch.einsum("hd,nhd->hn", q.float(), k.float()) * scale
+    if sink is not None:
+        # With a sink the weights are exp(l) / (sum exp(l) + exp(sink)).
+        lse = torch.logsumexp(logits, dim=-1)
+        shrink = torch.exp(lse) / (torch.exp(lse) + torch.exp(sink.float()))
+        return torch.einsum("hn,nhd->hd", logits.softmax(-1), v.float()) * shrink[:, None]
+    return torch.einsum("hn,nhd->hd", logits.softmax(-1), v.float())
+
+
+def test_trtllm_decode_reference_window_and_sinks_match_their_formulas():
+    # The template's reference has neither: each sequence's output is recomputed over the
+    # keys the docstring says it sees (the last window_left + 1), with the sink in the
+    # denominator.
+    x, _, _ = _decode_case(seed=2)
+    inputs = {k: x[k] for k in _decode_inputs()}
+    inputs["sinks"] = torch.randn(64) * 2
+    inputs["window_left"] = 4
+    out = _reference(DECODE_NAME)(**inputs)
+    group = 8
+    for b in range(3):
+        n = int(x["seq_lens"][b])
+        pages = x["block_tables"][b, : (n + 15) // 16].long()
+        k = x["k_cache"][pages].flatten(0, 1)[:n][-5:].repeat_interleave(group, dim=1)
+        v = x["v_cache"][pages].flatten(0, 1)[:n][-5:].repeat_interleave(group, dim=1)
+        want = _attend(x["query"][b], k, v, float(x["bmm1_scale"]), inputs["sinks"])
+        _close(out[b], want.to(torch.bfloat16))
