@@ -47,3 +47,66 @@ def _trtllm_decode(c: Any) -> Any:
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.decode.trtllm_batch_decode_with_kv_cache": _trtllm_decode,
 }
+
+
+def _xqa_batch_decode(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "xqa_batch_decode_h64_kv8_d64_ps16"
+    x, axes = c.inputs(name, num_tokens=3, batch_size=3, num_pages=12, max_pages_per_seq=3)
+    args = (x["query"], (x["k_cache"], x["v_cache"]), torch.empty(16, dtype=torch.uint8))
+    args += (x["block_tables"], x["seq_lens"], int(x["max_seq_len"]))
+    kwargs: dict = {"bmm1_scale": 0.125, "bmm2_scale": 1.0, "window_left": 127}
+    kwargs |= {"out": c.buffer(name, "output", axes), "sinks": torch.randn(64)}
+    kwargs |= {"kv_layout": "NHD", "enable_pdl": True, "q_len_per_req": 1, "o_scale": 1.0}
+    kwargs |= {"mask": None, "kv_cache_sf": None, "q_cu_seq_lens": None}
+    return Call(name, args, kwargs)
+
+
+def _xqa(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "xqa_h64_kv8_d64_ps16"
+    x, axes = c.inputs(name, batch_size=3, num_pages=12, max_pages_per_seq=3)
+    seq_lens = x["seq_lens"].to(torch.uint32)  # as FlashInfer takes them
+    args = (x["q"], x["k_cache"], x["v_cache"], x["page_table"], seq_lens)
+    args += (c.buffer(name, "output_out", axes), torch.empty(16, dtype=torch.uint8))
+    args += (torch.zeros(8, dtype=torch.uint32), 8, 16)
+    kwargs: dict = {"sinks": torch.randn(8, 8), "q_scale": 0.9, "kv_scale": 1.0}
+    kwargs |= {"sliding_win_size": 128, "kv_layout": "NHD", "sm_count": 132}
+    kwargs |= {"enable_pdl": True, "rcp_out_scale": 1.0, "q_seq_len": 1, "mask": None}
+    kwargs |= {"q_cu_seq_lens": None, "k_sf_cache": None, "v_sf_cache": None}
+    return Call(name, args, kwargs)
+
+
+def _trtllm_context(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "trtllm_batch_context_h64_kv8_d64_ps16"
+    x, axes = c.inputs(
+        name,
+        num_tokens=5,
+        batch_size=2,
+        batch_size_plus_1_q=3,
+        batch_size_plus_1_kv=3,
+        num_pages=8,
+        max_pages_per_seq=2,
+    )
+    args = (x["query"], (x["k_cache"], x["v_cache"]), torch.empty(16, dtype=torch.uint8))
+    args += (x["block_tables"], x["seq_lens"], 8, 32, 0.125, 1.0, 2)
+    args += (x["cum_seq_lens_q"], x["cum_seq_lens_kv"])
+    kwargs: dict = {"window_left": 127, "out": c.buffer(name, "output", axes)}
+    kwargs |= {"out_dtype": torch.bfloat16, "o_sf_scale": None, "o_sf_vec_size": None}
+    kwargs |= {"kv_layout": "NHD", "enable_pdl": True, "sinks": torch.randn(64)}
+    kwargs |= {"kv_cache_sf": None, "skip_softmax_threshold_scale_factor": None}
+    kwargs |= {"uses_shared_paged_kv_idx": True, "causal": True, "lse": None}
+    kwargs |= {"return_lse": False, "multi_ctas_kv_counter_buffer": torch.zeros(4)}
+    kwargs |= {"use_fp16_softmax": False, "uses_spcompress": False, "backend": "trtllm-gen"}
+    return Call(name, args, kwargs)
+
+
+ROUTABLE |= {
+    "flashinfer.decode.xqa_batch_decode_with_kv_cache": _xqa_batch_decode,
+    "flashinfer.xqa.xqa": _xqa,
+    "flashinfer.prefill.trtllm_batch_context_with_kv_cache": _trtllm_context,
+}

@@ -302,3 +302,274 @@ def test_trtllm_decode_reference_window_and_sinks_match_their_formulas():
         v = x["v_cache"][pages].flatten(0, 1)[:n][-5:].repeat_interleave(group, dim=1)
         want = _attend(x["query"][b], k, v, float(x["bmm1_scale"]), inputs["sinks"])
         _close(out[b], want.to(torch.bfloat16))
+
+
+# ---------------------------------------------------------------------------------------
+# Every other API, from a table: a call with FlashInfer's defaults, then one parameter at a
+# time at a value its rule refuses, or at a value that is routed (a launch option the
+# definition ignores, a value it reads, a layout its rules convert).
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Api:
+    path: str
+    name: str
+    build: Any  # seed -> (args, kwargs, inputs): the call with FlashInfer's defaults
+    refused: list  # (parameter, value, the rule counted)
+    routed: list  # (parameter, value)
+
+
+def _positional(path: str) -> list[str]:
+    owner, attr = patching._locate(path)
+    return list(inspect.signature(getattr(owner, attr)).parameters)
+
+
+def _with(api: Api, param: str, value: Any, seed: int = 0):
+    """The default call of ``api`` with ``param`` set to ``value`` (in place if positional)."""
+    args, kwargs, x = api.build(seed)
+    names = _positional(api.path)
+    if names.index(param) < len(args):
+        args = tuple(value if i == names.index(param) else a for i, a in enumerate(args))
+    else:
+        kwargs = {**kwargs, param: value}
+    return args, kwargs, x
+
+
+def _xqa_batch_decode_build(seed):
+    name = "xqa_batch_decode_h64_kv8_d64_ps16"
+    x, _ = _catalogue().inputs(
+        name, seed=seed, num_tokens=3, batch_size=3, num_pages=12, max_pages_per_seq=3
+    )
+    args = (x["query"], (x["k_cache"], x["v_cache"]), torch.empty(16, dtype=torch.uint8))
+    return args + (x["block_tables"], x["seq_lens"], int(x["max_seq_len"])), {}, x
+
+
+def _xqa_build(seed):
+    name = "xqa_h64_kv8_d64_ps16"
+    x, _ = _catalogue().inputs(name, seed=seed, batch_size=3, num_pages=12, max_pages_per_seq=3)
+    args = (x["q"], x["k_cache"], x["v_cache"], x["page_table"], x["seq_lens"].to(torch.uint32))
+    args += (torch.zeros_like(x["q"]), torch.empty(16, dtype=torch.uint8))
+    return args + (torch.zeros(8, dtype=torch.uint32), 8, 16), {}, x
+
+
+def _context_build(seed):
+    name = "trtllm_batch_context_h64_kv8_d64_ps16"
+    x, _ = _catalogue().inputs(
+        name,
+        seed=seed,
+        num_tokens=5,
+        batch_size=2,
+        batch_size_plus_1_q=3,
+        batch_size_plus_1_kv=3,
+        num_pages=8,
+        max_pages_per_seq=2,
+    )
+    hnd = torch.stack([x["k_cache"], x["v_cache"]], dim=1).transpose(2, 3).contiguous()
+    args = (x["query"], hnd, torch.empty(16, dtype=torch.uint8), x["block_tables"])
+    args += (x["seq_lens"], 8, 32, float(x["bmm1_scale"]), 1.0, 2)
+    return args + (x["cum_seq_lens_q"], x["seq_lens"].cumsum(0).to(torch.int32)), {}, x
+
+
+_ONE = torch.ones(1)
+APIS = [
+    Api(
+        "flashinfer.decode.xqa_batch_decode_with_kv_cache",
+        "xqa_batch_decode_h64_kv8_d64_ps16",
+        _xqa_batch_decode_build,
+        [
+            ("bmm1_scale", _ONE, "bmm1_scale"),
+            ("bmm2_scale", _ONE, "bmm2_scale"),
+            ("q_len_per_req", 2, "q_len_per_req"),
+            ("o_scale", 0.5, "o_scale"),
+            ("mask", torch.ones(3, 1, 2, dtype=torch.int16), "mask"),
+            ("kv_cache_sf", (torch.zeros(1), torch.zeros(1)), "kv_cache_sf"),
+            ("q_cu_seq_lens", torch.arange(4, dtype=torch.int32), "q_cu_seq_lens"),
+        ],
+        [
+            ("bmm1_scale", 0.3),
+            ("bmm2_scale", 2.0),
+            ("window_left", 127),
+            ("sinks", torch.randn(64)),
+            ("out", torch.zeros(3, 64, 64, dtype=torch.bfloat16)),
+            ("enable_pdl", True),
+            ("workspace_buffer", torch.zeros(4, dtype=torch.uint8)),
+        ],
+    ),
+    Api(
+        "flashinfer.xqa.xqa",
+        "xqa_h64_kv8_d64_ps16",
+        _xqa_build,
+        [
+            ("q_scale", _ONE, "q_scale"),
+            ("kv_scale", 0.5, "kv_scale"),
+            ("rcp_out_scale", 2.0, "rcp_out_scale"),
+            ("q_seq_len", 2, "q_seq_len"),
+            ("mask", torch.ones(3, 1, 2, dtype=torch.int16), "mask"),
+            ("q_cu_seq_lens", torch.arange(4, dtype=torch.int32), "q_cu_seq_lens"),
+            ("k_sf_cache", torch.zeros(1, dtype=torch.uint8), "k_sf_cache"),
+            ("v_sf_cache", torch.zeros(1, dtype=torch.uint8), "v_sf_cache"),
+            ("kv_layout", "NDH", "kv_layout"),
+            ("num_kv_heads", 4, "num_kv_heads"),  # the call must agree with its caches
+            ("page_size", 32, "page_size"),
+        ],
+        [
+            ("q_scale", 0.7),
+            ("sliding_win_size", 128),
+            ("sinks", torch.randn(8, 8)),
+            ("enable_pdl", True),
+            ("sm_count", 132),
+            ("semaphores", torch.zeros(4, dtype=torch.uint32)),
+            ("workspace_buffer", torch.zeros(4, dtype=torch.uint8)),
+        ],
+    ),
+    Api(
+        "flashinfer.prefill.trtllm_batch_context_with_kv_cache",
+        "trtllm_batch_context_h64_kv8_d64_ps16",
+        _context_build,
+        [
+            ("bmm1_scale", _ONE, "bmm1_scale"),
+            ("bmm2_scale", _ONE, "bmm2_scale"),
+            ("out_dtype", torch.float16, "out_dtype,query"),
+            ("o_sf_scale", 1.0, "o_sf_scale"),
+            ("o_sf_vec_size", 16, "o_sf_vec_size"),
+            ("kv_cache_sf", (torch.zeros(1), torch.zeros(1)), "kv_cache_sf"),
+            ("skip_softmax_threshold_scale_factor", 0.5, "skip_softmax_threshold_scale_factor"),
+            ("uses_shared_paged_kv_idx", False, "uses_shared_paged_kv_idx"),
+            ("causal", False, "causal"),
+            ("lse", torch.zeros(5, 64), "lse"),
+            ("return_lse", True, "return_lse"),
+            ("use_fp16_softmax", True, "use_fp16_softmax"),
+            ("uses_spcompress", True, "uses_spcompress"),
+        ],
+        [
+            ("bmm1_scale", 0.3),
+            ("window_left", 3),
+            ("sinks", torch.randn(64)),
+            ("kv_layout", "HND"),
+            ("out_dtype", torch.bfloat16),
+            ("enable_pdl", True),
+            ("backend", "auto"),
+            ("multi_ctas_kv_counter_buffer", torch.zeros(4, dtype=torch.int32)),
+            ("use_fp16_softmax", False),
+            ("uses_spcompress", False),
+        ],
+    ),
+]
+
+
+def _cases(kind: str):
+    return [
+        pytest.param(api, *case, id=f"{api.path.rsplit('.', 1)[1]}-{case[0]}")
+        for api in APIS
+        for case in getattr(api, kind)
+    ]
+
+
+@pytest.mark.parametrize("api", APIS, ids=lambda a: a.path.rsplit(".", 1)[1])
+def test_a_call_with_flashinfers_defaults_is_routed(monkeypatch, api):
+    args, kwargs, x = api.build(0)
+    out = _route(monkeypatch, api.path, api.name, args, kwargs)
+    _hit(out)
+    # What the solution computed is what the call returns (or writes into its buffer).
+    expected = _reference(api.name)(**out.seen[0])
+    result = args[_positional(api.path).index("output")] if out.result is None else out.result
+    assert torch.equal(result, expected)
+
+
+@pytest.mark.parametrize(("api", "param", "value", "rule"), _cases("refused"))
+def test_a_ruled_parameter_the_definition_does_not_model_is_refused(
+    monkeypatch, api, param, value, rule
+):
+    args, kwargs, _ = _with(api, param, value)
+    out = _route(monkeypatch, api.path, api.name, args, kwargs)
+    _refused(out, rule)
+    assert out.originals[0][param] is value  # FlashInfer gets the call as it was made
+
+
+@pytest.mark.parametrize(("api", "param", "value"), _cases("routed"))
+def test_a_parameter_the_definition_reads_or_ignores_is_routed(monkeypatch, api, param, value):
+    args, kwargs, _ = _with(api, param, value)
+    out = _route(monkeypatch, api.path, api.name, args, kwargs)
+    _hit(out)
+    seen = out.seen[0]
+    if isinstance(value, torch.Tensor) and param in seen:
+        assert torch.equal(seen[param].flatten(), value.flatten())  # a view of it
+    elif param in seen:
+        assert seen[param] == value
+
+
+def test_xqa_batch_decode_reference_agrees_with_flashinfers_template():
+    args, _, x = _xqa_batch_decode_build(3)
+    name = "xqa_batch_decode_h64_kv8_d64_ps16"
+    inputs = {t.name: x[t.name] for t in _catalogue().defs[name].inputs} | {"sinks": None}
+    theirs = _template("_xqa_batch_decode_reference")(
+        *args, bmm1_scale=float(x["bmm1_scale"]), bmm2_scale=1.0, kv_layout="NHD"
+    )
+    _close(_reference(name)(**inputs), theirs)
+
+
+def test_xqa_reference_agrees_with_flashinfers_template():
+    import flashinfer.trace.templates.page as page
+
+    args, _, x = _xqa_build(4)
+    name = "xqa_h64_kv8_d64_ps16"
+    inputs = {t.name: x[t.name] for t in _catalogue().defs[name].inputs}
+    inputs |= {"sinks": None, "sliding_win_size": 0, "q_scale": 0.8}
+    theirs = page._xqa_reference(*args[:5], q_scale=0.8)
+    _close(_reference(name)(**inputs), theirs)
+
+
+def test_trtllm_context_reference_agrees_with_flashinfers_template():
+    args, _, x = _context_build(5)
+    name = "trtllm_batch_context_h64_kv8_d64_ps16"
+    inputs = {t.name: x[t.name] for t in _catalogue().defs[name].inputs} | {"sinks": None}
+    inputs["window_left"] = -1
+    theirs = _template("_trtllm_batch_context_reference")(*args[:12], kv_layout="HND")
+    _close(_reference(name)(**inputs), theirs)
+
+
+@pytest.mark.parametrize(
+    "name", ["xqa_batch_decode_h64_kv8_d64_ps16", "xqa_h64_kv8_d64_ps16"], ids=["batch", "raw"]
+)
+def test_xqa_references_window_and_sinks_match_their_formulas(name):
+    raw = name.startswith("xqa_h")
+    build = _xqa_build if raw else _xqa_batch_decode_build
+    _, _, x = build(6)
+    inputs = {t.name: x[t.name] for t in _catalogue().defs[name].inputs}
+    sinks = torch.randn(64) * 2
+    inputs["sinks"] = sinks
+    inputs["sliding_win_size" if raw else "window_left"] = 5 if raw else 4
+    scale = float(inputs["q_scale"]) / 8 if raw else float(x["bmm1_scale"])
+    out = _reference(name)(**inputs)
+    pages_of = x["page_table" if raw else "block_tables"]
+    for b in range(3):
+        n = int(x["seq_lens"].flatten()[b])
+        pages = pages_of[b, : (n + 15) // 16].long()
+        k = x["k_cache"][pages].flatten(0, 1)[:n][-5:].repeat_interleave(8, dim=1)
+        v = x["v_cache"][pages].flatten(0, 1)[:n][-5:].repeat_interleave(8, dim=1)
+        q = x["q"][b, 0] if raw else x["query"][b]
+        got = out[b, 0] if raw else out[b]
+        _close(got, _attend(q, k, v, scale, sinks).to(torch.bfloat16))
+
+
+def test_trtllm_context_reference_window_and_sinks_match_their_formulas():
+    _, _, x = _context_build(7)
+    name = "trtllm_batch_context_h64_kv8_d64_ps16"
+    inputs = {t.name: x[t.name] for t in _catalogue().defs[name].inputs}
+    sinks = torch.randn(64) * 2
+    inputs |= {"sinks": sinks, "window_left": 2}
+    out = _reference(name)(**inputs)
+    cum = x["cum_seq_lens_q"]
+    for b in range(2):
+        n = int(x["seq_lens"][b])
+        pages = x["block_tables"][b, : (n + 15) // 16].long()
+        k = x["k_cache"][pages].flatten(0, 1)[:n].repeat_interleave(8, dim=1)
+        v = x["v_cache"][pages].flatten(0, 1)[:n].repeat_interleave(8, dim=1)
+        m = int(cum[b + 1] - cum[b])
+        for i in range(m):
+            pos = n - m + i  # end-aligned; the window keeps positions pos - 2 .. pos
+            lo = max(0, pos - 2)
+            want = _attend(x["query"][int(cum[b]) + i], k[lo : pos + 1], v[lo : pos + 1],
+                           float(x["bmm1_scale"]), sinks)  # fmt: skip
+            _close(out[int(cum[b]) + i], want.to(torch.bfloat16))
