@@ -110,3 +110,36 @@ ROUTABLE |= {
     "flashinfer.xqa.xqa": _xqa,
     "flashinfer.prefill.trtllm_batch_context_with_kv_cache": _trtllm_context,
 }
+
+
+def _mla(fn: str) -> Callable[[Any], Any]:
+    def build(c: Any) -> Any:
+        from _routable_calls import Call
+
+        kind = "batch_decode" if fn == "decode" else "prefill"
+        name = f"trtllm_{kind}_mla_dense_h16_d_qk576_ckv512_kpe64_nope128_ps32"
+        x, axes = c.inputs(
+            name, batch_size=2, q_len_per_request=1, num_pages=6, max_pages_per_seq=3
+        )
+        args = (x["query"], x["kv_cache"][:, 0], torch.empty(16, dtype=torch.uint8), 128)
+        args += (512, 64, x["block_tables"], x["seq_lens"], int(x["max_seq_len"]))
+        kwargs: dict = {"sparse_mla_top_k": 0, "out": c.buffer(name, "output", axes)}
+        kwargs |= {"bmm1_scale": 1 / 192**0.5, "bmm2_scale": 1.0, "sinks": None}
+        kwargs |= {"skip_softmax_threshold_scale_factor": None, "enable_pdl": True}
+        kwargs |= {"backend": "trtllm-gen", "is_var_seq": False}
+        kwargs |= {"uses_shared_paged_kv_idx": True, "lse": None, "return_lse": False}
+        kwargs |= {"cute_dsl_impl": "modular", "kv_scale_format": "auto"}
+        kwargs |= {"cum_seq_lens_q": None, "max_q_len": None}
+        kwargs |= {"multi_ctas_kv_counter_buffer": torch.zeros(4, dtype=torch.int32)}
+        kwargs |= {"sparse_mla_top_k_lens": None, "enable_dcp": False, "cp_world": 1}
+        kwargs |= {"cp_rank": 0, "causal_seqlens_kv_global": None, "use_fp16_softmax": False}
+        kwargs |= {"return_lse_base": "base2"}
+        return Call(name, args, kwargs)
+
+    return build
+
+
+ROUTABLE |= {
+    "flashinfer.mla.trtllm_batch_decode_with_kv_cache_mla": _mla("decode"),
+    "flashinfer.mla.trtllm_prefill_with_kv_cache_mla": _mla("prefill"),
+}

@@ -106,9 +106,14 @@ def _hit(outcome: Outcome) -> None:
     assert not outcome.originals
 
 
-def _refused(outcome: Outcome, rule: str) -> None:
+def _refused(outcome: Outcome, rule: str | None) -> None:
+    """Not routed: a rule failed (counted by name), or with ``rule`` None, the call names a
+    definition nothing serves (a const the call gives that differs from the definition's)."""
     assert outcome.counts["hit"] == 0 and not outcome.seen, outcome.counts
-    assert outcome.counts["fallback_guard"] == 1 and outcome.counts["rules"] == {rule: 1}
+    if rule is None:
+        assert outcome.counts["fallback_no_candidate"] == 1, outcome.counts
+    else:
+        assert outcome.counts["fallback_guard"] == 1 and outcome.counts["rules"] == {rule: 1}
     assert outcome.result == "flashinfer" and len(outcome.originals) == 1
 
 
@@ -371,8 +376,71 @@ def _context_build(seed):
     return args + (x["cum_seq_lens_q"], x["seq_lens"].cumsum(0).to(torch.int32)), {}, x
 
 
+def _mla_build(kind):
+    def build(seed):
+        name = f"trtllm_{kind}_mla_dense_h16_d_qk576_ckv512_kpe64_nope128_ps32"
+        q_len = 1 if kind == "batch_decode" else 3
+        x, _ = _catalogue().inputs(
+            name, seed=seed, batch_size=2, q_len_per_request=q_len, num_pages=6,
+            max_pages_per_seq=3,
+        )  # fmt: skip
+        args = (x["query"], x["kv_cache"], torch.empty(16, dtype=torch.uint8), 128, 512, 64)
+        return args + (x["block_tables"], x["seq_lens"], int(x["max_seq_len"])), {}, x
+
+    return build
+
+
+def _mla_api(kind: str) -> Api:
+    fn = "trtllm_batch_decode_with_kv_cache_mla" if kind == "batch_decode" else (
+        "trtllm_prefill_with_kv_cache_mla"
+    )  # fmt: skip
+    return Api(
+        f"flashinfer.mla.{fn}",
+        f"trtllm_{kind}_mla_dense_h16_d_qk576_ckv512_kpe64_nope128_ps32",
+        _mla_build(kind),
+        [
+            ("sparse_mla_top_k", 2048, "sparse_mla_top_k"),
+            ("bmm1_scale", _ONE, "bmm1_scale"),
+            ("bmm2_scale", _ONE, "bmm2_scale"),
+            ("sinks", torch.zeros(16), "sinks"),
+            ("skip_softmax_threshold_scale_factor", 0.5, "skip_softmax_threshold_scale_factor"),
+            ("uses_shared_paged_kv_idx", False, "uses_shared_paged_kv_idx"),
+            ("lse", torch.zeros(2, 16), "lse"),
+            ("return_lse", True, "return_lse"),
+            ("cum_seq_lens_q", torch.arange(3, dtype=torch.int32), "cum_seq_lens_q"),
+            ("max_q_len", 1, "max_q_len"),
+            ("sparse_mla_top_k_lens", torch.ones(2, dtype=torch.int32), "sparse_mla_top_k_lens"),
+            ("enable_dcp", True, "enable_dcp"),
+            ("cp_world", 2, "cp_world"),
+            ("cp_rank", 1, "cp_rank"),
+            ("causal_seqlens_kv_global", torch.ones(2, dtype=torch.int32),
+             "causal_seqlens_kv_global"),
+            ("use_fp16_softmax", True, "use_fp16_softmax"),
+            ("kv_lora_rank", 256, "kv_lora_rank"),  # the call must agree with the definition
+            ("qk_nope_head_dim", 64, None),
+            ("qk_rope_head_dim", 32, None),
+        ],  # fmt: skip
+        [
+            ("bmm1_scale", 0.07),
+            ("bmm2_scale", 2.0),
+            ("out", torch.zeros(2, 1 if kind == "batch_decode" else 3, 16, 512).bfloat16()),
+            ("enable_pdl", True),
+            ("backend", "trtllm-gen"),
+            ("is_var_seq", False),
+            ("cute_dsl_impl", "modular"),
+            ("kv_scale_format", "arbitrary_fp32"),
+            ("return_lse_base", "basee"),
+            ("multi_ctas_kv_counter_buffer", torch.zeros(4, dtype=torch.int32)),
+            ("workspace_buffer", torch.zeros(4, dtype=torch.uint8)),
+            ("use_fp16_softmax", False),
+        ],
+    )
+
+
 _ONE = torch.ones(1)
 APIS = [
+    _mla_api("batch_decode"),
+    _mla_api("prefill"),
     Api(
         "flashinfer.decode.xqa_batch_decode_with_kv_cache",
         "xqa_batch_decode_h64_kv8_d64_ps16",
@@ -573,3 +641,40 @@ def test_trtllm_context_reference_window_and_sinks_match_their_formulas():
             want = _attend(x["query"][int(cum[b]) + i], k[lo : pos + 1], v[lo : pos + 1],
                            float(x["bmm1_scale"]), sinks)  # fmt: skip
             _close(out[int(cum[b]) + i], want.to(torch.bfloat16))
+
+
+def test_mla_reference_agrees_with_flashinfers_template_for_one_query_token():
+    _, _, x = _mla_build("batch_decode")(8)
+    name = "trtllm_batch_decode_mla_dense_h16_d_qk576_ckv512_kpe64_nope128_ps32"
+    inputs = {t.name: x[t.name] for t in _catalogue().defs[name].inputs}
+    theirs = _template("_trtllm_batch_decode_mla_reference")(
+        x["query"], x["kv_cache"], None, 128, 512, 64, x["block_tables"], x["seq_lens"],
+        int(x["max_seq_len"]), bmm1_scale=float(x["bmm1_scale"]), bmm2_scale=1.0,
+    )  # fmt: skip
+    _close(_reference(name)(**inputs), theirs)
+
+
+def test_mla_reference_masks_later_query_tokens_as_the_template_does_per_prefix():
+    # With several query tokens, token i of m sees the first n - m + i + 1 keys: the same as
+    # the template's reference (which masks nothing) on one token over that prefix.
+    _, _, x = _mla_build("prefill")(9)
+    name = "trtllm_prefill_mla_dense_h16_d_qk576_ckv512_kpe64_nope128_ps32"
+    inputs = {t.name: x[t.name] for t in _catalogue().defs[name].inputs}
+    out = _reference(name)(**inputs)
+    template = _template("_trtllm_batch_decode_mla_reference")
+    for i in range(3):
+        prefix = x["seq_lens"] - 2 + i
+        theirs = template(
+            x["query"][:, i : i + 1], x["kv_cache"], None, 128, 512, 64, x["block_tables"],
+            prefix, 0, bmm1_scale=float(x["bmm1_scale"]), bmm2_scale=1.0,
+        )  # fmt: skip
+        _close(out[:, i : i + 1], theirs)
+
+
+def test_a_three_dimensional_mla_cache_reaches_the_solution_as_the_rank_4_view(monkeypatch):
+    api = _mla_api("batch_decode")
+    args, kwargs, x = api.build(0)
+    args = (args[0], x["kv_cache"][:, 0]) + args[2:]
+    out = _route(monkeypatch, api.path, api.name, args, kwargs)
+    _hit(out)
+    assert torch.equal(out.seen[0]["kv_cache"], x["kv_cache"])
