@@ -143,3 +143,18 @@ ROUTABLE |= {
     "flashinfer.mla.trtllm_batch_decode_with_kv_cache_mla": _mla("decode"),
     "flashinfer.mla.trtllm_prefill_with_kv_cache_mla": _mla("prefill"),
 }
+
+
+def _xqa_mla_batch_decode(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "xqa_batch_decode_mla_h16_d_qk576_ckv512_kpe64_nope128_ps32"
+    x, _ = c.inputs(name, batch_size=2, num_pages=6, max_pages_per_seq=3)
+    args = (x["query"], x["kv_cache"][:, 0], torch.empty(16, dtype=torch.uint8), 128, 512, 64)
+    args += (x["block_tables"], x["seq_lens"], int(x["max_seq_len"]))
+    kwargs: dict = {"out": None, "bmm1_scale": 1 / 192**0.5, "bmm2_scale": 1.0}
+    kwargs |= {"sinks": None, "enable_pdl": True}
+    return Call(name, args, kwargs)
+
+
+ROUTABLE |= {"flashinfer.mla.xqa_batch_decode_with_kv_cache_mla": _xqa_mla_batch_decode}

@@ -437,10 +437,41 @@ def _mla_api(kind: str) -> Api:
     )
 
 
+XQA_MLA_NAME = "xqa_batch_decode_mla_h16_d_qk576_ckv512_kpe64_nope128_ps32"
+
+
+def _xqa_mla_build(seed):
+    x, _ = _catalogue().inputs(
+        XQA_MLA_NAME, seed=seed, batch_size=2, num_pages=6, max_pages_per_seq=3
+    )
+    args = (x["query"], x["kv_cache"], torch.empty(16, dtype=torch.uint8), 128, 512, 64)
+    return args + (x["block_tables"], x["seq_lens"], int(x["max_seq_len"])), {}, x
+
+
 _ONE = torch.ones(1)
 APIS = [
     _mla_api("batch_decode"),
     _mla_api("prefill"),
+    Api(
+        "flashinfer.mla.xqa_batch_decode_with_kv_cache_mla",
+        XQA_MLA_NAME,
+        _xqa_mla_build,
+        [
+            ("out", torch.zeros(2, 16, 512, dtype=torch.bfloat16), "out"),
+            ("bmm1_scale", _ONE, "bmm1_scale"),
+            ("bmm2_scale", 0.5, "bmm2_scale"),
+            ("sinks", [torch.zeros(16)], "sinks"),
+            ("kv_lora_rank", 256, "kv_lora_rank"),  # the call must agree with the definition
+            ("qk_nope_head_dim", 64, None),
+            ("qk_rope_head_dim", 32, None),
+        ],
+        [
+            ("bmm1_scale", 0.07),
+            ("bmm2_scale", 1.0),
+            ("enable_pdl", True),
+            ("workspace_buffer", torch.zeros(4, dtype=torch.uint8)),
+        ],
+    ),
     Api(
         "flashinfer.decode.xqa_batch_decode_with_kv_cache",
         "xqa_batch_decode_h64_kv8_d64_ps16",
@@ -678,3 +709,33 @@ def test_a_three_dimensional_mla_cache_reaches_the_solution_as_the_rank_4_view(m
     out = _route(monkeypatch, api.path, api.name, args, kwargs)
     _hit(out)
     assert torch.equal(out.seen[0]["kv_cache"], x["kv_cache"])
+
+
+def test_xqa_mla_reference_agrees_with_both_of_flashinfers_templates():
+    # xqa_batch_decode_mla's template reference is trtllm_batch_decode_mla_dense's; the kernel
+    # the wrapper calls is xqa_mla, whose template scales the logits by q_scale * kv_scale,
+    # here bmm1_scale * 1.
+    _, _, x = _xqa_mla_build(10)
+    inputs = {t.name: x[t.name] for t in _catalogue().defs[XQA_MLA_NAME].inputs}
+    ours = _reference(XQA_MLA_NAME)(**inputs)
+    scale = float(x["bmm1_scale"])
+    theirs = _template("_trtllm_batch_decode_mla_reference")(
+        x["query"], x["kv_cache"], None, 128, 512, 64, x["block_tables"], x["seq_lens"],
+        int(x["max_seq_len"]), bmm1_scale=scale, bmm2_scale=1.0,
+    )  # fmt: skip
+    _close(ours, theirs)
+    from flashinfer.trace.templates.page import _xqa_mla_reference
+
+    cache = x["kv_cache"][:, 0].unsqueeze(2)  # [pages, page_size, 1, 576], as the wrapper
+    kernel = _xqa_mla_reference(
+        x["query"], cache, cache, x["block_tables"], x["seq_lens"].unsqueeze(1),
+        output=torch.empty(2, 1, 16, 512, dtype=torch.bfloat16), q_scale=scale, kv_scale=1.0,
+    )  # fmt: skip
+    _close(ours, kernel)
+
+
+def test_xqa_mla_one_token_per_sequence_only(monkeypatch):
+    api = next(a for a in APIS if a.name == XQA_MLA_NAME)
+    args, kwargs, _ = api.build(0)
+    args = (torch.cat([args[0], args[0]], dim=1),) + args[1:]  # two query tokens
+    _refused(_route(monkeypatch, api.path, api.name, args, kwargs), "tensor:query")
