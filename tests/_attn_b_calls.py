@@ -158,3 +158,29 @@ def _xqa_mla_batch_decode(c: Any) -> Any:
 
 
 ROUTABLE |= {"flashinfer.mla.xqa_batch_decode_with_kv_cache_mla": _xqa_mla_batch_decode}
+
+
+def _concat_mla_k(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "concat_mla_k_h16_nope128_rope64_d192"
+    x, _ = c.inputs(name, num_tokens=5)
+    k = torch.empty(5, 16, 192, dtype=torch.bfloat16)
+    return Call(name, (k, x["k_nope"], x["k_rope"]), {"backend": "cake"})
+
+
+def _concat_mla_kv_quant_fp8(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "concat_mla_kv_quant_fp8_h16_kv256_rope64"
+    x, _ = c.inputs(name, num_tokens=5)
+    key = torch.empty(5, 16, 192, dtype=torch.float8_e4m3fn)
+    value = torch.empty(5, 16, 128, dtype=torch.float8_e4m3fn)
+    kwargs = {"nope_dim": 128, "backend": "specialized"}
+    return Call(name, (x["kv_nope"], x["k_pe"][:, None], key, value), kwargs)
+
+
+ROUTABLE |= {
+    "flashinfer.concat_ops.concat_mla_k": _concat_mla_k,
+    "flashinfer.mla_kv_pack.concat_mla_kv_quant_fp8": _concat_mla_kv_quant_fp8,
+}

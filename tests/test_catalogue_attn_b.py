@@ -323,6 +323,16 @@ class Api:
     build: Any  # seed -> (args, kwargs, inputs): the call with FlashInfer's defaults
     refused: list  # (parameter, value, the rule counted)
     routed: list  # (parameter, value)
+    written: str = "output"  # the buffer parameter of an API that returns None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal tensors (FP8 ones compared by their bytes), or tuples of them."""
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if a.dtype == torch.float8_e4m3fn:
+        a, b = a.view(torch.uint8), b.view(torch.uint8)
+    return a.shape == b.shape and torch.equal(a, b)
 
 
 def _positional(path: str) -> list[str]:
@@ -448,8 +458,53 @@ def _xqa_mla_build(seed):
     return args + (x["block_tables"], x["seq_lens"], int(x["max_seq_len"])), {}, x
 
 
+CONCAT_K_NAME = "concat_mla_k_h16_nope128_rope64_d192"
+CONCAT_KV_NAME = "concat_mla_kv_quant_fp8_h16_kv256_rope64"
+
+
+def _concat_k_build(seed):
+    x, _ = _catalogue().inputs(CONCAT_K_NAME, seed=seed, num_tokens=5)
+    k = torch.full((5, 16, 192), float("nan"), dtype=torch.bfloat16)
+    return (k, x["k_nope"], x["k_rope"]), {}, x
+
+
+def _concat_kv_build(seed):
+    x, _ = _catalogue().inputs(CONCAT_KV_NAME, seed=seed, num_tokens=5)
+    return (x["kv_nope"], x["k_pe"]), {}, x
+
+
+_FP8 = torch.float8_e4m3fn
 _ONE = torch.ones(1)
 APIS = [
+    Api(
+        "flashinfer.concat_ops.concat_mla_k",
+        CONCAT_K_NAME,
+        _concat_k_build,
+        [
+            ("k", torch.zeros(5, 16, 192, dtype=torch.float16), "k,k_nope"),
+            ("k_rope", torch.zeros(5, 16, 64, dtype=torch.bfloat16), "tensor:k_rope"),
+            ("k_nope", torch.zeros(5, 16, 64, dtype=torch.bfloat16), None),
+        ],
+        [("backend", "cake"), ("k", torch.zeros(5, 16, 256, dtype=torch.bfloat16)[..., :192])],
+        written="k",
+    ),
+    Api(
+        "flashinfer.mla_kv_pack.concat_mla_kv_quant_fp8",
+        CONCAT_KV_NAME,
+        _concat_kv_build,
+        [
+            ("nope_dim", 64, "nope_dim"),
+            ("key", torch.zeros(5, 16, 192, dtype=torch.bfloat16), "key"),
+            ("value", torch.zeros(5, 16, 128, dtype=torch.bfloat16), "value"),
+            ("kv_nope", torch.zeros(5, 16, 256, dtype=torch.float16), "tensor:kv_nope"),
+        ],
+        [
+            ("key", torch.zeros(5, 16, 192, dtype=_FP8)),
+            ("value", torch.zeros(5, 16, 128, dtype=_FP8)),
+            ("k_pe", torch.zeros(5, 1, 64, dtype=torch.bfloat16)),
+            ("backend", "specialized"),
+        ],
+    ),
     _mla_api("batch_decode"),
     _mla_api("prefill"),
     Api(
@@ -572,8 +627,8 @@ def test_a_call_with_flashinfers_defaults_is_routed(monkeypatch, api):
     _hit(out)
     # What the solution computed is what the call returns (or writes into its buffer).
     expected = _reference(api.name)(**out.seen[0])
-    result = args[_positional(api.path).index("output")] if out.result is None else out.result
-    assert torch.equal(result, expected)
+    result = args[_positional(api.path).index(api.written)] if out.result is None else out.result
+    assert _same(result, expected)
 
 
 @pytest.mark.parametrize(("api", "param", "value", "rule"), _cases("refused"))
@@ -739,3 +794,34 @@ def test_xqa_mla_one_token_per_sequence_only(monkeypatch):
     args, kwargs, _ = api.build(0)
     args = (torch.cat([args[0], args[0]], dim=1),) + args[1:]  # two query tokens
     _refused(_route(monkeypatch, api.path, api.name, args, kwargs), "tensor:query")
+
+
+def test_concat_mla_k_reference_agrees_with_flashinfers_template():
+    _, _, x = _concat_k_build(11)
+    k = torch.empty(5, 16, 192, dtype=torch.bfloat16)
+    theirs = _template("_concat_mla_k_reference")(k, x["k_nope"], x["k_rope"])
+    assert torch.equal(_reference(CONCAT_K_NAME)(x["k_nope"], x["k_rope"]), theirs)
+
+
+def test_concat_mla_k_writes_the_callers_k_in_place(monkeypatch):
+    api = APIS[0]
+    args, kwargs, x = api.build(3)
+    out = _route(monkeypatch, api.path, api.name, args, kwargs)
+    _hit(out)
+    assert out.result is None
+    assert torch.equal(args[0][..., :128], x["k_nope"])
+    assert torch.equal(args[0][..., 128:], x["k_rope"].expand(5, 16, 64))
+
+
+def test_concat_mla_kv_quant_fp8_reference_is_the_saturating_cast():
+    _, _, x = _concat_kv_build(12)
+    kv_nope, k_pe = x["kv_nope"].clone(), x["k_pe"].clone()
+    kv_nope[0, 0, :3] = torch.tensor([1000.0, -1e30, float("inf")])  # past e4m3's 448
+    k_pe[1, :2] = torch.tensor([-float("inf"), 449.0])
+    key, value = _reference(CONCAT_KV_NAME)(kv_nope, k_pe)
+    theirs = _template("_concat_mla_kv_quant_fp8_reference")(kv_nope, k_pe)
+    assert _same((key, value), theirs)
+    # Saturated, never NaN: the docstring's finite overflow and +-inf to +-448.
+    assert key[0, 0, :3].float().tolist() == [448.0, -448.0, 448.0]
+    assert key[1, :, 128:130].float().unique(dim=0).tolist() == [[-448.0, 448.0]]
+    assert torch.equal(value.float(), kv_nope[..., 128:].float().clamp(-448, 448).to(_FP8).float())
