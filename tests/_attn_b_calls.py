@@ -184,3 +184,23 @@ ROUTABLE |= {
     "flashinfer.concat_ops.concat_mla_k": _concat_mla_k,
     "flashinfer.mla_kv_pack.concat_mla_kv_quant_fp8": _concat_mla_kv_quant_fp8,
 }
+
+
+def _ragged_deepseek(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "trtllm_ragged_attention_deepseek_h16_d_qk192_d_v128"
+    x, axes = c.inputs(name, batch_size=2, batch_size_plus_1=3, num_q_tokens=5, num_kv_tokens=32)
+    args = (x["query"], x["key"], x["value"], torch.empty(16, dtype=torch.uint8))
+    args += (x["seq_lens"], 16, 16, float(x["bmm1_scale"]), 1.0, 0.5, 2, -1)
+    args += (x["cum_seq_lens_q"], x["cum_seq_lens_kv"], True, False, False)
+    kwargs: dict = {"attention_sinks": None, "skip_softmax_threshold_scale_factor": None}
+    kwargs |= {"out": c.buffer(name, "output", axes), "lse": None}
+    kwargs |= {"sage_attn_sfs": (None, None, None, None)}
+    kwargs |= {"num_elts_per_sage_attn_blk": (0, 0, 0, 0), "backend": "cute-dsl"}
+    kwargs |= {"q_seq_lens_cpu": None, "kv_seq_lens_cpu": None, "use_fp16_softmax": False}
+    kwargs |= {"uses_spcompress": False, "skip_all_rows_active_check": True}
+    return Call(name, args, kwargs)
+
+
+ROUTABLE |= {"flashinfer.prefill.trtllm_ragged_attention_deepseek": _ragged_deepseek}

@@ -265,6 +265,13 @@ def _template(name: str):
     return getattr(templates, name)
 
 
+def _template_of(module: str, name: str):
+    """A reference of FlashInfer's trace templates kept outside ``attention.py``."""
+    import importlib
+
+    return getattr(importlib.import_module(f"flashinfer.trace.templates.{module}"), name)
+
+
 def test_trtllm_decode_reference_agrees_with_flashinfers_template():
     x, _, hnd = _decode_case(seed=1)
     ours = _reference(DECODE_NAME)(**{k: x[k] for k in _decode_inputs()} | {"sinks": None})
@@ -473,9 +480,56 @@ def _concat_kv_build(seed):
     return (x["kv_nope"], x["k_pe"]), {}, x
 
 
+RAGGED_NAME = "trtllm_ragged_attention_deepseek_h16_d_qk192_d_v128"
+
+
+def _ragged_build(seed):
+    x, _ = _catalogue().inputs(
+        RAGGED_NAME, seed=seed, batch_size=2, batch_size_plus_1=3, num_q_tokens=5,
+        num_kv_tokens=32,
+    )  # fmt: skip
+    args = (x["query"], x["key"], x["value"], torch.empty(16, dtype=torch.uint8))
+    args += (x["seq_lens"], 16, 16, float(x["bmm1_scale"]), 1.0, 1.0, 2, -1)
+    args += (x["cum_seq_lens_q"], x["cum_seq_lens_kv"], None, True, False)
+    return args, {}, x
+
+
 _FP8 = torch.float8_e4m3fn
 _ONE = torch.ones(1)
 APIS = [
+    Api(
+        "flashinfer.prefill.trtllm_ragged_attention_deepseek",
+        RAGGED_NAME,
+        _ragged_build,
+        [
+            ("bmm1_scale", _ONE, "bmm1_scale"),
+            ("bmm2_scale", _ONE, "bmm2_scale"),
+            ("window_left", 8, "window_left"),
+            ("return_lse", True, "return_lse"),
+            ("attention_sinks", torch.zeros(16), "attention_sinks"),
+            ("skip_softmax_threshold_scale_factor", 0.5, "skip_softmax_threshold_scale_factor"),
+            ("lse", torch.zeros(5, 16), "lse"),
+            ("sage_attn_sfs", (torch.ones(1), None, None, None), "sage_attn_sfs"),
+            ("num_elts_per_sage_attn_blk", (1, 1, 1, 1), "num_elts_per_sage_attn_blk"),
+            ("use_fp16_softmax", True, "use_fp16_softmax"),
+            ("uses_spcompress", True, "uses_spcompress"),
+            ("out", torch.zeros(5, 16, 128, dtype=torch.float16), "out,query"),
+            ("query", torch.zeros(5, 16, 192, dtype=_FP8), "tensor:query"),
+        ],
+        [
+            ("is_causal", False),
+            ("bmm1_scale", 0.1),
+            ("bmm2_scale", 2.0),
+            ("o_sf_scale", 0.5),
+            ("enable_pdl", True),
+            ("backend", "cute-dsl"),
+            ("q_seq_lens_cpu", torch.tensor([2, 3])),
+            ("kv_seq_lens_cpu", torch.tensor([16, 16])),
+            ("skip_all_rows_active_check", False),
+            ("out", torch.zeros(5, 16, 128, dtype=torch.bfloat16)),
+            ("workspace_buffer", torch.zeros(4, dtype=torch.uint8)),
+        ],
+    ),
     Api(
         "flashinfer.concat_ops.concat_mla_k",
         CONCAT_K_NAME,
@@ -825,3 +879,36 @@ def test_concat_mla_kv_quant_fp8_reference_is_the_saturating_cast():
     assert key[0, 0, :3].float().tolist() == [448.0, -448.0, 448.0]
     assert key[1, :, 128:130].float().unique(dim=0).tolist() == [[-448.0, 448.0]]
     assert torch.equal(value.float(), kv_nope[..., 128:].float().clamp(-448, 448).to(_FP8).float())
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_ragged_deepseek_reference_agrees_with_flashinfers_template(causal):
+    # The template's reference keeps window_left keys left of each query and none at -1 (a
+    # window wider than any sequence is the causal mask it means), and writes an output of
+    # the query's head dim, so it is compared where q and v have the same: 128.
+    name = "trtllm_ragged_attention_deepseek_h32_d_qk128_d_v128"
+    x, _ = _catalogue().inputs(
+        name, seed=13, batch_size=2, batch_size_plus_1=3, num_q_tokens=5, num_kv_tokens=32
+    )
+    inputs = {t.name: x[t.name] for t in _catalogue().defs[name].inputs}
+    inputs["is_causal"] = causal
+    theirs = _template_of("gemm", "_trtllm_ragged_attention_deepseek_reference")(
+        x["query"], x["key"], x["value"], None, x["seq_lens"], 16, 16,
+        float(x["bmm1_scale"]), 1.0, 1.0, 2, 10**6, x["cum_seq_lens_q"],
+        x["cum_seq_lens_kv"], None, causal, False,
+    )  # fmt: skip
+    _close(_reference(name)(**inputs), theirs)
+
+
+def test_ragged_deepseek_causal_mask_is_end_aligned_with_deepseeks_head_dims():
+    _, _, x = _ragged_build(14)
+    inputs = {t.name: x[t.name] for t in _catalogue().defs[RAGGED_NAME].inputs}
+    out = _reference(RAGGED_NAME)(**inputs)
+    cum = x["cum_seq_lens_q"]
+    m = int(cum[1] - cum[0])  # sequence 0: m queries over its 16 keys
+    for i in range(m):
+        n = 16 - m + i + 1  # query i sees keys 0 .. 16 - m + i
+        for h in (0, 7):
+            want = _attend(x["query"][i, h : h + 1], x["key"][:n, h : h + 1],
+                           x["value"][:n, h : h + 1], float(x["bmm1_scale"]))  # fmt: skip
+            _close(out[i, h : h + 1], want.to(torch.bfloat16))
