@@ -204,3 +204,18 @@ def _ragged_deepseek(c: Any) -> Any:
 
 
 ROUTABLE |= {"flashinfer.prefill.trtllm_ragged_attention_deepseek": _ragged_deepseek}
+
+
+def _xqa_mla_kernel(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "xqa_mla_h128_ckv512_d_qk576_ps32"
+    x, axes = c.inputs(name, batch_size=2, num_pages=6, max_pages_per_seq=3)
+    args = (x["q"], x["k_cache"], x["v_cache"], x["page_table"], x["seq_lens"].to(torch.uint32))
+    args += (c.buffer(name, "output_out", axes), torch.empty(16, dtype=torch.uint8))
+    args += (torch.zeros(8, dtype=torch.uint32), 32)
+    kwargs = {"q_scale": 0.07, "kv_scale": 1.0, "sm_count": 132, "enable_pdl": True}
+    return Call(name, args, kwargs)
+
+
+ROUTABLE |= {"flashinfer.xqa.xqa_mla": _xqa_mla_kernel}

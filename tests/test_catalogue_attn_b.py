@@ -494,9 +494,43 @@ def _ragged_build(seed):
     return args, {}, x
 
 
+XQA_MLA_KERNEL = "xqa_mla_h128_ckv512_d_qk576_ps32"
+
+
+def _xqa_mla_kernel_build(seed):
+    x, _ = _catalogue().inputs(
+        XQA_MLA_KERNEL, seed=seed, batch_size=2, num_pages=6, max_pages_per_seq=3
+    )
+    seq_lens = x["seq_lens"].to(torch.uint32)  # as FlashInfer takes them
+    output = torch.zeros(2, 1, 128, 512, dtype=torch.bfloat16)
+    args = (x["q"], x["k_cache"], x["v_cache"], x["page_table"], seq_lens, output)
+    args += (torch.empty(16, dtype=torch.uint8), torch.zeros(8, dtype=torch.uint32), 32)
+    return args, {}, x
+
+
 _FP8 = torch.float8_e4m3fn
 _ONE = torch.ones(1)
 APIS = [
+    Api(
+        "flashinfer.xqa.xqa_mla",
+        XQA_MLA_KERNEL,
+        _xqa_mla_kernel_build,
+        [
+            ("q_scale", _ONE, "q_scale"),
+            ("kv_scale", 0.5, "kv_scale"),
+            ("q", torch.zeros(2, 1, 128, 576, dtype=torch.bfloat16), "tensor:q"),
+            ("q", torch.zeros(2, 1, 64, 576, dtype=_FP8), None),  # 64 heads: no definition
+        ],
+        [
+            ("q_scale", 0.1),
+            ("sm_count", 132),
+            ("enable_pdl", True),
+            ("semaphores", torch.zeros(4, dtype=torch.uint32)),
+            ("workspace_buffer", torch.zeros(4, dtype=torch.uint8)),
+            ("seq_lens", torch.full((2, 1), 40, dtype=torch.int32)),
+        ],
+        written="output",
+    ),
     Api(
         "flashinfer.prefill.trtllm_ragged_attention_deepseek",
         RAGGED_NAME,
@@ -912,3 +946,16 @@ def test_ragged_deepseek_causal_mask_is_end_aligned_with_deepseeks_head_dims():
             want = _attend(x["query"][i, h : h + 1], x["key"][:n, h : h + 1],
                            x["value"][:n, h : h + 1], float(x["bmm1_scale"]))  # fmt: skip
             _close(out[i, h : h + 1], want.to(torch.bfloat16))
+
+
+def test_xqa_mla_kernel_reference_agrees_with_flashinfers_template():
+    _, _, x = _xqa_mla_kernel_build(15)
+    inputs = {t.name: x[t.name] for t in _catalogue().defs[XQA_MLA_KERNEL].inputs}
+    ours = _reference(XQA_MLA_KERNEL)(**inputs)
+    # The template rounds its result to q's FP8 unless told a dtype; in float32 without an
+    # output it gives every column of the value rows, of which the kernel writes 512.
+    theirs = _template_of("page", "_xqa_mla_reference")(
+        x["q"], x["k_cache"], x["v_cache"], x["page_table"], x["seq_lens"],
+        output_dtype=torch.float32, q_scale=float(x["q_scale"]), kv_scale=1.0,
+    )  # fmt: skip
+    _close(ours, theirs[..., :512].to(torch.bfloat16))
