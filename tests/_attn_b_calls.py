@@ -219,3 +219,22 @@ def _xqa_mla_kernel(c: Any) -> Any:
 
 
 ROUTABLE |= {"flashinfer.xqa.xqa_mla": _xqa_mla_kernel}
+
+
+def _fmha_v2(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "trtllm_fmha_v2_prefill_h16_kv2_d128"
+    x, axes = c.inputs(name, batch_size=2, batch_size_plus_1=3, num_tokens=5, num_kv_tokens=32)
+    kv = torch.stack([x["key"], x["value"]], dim=1)
+    args = ((x["query"], kv), "CONTIGUOUS_Q_KV", torch.empty(16, dtype=torch.uint8))
+    args += (x["seq_lens"], 16, 16, 0.0883, 1.0, 2, x["cum_seq_lens_q"], x["cum_seq_lens_kv"])
+    kwargs: dict = {"block_tables": None, "out": c.buffer(name, "output", axes)}
+    kwargs |= {"out_dtype": torch.bfloat16, "sinks": None, "pos_encoding_mode": None}
+    kwargs |= {"logits_soft_cap_scale": None, "mask_mode": "padding", "window_left": 7}
+    kwargs |= {"chunked_attention_size": 0, "save_softmax_stats": False}
+    kwargs |= {"skip_softmax_threshold_scale_factor": 0}
+    return Call(name, args, kwargs)
+
+
+ROUTABLE |= {"flashinfer.prefill.trtllm_fmha_v2_prefill": _fmha_v2}

@@ -508,9 +508,49 @@ def _xqa_mla_kernel_build(seed):
     return args, {}, x
 
 
+FMHA_V2_NAME = "trtllm_fmha_v2_prefill_h16_kv2_d128"
+
+
+def _fmha_v2_build(seed, name=FMHA_V2_NAME):
+    x, _ = _catalogue().inputs(
+        name, seed=seed, batch_size=2, batch_size_plus_1=3, num_tokens=5, num_kv_tokens=32
+    )
+    args = ((x["query"], x["key"], x["value"]), "SEPARATE_Q_K_V", torch.empty(16).byte())
+    args += (x["seq_lens"], 16, 16, float(x["bmm1_scale"]), 1.0, 2)
+    return args + (x["cum_seq_lens_q"], x["cum_seq_lens_kv"]), {}, x
+
+
 _FP8 = torch.float8_e4m3fn
 _ONE = torch.ones(1)
 APIS = [
+    Api(
+        "flashinfer.prefill.trtllm_fmha_v2_prefill",
+        FMHA_V2_NAME,
+        _fmha_v2_build,
+        [
+            ("input_layout", "Q_PAGED_KV_NHD", "input_layout"),
+            ("mask_mode", "sliding_window", "mask_mode"),
+            ("mask_mode", "chunked", "mask_mode"),
+            ("out_dtype", torch.float16, "out_dtype"),
+            ("out", torch.zeros(5, 16, 128, dtype=torch.float16), "out"),
+            ("sinks", [torch.zeros(16)], "sinks"),
+            ("pos_encoding_mode", "alibi", "pos_encoding_mode"),
+            ("logits_soft_cap_scale", 30.0, "logits_soft_cap_scale"),
+            ("save_softmax_stats", True, "save_softmax_stats"),
+            ("skip_softmax_threshold_scale_factor", 0.5, "skip_softmax_threshold_scale_factor"),
+        ],
+        [
+            ("mask_mode", "padding"),
+            ("bmm1_scale", 0.1),
+            ("bmm2_scale", 2.0),
+            ("out_dtype", torch.bfloat16),
+            ("out", torch.zeros(5, 16, 128, dtype=torch.bfloat16)),
+            ("block_tables", torch.zeros(2, 1, dtype=torch.int32)),
+            ("window_left", 7),
+            ("chunked_attention_size", 64),
+            ("workspace_buffer", torch.zeros(4, dtype=torch.uint8)),
+        ],
+    ),
     Api(
         "flashinfer.xqa.xqa_mla",
         XQA_MLA_KERNEL,
@@ -959,3 +999,56 @@ def test_xqa_mla_kernel_reference_agrees_with_flashinfers_template():
         output_dtype=torch.float32, q_scale=float(x["q_scale"]), kv_scale=1.0,
     )  # fmt: skip
     _close(ours, theirs[..., :512].to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("layout", ["PACKED_QKV", "CONTIGUOUS_Q_KV", "SEPARATE_Q_K_V"])
+def test_fmha_v2_layouts_reach_the_solution_as_the_same_views(monkeypatch, layout):
+    name = "trtllm_fmha_v2_prefill_h32_kv32_d128"
+    args, _, x = _fmha_v2_build(4, name)
+    q, k, v = x["query"], x["key"], x["value"]
+    if layout == "PACKED_QKV":  # self-attention: as many keys as queries
+        q = q.new_empty(32, 32, 128).normal_()
+        qkv = torch.stack([q, k, v], dim=1)
+        cum_q = x["cum_seq_lens_kv"]
+    else:
+        qkv = (q, torch.stack([k, v], dim=1)) if layout == "CONTIGUOUS_Q_KV" else (q, k, v)
+        cum_q = x["cum_seq_lens_q"]
+    args = (qkv, layout) + args[2:9] + (cum_q, x["cum_seq_lens_kv"])
+    out = _route(monkeypatch, "flashinfer.prefill.trtllm_fmha_v2_prefill", name, args, {})
+    _hit(out)
+    seen = out.seen[0]
+    assert torch.equal(seen["query"], q) and torch.equal(seen["key"], k)
+    assert torch.equal(seen["value"], v) and seen["causal"] is True
+
+
+@pytest.mark.parametrize("mask_mode", ["causal", "padding"])
+def test_fmha_v2_reference_agrees_with_flashinfers_template(mask_mode):
+    # The template's reference is causal whatever mask_mode says, and takes q, k and v of
+    # the same heads; "padding" is checked against the formula.
+    name = "trtllm_fmha_v2_prefill_h32_kv32_d128"
+    _, _, x = _fmha_v2_build(5, name)
+    inputs = {t.name: x[t.name] for t in _catalogue().defs[name].inputs}
+    inputs["causal"] = mask_mode == "causal"
+    ours = _reference(name)(**inputs)
+    if mask_mode == "causal":
+        theirs = _template_of("page", "_trtllm_fmha_v2_prefill_reference")(
+            (x["query"], x["key"], x["value"]), x["seq_lens"], 16, 16,
+            float(x["bmm1_scale"]), 1.0, 2, x["cum_seq_lens_q"], x["cum_seq_lens_kv"],
+        )  # fmt: skip
+        _close(ours, theirs)
+        return
+    cum, scale = x["cum_seq_lens_q"], float(x["bmm1_scale"])
+    for b in range(2):
+        k0 = int(x["cum_seq_lens_kv"][b])
+        k, v = x["key"][k0 : k0 + 16], x["value"][k0 : k0 + 16]
+        for i in range(int(cum[b]), int(cum[b + 1])):
+            _close(ours[i], _attend(x["query"][i], k, v, scale).to(torch.bfloat16))
+
+
+def test_fmha_v2_reference_repeats_key_value_heads_for_gqa():
+    _, _, x = _fmha_v2_build(6)
+    inputs = {t.name: x[t.name] for t in _catalogue().defs[FMHA_V2_NAME].inputs}
+    ours = _reference(FMHA_V2_NAME)(**inputs)
+    mha = dict(inputs, key=x["key"].repeat_interleave(8, dim=1))
+    mha["value"] = x["value"].repeat_interleave(8, dim=1)
+    assert torch.equal(ours, _reference(FMHA_V2_NAME)(**mha))
