@@ -238,3 +238,28 @@ def _fmha_v2(c: Any) -> Any:
 
 
 ROUTABLE |= {"flashinfer.prefill.trtllm_fmha_v2_prefill": _fmha_v2}
+
+
+def _sm120(kind: str) -> Callable[[Any], Any]:
+    def build(c: Any) -> Any:
+        from _routable_calls import Call
+
+        name = "fmha_v2_prefill_sm120_h32_d128" if kind == "sm120" else (
+            "fmha_v2_prefill_deepseek_h16_d192"
+        )  # fmt: skip
+        x, axes = c.inputs(name, batch_size=2, seq_len=6)
+        heads, dim = x["query"].shape[2:]
+        args = (x["query"], x["key"], x["value"], c.buffer(name, "output", axes), heads, dim)
+        kwargs: dict = {"scale_bmm1": 0.05, "scale_bmm2": 2.0, "return_lse": False}
+        kwargs |= {"lse": None, "scale_bmm1_d": None, "scale_bmm2_d": None}
+        if kind == "sm120":
+            kwargs["causal"] = False
+        return Call(name, args + (6, 1.0), kwargs)
+
+    return build
+
+
+ROUTABLE |= {
+    "flashinfer.prefill.fmha_v2_prefill_sm120": _sm120("sm120"),
+    "flashinfer.prefill.fmha_v2_prefill_deepseek": _sm120("deepseek"),
+}

@@ -520,9 +520,44 @@ def _fmha_v2_build(seed, name=FMHA_V2_NAME):
     return args + (x["cum_seq_lens_q"], x["cum_seq_lens_kv"]), {}, x
 
 
+def _sm120_build(kind):
+    name = "fmha_v2_prefill_sm120_h32_d128" if kind == "sm120" else (
+        "fmha_v2_prefill_deepseek_h16_d192"
+    )  # fmt: skip
+
+    def build(seed):
+        x, axes = _catalogue().inputs(name, seed=seed, batch_size=2, seq_len=6)
+        out = _catalogue().buffer(name, "output", axes)
+        heads, dim = x["query"].shape[2:]
+        return (x["query"], x["key"], x["value"], out, heads, dim, 6, 1.0), {}, x
+
+    return name, build
+
+
+def _sm120_api(kind: str) -> Api:
+    name, build = _sm120_build(kind)
+    refused = [
+        ("scale_softmax", 0.5, "scale_softmax"),
+        ("return_lse", True, "return_lse"),
+        ("lse", torch.zeros(2, 6, 32, 2), "lse"),
+        ("scale_bmm1_d", torch.ones(1), "scale_bmm1_d"),
+        ("scale_bmm2_d", torch.ones(1), "scale_bmm2_d"),
+        ("num_heads", 8, "num_heads"),
+        ("seq_len", 7, "seq_len"),
+        ("query", torch.zeros(2, 6, *((16, 192) if kind == "deepseek" else (32, 128))).bfloat16(),
+         "tensor:query"),
+    ]  # fmt: skip
+    routed = [("scale_bmm1", 0.1), ("scale_bmm2", 2.0), ("scale_softmax", 1.0)]
+    if kind == "sm120":
+        routed.append(("causal", False))
+    return Api(f"flashinfer.prefill.fmha_v2_prefill_{kind}", name, build, refused, routed)
+
+
 _FP8 = torch.float8_e4m3fn
 _ONE = torch.ones(1)
 APIS = [
+    _sm120_api("sm120"),
+    _sm120_api("deepseek"),
     Api(
         "flashinfer.prefill.trtllm_fmha_v2_prefill",
         FMHA_V2_NAME,
@@ -1052,3 +1087,29 @@ def test_fmha_v2_reference_repeats_key_value_heads_for_gqa():
     mha = dict(inputs, key=x["key"].repeat_interleave(8, dim=1))
     mha["value"] = x["value"].repeat_interleave(8, dim=1)
     assert torch.equal(ours, _reference(FMHA_V2_NAME)(**mha))
+
+
+@pytest.mark.parametrize(
+    ("kind", "causal"), [("sm120", True), ("sm120", False), ("deepseek", True)]
+)
+def test_fmha_v2_sm120_references_agree_with_flashinfers_templates(kind, causal):
+    name, build = _sm120_build(kind)
+    args, _, x = build(16)
+    inputs = {t.name: x[t.name] for t in _catalogue().defs[name].inputs}
+    if kind == "sm120":
+        inputs["causal"] = causal
+    theirs = torch.zeros_like(args[3])  # the templates write it
+    extra = {"causal": causal} if kind == "sm120" else {}
+    _template_of("gemm", f"_fmha_v2_prefill_{kind}_reference")(
+        x["query"], x["key"], x["value"], theirs, *args[4:7], 1.0,
+        scale_bmm1=float(x["scale_bmm1"]), scale_bmm2=1.0, **extra,
+    )  # fmt: skip
+    _close(_reference(name)(**inputs), theirs)
+
+
+def test_fmha_v2_sm120_unset_scales_are_one(monkeypatch):
+    api = _sm120_api("sm120")
+    args, _, _ = api.build(0)
+    out = _route(monkeypatch, api.path, api.name, args, {"scale_bmm1": None, "scale_bmm2": None})
+    _hit(out)
+    assert out.seen[0]["scale_bmm1"] == 1.0 and out.seen[0]["scale_bmm2"] == 1.0
