@@ -263,3 +263,16 @@ ROUTABLE |= {
     "flashinfer.prefill.fmha_v2_prefill_sm120": _sm120("sm120"),
     "flashinfer.prefill.fmha_v2_prefill_deepseek": _sm120("deepseek"),
 }
+
+
+def _msa_topk(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "msa_topk_select_h4_topk16"
+    x, axes = c.inputs(name, max_k_tiles=40, total_q=6)
+    kwargs = {"num_valid_pages": 30, "output": c.buffer(name, "block_indices", axes)}
+    kwargs |= {"force_begin_blocks": 1, "force_end_blocks": 2}
+    return Call(name, (x["max_score"], 16), kwargs)
+
+
+ROUTABLE |= {"flashinfer.msa_ops.sparse_topk_select.msa_topk_select": _msa_topk}

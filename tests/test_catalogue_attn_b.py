@@ -553,9 +553,34 @@ def _sm120_api(kind: str) -> Api:
     return Api(f"flashinfer.prefill.fmha_v2_prefill_{kind}", name, build, refused, routed)
 
 
+TOPK_NAME = "msa_topk_select_h4_topk16"
+
+
+def _topk_build(seed):
+    x, _ = _catalogue().inputs(TOPK_NAME, seed=seed, max_k_tiles=40, total_q=6)
+    return (x["max_score"], 16), {}, x
+
+
 _FP8 = torch.float8_e4m3fn
 _ONE = torch.ones(1)
 APIS = [
+    Api(
+        "flashinfer.msa_ops.sparse_topk_select.msa_topk_select",
+        TOPK_NAME,
+        _topk_build,
+        [
+            ("force_begin_blocks", 17, "force_begin_blocks,force_end_blocks,topk"),
+            ("output", torch.zeros(6, 4, 16, dtype=torch.int64), "output"),
+            ("max_score", torch.zeros(4, 40, 6, dtype=torch.bfloat16), "tensor:max_score"),
+            ("topk", 8, "topk"),
+        ],
+        [
+            ("num_valid_pages", torch.tensor([0, 3, 16, 20, 40, 99], dtype=torch.int32)),
+            ("force_begin_blocks", 2),
+            ("force_end_blocks", 4),
+            ("output", torch.zeros(6, 4, 16, dtype=torch.int32)),
+        ],
+    ),
     _sm120_api("sm120"),
     _sm120_api("deepseek"),
     Api(
@@ -1113,3 +1138,21 @@ def test_fmha_v2_sm120_unset_scales_are_one(monkeypatch):
     out = _route(monkeypatch, api.path, api.name, args, {"scale_bmm1": None, "scale_bmm2": None})
     _hit(out)
     assert out.seen[0]["scale_bmm1"] == 1.0 and out.seen[0]["scale_bmm2"] == 1.0
+
+
+@pytest.mark.parametrize("valid", [None, 12, "per-token"])
+def test_msa_topk_select_reference_agrees_with_flashinfers_template(monkeypatch, valid):
+    # Through the dispatcher, so that None and an int become the per-token counts the
+    # definition takes as the rule's `let` makes them.
+    args, _, x = _topk_build(17)
+    if valid == "per-token":
+        valid = torch.tensor([0, 3, 16, 20, 40, 99], dtype=torch.int32)
+    kwargs = {"num_valid_pages": valid, "force_begin_blocks": 2, "force_end_blocks": 3}
+    api = "flashinfer.msa_ops.sparse_topk_select.msa_topk_select"
+    out = _route(monkeypatch, api, TOPK_NAME, args, kwargs)
+    _hit(out)
+    theirs = _template_of("msa", "_msa_topk_select_reference")(x["max_score"], 16, **kwargs)
+    assert torch.equal(out.result, theirs)
+    if torch.is_tensor(valid):  # token 1 has 3 valid blocks: all kept, then -1s
+        row = out.result[1, 0]
+        assert row[:3].tolist() == [0, 1, 2] and (row[3:] == -1).all()
