@@ -376,3 +376,8 @@ ROUTABLE |= _SAMP_QUANT
 from _routable_attention import ROUTABLE as _ATTENTION  # noqa: E402
 
 ROUTABLE |= _ATTENTION
+
+# The APIs of attention_trtllm.fidef and its neighbours, kept in a module of their own.
+from _attn_b_calls import ROUTABLE as _ATTN_B  # noqa: E402
+
+ROUTABLE |= _ATTN_B
