@@ -72,6 +72,30 @@ def _gdp_prefill(c: Catalogue) -> Call:
     return Call(name, args, kwargs)
 
 
+def _kda(module: str) -> Callable[[Catalogue], Call]:
+    def build(c: Catalogue) -> Call:
+        name = f"{'recurrent_kda_decode' if module == 'kda_decode' else 'recurrent_kda'}_q4_v4_d128"
+        seq_len = {"seq_len": 3} if module == "kda" else {}
+        x, axes = c.inputs(name, batch_size=2, **seq_len)
+        args = tuple(x[k] for k in ("q", "k", "v", "g", "beta"))
+        kwargs: dict = {"A_log": None, "dt_bias": None, "scale": x["scale"]}
+        kwargs |= {"initial_state": x["state"], "output_final_state": True}
+        kwargs |= {"use_qk_l2norm_in_kernel": True, "use_gate_in_kernel": False}
+        kwargs |= {"lower_bound": None, "cu_seqlens": None, "ssm_state_indices": None}
+        kwargs |= {"num_spec_tokens": None, "num_accepted_tokens": None}
+        kwargs |= {"output": c.buffer(name, "output", axes), "initial_state_source": None}
+        kwargs |= {"initial_state_indices": None, "beta_is_logit": False}
+        if module == "kda":
+            kwargs |= {"seq_order": None, "prefill_workspace": None}
+            kwargs |= {"state_checkpoints": None, "checkpoint_cu_starts": None}
+            kwargs |= {"checkpoint_every_n_tokens": 0, "checkpoint_state_indices": None}
+        kwargs |= {"disable_state_update": False, "correction_cache": None, "kg_cache": None}
+        kwargs |= {"backend": "cake" if module == "kda" else "cute-dsl"}
+        return Call(name, args, kwargs)
+
+    return build
+
+
 ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.gdn_prefill.chunk_gated_delta_rule": _chunk_prefill,
     "flashinfer.gdn_decode.gated_delta_rule_decode_pretranspose": _decode_pool,
@@ -79,4 +103,6 @@ ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.gdn_kernels.experimental.gdn_fused_decode.gdn_fused_decode_step": _fused_decode,
     "flashinfer.gdn2_prefill.chunk_gated_delta_rule2": _gdn2_prefill,
     "flashinfer.gdp_prefill.chunk_gated_delta_product": _gdp_prefill,
+    "flashinfer.kda.recurrent_kda": _kda("kda"),
+    "flashinfer.kda_decode.recurrent_kda": _kda("kda_decode"),
 }

@@ -36,7 +36,7 @@ from fibgen.compiler import compile_paths  # noqa: E402
 from fibgen.runtime import patching  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = ("ssm_gdn.fidef", "ssm_linear.fidef", "gdn.fidef")
+FILES = ("ssm_gdn.fidef", "ssm_linear.fidef", "ssm_kda.fidef", "gdn.fidef")
 pytestmark = pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning")
 
 
@@ -184,6 +184,43 @@ def test_fused_decode_reference_is_flashinfers_template():
     assert torch.equal(conv, t_conv)
     torch.testing.assert_close(ssm, t_ssm, atol=1e-5, rtol=1e-5)
     assert not out[1].any()
+
+
+def test_kda_reference_is_flashinfers_fp32_oracle_on_the_gates_it_computes():
+    # FlashInfer's KDA templates carry no reference; its b12x package holds the fp32 token
+    # recurrence the kernels are tested against, which computes the gates from raw inputs.
+    # Fed the gates it computes, rounded to bfloat16 as the API takes them, ours agrees.
+    from flashinfer.experimental.b12x.sequence._shared.kda_math import kda_log_decay
+    from flashinfer.experimental.b12x.sequence.kda_prefill import reference as oracle
+
+    gen = torch.Generator().manual_seed(3)
+    T, H, D = 5, 4, 128
+    q, k, v, raw_g = (torch.randn(T, H, D, generator=gen).to(torch.bfloat16) for _ in range(4))
+    raw_beta = torch.randn(T, H, generator=gen).to(torch.bfloat16)
+    A_log, dt_bias = torch.randn(H, generator=gen), torch.randn(H, D, generator=gen)
+    state = (torch.randn(H, D, D, generator=gen) * 0.1).to(torch.bfloat16)
+    want_out, want_state, _ = oracle.recurrent_kda(
+        q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound=-5.0, initial_state=state
+    )
+    g = kda_log_decay(raw_g, dt_bias, A_log, -5.0).to(torch.bfloat16)
+    beta = torch.sigmoid(raw_beta.float()).to(torch.bfloat16)
+    l2 = lambda x: (x.float() * torch.rsqrt(x.float().square().sum(-1, keepdim=True) + 1e-6))
+    for name in ("recurrent_kda_q4_v4_d128", "recurrent_kda_decode_q4_v4_d128"):
+        steps = T if "decode" not in name else 1
+        out, new_state = _reference(name)(
+            l2(q[:steps])[None].to(torch.bfloat16), l2(k[:steps])[None].to(torch.bfloat16),
+            v[None, :steps], g[None, :steps], beta[None, :steps], state[None], D**-0.5,
+        )  # fmt: skip
+        if steps == T:
+            _close(out[0], want_out, atol=3e-2)
+            _close(new_state[0], want_state, atol=3e-2)
+            assert new_state.dtype == torch.bfloat16
+    # One step of the decode facade is the first step of the recurrence.
+    first, _, _ = oracle.recurrent_kda(
+        q[:1], k[:1], v[:1], raw_g[:1], raw_beta[:1], A_log, dt_bias,
+        lower_bound=-5.0, initial_state=state,
+    )  # fmt: skip
+    _close(out[0], first, atol=3e-2)
 
 
 # ---------------------------------------------------------------------------------------
@@ -342,6 +379,31 @@ def test_cudnn_prefills_route_and_refuse_the_output_alone(path):
     )
     assert out is call.kwargs["output"] and state is call.kwargs["output_state"]
     assert out.any() and state.any()
+
+
+@pytest.mark.parametrize("module", ["kda", "kda_decode"])
+def test_kda_updates_the_callers_state_in_place_and_refuses_what_it_does_not_model(module):
+    path = f"flashinfer.{module}.recurrent_kda"
+    before = routable.ROUTABLE[path](_catalogue()).kwargs["initial_state"]
+    refusals = [
+        ({"use_gate_in_kernel": True}, "use_gate_in_kernel"),
+        ({"beta_is_logit": True}, "beta_is_logit"),
+        ({"output_final_state": False}, "output_final_state"),
+        ({"initial_state": None}, "initial_state"),
+        ({"num_spec_tokens": 2}, "num_spec_tokens"),
+    ]
+    if module == "kda":
+        refusals.append(({"checkpoint_every_n_tokens": 64}, "checkpoint_every_n_tokens"))
+    call, seen, (out, state) = _route(path, refusals)
+    assert out is call.kwargs["output"] and state is call.kwargs["initial_state"]
+    assert not torch.equal(state, before) and state.dtype == torch.bfloat16
+    # The default l2 normalization reaches the solution as unit-norm keys.
+    norms = seen["k"].float().norm(dim=-1)
+    assert torch.allclose(norms, torch.ones_like(norms), atol=1e-2)
+    expected = _reference(call.name)(
+        *(seen[n] for n in ("q", "k", "v", "g", "beta")), before, seen["scale"]
+    )
+    assert torch.equal(out, expected[0]) and torch.equal(state, expected[1])
 
 
 def test_every_family_of_the_files_has_a_routable_call():
