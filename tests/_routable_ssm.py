@@ -96,6 +96,12 @@ def _kda(module: str) -> Callable[[Catalogue], Call]:
     return build
 
 
+def _mhc_post(c: Catalogue) -> Call:
+    name = "mhc_post_hc4_h4096"
+    x, _ = c.inputs(name, num_tokens=3)
+    return Call(name, tuple(x[k] for k in ("x", "residual", "post_layer_mix", "comb_res_mix")))
+
+
 ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.gdn_prefill.chunk_gated_delta_rule": _chunk_prefill,
     "flashinfer.gdn_decode.gated_delta_rule_decode_pretranspose": _decode_pool,
@@ -105,4 +111,5 @@ ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.gdp_prefill.chunk_gated_delta_product": _gdp_prefill,
     "flashinfer.kda.recurrent_kda": _kda("kda"),
     "flashinfer.kda_decode.recurrent_kda": _kda("kda_decode"),
+    "flashinfer.mhc.mhc_post": _mhc_post,
 }

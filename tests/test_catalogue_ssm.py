@@ -1,5 +1,5 @@
-"""The state-space and linear-attention families of ssm_gdn.fidef and ssm_linear.fidef (and
-the gdn.fidef rules they share), held to the real FlashInfer 0.7.2 on the CPU.
+"""The state-space and linear-attention families of ssm_gdn.fidef, ssm_linear.fidef and
+ssm_kda.fidef (and the gdn.fidef rules they share), and mHC's of mhc.fidef, held to the real FlashInfer 0.7.2 on the CPU.
 
 References: each family's reference against FlashInfer's own template reference
 (``flashinfer.trace.templates.gdn``, ``gdn2``, ``gdp``) on small inputs, or, where the
@@ -36,7 +36,7 @@ from fibgen.compiler import compile_paths  # noqa: E402
 from fibgen.runtime import patching  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = ("ssm_gdn.fidef", "ssm_linear.fidef", "ssm_kda.fidef", "gdn.fidef")
+FILES = ("ssm_gdn.fidef", "ssm_linear.fidef", "ssm_kda.fidef", "mhc.fidef", "gdn.fidef")
 pytestmark = pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning")
 
 
@@ -223,6 +223,21 @@ def test_kda_reference_is_flashinfers_fp32_oracle_on_the_gates_it_computes():
     _close(out[0], first, atol=3e-2)
 
 
+def test_mhc_post_reference_is_flashinfers_test_oracle_and_its_docstrings_sum():
+    from flashinfer.experimental.b12x.testing.mhc import post_reference
+
+    x = _inputs("mhc_post_hc4_h4096", num_tokens=3)
+    args = (x["x"], x["residual"], x["post_layer_mix"], x["comb_res_mix"])
+    ours = _reference("mhc_post_hc4_h4096")(*args)
+    _close(ours, post_reference(*args), atol=1e-2)
+    # The docstring's formula, one new stream at a time, in float64.
+    for new in range(4):
+        want = x["x"].double() * x["post_layer_mix"][:, new, None].double()
+        for old in range(4):
+            want += x["residual"][:, old].double() * x["comb_res_mix"][:, old, new, None].double()
+        _close(ours[:, new], want, atol=1e-2)
+
+
 # ---------------------------------------------------------------------------------------
 # Routing of FlashInfer's functions
 # ---------------------------------------------------------------------------------------
@@ -404,6 +419,20 @@ def test_kda_updates_the_callers_state_in_place_and_refuses_what_it_does_not_mod
         *(seen[n] for n in ("q", "k", "v", "g", "beta")), before, seen["scale"]
     )
     assert torch.equal(out, expected[0]) and torch.equal(state, expected[1])
+
+
+def test_mhc_post_routes_flat_tokens_and_leaves_other_shapes_to_flashinfer():
+    path = "flashinfer.mhc.mhc_post"
+    call = routable.ROUTABLE[path](_catalogue())
+    x, residual, post, comb = call.args
+    batched = (x[None], residual[None], post[None], comb[None])  # [1, T, ...]
+    _, seen, out = _route(path, [({i: a for i, a in enumerate(batched)}, "tensor:x")])
+    assert torch.equal(out, _reference(call.name)(x, residual, post, comb))
+    # [T, 4, 1] mixing weights are FlashInfer's other accepted shape: the same call.
+    seen_again: list = []
+    with rt.enable_apply({call.name: _recorder(call.name, seen_again)}):
+        again = _call(path, (x, residual, post[..., None], comb), {})
+    assert torch.equal(seen_again[0]["post_layer_mix"], post) and torch.equal(again, out)
 
 
 def test_every_family_of_the_files_has_a_routable_call():
