@@ -150,7 +150,8 @@ def _gdn_mtp(c: Catalogue) -> Call:
     names = ("q", "k", "v", "initial_state", "initial_state_indices", "A_log", "a", "dt_bias")
     args = tuple(x[k] for k in names) + (x["b"],)
     kwargs: dict = {"scale": x["scale"], "output": c.buffer(name, "output", axes)}
-    kwargs |= {"intermediate_states_buffer": x["intermediate_states_buffer"]}
+    # With a buffer, FlashInfer 0.7.2 writes by batch row, the definition by slot: refused.
+    kwargs |= {"intermediate_states_buffer": None}
     kwargs |= {"ssm_state_indices": None, "disable_state_update": True, "use_qk_l2norm": True}
     kwargs |= {"output_state_indices": None, "cache_replayssm": False}
     kwargs |= {f"replayssm_{k}": None for k in ("rawv", "rawk", "g", "beta")}
@@ -381,3 +382,8 @@ ROUTABLE |= _ATTENTION
 from _attn_b_calls import ROUTABLE as _ATTN_B  # noqa: E402
 
 ROUTABLE |= _ATTN_B
+
+# The state-space APIs of ssm_gdn.fidef and ssm_linear.fidef.
+from _routable_ssm import ROUTABLE as _SSM  # noqa: E402
+
+ROUTABLE |= _SSM
