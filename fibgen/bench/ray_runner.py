@@ -411,7 +411,7 @@ def run_bench_ray(
         summary = RaySummary(skipped=work_plan.skipped, notes=list(work_plan.notes))
         summary.notes += _check_nodes(ray, where, local_identity())
         # The cluster is fit: only now is anything in the dataset written.
-        prepare_dataset(work_plan, summary)
+        prepare_dataset(root, work_plan, summary)
         if not work_plan.groups:
             return summary
         jobs = [_Job(group) for group in work_plan.groups]

@@ -296,7 +296,7 @@ def _run_group(handle: _Handle, group: _Group, root: Path, options: BenchOptions
     return traces, None, noisy
 
 
-def prepare_dataset(work_plan: Plan, summary: BenchSummary) -> None:
+def prepare_dataset(root: Path, work_plan: Plan, summary: BenchSummary) -> None:
     """What a run writes before its first trace, said in ``summary.notes``: solution folders
     whose files changed are packed into their JSON, and torn last trace lines dropped."""
     try:
@@ -315,7 +315,11 @@ def prepare_dataset(work_plan: Plan, summary: BenchSummary) -> None:
     # the run leaves reads cleanly.
     for path in work_plan.trace_files:
         try:
-            dropped = drop_torn_last_line(path)
+            # Also the guard of where traces go (Note [confined paths] in fibgen/fsutil.py):
+            # a link out of the dataset is refused before any solution runs.
+            dropped = drop_torn_last_line(path, root=root)
+        except FormatError as exc:
+            raise BenchError(str(exc)) from None
         except OSError as exc:
             raise BenchError(f"cannot read {path}: {exc}") from None
         if dropped is not None:
@@ -382,7 +386,7 @@ def run_bench(
         raise BenchError(str(exc)) from None
     groups = work_plan.groups
     summary = BenchSummary(skipped=work_plan.skipped, notes=list(work_plan.notes))
-    prepare_dataset(work_plan, summary)
+    prepare_dataset(root, work_plan, summary)
     work: queue.Queue[_Group] = queue.Queue()
     handles: list[_Handle] = []
     for group in groups:
