@@ -1,5 +1,6 @@
-"""Bench's worker processes and multiprocessing's resource tracker die with the runner, however
-it dies (issue 14, item 19; Note [worker lifetime] in fibgen/bench/child.py)."""
+"""Bench's worker processes (and the processes they run solutions in) and multiprocessing's
+resource tracker die with the runner, however it dies (issue 14, item 19; Note [worker lifetime] in fibgen/bench/child.py).
+"""
 
 from __future__ import annotations
 
@@ -52,6 +53,30 @@ def _children(pid: int) -> dict[int, str]:
     return out
 
 
+def _descendants(pid: int) -> dict[int, str]:
+    """Every live process below ``pid``, each named for what it is in bench's tree."""
+    out = {}
+    for child, cmdline in _children(pid).items():
+        if "resource_tracker" in cmdline:
+            out[child] = "tracker"
+        elif "multiprocessing.spawn" in cmdline:
+            out[child] = "worker"
+        elif "multiprocessing.forkserver" in cmdline:
+            # The server's children are forked from it: the same command line.
+            out[child] = "solution" if "forkserver" in _cmdline(pid) else "fork server"
+        else:
+            out[child] = cmdline
+        out.update(_descendants(child))
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def _wait_for(condition, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -90,13 +115,11 @@ def test_workers_and_the_resource_tracker_die_with_the_runner(tmp_path, monkeypa
     children: dict[int, str] = {}
     try:
         assert _wait_for(started.exists, 120), "the solution never started"
-        children = _children(runner.pid)
-        kinds = sorted(
-            "worker" if "multiprocessing.spawn" in c else "tracker"
-            for c in children.values()
-            if "multiprocessing" in c
-        )
-        assert kinds == ["tracker", "worker"], children
+        # The worker runs the solution in a process forked by its fork server (Note
+        # [isolated solutions] in fibgen/bench/isolation.py): all four must end.
+        children = _descendants(runner.pid)
+        kinds = sorted(children.values())
+        assert kinds == ["fork server", "solution", "tracker", "worker"], children
         runner.send_signal(sig)
         assert runner.wait(timeout=30) == -sig
         survivors = lambda: [pid for pid in children if _alive(pid)]  # noqa: E731
@@ -104,7 +127,7 @@ def test_workers_and_the_resource_tracker_die_with_the_runner(tmp_path, monkeypa
     finally:
         # Whatever the outcome, nothing of this test is left running.
         runner.kill()
-        for pid in [*children, *_children(runner.pid)]:
+        for pid in [*children, *_descendants(runner.pid)]:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
 

@@ -4,7 +4,6 @@ refused in one line that names them (Note [confined paths] in fibgen/fsutil.py).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys

@@ -62,6 +62,9 @@ class BenchOptions:
     seed: int = 0
     # How L2 is flushed before each timed call on a GPU (Note [flushing L2] in timing.py).
     flush: str = "read"
+    # Each solution in a fresh process of its own (Note [isolated solutions] in
+    # isolation.py); off only to measure what that costs (benchmarks/isolation.py).
+    isolate: bool = True
 
 
 @dataclass(frozen=True)

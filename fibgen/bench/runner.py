@@ -48,7 +48,7 @@ from fibgen.bench.planning import (
     load_extras,
     plan,
 )
-from fibgen.bench.worker_handle import _Handle, _workers_die_on_sigterm
+from fibgen.bench.worker_handle import START_TIMEOUT, _Handle, _workers_die_on_sigterm
 from fibgen.format import FormatError, Trace, append_traces
 from fibgen.format.dataset import EXTRAS_SUFFIX, drop_torn_last_line, pack_solution, trace_path
 from fibgen.runtime.compare import SAMPLING_TIMEOUT_SCALE, is_sampling
@@ -251,6 +251,10 @@ def _run_group(handle: _Handle, group: _Group, root: Path, options: BenchOptions
     noisy = []
     if _spread(reference) > NOISY_SPREAD:
         noisy.append(f"{where}: reference {_describe(reference)}")
+    # The worker holds an isolated solution to ``limit`` itself, from the moment its process
+    # started (Note [isolated solutions] in isolation.py): the runner's wait also covers that
+    # start, and is the bound for a worker that no longer answers.
+    wait = limit + START_TIMEOUT + 30 if options.isolate else limit
     traces = []
     for solution in group.solutions:
         reply = handle.ask(
@@ -262,8 +266,9 @@ def _run_group(handle: _Handle, group: _Group, root: Path, options: BenchOptions
                 options.repeat,
                 options.flush,
                 limit,
+                options.isolate,
             ),
-            limit,
+            wait,
         )
         if reply[0] == "result":
             result = reply[1]

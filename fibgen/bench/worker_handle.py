@@ -36,9 +36,11 @@ class _Handle:
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
         # Started through the light entry module, which ties the worker's life to this
-        # process's before it imports torch (Note [worker lifetime] in child.py).
+        # process's before it imports torch (Note [worker lifetime] in child.py). Not a
+        # daemon: a daemon may not start processes, and the worker starts one per solution
+        # (Note [isolated solutions] in isolation.py); the runner stops or kills it.
         process = context.Process(
-            target=entry.main, args=(child, self.device, os.getpid()), daemon=True
+            target=entry.main, args=(child, self.device, os.getpid()), daemon=False
         )
         try:
             process.start()
