@@ -4,6 +4,7 @@ resource tracker die with the runner, however it dies (issue 14, item 19; Note [
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -189,3 +190,59 @@ def test_a_worker_whose_runner_is_gone_before_it_starts_exits_at_once():
         timeout=120,
     )
     assert (result.returncode, result.stdout) == (1, "")
+
+
+def test_ctrl_c_stops_cleanly_says_what_was_written_and_exits_130(tmp_path, monkeypatch):
+    # Note [stopping bench]: the first workload is traced, the second hangs; a Ctrl-C then
+    # reaches the runner twice (as `timeout -s INT` sends it: to the runner and its group).
+    started = tmp_path / "started"
+    monkeypatch.setitem(
+        _bench_dataset.SOLUTIONS,
+        "waits_on_17",
+        (
+            f"import pathlib, time\n\ndef run(x, w):\n    if x.shape[0] == 17:\n"
+            f"        pathlib.Path({str(started)!r}).touch()\n        while True:\n"
+            "            time.sleep(0.1)\n    return x * w\n",
+            False,
+        ),
+    )
+    root = make_dataset(tmp_path / "ds", ["good_returns", "waits_on_17"], sizes=(3, 17))
+    env = dict(
+        os.environ,
+        FIBGEN_CACHE_DIR=str(tmp_path / "cache"),
+        PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS)]),
+    )
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "fibgen.cli", "bench", str(root), "--devices", "cpu"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    tree: dict[int, str] = {}
+    try:
+        assert _wait_for(started.exists, 240), "the second workload never started"
+        tree = _descendants(runner.pid)
+        runner.send_signal(signal.SIGINT)
+        os.killpg(runner.pid, signal.SIGINT)
+        out, err = runner.communicate(timeout=60)
+        assert runner.returncode == 130, err
+        assert "Traceback" not in err and "Exception ignored" not in err, err
+        trace_file = root / "traces" / "scale" / "scale_h64.jsonl"
+        assert out.splitlines() == [
+            "2 traces written (PASSED 2); 0 already traced, skipped",
+            f"  {trace_file}",
+            "bench: interrupted: 2 trace(s) written, the workloads in progress dropped; "
+            f"`fibgen bench {root} --resume` runs the rest",
+        ]
+        lines = trace_file.read_text().splitlines()
+        assert {json.loads(line)["workload"]["uuid"] for line in lines} == {"n3"}
+        survivors = lambda: [pid for pid in tree if _alive(pid)]  # noqa: E731
+        assert _wait_for(lambda: not survivors(), 5.0), {p: tree[p] for p in survivors()}
+        assert list((root / ".fibgen" / "bench" / "claims").iterdir()) == []
+    finally:
+        runner.kill()
+        for pid in [*tree, *_descendants(runner.pid)]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)

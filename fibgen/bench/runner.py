@@ -27,16 +27,18 @@ from __future__ import annotations
 import math
 import os
 import queue
+import signal
 import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from fibgen.bench import worker as w
+from fibgen.bench.claims import Claims
 from fibgen.bench.planning import (
     BenchError,
     BenchOptions,
@@ -48,10 +50,16 @@ from fibgen.bench.planning import (
     load_extras,
     plan,
 )
-from fibgen.bench.worker_handle import START_TIMEOUT, _Handle, _workers_die_on_sigterm
+from fibgen.bench.worker_handle import (
+    START_TIMEOUT,
+    _Handle,
+    _stop_on_sigint,
+    _workers_die_on_sigterm,
+)
 from fibgen.format import FormatError, Trace, append_traces
 from fibgen.format.dataset import EXTRAS_SUFFIX, drop_torn_last_line, pack_solution, trace_path
 from fibgen.runtime.compare import SAMPLING_TIMEOUT_SCALE, is_sampling
+from fibgen.runtime.solutions import BUILT_LANGUAGES
 
 __all__ = [
     "EXTRAS_SUFFIX",
@@ -81,6 +89,10 @@ class BenchSummary:
     trace_files: set[Path] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
     noisy: list[str] = field(default_factory=list)
+    # Runs another bench on the dataset claimed, by who it is (Note [bench claims]).
+    claimed: Counter = field(default_factory=Counter)
+    # Stopped by Ctrl-C: what was written stays, the workloads in progress were dropped.
+    interrupted: bool = False
 
     @property
     def traces(self) -> int:
@@ -97,6 +109,11 @@ class BenchSummary:
         failed = {k: v for k, v in sorted(self.statuses.items()) if k != w.PASSED}
         shown = ", ".join(f"{k} {v}" for k, v in failed.items())
         report = f"; see `fibgen report {root}`" if self.traces else ""
+        if self.interrupted:
+            return (
+                f"bench: interrupted: {self.traces} trace(s) written, the workloads in progress "
+                f"dropped; `fibgen bench {root} --resume` runs the rest"
+            )
         if self.problems:
             # An error (a workload that could not be prepared, traces that could not be
             # written) fails the run even when every trace that was written passed.
@@ -106,7 +123,11 @@ class BenchSummary:
                 f"written{did_not_pass}{report}"
             )
         if not self.traces:
-            return f"bench: nothing run ({self.skipped} run(s) already traced, skipped)"
+            others = sum(self.claimed.values())
+            by_other = f", {others} run(s) by another bench" if others else ""
+            return (
+                f"bench: nothing run ({self.skipped} run(s) already traced, skipped" f"{by_other})"
+            )
         if failed:
             return (
                 f"bench: FAILED: {self.failed} of {self.traces} run(s) did not pass ({shown})"
@@ -129,6 +150,20 @@ class _Progress:
         self.lock = threading.Lock()
         self.tty = sys.stderr.isatty()
         self.last = 0.0
+
+    def begin(self) -> None:
+        """The first line, before any work: what there is to do."""
+        with self.lock:
+            self._show("starting", final=True)
+
+    def note(self, text: str) -> None:
+        """A line of its own (a build starting), above the progress line."""
+        if not self.enabled:
+            return
+        with self.lock:
+            sys.stderr.write(("\r\x1b[K" if self.tty else "") + text + "\n")
+            sys.stderr.flush()
+            self._show(text, final=True)
 
     def tick(self, group: _Group, runs: int, workload_done: bool) -> None:
         with self.lock:
@@ -218,8 +253,18 @@ def _evaluation(result: dict, reference: dict, hardware: str, libs: dict) -> dic
     return evaluation
 
 
-def _run_group(handle: _Handle, group: _Group, root: Path, options: BenchOptions) -> tuple:
-    """Evaluate every solution of a group; (traces, problem or None, noisy timings)."""
+def _run_group(
+    handle: _Handle,
+    group: _Group,
+    root: Path,
+    options: BenchOptions,
+    note: Callable[[str], None] | None = None,
+) -> tuple:
+    """Evaluate every solution of a group; (traces, problem or None, noisy timings).
+
+    ``note`` is told before a solution whose first call compiles it (a cpp or cuda build
+    takes tens of seconds, which would otherwise pass in silence).
+    """
     request = (
         "workload",
         group.definition.model_dump(mode="json", exclude_none=True),
@@ -257,6 +302,14 @@ def _run_group(handle: _Handle, group: _Group, root: Path, options: BenchOptions
     wait = limit + START_TIMEOUT + 30 if options.isolate else limit
     traces = []
     for solution in group.solutions:
+        if note is not None and solution.spec.language in BUILT_LANGUAGES:
+            from fibgen.runtime.builders import is_built
+
+            if not is_built(solution):
+                note(
+                    f"bench: building {solution.name} ({solution.spec.language}) for its first "
+                    f"run; a build takes a minute or so"
+                )
         reply = handle.ask(
             (
                 "solution",
@@ -270,6 +323,8 @@ def _run_group(handle: _Handle, group: _Group, root: Path, options: BenchOptions
             ),
             wait,
         )
+        if reply[0] == "stopped":
+            return traces, f"{where}: stopped", noisy
         if reply[0] == "result":
             result = reply[1]
         elif reply[0] == "timeout":
@@ -375,6 +430,18 @@ def record_group(
     return True
 
 
+# Note [stopping bench]
+# A Ctrl-C reaches the runner and, in a terminal (or under `timeout -s INT`), every process of
+# its group: workers that were importing torch printed a KeyboardInterrupt traceback each, and
+# the runner's exit another. So the runner alone takes it: its threads block SIGINT before
+# they start workers, whose processes (and the fork servers and solution processes below
+# them) inherit the blocked signal. On the interrupt the runner kills its workers, drops the
+# workloads they were running (a half-run workload is no result), keeps what was appended
+# (each append replaces the trace file whole: Note [torn lines] in writers.py), releases its
+# claims (Note [bench claims] in claims.py), and says what was written; the command exits 130.
+# `--resume` runs the rest.
+
+
 def run_bench(
     root: str | os.PathLike[str],
     options: BenchOptions = BenchOptions(),
@@ -398,22 +465,46 @@ def run_bench(
         work.put(group)
     bar = _Progress(groups, progress)
     lock = threading.Lock()
+    stop = threading.Event()
+    claims = Claims(root)
+    announced: set[str] = set()
+
+    def note(text: str) -> None:
+        with lock:
+            if text in announced:
+                return
+            announced.add(text)
+        bar.note(text)
 
     def drive(device: str) -> None:
+        # Ctrl-C is the runner's: blocked in this thread, and so in the worker it starts (a
+        # signal mask is inherited), which the runner stops itself (Note [stopping bench]).
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         # Every failure of this thread ends up in summary.problems, which fails the run: an
         # exception escaping here would only print a traceback while the run exits 0.
         handle = _Handle(device)
         with lock:
             handles.append(handle)
         try:
-            while True:
+            while not stop.is_set():
                 try:
                     group = work.get_nowait()
                 except queue.Empty:
                     return
                 where = f"{group.definition.name} workload {group.workload.uuid}"
                 try:
-                    results, problem, noisy = _run_group(handle, group, root, options)
+                    # Runs another bench on the dataset claimed are its (Note [bench claims]).
+                    mine, theirs = claims.claim(
+                        group.definition.name, group.workload.uuid, list(group.solutions)
+                    )
+                    if theirs:
+                        with lock:
+                            summary.claimed.update(theirs)
+                        bar.tick(group, sum(theirs.values()), not mine)
+                        if not mine:
+                            continue
+                        group = replace(group, solutions=tuple(mine))
+                    results, problem, noisy = _run_group(handle, group, root, options, note)
                 except Exception as exc:
                     # The runner itself failed on this device (no worker could start):
                     # report it and leave the remaining work to the other devices.
@@ -424,6 +515,8 @@ def run_bench(
                         )
                     return
                 with lock:
+                    if stop.is_set():
+                        return  # its worker was killed mid-run: nothing of it is recorded
                     if not record_group(root, group, results, problem, noisy, summary, on_trace):
                         return
                 bar.tick(group, len(group.solutions), True)
@@ -431,11 +524,18 @@ def run_bench(
             handle.stop()
 
     threads = [threading.Thread(target=drive, args=(d,), daemon=True) for d in options.devices]
-    with _workers_die_on_sigterm(handles):
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+    try:
+        bar.begin()
+        # Note [stopping bench]: a Ctrl-C kills the workers, whose groups are dropped; what
+        # was appended stays whole.
+        with _workers_die_on_sigterm(handles), _stop_on_sigint(stop, handles):
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        summary.interrupted = stop.is_set()
+    finally:
+        claims.release()
     bar.close()
     left = []
     while True:
@@ -443,7 +543,7 @@ def run_bench(
             left.append(work.get_nowait())
         except queue.Empty:
             break
-    if left:
+    if left and not summary.interrupted:
         # Every runner thread stopped on an error above before the work was done.
         runs = sum(len(g.solutions) for g in left)
         shown = _listing([f"{g.definition.name} workload {g.workload.uuid}" for g in left], 5)

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 EXIT_OK, EXIT_FAIL = 0, 1
+EXIT_INTERRUPTED = 130  # as a shell reports a process that SIGINT ended
 NOISY_PERCENT = 25  # fibgen.bench.runner.NOISY_SPREAD, without importing torch at start-up
 
 
@@ -173,6 +174,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"  {path}")
     for note in summary.notes:
         _eprint(f"note: {note}")
+    for who, runs in sorted(summary.claimed.items()):
+        _eprint(
+            f"note: skipped {runs} run(s) that another bench on {args.dataset} is running "
+            f"({who}); its traces will hold them"
+        )
     if summary.noisy:
         _eprint(
             f"note: {len(summary.noisy)} timing(s) spread more than "
@@ -187,6 +193,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         _eprint(f"error: {problem}")
     sys.stderr.flush()
     print(summary.verdict(args.dataset))
+    if summary.interrupted:
+        return EXIT_INTERRUPTED
     return EXIT_FAIL if summary.problems or summary.failed else EXIT_OK
 
 
