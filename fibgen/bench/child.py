@@ -68,9 +68,28 @@ def die_with_parent(parent: int, also: int | None = None, watchdog: bool = True)
     threading.Thread(target=watch, name="fibgen-parent-watch", daemon=True).start()
 
 
+def fork_server(device: str) -> Any:
+    """The multiprocessing context of the worker's fork server, which starts a process per
+    solution (Note [isolated solutions] in isolation.py), started if it is not."""
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    if device.startswith("cpu"):
+        # As setup_device sets it (Note [CPU workers] in device.py), before the server
+        # imports Triton, whose interpreter switch is read then.
+        os.environ["TRITON_INTERPRET"] = "1"
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["fibgen.bench.fork_server"])
+    forkserver.ensure_running()
+    return context
+
+
 def main(conn: Any, device: str, parent: int) -> None:
     """Run a benchmark worker that ends when process ``parent`` (the runner) does."""
     die_with_parent(parent)
+    # The fork server imports torch while this process does: where cores are free, its
+    # start costs no time of its own.
+    fork_server(device)
     from fibgen.bench import worker
 
     worker.main(conn, device)

@@ -14,3 +14,11 @@ from fibgen.bench.child import die_with_parent
 die_with_parent(os.getppid(), watchdog=False)
 
 from fibgen.bench import isolation  # noqa: E402,F401  (what every solution process needs)
+
+try:
+    # The solution loader asks every solution's modules for Triton kernels (fibgen/runtime/
+    # launch.py): Triton's import, 0.4 s a process on a CPU, is made once here. Its
+    # interpreter switch is already set where there is no GPU (Note [CPU workers]).
+    import triton.runtime.jit  # noqa: F401
+except Exception:  # Triton missing or broken: solutions load without it, as anywhere
+    pass

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing
 import os
 import shutil
 import signal
@@ -49,10 +48,13 @@ import torch
 
 # What a solution process needs, imported once by the fork server rather than in each
 # process (Note [isolated solutions]).
+from fibgen.bench import eager as _eager  # noqa: F401
 from fibgen.bench import timing as _timing  # noqa: F401
 from fibgen.bench import worker as w
 from fibgen.format import models as _models  # noqa: F401
 from fibgen.runtime import compare as _compare  # noqa: F401
+from fibgen.runtime import launch as _launch  # noqa: F401
+from fibgen.runtime import replay as _replay  # noqa: F401
 from fibgen.runtime import solutions as _solutions  # noqa: F401
 
 # A new solution process is forked, then sets up its device (a CUDA context on a GPU): that
@@ -222,8 +224,7 @@ class SolutionProcess:
     def __init__(self, device: torch.device) -> None:
         from fibgen.bench import child
 
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["fibgen.bench.fork_server"])
+        context = child.fork_server(str(device))
         parent, end = context.Pipe()
         self.process = context.Process(
             target=child.solution_main, args=(end, str(device), os.getpid()), daemon=True
