@@ -1,12 +1,16 @@
 """The benchmark runner: every definition × workload × solution, in worker processes.
 
 Work is grouped by (definition, workload): a worker makes the inputs and the reference
-outputs once, then evaluates each solution of the definition on them. One worker runs per
-device entry (``cuda:0,cuda:1`` runs two in parallel; ``cpu,cpu`` also works), each driven by
-a thread of the runner. A solution that kills its worker (a crash, ``os.abort()``, a CUDA
-error) is recorded as RUNTIME_ERROR, one that outlasts ``timeout`` (a sampler, judged by
-thousands of draws, ``SAMPLING_TIMEOUT_SCALE`` times it) as TIMEOUT; the worker is started
-again and the run goes on.
+outputs once, then evaluates each solution of the definition on them, each in a fresh
+process of its own that the worker judges (Note [isolated solutions] in isolation.py). One
+worker runs per device entry (``cuda:0,cuda:1`` runs two in parallel; ``cpu,cpu`` also
+works), each driven by a thread of the runner. A solution that kills its process (a crash,
+``os.abort()``, a CUDA error) is recorded as RUNTIME_ERROR, one that outlasts ``timeout`` (a
+sampler, judged by thousands of draws, ``SAMPLING_TIMEOUT_SCALE`` times it) as TIMEOUT, and
+the run goes on; a worker that dies is started again.
+
+Benches that share a dataset share its runs (Note [bench claims] in claims.py), and a Ctrl-C
+stops a run cleanly (Note [stopping bench]).
 
 Results are appended as Trace lines to ``traces/<op_type>/<definition>.jsonl`` (where
 flashinfer-bench writes them) after each workload, so an interrupted run keeps what it

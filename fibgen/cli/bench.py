@@ -34,8 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run every solution on every workload of a dataset and append traces",
         description=(
             "For every definition × workload × solution of DATASET: run the solution in a "
-            "worker process, compare it with the reference (a sampler by the distribution of "
-            "its draws), time it, and append a Trace line to "
+            "fresh process of its own, compare it with the reference in the worker process "
+            "that started it (a sampler by the distribution of its draws; inputs the solution "
+            "changed fail it), time it, and append a Trace line to "
             "traces/<op_type>/<definition>.jsonl. A crash or hang marks that solution "
             "RUNTIME_ERROR or TIMEOUT and the run goes on. Solutions are found at any depth "
             "under DATASET/solutions; a solution folder runs from its files (and is packed "
