@@ -59,7 +59,7 @@ from fibgen.runtime import solutions as _solutions  # noqa: F401
 
 # A new solution process is forked, then sets up its device (a CUDA context on a GPU): that
 # start is not charged to the solution's timeout (Note [worker start] in worker_handle.py).
-from fibgen.bench.worker_handle import START_TIMEOUT  # noqa: E402
+from fibgen.bench.worker_handle import START_TIMEOUT
 
 # ---------------------------------------------------------------------------------------
 # The wire: what a solution process sends is JSON and raw bytes, never pickle
@@ -106,7 +106,7 @@ def _tensor(header: dict, frame: bytearray, device: torch.device) -> torch.Tenso
     if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
         raise ValueError(f"shape {shape!r} is no list of sizes")
     numel = math.prod(shape)
-    size = numel * torch.empty((), dtype=dtype).element_size()
+    size = numel * torch.empty(0, dtype=dtype).element_size()
     if len(frame) != size:
         raise ValueError(f"{len(frame)} bytes for a {dtype} tensor of shape {shape}")
     if not numel:
@@ -284,6 +284,7 @@ class SolutionProcess:
         expected = [(list(e.shape), str(e.dtype).removeprefix("torch.")) for e in work.expected]
         self.conn.send(("workload", work.definition, sent, expected))
         self.conn.send(("solution", solution, *options, limit_s))
+        unlinked = False
         begun = time.monotonic()
         deadline = begun + limit_s
         sampler = w._is_sampling(work.definition)
@@ -294,7 +295,15 @@ class SolutionProcess:
             if got is None:
                 return ("timeout",)
             message, frames = got
+            if not unlinked:
+                # Both processes map the lent files by now (the solution process says so
+                # before it runs anything): their names can go, so that nothing is left in
+                # /dev/shm by a worker killed later.
+                shutil.rmtree(self.folder, ignore_errors=True)
+                unlinked = True
             kind = message.get("kind")
+            if kind == "taken":
+                continue
             if kind == "check":
                 actual = _outputs(message, frames, judge.device)
                 mutation = bool(message.get("inputs"))
@@ -475,6 +484,7 @@ def serve(conn: Any, device: str) -> None:
             request = conn.recv()
             if request[0] == "workload":
                 process.take(*request[1:])
+                _send(conn, {"kind": "taken"})  # the lent inputs are mapped here now
             elif request[0] == "solution":
                 result = process.evaluate(*request[1:])
                 _send(conn, {"kind": "result", "result": result})

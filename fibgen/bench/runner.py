@@ -60,7 +60,7 @@ from fibgen.bench.worker_handle import (
     _stop_on_sigint,
     _workers_die_on_sigterm,
 )
-from fibgen.format import FormatError, Trace, append_traces
+from fibgen.format import FormatError, Solution, Trace, append_traces
 from fibgen.format.dataset import EXTRAS_SUFFIX, drop_torn_last_line, pack_solution, trace_path
 from fibgen.runtime.compare import SAMPLING_TIMEOUT_SCALE, is_sampling
 from fibgen.runtime.solutions import BUILT_LANGUAGES
