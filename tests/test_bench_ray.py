@@ -324,3 +324,21 @@ def test_nothing_else_imports_ray():
         "assert 'ray' not in sys.modules, 'ray was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+def test_the_runs_another_bench_claimed_are_skipped_on_the_cluster_too(cluster, tmp_path):
+    from fibgen.bench.claims import Claims
+
+    root = make_dataset(tmp_path / "ds", ["good_returns", "good_dps"], sizes=(3, 5))
+    other = Claims(root)  # a bench on the same dataset, running all of workload n3
+    other.claim("scale_h64", "n3", [solution("good_returns"), solution("good_dps")])
+    try:
+        summary = run_bench_ray(root, OPTIONS, progress=False)
+    finally:
+        other.release()
+    assert sorted((t["workload"]["uuid"], t["solution"]) for t in _lines(root)) == [
+        ("n5", "good_dps"),
+        ("n5", "good_returns"),
+    ]
+    assert sum(summary.claimed.values()) == 2 and not summary.problems
+    assert list((root / ".fibgen" / "bench" / "claims").iterdir()) == []

@@ -418,9 +418,12 @@ class InSolutionProcess(w.Worker):
     def take(self, definition: dict, sent: dict, expected: list) -> None:
         """The workload the judge prepared, its inputs lent (``_lend``)."""
         inputs = _borrowed(sent, self.device)
-        # Shapes and dtypes only: the reference's values stay with the judge.
+        # Shapes and dtypes only: the reference's values stay with the judge. Its code is
+        # here as in the worker, for whatever ``evaluate`` times beside the solution; the
+        # verdicts use the judge's outputs alone.
         specs = tuple(torch.empty(s, dtype=_dtype(d), device="meta") for s, d in expected)
         self.work = w._Workload(definition, inputs, specs, device=self.device)
+        self.reference = w._load_reference(definition)
 
     def _call_inputs(self) -> dict[str, Any]:
         # The judge's lent copies themselves: it reads what the call did to them.

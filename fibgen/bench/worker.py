@@ -190,12 +190,7 @@ class Worker:
             # tensor of another shape) is the dataset's mistake, said in one line that names
             # the workload and input; a traceback would only show where fibgen noticed.
             return ("invalid", str(exc))
-        namespace: dict[str, Any] = {"__name__": f"fibgen_reference_{definition['name']}"}
-        exec(
-            compile(definition["reference"], f"<reference of {definition['name']}>", "exec"),
-            namespace,
-        )
-        reference = self.reference = namespace["run"]
+        reference = self.reference = _load_reference(definition)
         expected = _as_tuple(reference(**_clone(inputs)))
         _sync(self.device)
         self.work = _Workload(definition, inputs, expected, self.device)
@@ -500,6 +495,16 @@ def _mutated(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
         if differ:
             changed.append(f"{name!r} ({differ} of {was.numel()} elements differ)")
     return changed
+
+
+def _load_reference(definition: dict) -> Any:
+    """The ``run`` function of a definition's reference code."""
+    namespace: dict[str, Any] = {"__name__": f"fibgen_reference_{definition['name']}"}
+    exec(
+        compile(definition["reference"], f"<reference of {definition['name']}>", "exec"),
+        namespace,
+    )
+    return namespace["run"]
 
 
 def _scalars(definition: dict) -> frozenset[str]:
