@@ -233,3 +233,21 @@ def test_a_container_apply_refuses_is_incorrect_shape(tmp_path, monkeypatch):
         "returned a list of 2; a definition with 2 outputs takes a tuple of them (y, z), as "
         "fibgen's dispatcher does (it refuses a list)"
     )
+
+
+def test_a_solution_process_that_sends_garbage_is_a_runtime_error(tmp_path, monkeypatch):
+    garbles = (
+        "import sys\n\nsys.modules['fibgen.bench.isolation']._send = (\n"
+        "    lambda conn, message, frames=(): conn.send_bytes(b'\\xff not json')\n)\n\n"
+        "def run(x, w):\n    return x * w\n",
+        False,
+    )
+    monkeypatch.setitem(_bench_dataset.SOLUTIONS, "garbles", garbles)
+    root = make_dataset(tmp_path / "ds", ["garbles", "good_returns"], sizes=(3,))
+    run_bench(root, OPTIONS, progress=False)
+    evaluations = _evaluations(root)
+    assert evaluations[("n3", "garbles")]["status"] == "RUNTIME_ERROR"
+    assert evaluations[("n3", "garbles")]["log"].startswith(
+        "the solution's process broke bench's protocol (a message that is not JSON ("
+    )
+    assert evaluations[("n3", "good_returns")]["status"] == "PASSED"

@@ -71,15 +71,31 @@ def _send(conn: Any, message: dict, frames: tuple = ()) -> None:
         conn.send_bytes(frame)
 
 
+class _Broken(Exception):
+    """What a solution process sent is not what one sends: the solution changed bench's code
+    in its process, or broke the process's state."""
+
+
 def _receive(conn: Any, timeout: float | None) -> tuple[dict, list[bytearray]] | None:
     """The next message of a solution process and its frames; None when none came in time."""
     if timeout is not None and not conn.poll(max(0.0, timeout)):
         return None
-    message = json.loads(conn.recv_bytes().decode("utf-8"))
+    try:
+        message = json.loads(conn.recv_bytes().decode("utf-8"))
+    except ValueError as exc:  # not UTF-8, not JSON
+        raise _Broken(f"a message that is not JSON ({exc})") from None
     if not isinstance(message, dict) or not isinstance(message.get("frames"), int):
-        raise ValueError("a message that is not a JSON object with its frame count")
+        raise _Broken("a message that is not a JSON object with its frame count")
     frames = [bytearray(conn.recv_bytes()) for _ in range(message["frames"])]
     return message, frames
+
+
+def _parsed(parse: Any, *args: Any) -> Any:
+    """``parse(*args)`` on what a solution process sent; _Broken when it is malformed."""
+    try:
+        return parse(*args)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise _Broken(f"{type(exc).__name__}: {exc}") from None
 
 
 def _tensor_bytes(tensor: torch.Tensor) -> tuple[dict, bytes]:
@@ -263,12 +279,11 @@ class SolutionProcess:
             return self._run(judge, solution, options, limit_s)
         except (EOFError, OSError):
             return ("died", self._death())
-        except (ValueError, KeyError, TypeError, IndexError) as exc:
-            # Whatever the process sent is not what a solution process sends: it was changed.
+        except _Broken as exc:
             return (
                 "died",
-                f"the solution's process broke bench's protocol ({type(exc).__name__}: "
-                f"{exc}); a solution must not change bench's code",
+                f"the solution's process broke bench's protocol ({exc}); a solution must not "
+                "change bench's code",
             )
 
     def _run(self, judge: w.Worker, solution: dict, options: tuple, limit_s: float) -> tuple:
@@ -305,7 +320,7 @@ class SolutionProcess:
             if kind == "taken":
                 continue
             if kind == "check":
-                actual = _outputs(message, frames, judge.device)
+                actual = _parsed(_outputs, message, frames, judge.device)
                 mutation = bool(message.get("inputs"))
                 values = bool(message.get("values"))
                 problem, errors = judge._check(
@@ -326,11 +341,11 @@ class SolutionProcess:
                 verdicts.append(("sampler", problem, errors))
                 self.conn.send(("verdict", problem, errors))
             elif kind == "result":
-                return ("result", _reconciled(message.get("result"), verdicts, sampler))
+                return ("result", _parsed(_reconciled, message.get("result"), verdicts, sampler))
             elif kind == "error":
                 return ("error", str(message.get("log", "")))
             else:
-                raise ValueError(f"unknown message {kind!r}")
+                raise _Broken(f"unknown message {kind!r}")
 
     def _draw(self, inputs: dict[str, Any], base: dict[str, Any], deadline: float) -> Any:
         """A sampler's draws on ``inputs`` (the workload's rows repeated), made by the
@@ -344,8 +359,8 @@ class SolutionProcess:
         if message.get("kind") == "raised":
             raise _Raised(str(message.get("log", "")))
         if message.get("kind") != "samples":
-            raise ValueError(f"unknown message {message.get('kind')!r}")
-        return _tensor(message["tensor"], frames[0], torch.device("cpu"))
+            raise _Broken(f"unknown message {message.get('kind')!r}")
+        return _parsed(lambda: _tensor(message["tensor"], frames[0], torch.device("cpu")))
 
 
 class _OutOfTime(Exception):
