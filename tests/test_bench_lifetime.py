@@ -246,3 +246,70 @@ def test_ctrl_c_stops_cleanly_says_what_was_written_and_exits_130(tmp_path, monk
         for pid in [*tree, *_descendants(runner.pid)]:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _imports_torch(pid: int) -> bool:
+    try:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def _ignores_sigint(pid: int) -> bool:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+    return False
+
+
+def test_ctrl_c_while_the_workers_import_torch_stops_without_a_traceback(tmp_path):
+    # Note [stopping bench]: the group's SIGINT comes while the worker's fork server is
+    # loading torch, before multiprocessing would have set it to ignore SIGINT.
+    root = make_dataset(tmp_path / "ds", ["good_returns"], sizes=(3,))
+    env = dict(
+        os.environ,
+        FIBGEN_CACHE_DIR=str(tmp_path / "cache"),
+        PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS)]),
+    )
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "fibgen.cli", "bench", str(root), "--devices", "cpu"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    tree: dict[int, str] = {}
+
+    ignoring: dict[str, bool] = {}
+
+    def server_loading_torch() -> bool:
+        tree.update(_descendants(runner.pid))
+        for pid, kind in tree.items():
+            if kind == "fork server" and _imports_torch(pid) and _alive(pid):
+                # Whether each process ignores SIGINT now, while it loads torch: the
+                # KeyboardInterrupt it would raise otherwise races with its being killed.
+                ignoring.update({k: _ignores_sigint(p) for p, k in tree.items()})
+                return True
+        return False
+
+    try:
+        assert _wait_for(server_loading_torch, 240), f"no fork server loading torch: {tree}"
+        assert ignoring == {"tracker": True, "worker": True, "fork server": True}
+        runner.send_signal(signal.SIGINT)
+        os.killpg(runner.pid, signal.SIGINT)
+        out, err = runner.communicate(timeout=60)
+        assert runner.returncode == 130, err
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+        assert "Exception ignored" not in err, err
+        assert out.splitlines()[-1] == (
+            "bench: interrupted: 0 trace(s) written, the workloads in progress dropped; "
+            f"`fibgen bench {root} --resume` runs the rest"
+        )
+        survivors = lambda: [pid for pid in tree if _alive(pid)]  # noqa: E731
+        assert _wait_for(lambda: not survivors(), 5.0), {p: tree[p] for p in survivors()}
+    finally:
+        runner.kill()
+        for pid in [*tree, *_descendants(runner.pid)]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -68,6 +68,14 @@ def die_with_parent(parent: int, also: int | None = None, watchdog: bool = True)
     threading.Thread(target=watch, name="fibgen-parent-watch", daemon=True).start()
 
 
+def ignore_ctrl_c() -> None:
+    """Leave SIGINT to the runner (Note [stopping bench] in runner.py): the first thing a
+    process of bench's does, before the seconds it spends importing torch."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def fork_server(device: str) -> Any:
     """The multiprocessing context of the worker's fork server, which starts a process per
     solution (Note [isolated solutions] in isolation.py), started if it is not."""
@@ -86,6 +94,7 @@ def fork_server(device: str) -> Any:
 
 def main(conn: Any, device: str, parent: int) -> None:
     """Run a benchmark worker that ends when process ``parent`` (the runner) does."""
+    ignore_ctrl_c()
     die_with_parent(parent)
     # The fork server imports torch while this process does: where cores are free, its
     # start costs no time of its own.

@@ -9,8 +9,11 @@ process that forks must have no other thread.
 
 import os
 
-from fibgen.bench.child import die_with_parent
+from fibgen.bench.child import die_with_parent, ignore_ctrl_c
 
+# multiprocessing's server ignores SIGINT only once its preload is imported: a Ctrl-C while
+# this module imports torch would end it with a traceback (Note [stopping bench]).
+ignore_ctrl_c()
 die_with_parent(os.getppid(), watchdog=False)
 
 from fibgen.bench import isolation  # noqa: E402,F401  (what every solution process needs)

@@ -437,9 +437,12 @@ def record_group(
 # Note [stopping bench]
 # A Ctrl-C reaches the runner and, in a terminal (or under `timeout -s INT`), every process of
 # its group: workers that were importing torch printed a KeyboardInterrupt traceback each, and
-# the runner's exit another. So the runner alone takes it: its threads block SIGINT before
-# they start workers, whose processes (and the fork servers and solution processes below
-# them) inherit the blocked signal. On the interrupt the runner kills its workers, drops the
+# the runner's exit another. So the runner alone takes it: its threads block SIGINT, so that
+# the main thread's handler gets it, and every process below the runner (workers, their fork
+# servers, solution processes) ignores it as the first thing it does, before it imports
+# torch (``child.ignore_ctrl_c``). A blocked signal does not carry over: spawn's new
+# interpreter starts with none blocked, and multiprocessing's fork server sets its own
+# SIGINT handling only after its preload is imported. On the interrupt the runner kills its workers, drops the
 # workloads they were running (a half-run workload is no result), keeps what was appended
 # (each append replaces the trace file whole: Note [torn lines] in writers.py), releases its
 # claims (Note [bench claims] in claims.py), and says what was written; the command exits 130.
@@ -481,8 +484,8 @@ def run_bench(
         bar.note(text)
 
     def drive(device: str) -> None:
-        # Ctrl-C is the runner's: blocked in this thread, and so in the worker it starts (a
-        # signal mask is inherited), which the runner stops itself (Note [stopping bench]).
+        # Ctrl-C is the runner's: blocked in this thread, so that the main thread's handler
+        # takes it; the worker this thread starts ignores it (Note [stopping bench]).
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         # Every failure of this thread ends up in summary.problems, which fails the run: an
         # exception escaping here would only print a traceback while the run exits 0.
