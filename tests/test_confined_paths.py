@@ -231,6 +231,7 @@ def test_check_names_links_out_loops_and_fifos_and_does_not_hang(tmp_path):
     (folder / "loop1.fidef").symlink_to("loop2.fidef")
     (folder / "loop2.fidef").symlink_to("loop1.fidef")
     os.mkfifo(folder / "x.fidef")
+    (folder / "dangling.fidef").symlink_to("gone.fidef")
     done = subprocess.run(
         [sys.executable, "-m", "fibgen.cli", "check", "defs"],
         cwd=tmp_path,
@@ -243,6 +244,9 @@ def test_check_names_links_out_loops_and_fifos_and_does_not_hang(tmp_path):
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
     assert done.stderr.splitlines() == [
+        "error: cannot read defs/dangling.fidef: it is a symbolic link to gone.fidef, which "
+        "does not exist",
+        "",
         f"error: cannot read defs/link.fidef: it is a symbolic link to {other}/o.fidef, outside "
         "the folder defs; fibgen reads and writes only inside the folder",
         "",
@@ -254,5 +258,5 @@ def test_check_names_links_out_loops_and_fifos_and_does_not_hang(tmp_path):
         "",
         "error: cannot read defs/x.fidef: a FIFO, not a regular file",
         "",
-        "4 errors emitted",
+        "5 errors emitted",
     ]

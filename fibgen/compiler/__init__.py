@@ -52,6 +52,16 @@ def discover(paths: list[str]) -> tuple[list[_Input], list[Diagnostic]]:
                 except PathRefused as exc:
                     diags.append(error(f"cannot read {shown}: {exc.reason}", None))
                     continue
+                if f.is_symlink() and not f.exists():
+                    target = os.readlink(f)
+                    diags.append(
+                        error(
+                            f"cannot read {shown}: it is a symbolic link to {target}, which "
+                            "does not exist",
+                            None,
+                        )
+                    )
+                    continue
                 found.append(_Input(shown, f.resolve().relative_to(base).as_posix()))
         elif p.is_file():
             found.append(_Input(raw, p.name))
