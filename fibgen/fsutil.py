@@ -1,11 +1,13 @@
 """Atomic file replacement (readers see the old file or the new one, never half of either),
-and where lock files go."""
+where lock files go, and paths confined to the tree they lie in (Note [confined paths])."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
+import stat
 import tempfile
 import threading
 from pathlib import Path
@@ -120,3 +122,101 @@ def lock_path(path: Path) -> Path:
     folder = cache_dir() / "locks"
     folder.mkdir(parents=True, exist_ok=True)
     return folder / f"{Path(real).name}.{key}.lock"
+
+
+# Note [confined paths]
+# A dataset, a solution folder or a folder of `.fidef` files is a tree that fibgen reads and
+# writes by relative paths, and a symbolic link in it can send a read or a write elsewhere:
+# the tracer appended tens of thousands of lines to a file outside its dataset through a
+# linked `workloads/<op>/<def>.jsonl` and wrote blobs through a linked `blob/`; bench copied
+# an outside file into `traces/` through a linked trace file; `pack` copied a linked private
+# key into the Solution JSON one submits. So every path under such a root goes through
+# `confined` before it is read or written: links are followed where they stay inside the
+# root (the shipped solution folders link to `solutions/src/`), and a path that a link leads
+# out of, or through a loop of links, is refused with the link named. `regular_file` refuses
+# what is not a file (a FIFO named `x.fidef` would block its reader forever). A check and the
+# use it guards are two system calls apart: this protects against the links a tree holds,
+# not against a process that swaps them in between.
+
+
+class PathRefused(ValueError):
+    """A path under a root that leads out of it, loops, or is not a regular file."""
+
+    def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"{self.path}: {reason}")
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _it(link: Path, path: Path) -> str:
+    # Messages start with the path refused: the link is "it" when it is that path.
+    return "it" if link == path else str(link)
+
+
+def confined(root: str | os.PathLike[str], path: str | os.PathLike[str], what: str) -> Path:
+    """``path``, which lies under ``root``, checked to stay inside it (Note [confined paths]).
+
+    ``what`` names the root in messages ("the dataset"). Raises PathRefused naming the
+    symbolic link that leads out of ``root``, or the loop; returns ``path`` unchanged.
+    """
+    root, path = Path(root), Path(path)
+    try:
+        rel = path.relative_to(root)
+    except ValueError:
+        raise PathRefused(path, f"not inside {what} {root}") from None
+    if ".." in rel.parts:
+        raise PathRefused(path, f"leads out of {what} {root} through '..'")
+    real_root = os.path.realpath(root)
+    current = root
+    for part in rel.parts:
+        current = current / part
+        if not os.path.islink(current):
+            continue
+        target = os.readlink(current)
+        try:
+            os.stat(current)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise PathRefused(
+                    path,
+                    f"{_it(current, path)} is a symbolic link in a loop of links (-> {target})",
+                ) from None
+            # A link to nothing yet: where it points is checked below all the same.
+        if not _within(os.path.realpath(current), real_root):
+            link = f"{_it(current, path)} is a symbolic link"
+            raise PathRefused(
+                path,
+                f"{link} to {target}, outside {what} {root}; fibgen reads and writes only "
+                f"inside {what}",
+            )
+    return path
+
+
+def regular_file(path: str | os.PathLike[str]) -> Path:
+    """``path`` checked to be a regular file when it exists (Note [confined paths])."""
+    path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise PathRefused(path, "a symbolic link in a loop of links") from None
+        if exc.errno == errno.ENOTDIR:
+            parents = reversed(path.parents)
+            blocking = next((p for p in parents if p.exists() and not p.is_dir()), path.parent)
+            raise PathRefused(path, f"{blocking} is a file, not a folder") from None
+        raise
+    if not stat.S_ISREG(mode):
+        if stat.S_ISFIFO(mode):
+            kind = "a FIFO"
+        elif stat.S_ISDIR(mode):
+            kind = "a folder"
+        else:
+            kind = "a socket or device"
+        raise PathRefused(path, f"{kind}, not a regular file")
+    return path

@@ -93,13 +93,15 @@ def test_a_symlink_out_of_the_dataset_is_refused_in_one_line(tmp_path, capsys):
     assert code == 1
     prefix = "error: workload {} of scale_h64, input 'x': "
     escape = (
-        "dataset path {!r} leads outside the dataset through a symbolic link; a stored file "
-        "must lie inside the dataset root"
+        "dataset path {!r}: {} is a symbolic link to {}, outside the dataset {}; fibgen reads "
+        "and writes only inside the dataset"
     )
     relative = "dataset path {!r} must be relative to the dataset root"
     assert err.splitlines() == [
-        prefix.format("link") + escape.format("blob/link.safetensors"),
-        prefix.format("folder") + escape.format("blob/folder/x.safetensors"),
+        prefix.format("link")
+        + escape.format("blob/link.safetensors", "it", outside / "x.safetensors", root),
+        prefix.format("folder")
+        + escape.format("blob/folder/x.safetensors", root / "blob" / "folder", outside, root),
         prefix.format("up") + relative.format("../outside/x.safetensors"),
         prefix.format("absolute") + relative.format(str(outside / "x.safetensors")),
         prefix.format("missing") + f"{root}/blob/none.safetensors: safetensors blob not found",
@@ -118,7 +120,7 @@ def test_resolve_dataset_path_follows_links(tmp_path):
     (tmp_path / "ds" / "up").symlink_to(tmp_path)
     (tmp_path / "ds" / "self").symlink_to(tmp_path / "ds")
     assert resolve_dataset_path(tmp_path / "ds", "self/a") == tmp_path / "ds" / "self" / "a"
-    with pytest.raises(ValueError, match="leads outside the dataset through a symbolic link"):
+    with pytest.raises(ValueError, match=f"{tmp_path}/ds/up is a symbolic link to {tmp_path}, "):
         resolve_dataset_path(tmp_path / "ds", "up/elsewhere")
     with pytest.raises(ValueError, match="contains a NUL byte"):
         resolve_dataset_path(tmp_path / "ds", "a\0b")
@@ -262,10 +264,25 @@ def test_an_appender_drops_a_torn_last_line_with_a_warning(tmp_path):
 # A runner thread that fails fails the run and says what was lost (item 14)
 
 
-def test_traces_that_cannot_be_written_fail_the_run(tmp_path, capsys):
+def test_a_trace_folder_that_cannot_be_written_is_found_before_anything_runs(tmp_path, capsys):
     root = make_dataset(tmp_path / "ds", ["good_returns", "good_dps"], sizes=(3, 5))
     (root / "traces").mkdir()
     (root / "traces" / "scale").write_text("a file where the folder should be\n")
+    code, out, err = _bench(capsys, root)
+    assert code == 1 and out == ""
+    assert err.splitlines() == [
+        f"error: {root}/traces/scale/scale_h64.jsonl: {root}/traces/scale is a file, not a folder"
+    ]
+
+
+def test_traces_that_cannot_be_written_fail_the_run(tmp_path, capsys, monkeypatch):
+    from fibgen.bench import runner
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(runner, "append_traces", full)
+    root = make_dataset(tmp_path / "ds", ["good_returns", "good_dps"], sizes=(3, 5))
     code, out, err = _bench(capsys, root)
     assert code == 1
     assert out.splitlines() == [
@@ -274,7 +291,7 @@ def test_traces_that_cannot_be_written_fail_the_run(tmp_path, capsys):
     ]
     assert err.splitlines() == [
         f"error: cannot write 2 trace(s) of scale_h64 workload n3 to "
-        f"{root}/traces/scale/scale_h64.jsonl: [Errno 17] File exists: '{root}/traces/scale'; "
+        f"{root}/traces/scale/scale_h64.jsonl: [Errno 28] No space left on device; "
         "their results are lost",
         "error: not run: 2 run(s) of 1 workload(s) after the error(s) above: scale_h64 "
         "workload n5",

@@ -148,18 +148,34 @@ def _kill_when_marked(mark: Path, killed: list[int]) -> threading.Thread:
     return thread
 
 
+# The solution runs below the Ray worker (the actor): in a process forked by the fork server of
+# the actor's worker process. `_actor()` is the first of its ancestors that Ray titled.
+_ACTOR = (
+    "def _parent(pid):\n"
+    "    with open(f'/proc/{pid}/stat') as f:\n"
+    "        return int(f.read().rsplit(')', 1)[1].split()[1])\n\n"
+    "def _actor():\n"
+    "    pid = os.getppid()\n"
+    "    while pid > 1:\n"
+    "        with open(f'/proc/{pid}/cmdline', 'rb') as f:\n"
+    "            if f.read().startswith(b'ray::'):\n"
+    "                return pid\n"
+    "        pid = _parent(pid)\n"
+    "    raise RuntimeError('no Ray worker above this process')\n\n"
+)
+
+
 def test_a_worker_killed_from_outside_is_replaced_and_its_job_sent_again(cluster, tmp_path):
     mark = tmp_path / "worker.pid"
-    # The solution's process is the child of the Ray worker (the actor): it names its parent,
-    # which the test kills, once, while the solution waits.
+    # The solution names its Ray worker (the actor), which the test kills, once, while the
+    # solution waits.
     waits = _source_solution(
         "names_its_worker",
         "import os, time\n\n"
-        f"MARK = {str(mark)!r}\n\n"
-        "def run(x, w):\n"
+        f"MARK = {str(mark)!r}\n\n" + _ACTOR + "def run(x, w):\n"
         "    if not os.path.exists(MARK):\n"
         "        with open(MARK + '.tmp', 'w') as f:\n"
-        "            f.write(str(os.getppid()))\n"
+        "            f.write(str(_actor()))\n"
         "        os.replace(MARK + '.tmp', MARK)\n"
         "        time.sleep(60)\n"
         "    return x * w\n",
@@ -186,7 +202,9 @@ def test_a_worker_killed_from_outside_is_replaced_and_its_job_sent_again(cluster
 def test_a_job_whose_worker_keeps_dying_is_reported_after_its_retries(cluster, tmp_path):
     kills = _source_solution(
         "kills_its_worker",
-        "import os, signal\n\ndef run(x, w):\n    os.kill(os.getppid(), signal.SIGKILL)\n",
+        "import os, signal\n\n"
+        + _ACTOR
+        + "def run(x, w):\n    os.kill(_actor(), signal.SIGKILL)\n",
     )
     root = make_dataset(tmp_path / "ds", ["good_returns"], sizes=(3,))
     _add(root, kills)
@@ -311,3 +329,21 @@ def test_nothing_else_imports_ray():
         "assert 'ray' not in sys.modules, 'ray was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+def test_the_runs_another_bench_claimed_are_skipped_on_the_cluster_too(cluster, tmp_path):
+    from fibgen.bench.claims import Claims
+
+    root = make_dataset(tmp_path / "ds", ["good_returns", "good_dps"], sizes=(3, 5))
+    other = Claims(root)  # a bench on the same dataset, running all of workload n3
+    other.claim("scale_h64", "n3", [solution("good_returns"), solution("good_dps")])
+    try:
+        summary = run_bench_ray(root, OPTIONS, progress=False)
+    finally:
+        other.release()
+    assert sorted((t["workload"]["uuid"], t["solution"]) for t in _lines(root)) == [
+        ("n5", "good_dps"),
+        ("n5", "good_returns"),
+    ]
+    assert sum(summary.claimed.values()) == 2 and not summary.problems
+    assert list((root / ".fibgen" / "bench" / "claims").iterdir()) == []

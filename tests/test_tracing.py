@@ -683,3 +683,57 @@ def test_calls_apply_refuses_are_counted_not_recorded(tmp_path):
     stats = rt.tracing_stats()
     assert (stats["refused"], stats["recorded"]) == (2, 1)
     assert [r.axes for r in _records(tmp_path, "rmsnorm_h4096")] == [{"batch_size": 3}]
+
+
+# ---------------------------------------------------------------------------------------
+# Writes stay inside the dataset (Note [confined paths] in fibgen/fsutil.py)
+
+
+def _traced_with_warnings(root: Path, dump: str = "none") -> list[str]:
+    rt.enable_tracing(root, dump=dump)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (1, 2, 3):
+            rmsnorm.rmsnorm(torch.randn(n, 4096), torch.randn(4096))
+        rt.disable_tracing()
+    return [str(w.message) for w in caught]
+
+
+def test_a_workload_file_linked_out_of_the_dataset_is_not_written_through(tmp_path):
+    root, outside = tmp_path / "ds", tmp_path / "outside.jsonl"
+    outside.write_text("")
+    link = root / "workloads" / "rmsnorm" / "rmsnorm_h4096.jsonl"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(outside)
+    messages = _traced_with_warnings(root)
+    assert outside.read_text() == ""
+    assert link.is_symlink()
+    assert rt.tracing_stats()["failed"] == 3 and rt.tracing_stats()["written"] == 0
+    assert messages == [
+        f"fibgen tracing: cannot write workloads of rmsnorm_h4096: {link}: it is a symbolic "
+        f"link to {outside}, outside the dataset {root}; fibgen reads and writes only inside "
+        "the dataset (further failures are counted in tracing_stats())"
+    ]
+
+
+def test_a_blob_folder_linked_out_of_the_dataset_gets_no_blob(tmp_path):
+    root, outside = tmp_path / "ds", tmp_path / "elsewhere"
+    root.mkdir()
+    outside.mkdir()
+    (root / "blob").symlink_to(outside)
+    messages = _traced_with_warnings(root, dump="all")
+    assert list(outside.rglob("*")) == []
+    assert _records(root, "rmsnorm_h4096") == []
+    assert rt.tracing_stats()["failed"] == 3
+    (message,) = messages
+    assert message.startswith("fibgen tracing: cannot write a workload of rmsnorm_h4096: ")
+    assert f"{root / 'blob'} is a symbolic link to {outside}, outside the dataset" in message
+
+
+def test_links_inside_the_dataset_are_followed(tmp_path):
+    root = tmp_path / "ds"
+    (root / "store").mkdir(parents=True)
+    (root / "blob").symlink_to("store")
+    assert _traced_with_warnings(root, dump="all") == []
+    assert len(_records(root, "rmsnorm_h4096")) == 3
+    assert len(list((root / "store").rglob("*.safetensors"))) == 3

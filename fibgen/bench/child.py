@@ -29,8 +29,11 @@ _PR_SET_PDEATHSIG = 1
 _WATCH_PERIOD_S = 0.25
 
 
-def die_with_parent(parent: int) -> None:
-    """Make this process end when process ``parent`` does (Note [worker lifetime])."""
+def die_with_parent(parent: int, also: int | None = None, watchdog: bool = True) -> None:
+    """Make this process end when process ``parent`` does (Note [worker lifetime]), and
+    when process ``also`` does, if given (a grandparent: watched only, no signal comes).
+    Without ``watchdog``, only the signal: for a process that forks, which must have no
+    other thread."""
     import ctypes
     import signal
     import sys
@@ -45,18 +48,80 @@ def die_with_parent(parent: int) -> None:
             pass  # the watchdog below still holds
     if os.getppid() != parent:
         os._exit(1)
+    if not watchdog:
+        return
+
+    def gone(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:  # there, and not ours to signal
+            return False
+        return False
 
     def watch() -> None:
-        while os.getppid() == parent:
+        while os.getppid() == parent and not (also is not None and gone(also)):
             time.sleep(_WATCH_PERIOD_S)
         os._exit(1)
 
     threading.Thread(target=watch, name="fibgen-parent-watch", daemon=True).start()
 
 
+def ignore_ctrl_c() -> None:
+    """Leave SIGINT to the runner (Note [stopping bench] in runner.py): the first thing a
+    process of bench's does, before the seconds it spends importing torch."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def fork_server(device: str) -> Any:
+    """The multiprocessing context of the worker's fork server, which starts a process per
+    solution (Note [isolated solutions] in isolation.py), started if it is not."""
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    if device.startswith("cpu"):
+        # As setup_device sets it (Note [CPU workers] in device.py), before the server
+        # imports Triton, whose interpreter switch is read then.
+        os.environ["TRITON_INTERPRET"] = "1"
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["fibgen.bench.fork_server"])
+    forkserver.ensure_running()
+    return context
+
+
 def main(conn: Any, device: str, parent: int) -> None:
     """Run a benchmark worker that ends when process ``parent`` (the runner) does."""
+    ignore_ctrl_c()
     die_with_parent(parent)
+    # The fork server imports torch while this process does: where cores are free, its
+    # start costs no time of its own.
+    fork_server(device)
     from fibgen.bench import worker
 
     worker.main(conn, device)
+
+
+def solution_main(conn: Any, device: str, worker: int) -> None:
+    """Run one solution for the worker that judges it (Note [isolated solutions] in
+    isolation.py); end when that worker, or the fork server that started this process, does.
+
+    multiprocessing's fork server outlives every process it forked (each holds the write end
+    of a pipe the server reads, so the server sees no end of file while one lives), and a
+    process it forked gets its death signal only when the server dies: a solution that hangs
+    would keep both alive after the worker was killed. So this process lets go of that pipe,
+    and its watchdog also watches the worker itself.
+    """
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if isinstance(fd, int):
+        os.close(fd)
+        server._forkserver_alive_fd = None
+    die_with_parent(os.getppid(), also=worker)
+    from fibgen.bench import isolation
+
+    isolation.serve(conn, device)

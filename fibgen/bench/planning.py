@@ -63,6 +63,9 @@ class BenchOptions:
     seed: int = 0
     # How L2 is flushed before each timed call on a GPU (Note [flushing L2] in timing.py).
     flush: str = "read"
+    # Each solution in a fresh process of its own (Note [isolated solutions] in
+    # isolation.py); off only to measure what that costs (benchmarks/isolation.py).
+    isolate: bool = True
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,7 @@ def _contract(definition: Definition) -> tuple:
     )
 
 
-def load_extras(definition_file: Path, definition: Definition) -> dict:
+def load_extras(definition_file: Path, definition: Definition, root: Path | None = None) -> dict:
     """The sidecar beside a definition JSON: ``{"tolerance": {...}, "hints": {...}}``.
 
     A definition without one that has the same axes, tensors and constraints as the
@@ -105,7 +108,7 @@ def load_extras(definition_file: Path, definition: Definition) -> dict:
     catalogue's: its index tensors are then made valid and its tolerance applies.
     """
     try:
-        extras = read_extras(definition_file)
+        extras = read_extras(definition_file, root=root)
         if extras:
             return extras
         from fibgen.format import load_definition
@@ -273,7 +276,7 @@ def plan(root: Path, options: BenchOptions) -> Plan:
             continue
         definition = definitions[name]
         trace_files.append(trace_path(root, definition.op_type, name))
-        extras = load_extras(definition_files[name][0], definition)
+        extras = load_extras(definition_files[name][0], definition, root)
         for workload in workloads[name]:
             # A solution whose files changed has traces of other sources: it runs again.
             todo = tuple(

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from fibgen.bench import ray_worker
+from fibgen.bench.claims import Claims
 from fibgen.bench.planning import BenchError, BenchOptions, DeviceError, plan
 from fibgen.bench.ray_cluster import (
     RAY_INSTALL,
@@ -148,6 +149,8 @@ class _Driver:
         self.start_failures = 0
         self.started = time.monotonic()
         self.last_working = time.monotonic()
+        # Runs another bench on the dataset claimed are its (Note [bench claims]).
+        self.claims = Claims(root)
 
     # Workers -------------------------------------------------------------------------
 
@@ -215,6 +218,8 @@ class _Driver:
                     continue
                 job = self.queue.popleft()
                 if job.spec is None:
+                    if not self._claim(job):
+                        continue
                     job.spec = self.shipper.spec(job.group)
                 ref = slot.actor.run.remote(job.spec, self.options_ref)
                 now = time.monotonic()
@@ -225,6 +230,23 @@ class _Driver:
                 stats = self.summary.nodes[slot.node]
                 if math.isnan(stats.first):
                     stats.first = now
+
+    def _claim(self, job: _Job) -> bool:
+        """Claim a job's runs before it is first sent; False when another bench claimed all
+        of them (Note [bench claims])."""
+        group = job.group
+        mine, theirs = self.claims.claim(
+            group.definition.name, group.workload.uuid, list(group.solutions)
+        )
+        if not theirs:
+            return True
+        self.summary.claimed.update(theirs)
+        self.bar.runs += sum(theirs.values())
+        if not mine:
+            self.bar.jobs += 1
+            return False
+        job.group = replace(group, solutions=tuple(mine))
+        return True
 
     def _finished(self, ref: Any) -> None:
         slot, job = self.inflight.pop(ref)
@@ -411,7 +433,7 @@ def run_bench_ray(
         summary = RaySummary(skipped=work_plan.skipped, notes=list(work_plan.notes))
         summary.notes += _check_nodes(ray, where, local_identity())
         # The cluster is fit: only now is anything in the dataset written.
-        prepare_dataset(work_plan, summary)
+        prepare_dataset(root, work_plan, summary)
         if not work_plan.groups:
             return summary
         jobs = [_Job(group) for group in work_plan.groups]
@@ -438,5 +460,6 @@ def run_bench_ray(
             # Ctrl-C or an error: outstanding jobs are dropped with their workers; every
             # trace line written so far is whole (appends replace the file atomically).
             driver.close(graceful)
+            driver.claims.release()
         summary.notes += _node_notes(summary, where, time.monotonic())
         return summary

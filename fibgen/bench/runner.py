@@ -1,12 +1,16 @@
 """The benchmark runner: every definition × workload × solution, in worker processes.
 
 Work is grouped by (definition, workload): a worker makes the inputs and the reference
-outputs once, then evaluates each solution of the definition on them. One worker runs per
-device entry (``cuda:0,cuda:1`` runs two in parallel; ``cpu,cpu`` also works), each driven by
-a thread of the runner. A solution that kills its worker (a crash, ``os.abort()``, a CUDA
-error) is recorded as RUNTIME_ERROR, one that outlasts ``timeout`` (a sampler, judged by
-thousands of draws, ``SAMPLING_TIMEOUT_SCALE`` times it) as TIMEOUT; the worker is started
-again and the run goes on.
+outputs once, then evaluates each solution of the definition on them, each in a fresh
+process of its own that the worker judges (Note [isolated solutions] in isolation.py). One
+worker runs per device entry (``cuda:0,cuda:1`` runs two in parallel; ``cpu,cpu`` also
+works), each driven by a thread of the runner. A solution that kills its process (a crash,
+``os.abort()``, a CUDA error) is recorded as RUNTIME_ERROR, one that outlasts ``timeout`` (a
+sampler, judged by thousands of draws, ``SAMPLING_TIMEOUT_SCALE`` times it) as TIMEOUT, and
+the run goes on; a worker that dies is started again.
+
+Benches that share a dataset share its runs (Note [bench claims] in claims.py), and a Ctrl-C
+stops a run cleanly (Note [stopping bench]).
 
 Results are appended as Trace lines to ``traces/<op_type>/<definition>.jsonl`` (where
 flashinfer-bench writes them) after each workload, so an interrupted run keeps what it
@@ -27,16 +31,18 @@ from __future__ import annotations
 import math
 import os
 import queue
+import signal
 import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from fibgen.bench import worker as w
+from fibgen.bench.claims import Claims
 from fibgen.bench.planning import (
     BenchError,
     BenchOptions,
@@ -48,10 +54,16 @@ from fibgen.bench.planning import (
     load_extras,
     plan,
 )
-from fibgen.bench.worker_handle import _Handle, _workers_die_on_sigterm
-from fibgen.format import FormatError, Trace, append_traces
+from fibgen.bench.worker_handle import (
+    START_TIMEOUT,
+    _Handle,
+    _stop_on_sigint,
+    _workers_die_on_sigterm,
+)
+from fibgen.format import FormatError, Solution, Trace, append_traces
 from fibgen.format.dataset import EXTRAS_SUFFIX, drop_torn_last_line, pack_solution, trace_path
 from fibgen.runtime.compare import SAMPLING_TIMEOUT_SCALE, is_sampling
+from fibgen.runtime.solutions import BUILT_LANGUAGES
 
 __all__ = [
     "EXTRAS_SUFFIX",
@@ -81,6 +93,10 @@ class BenchSummary:
     trace_files: set[Path] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
     noisy: list[str] = field(default_factory=list)
+    # Runs another bench on the dataset claimed, by who it is (Note [bench claims]).
+    claimed: Counter = field(default_factory=Counter)
+    # Stopped by Ctrl-C: what was written stays, the workloads in progress were dropped.
+    interrupted: bool = False
 
     @property
     def traces(self) -> int:
@@ -97,6 +113,11 @@ class BenchSummary:
         failed = {k: v for k, v in sorted(self.statuses.items()) if k != w.PASSED}
         shown = ", ".join(f"{k} {v}" for k, v in failed.items())
         report = f"; see `fibgen report {root}`" if self.traces else ""
+        if self.interrupted:
+            return (
+                f"bench: interrupted: {self.traces} trace(s) written, the workloads in progress "
+                f"dropped; `fibgen bench {root} --resume` runs the rest"
+            )
         if self.problems:
             # An error (a workload that could not be prepared, traces that could not be
             # written) fails the run even when every trace that was written passed.
@@ -106,7 +127,11 @@ class BenchSummary:
                 f"written{did_not_pass}{report}"
             )
         if not self.traces:
-            return f"bench: nothing run ({self.skipped} run(s) already traced, skipped)"
+            others = sum(self.claimed.values())
+            by_other = f", {others} run(s) by another bench" if others else ""
+            return (
+                f"bench: nothing run ({self.skipped} run(s) already traced, skipped" f"{by_other})"
+            )
         if failed:
             return (
                 f"bench: FAILED: {self.failed} of {self.traces} run(s) did not pass ({shown})"
@@ -129,6 +154,20 @@ class _Progress:
         self.lock = threading.Lock()
         self.tty = sys.stderr.isatty()
         self.last = 0.0
+
+    def begin(self) -> None:
+        """The first line, before any work: what there is to do."""
+        with self.lock:
+            self._show("starting", final=True)
+
+    def note(self, text: str) -> None:
+        """A line of its own (a build starting), above the progress line."""
+        if not self.enabled:
+            return
+        with self.lock:
+            sys.stderr.write(("\r\x1b[K" if self.tty else "") + text + "\n")
+            sys.stderr.flush()
+            self._show(text, final=True)
 
     def tick(self, group: _Group, runs: int, workload_done: bool) -> None:
         with self.lock:
@@ -230,8 +269,18 @@ def _evaluation(result: dict, reference: dict, hardware: str, libs: dict) -> dic
     return evaluation
 
 
-def _run_group(handle: _Handle, group: _Group, root: Path, options: BenchOptions) -> tuple:
-    """Evaluate every solution of a group; (traces, problem or None, noisy timings)."""
+def _run_group(
+    handle: _Handle,
+    group: _Group,
+    root: Path,
+    options: BenchOptions,
+    note: Callable[[str], None] | None = None,
+) -> tuple:
+    """Evaluate every solution of a group; (traces, problem or None, noisy timings).
+
+    ``note`` is told before a solution whose first call compiles it (a cpp or cuda build
+    takes tens of seconds, which would otherwise pass in silence).
+    """
     request = (
         "workload",
         group.definition.model_dump(mode="json", exclude_none=True),
@@ -265,8 +314,20 @@ def _run_group(handle: _Handle, group: _Group, root: Path, options: BenchOptions
     noisy = []
     if _spread(reference) > NOISY_SPREAD:
         noisy.append(f"{where}: reference {_describe(reference)}")
+    # The worker holds an isolated solution to ``limit`` itself, from the moment its process
+    # started (Note [isolated solutions] in isolation.py): the runner's wait also covers that
+    # start, and is the bound for a worker that no longer answers.
+    wait = limit + START_TIMEOUT + 30 if options.isolate else limit
     traces = []
     for solution in group.solutions:
+        if note is not None and solution.spec.language in BUILT_LANGUAGES:
+            from fibgen.runtime.builders import is_built
+
+            if not is_built(solution):
+                note(
+                    f"bench: building {solution.name} ({solution.spec.language}) for its first "
+                    f"run; a build takes a minute or so"
+                )
         reply = handle.ask(
             (
                 "solution",
@@ -277,9 +338,12 @@ def _run_group(handle: _Handle, group: _Group, root: Path, options: BenchOptions
                 options.flush,
                 limit,
                 group.origin(solution.name),
+                options.isolate,
             ),
-            limit,
+            wait,
         )
+        if reply[0] == "stopped":
+            return traces, f"{where}: stopped", noisy
         if reply[0] == "result":
             result = reply[1]
         elif reply[0] == "timeout":
@@ -317,7 +381,7 @@ def _run_group(handle: _Handle, group: _Group, root: Path, options: BenchOptions
     return traces, None, noisy
 
 
-def prepare_dataset(work_plan: Plan, summary: BenchSummary) -> None:
+def prepare_dataset(root: Path, work_plan: Plan, summary: BenchSummary) -> None:
     """What a run writes before its first trace, said in ``summary.notes``: solution folders
     whose files changed are packed into their JSON, and torn last trace lines dropped."""
     try:
@@ -336,7 +400,11 @@ def prepare_dataset(work_plan: Plan, summary: BenchSummary) -> None:
     # the run leaves reads cleanly.
     for path in work_plan.trace_files:
         try:
-            dropped = drop_torn_last_line(path)
+            # Also the guard of where traces go (Note [confined paths] in fibgen/fsutil.py):
+            # a link out of the dataset is refused before any solution runs.
+            dropped = drop_torn_last_line(path, root=root)
+        except FormatError as exc:
+            raise BenchError(str(exc)) from None
         except OSError as exc:
             raise BenchError(f"cannot read {path}: {exc}") from None
         if dropped is not None:
@@ -387,6 +455,21 @@ def record_group(
     return True
 
 
+# Note [stopping bench]
+# A Ctrl-C reaches the runner and, in a terminal (or under `timeout -s INT`), every process of
+# its group: workers that were importing torch printed a KeyboardInterrupt traceback each, and
+# the runner's exit another. So the runner alone takes it: its threads block SIGINT, so that
+# the main thread's handler gets it, and every process below the runner (workers, their fork
+# servers, solution processes) ignores it as the first thing it does, before it imports
+# torch (``child.ignore_ctrl_c``). A blocked signal does not carry over: spawn's new
+# interpreter starts with none blocked, and multiprocessing's fork server sets its own
+# SIGINT handling only after its preload is imported. On the interrupt the runner kills its workers, drops the
+# workloads they were running (a half-run workload is no result), keeps what was appended
+# (each append replaces the trace file whole: Note [torn lines] in writers.py), releases its
+# claims (Note [bench claims] in claims.py), and says what was written; the command exits 130.
+# `--resume` runs the rest.
+
+
 def run_bench(
     root: str | os.PathLike[str],
     options: BenchOptions = BenchOptions(),
@@ -403,29 +486,53 @@ def run_bench(
         raise BenchError(str(exc)) from None
     groups = work_plan.groups
     summary = BenchSummary(skipped=work_plan.skipped, notes=list(work_plan.notes))
-    prepare_dataset(work_plan, summary)
+    prepare_dataset(root, work_plan, summary)
     work: queue.Queue[_Group] = queue.Queue()
     handles: list[_Handle] = []
     for group in groups:
         work.put(group)
     bar = _Progress(groups, progress)
     lock = threading.Lock()
+    stop = threading.Event()
+    claims = Claims(root)
+    announced: set[str] = set()
+
+    def note(text: str) -> None:
+        with lock:
+            if text in announced:
+                return
+            announced.add(text)
+        bar.note(text)
 
     def drive(device: str) -> None:
+        # Ctrl-C is the runner's: blocked in this thread, so that the main thread's handler
+        # takes it; the worker this thread starts ignores it (Note [stopping bench]).
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         # Every failure of this thread ends up in summary.problems, which fails the run: an
         # exception escaping here would only print a traceback while the run exits 0.
         handle = _Handle(device)
         with lock:
             handles.append(handle)
         try:
-            while True:
+            while not stop.is_set():
                 try:
                     group = work.get_nowait()
                 except queue.Empty:
                     return
                 where = f"{group.definition.name} workload {group.workload.uuid}"
                 try:
-                    results, problem, noisy = _run_group(handle, group, root, options)
+                    # Runs another bench on the dataset claimed are its (Note [bench claims]).
+                    mine, theirs = claims.claim(
+                        group.definition.name, group.workload.uuid, list(group.solutions)
+                    )
+                    if theirs:
+                        with lock:
+                            summary.claimed.update(theirs)
+                        bar.tick(group, sum(theirs.values()), not mine)
+                        if not mine:
+                            continue
+                        group = replace(group, solutions=tuple(mine))
+                    results, problem, noisy = _run_group(handle, group, root, options, note)
                 except Exception as exc:
                     # The runner itself failed on this device (no worker could start):
                     # report it and leave the remaining work to the other devices.
@@ -436,6 +543,8 @@ def run_bench(
                         )
                     return
                 with lock:
+                    if stop.is_set():
+                        return  # its worker was killed mid-run: nothing of it is recorded
                     if not record_group(root, group, results, problem, noisy, summary, on_trace):
                         return
                 bar.tick(group, len(group.solutions), True)
@@ -443,11 +552,18 @@ def run_bench(
             handle.stop()
 
     threads = [threading.Thread(target=drive, args=(d,), daemon=True) for d in options.devices]
-    with _workers_die_on_sigterm(handles):
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+    try:
+        bar.begin()
+        # Note [stopping bench]: a Ctrl-C kills the workers, whose groups are dropped; what
+        # was appended stays whole.
+        with _workers_die_on_sigterm(handles), _stop_on_sigint(stop, handles):
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        summary.interrupted = stop.is_set()
+    finally:
+        claims.release()
     bar.close()
     left = []
     while True:
@@ -455,7 +571,7 @@ def run_bench(
             left.append(work.get_nowait())
         except queue.Empty:
             break
-    if left:
+    if left and not summary.interrupted:
         # Every runner thread stopped on an error above before the work was done.
         runs = sum(len(g.solutions) for g in left)
         shown = _listing([f"{g.definition.name} workload {g.workload.uuid}" for g in left], 5)

@@ -6,21 +6,25 @@ The runner starts one worker per device (multiprocessing, spawn) and talks to it
   workload's inputs on the device, run the reference on them and time it as solutions are
   timed; replies ``("ready", reference timing, hardware, libs)``, ``("invalid", one line)``
   when the dataset's workload cannot be used, or ``("error", traceback)``.
-- ``("solution", solution, tolerance, warmup, repeat, flush, limit_s, origin)``: load the
-  solution (``origin``: its JSON's path and whether it is a solution folder, so that logs
-  name the user's files, Note [source names] in fibgen/runtime/solutions.py),
-  run it once on a copy of the inputs, compare with the reference (a sampler by the
+- ``("solution", solution, tolerance, warmup, repeat, flush, limit_s, origin, isolate)``:
+  load the solution (``origin``: its JSON's path and whether it is a solution folder, so that
+  logs name the user's files, Note [source names] in fibgen/runtime/solutions.py), run it
+  once on a copy of the inputs, compare with the reference (a sampler by the
   distribution of its draws, as many as fit in ``limit_s``, Note [judging samplers] in
-  fibgen/runtime/compare.py), and time it when it passed; replies ``("result", evaluation
-  fields)``.
+  fibgen/runtime/compare.py), check that the inputs are as they were (Note [mutated inputs]),
+  and time it when it passed; replies ``("result", evaluation fields)``. With ``isolate``
+  the solution runs in a fresh process of its own that the worker judges, and the worker
+  may also reply ``("timeout",)`` or ``("died", why)`` for it (Note [isolated solutions] in
+  isolation.py).
 
 A CPU worker runs torch with one thread and Triton under its interpreter (Note [CPU workers]
 in device.py).
 
-Anything a solution does to the process (``os.abort()``, a hang, a CUDA error that poisons
-the context) stays in this process: the runner sees it die or time out, records the status,
-and starts a new worker. After a CUDA error this worker reports and exits on its own, since
-every later call on that context would fail too.
+Anything a solution does to its process (``os.abort()``, a hang, a CUDA error that poisons
+the context, a patched torch function) stays in that process, which ends with the solution.
+Without ``isolate`` the process is this worker: the runner sees it die or time out, records
+the status, and starts a new worker; after a CUDA error this worker reports and exits on its
+own, since every later call on that context would fail too.
 """
 
 from __future__ import annotations
@@ -80,12 +84,20 @@ def _is_cuda_error(exc: BaseException) -> bool:
 
 
 class _Workload:
-    """The inputs, reference outputs and output specs of the workload being run."""
+    """The inputs, reference outputs and output specs of the workload being run (in a
+    solution process, ``expected`` holds only their shapes and dtypes, on the meta device)."""
 
-    def __init__(self, definition: dict, inputs: dict[str, Any], expected: tuple) -> None:
+    def __init__(
+        self,
+        definition: dict,
+        inputs: dict[str, Any],
+        expected: tuple,
+        device: torch.device | None = None,
+    ) -> None:
         self.definition = definition
         self.inputs = inputs
         self.expected = expected
+        self.device = device
         self.input_names = tuple(definition["inputs"])
         self.output_names = tuple(definition["outputs"])
 
@@ -101,8 +113,53 @@ def _make_inputs(
     return materialize(spec, Workload.model_validate(workload), root, device=device, seed=seed)
 
 
+# Note [returned outputs]
+# fibgen's dispatchers take from a value-returning solution the output tensor itself when the
+# definition has one output, and a tuple of them when it has several (anything else is
+# refused: a 1-tuple, a list). flashinfer-bench's bench takes a tuple or a list of any
+# length. A solution bench passes must run where apply routes it, so bench judges what was
+# returned as the dispatchers do: ``_as_tuple`` remembers what the outputs came in, and the
+# check refuses a container the dispatcher would refuse (INCORRECT_SHAPE, as flashinfer-bench
+# records a wrong number of outputs). Outputs written into buffers (a plain tuple) are
+# whatever the buffers hold.
+
+
+class _Returned(tuple):
+    """The outputs a solution returned, and what they came in: "value" (one output on its
+    own), "tuple" or "list" (Note [returned outputs])."""
+
+    def __new__(cls, values: Any, container: str) -> "_Returned":
+        out = super().__new__(cls, values)
+        out.container = container
+        return out
+
+
 def _as_tuple(value: Any) -> tuple:
-    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    if isinstance(value, tuple):
+        return _Returned(value, "tuple")
+    if isinstance(value, list):
+        return _Returned(value, "list")
+    return _Returned((value,), "value")
+
+
+def _container_problem(actual: tuple, names: tuple[str, ...]) -> str | None:
+    """Why fibgen's dispatcher would refuse what a solution returned; None when it takes it
+    (Note [returned outputs])."""
+    container = getattr(actual, "container", None)
+    if container is None:  # buffers the solution wrote into
+        return None
+    if len(names) == 1 and container != "value":
+        return (
+            f"returned a {container} of {len(actual)}; a definition with one output "
+            f"({names[0]}) takes the tensor itself, as fibgen's dispatcher does (it refuses a "
+            f"{container})"
+        )
+    if len(names) > 1 and container == "list":
+        return (
+            f"returned a list of {len(actual)}; a definition with {len(names)} outputs takes a "
+            f"tuple of them ({', '.join(names)}), as fibgen's dispatcher does (it refuses a list)"
+        )
+    return None
 
 
 def _clone(inputs: dict[str, Any]) -> dict[str, Any]:
@@ -118,7 +175,8 @@ def _empty_outputs(work: _Workload) -> dict[str, torch.Tensor]:
     # Poisoned with NaN (or the largest value) so that an element left unwritten fails.
     out = {}
     for name, expected in zip(work.output_names, work.expected):
-        buf = torch.empty_like(expected)
+        device = work.device or expected.device
+        buf = torch.empty(expected.shape, dtype=expected.dtype, device=device)
         if buf.is_floating_point() and buf.element_size() > 1:
             buf.fill_(float("nan"))
         out[name] = buf
@@ -156,21 +214,42 @@ class Worker:
             # tensor of another shape) is the dataset's mistake, said in one line that names
             # the workload and input; a traceback would only show where fibgen noticed.
             return ("invalid", str(exc))
-        namespace: dict[str, Any] = {"__name__": f"fibgen_reference_{definition['name']}"}
-        exec(
-            compile(definition["reference"], f"<reference of {definition['name']}>", "exec"),
-            namespace,
-        )
-        reference = self.reference = namespace["run"]
+        reference = self.reference = _load_reference(definition)
         expected = _as_tuple(reference(**_clone(inputs)))
         _sync(self.device)
-        self.work = _Workload(definition, inputs, expected)
+        self.work = _Workload(definition, inputs, expected, self.device)
         args = _clone(inputs)
         timing = measure(
             lambda: reference(**args), self.device, warmup=warmup, repeat=repeat, flush=flush
         )
         figures = _timing(timing, self._e2e(lambda: reference(**args)))
         return ("ready", figures, _hardware(self.device), _libs())
+
+    def run(
+        self,
+        solution: dict,
+        tolerance: dict,
+        warmup: int,
+        repeat: int | None,
+        flush: str,
+        limit_s: float,
+        origin: tuple[str, bool] | None = None,
+        isolate: bool = True,
+    ) -> tuple:
+        """Evaluate one solution, in a process of its own unless ``isolate`` is off (Note
+        [isolated solutions] in isolation.py); the reply for the runner."""
+        if not isolate:
+            return (
+                "result",
+                self.evaluate(solution, tolerance, warmup, repeat, flush, limit_s, origin),
+            )
+        from fibgen.bench.isolation import SolutionProcess
+
+        process = SolutionProcess(self.device)
+        try:
+            return process.run(self, solution, (tolerance, warmup, repeat, flush), limit_s, origin)
+        finally:
+            process.kill()
 
     def _e2e(self, call: Any) -> float:
         """End-to-end eager latency of ``call`` in ms (Note [eager rounds], bench/eager.py)."""
@@ -343,7 +422,7 @@ class Worker:
             wait_native()
         except SolutionError as exc:
             return {"status": COMPILE_ERROR, "log": _load_failure(exc)}
-        args = _clone(work.inputs)
+        args = self._call_inputs()
         try:
             if loaded.dps:
                 outputs = _empty_outputs(work)
@@ -358,7 +437,7 @@ class Worker:
             return self._failure(exc)
         sampler = _is_sampling(work.definition)
         # A sampler's ids are not compared one by one: its draws are judged below.
-        problem, errors = self._check(actual, tolerance, values=not sampler)
+        problem, errors = self._check(actual, tolerance, values=not sampler, inputs=args)
         if problem is None and sampler:
             try:
                 problem, errors = self._check_sampler(loaded, started, limit_s)
@@ -393,16 +472,9 @@ class Worker:
         self, loaded: Any, started: float, limit_s: float | None
     ) -> tuple[dict | None, dict]:
         """Judge a sampler by its draws against the reference's (Note [judging samplers])."""
-        from fibgen.runtime.compare import (
-            SAMPLING_BUDGET_SHARE,
-            SAMPLING_TIMEOUT_SCALE,
-            compare_sampling,
-            sampling_correctness,
-        )
         from fibgen.runtime.solutions import allocate_outputs
 
         work = self.work
-        reference = self.reference
 
         def draw(inputs: dict[str, Any]) -> Any:
             if loaded.dps:
@@ -411,7 +483,22 @@ class Worker:
                 return next(iter(outputs.values()))
             return _as_tuple(loaded.fn(**inputs))[0]
 
-        spent = time.perf_counter() - started
+        return self._judge_sampler(draw, time.perf_counter() - started, limit_s)
+
+    def _judge_sampler(
+        self, draw: Any, spent: float, limit_s: float | None
+    ) -> tuple[dict | None, dict]:
+        """The verdict on a sampler whose draws ``draw(inputs)`` makes, ``spent`` seconds
+        into its ``limit_s``: the reference draws here, where the solution never ran."""
+        from fibgen.runtime.compare import (
+            SAMPLING_BUDGET_SHARE,
+            SAMPLING_TIMEOUT_SCALE,
+            compare_sampling,
+            sampling_correctness,
+        )
+
+        work = self.work
+        reference = self.reference
         budget = None if limit_s is None else max(0.0, limit_s * SAMPLING_BUDGET_SHARE - spent)
         result = compare_sampling(
             draw,
@@ -447,13 +534,39 @@ class Worker:
             result["fatal"] = True
         return result
 
+    def _call_inputs(self) -> dict[str, Any]:
+        """The inputs of the solution's checked call: a copy of the workload's."""
+        return _clone(self.work.inputs)
+
     def _check(
+        self, actual: tuple, tolerance: dict, values: bool = True, inputs: Any = None
+    ) -> tuple[dict | None, dict]:
+        """The problem with a solution's outputs (None when they pass) and their errors;
+        with ``inputs``, those of the call, which must be as the workload's still."""
+        problem, errors = self._check_outputs(actual, tolerance, values)
+        changed = [] if inputs is None else _mutated(self.work.inputs, inputs)
+        if not changed:
+            return problem, errors
+        mutated = (
+            f"the call changed its input(s): {'; '.join(changed)}; a solution must leave its "
+            "inputs as it found them (the caller reads them after the call, and so does "
+            "apply's fallback)"
+        )
+        if problem is not None:
+            return {**problem, "log": f"{problem['log']}\n{mutated}"}, errors
+        # Note [mutated inputs]: what the caller sees is wrong, as a wrong output is.
+        return {"status": INCORRECT_NUMERICAL, "log": mutated, "correctness": errors}, errors
+
+    def _check_outputs(
         self, actual: tuple, tolerance: dict, values: bool = True
     ) -> tuple[dict | None, dict]:
         from fibgen.runtime.compare import compare
 
         work = self.work
         names = work.output_names
+        refused = _container_problem(actual, names)
+        if refused is not None:
+            return {"status": INCORRECT_SHAPE, "log": refused}, {}
         if len(actual) != len(work.expected):
             log = f"returned {len(actual)} output(s), expected {len(names)} ({', '.join(names)})"
             return {"status": INCORRECT_SHAPE, "log": log}, {}
@@ -499,6 +612,50 @@ class Worker:
         return None, errors
 
 
+# Note [mutated inputs]
+# A solution that writes into its inputs hands its caller back other tensors than it was
+# given: a serving engine reads them again (a residual, a KV cache, a probability row), and
+# apply's fallback, which calls the original API with the same tensors, would compute on the
+# changed ones. Bench compares every input tensor of the checked call, byte for byte, with the
+# workload's after the call, and fails a solution that changed one, naming the input and how
+# many elements differ. The status is INCORRECT_NUMERICAL: flashinfer-bench, which does not
+# look at inputs, keeps RUNTIME_ERROR for a call that raised or crashed and the INCORRECT_*
+# statuses for results the caller receives wrong, which a changed input is (a wrong value in
+# memory the caller reads); the log says what it is.
+
+
+def _mutated(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """What the call changed in its inputs (Note [mutated inputs]): one phrase per input."""
+    changed = []
+    for name, was in before.items():
+        now = after.get(name)
+        if not isinstance(was, torch.Tensor) or not isinstance(now, torch.Tensor):
+            continue
+        if tuple(now.shape) != tuple(was.shape) or now.dtype != was.dtype:
+            changed.append(
+                f"{name!r} is now {list(now.shape)} {now.dtype}, was {list(was.shape)} "
+                f"{was.dtype}"
+            )
+            continue
+        size = was.element_size()
+        old = was.detach().reshape(-1).view(torch.uint8).reshape(-1, size)
+        new = now.detach().to(was.device).reshape(-1).view(torch.uint8).reshape(-1, size)
+        differ = int((old != new).any(-1).sum())
+        if differ:
+            changed.append(f"{name!r} ({differ} of {was.numel()} elements differ)")
+    return changed
+
+
+def _load_reference(definition: dict) -> Any:
+    """The ``run`` function of a definition's reference code."""
+    namespace: dict[str, Any] = {"__name__": f"fibgen_reference_{definition['name']}"}
+    exec(
+        compile(definition["reference"], f"<reference of {definition['name']}>", "exec"),
+        namespace,
+    )
+    return namespace["run"]
+
+
 def _scalars(definition: dict) -> frozenset[str]:
     """The inputs of a definition that are values, not tensors (``shape: null``)."""
     return frozenset(n for n, t in definition["inputs"].items() if t.get("shape") is None)
@@ -514,7 +671,17 @@ def _number_tensor(value: Any) -> torch.Tensor | None:
     return None
 
 
+class _Described:
+    """An output that is no tensor nor number, by the words of the solution process that
+    sent it in its place (Note [isolated solutions] in isolation.py)."""
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+
+
 def _kind_of(value: Any) -> str:
+    if isinstance(value, _Described):
+        return value.description
     if value is None:
         return "None"
     if isinstance(value, (tuple, list)):
@@ -636,7 +803,7 @@ def main(conn: Any, device: str) -> None:
             if kind == "workload":
                 reply = worker.prepare(*request[1:])
             else:
-                reply = ("result", worker.evaluate(*request[1:]))
+                reply = worker.run(*request[1:])
         except Exception as exc:
             reply = ("error", _tail(_format(exc)))
         conn.send(reply)

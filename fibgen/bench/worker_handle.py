@@ -31,14 +31,18 @@ class _Handle:
         self.conn: Any = None
         # Started, and its ("ready",) not read yet.
         self.starting = False
+        # Closed by the runner (Ctrl-C): no worker is started again.
+        self.closed = False
 
     def start(self) -> None:
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
         # Started through the light entry module, which ties the worker's life to this
-        # process's before it imports torch (Note [worker lifetime] in child.py).
+        # process's before it imports torch (Note [worker lifetime] in child.py). Not a
+        # daemon: a daemon may not start processes, and the worker starts one per solution
+        # (Note [isolated solutions] in isolation.py); the runner stops or kills it.
         process = context.Process(
-            target=entry.main, args=(child, self.device, os.getpid()), daemon=True
+            target=entry.main, args=(child, self.device, os.getpid()), daemon=False
         )
         try:
             process.start()
@@ -48,13 +52,19 @@ class _Handle:
         self.starting = True
 
     def ask(self, request: tuple, timeout: float) -> tuple:
-        """Send a request; the reply, or ("timeout",) / ("died", why)."""
+        """Send a request; the reply, or ("timeout",) / ("died", why) / ("stopped",) once
+        the handle is closed."""
+        if self.closed:
+            return ("stopped",)
         if self.process is None or not self.process.is_alive():
             self.start()
         if self.starting:
             failed = self._await_start()
             if failed is not None:
                 return failed
+        if self.closed:  # closed while the worker started: it is not used
+            self.kill()
+            return ("stopped",)
         try:
             self.conn.send(request)
             if not self.conn.poll(timeout):
@@ -87,6 +97,13 @@ class _Handle:
             except ValueError:
                 return f"worker process killed by signal {-code}"
         return f"worker process exited with status {code}"
+
+    def close(self) -> None:
+        """Kill the worker from another thread, and start none again (Note [stopping bench]
+        in runner.py): a question in flight is answered ("died", ...), later ones
+        ("stopped",)."""
+        self.closed = True
+        self.signal_kill()
 
     def signal_kill(self) -> None:
         """SIGKILL the worker and return at once: all a signal handler may do."""
@@ -144,3 +161,28 @@ def _workers_die_on_sigterm(handles: list[_Handle]) -> Iterator[None]:
     finally:
         if signal.getsignal(signal.SIGTERM) is on_sigterm:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def _stop_on_sigint(stop: threading.Event, handles: list[_Handle]) -> Iterator[None]:
+    """While the run lasts, a SIGINT (Ctrl-C) sets ``stop`` and closes every worker, and the
+    run ends by itself (Note [stopping bench] in runner.py).
+
+    A handler rather than KeyboardInterrupt: a second SIGINT (``timeout -s INT`` sends one
+    to the runner and one to its process group) would otherwise interrupt the stopping
+    itself. Only on the main thread, where Python runs handlers.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        stop.set()
+        for handle in list(handles):
+            handle.close()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -9,6 +9,7 @@ from pathlib import Path
 from fibgen.cli.console import EXIT_FAIL, EXIT_OK, EXIT_USAGE, count, positive_float, positive_int
 from fibgen.cli.console import eprint as _eprint
 
+EXIT_INTERRUPTED = 130  # as a shell reports a process that SIGINT ended
 NOISY_PERCENT = 25  # fibgen.bench.runner.NOISY_SPREAD, without importing torch at start-up
 
 
@@ -32,8 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run every solution on every workload of a dataset and append traces",
         description=(
             "For every definition × workload × solution of DATASET: run the solution in a "
-            "worker process, compare it with the reference (a sampler by the distribution of "
-            "its draws), time it, and append a Trace line to "
+            "fresh process of its own, compare it with the reference in the worker process "
+            "that started it (a sampler by the distribution of its draws; inputs the solution "
+            "changed fail it), time it, and append a Trace line to "
             "traces/<op_type>/<definition>.jsonl. A crash or hang marks that solution "
             "RUNTIME_ERROR or TIMEOUT and the run goes on. Solutions are found at any depth "
             "under DATASET/solutions; a solution folder runs from its files (and is packed "
@@ -177,6 +179,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"  {path}")
     for note in summary.notes:
         _eprint(f"note: {note}")
+    for who, runs in sorted(summary.claimed.items()):
+        _eprint(
+            f"note: skipped {runs} run(s) that another bench on {args.dataset} is running "
+            f"({who}); its traces will hold them"
+        )
     if summary.noisy:
         _eprint(
             f"note: {len(summary.noisy)} timing(s) spread more than "
@@ -191,6 +198,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         _eprint(f"error: {problem}")
     sys.stderr.flush()
     print(summary.verdict(args.dataset))
+    if summary.interrupted:
+        return EXIT_INTERRUPTED
     return EXIT_FAIL if summary.problems or summary.failed else EXIT_OK
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fibgen.compiler.diagnostics import Diagnostic, Sources, error, has_errors
+from fibgen.fsutil import PathRefused, confined, regular_file
 
 if TYPE_CHECKING:  # the IR (pydantic) is imported when something is compiled, not before
     from fibgen.compiler import ir
@@ -44,14 +45,30 @@ def discover(paths: list[str]) -> tuple[list[_Input], list[Diagnostic]]:
         if p.is_dir():
             base = p.resolve().parent
             for f in sorted(p.rglob("*.fidef")):
-                found.append(
-                    _Input(
-                        os.path.join(raw, str(f.relative_to(p))),
-                        f.resolve().relative_to(base).as_posix(),
+                shown = os.path.join(raw, str(f.relative_to(p)))
+                try:
+                    # Links are followed inside the folder only, and what is read must be a
+                    # file: a FIFO would block the read (Note [confined paths] in fsutil.py).
+                    confined(p, f, "the folder")
+                    regular_file(f)
+                except PathRefused as exc:
+                    diags.append(error(f"cannot read {shown}: {exc.reason}", None))
+                    continue
+                if f.is_symlink() and not f.exists():
+                    target = os.readlink(f)
+                    diags.append(
+                        error(
+                            f"cannot read {shown}: it is a symbolic link to {target}, which "
+                            "does not exist",
+                            None,
+                        )
                     )
-                )
+                    continue
+                found.append(_Input(shown, f.resolve().relative_to(base).as_posix()))
         elif p.is_file():
             found.append(_Input(raw, p.name))
+        elif p.exists():
+            diags.append(error(f"cannot read {raw}: not a regular file", None))
         else:
             diags.append(error(f"no such file or directory: {raw}", None))
     seen: set[str] = set()

@@ -95,7 +95,7 @@ def _definitions(report: Report) -> dict[str, tuple[Path, Definition]]:
             continue
         found[defn.name] = (path, defn)
         try:
-            extras = read_extras(path)
+            extras = read_extras(path, root=report.root)
         except FormatError as exc:
             report.add("error", exc.path, exc.message, defn.name)
             continue

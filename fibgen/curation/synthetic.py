@@ -21,7 +21,7 @@ import torch
 from fibgen.curation.grid import parse_grid  # noqa: F401  (here too, beside what it feeds)
 from fibgen.curation.workloads import WorkloadError, load_workloads
 from fibgen.format import RandomInput, SafetensorsInput, ScalarInput, Workload, save_blob
-from fibgen.format.dataset import blob_relpath, workload_path, write_workloads
+from fibgen.format.dataset import blob_relpath, inside_dataset, workload_path, write_workloads
 from fibgen.runtime.inputs import InputGenerationError, InputSpec, generate_inputs_with_axes
 
 __all__ = ["SyntheticResult", "parse_grid", "synthesize", "write_synthetic"]
@@ -115,7 +115,9 @@ def write_synthetic(
     same uuid, from the same grid point and seed, is not written twice.
     """
     made = synthesize(spec, op_type, grid, seed=seed)
-    path = workload_path(root, op_type, spec.name)
+    # Checked before a blob is written: a workload file that a link leads out of the dataset
+    # would be read and replaced elsewhere (Note [confined paths] in fibgen/fsutil.py).
+    path = inside_dataset(root, workload_path(root, op_type, spec.name), file=True)
     existing: list[Workload] = []
     if not replace and path.is_file():
         existing = load_workloads(path).get(spec.name, [])

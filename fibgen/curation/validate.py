@@ -34,6 +34,7 @@ from fibgen.curation.check_solutions import _solutions
 from fibgen.curation.check_traces import _traces
 from fibgen.curation.check_workloads import _unused_blobs, _workloads
 from fibgen.curation.findings import Report
+from fibgen.format import FormatError
 from fibgen.format.dataset import DATASET_FOLDERS
 
 __all__ = ["validate_dataset"]
@@ -61,9 +62,14 @@ def validate_dataset(
         )
         return report
     _layout(report)
-    definitions = _definitions(report)
-    solutions = _solutions(report, definitions, load, progress)
-    blobs = _workloads(report, definitions)
-    _traces(report, definitions, solutions)
-    _unused_blobs(report, blobs)
+    try:
+        definitions = _definitions(report)
+        solutions = _solutions(report, definitions, load, progress)
+        blobs = _workloads(report, definitions)
+        _traces(report, definitions, solutions)
+        _unused_blobs(report, blobs)
+    except FormatError as exc:
+        # A folder no reader may list (a symbolic link out of the dataset, a loop, a FIFO
+        # named as a record): every command on the dataset stops there, and so does this.
+        report.add("error", exc.path, exc.message)
     return report

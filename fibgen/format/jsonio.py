@@ -21,6 +21,7 @@ from fibgen.format.errors import (
     FormatError,
     FormatWarning,
     NotJSONError,
+    format_loc,
     join_messages,
     unknown_key_messages,
     validation_messages,
@@ -289,14 +290,72 @@ def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def parse_json(text: str, path: PathLike = "<string>") -> Any:
-    """Parse JSON text, raising FormatError with line and column on a syntax error."""
+# Note [lone surrogates]
+# JSON's \u escapes spell characters beyond U+FFFF as a pair of UTF-16 surrogates, and
+# json.loads turns an escape of half a pair ("\ud800") into a Python string holding a lone
+# surrogate, which is no character: UTF-8 cannot encode it. Such a file loaded and validated,
+# and then every command that wrote it again (pack, bench packing a folder, workloads copying
+# a definition, a trace naming a workload) died in a traceback; flashinfer-bench's loader
+# refuses the file. So the readers refuse it, naming the file and the field.
+
+
+def _surrogate_in(text: str) -> str | None:
     try:
-        return json.loads(text, object_pairs_hook=_reject_duplicate_keys)
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return text[exc.start]
+    return None
+
+
+def _lone_surrogate(value: Any, loc: tuple = ()) -> tuple[str, str] | None:
+    """Where a parsed JSON value holds a lone surrogate (a JSON path), and the surrogate;
+    None if nowhere."""
+    if isinstance(value, str):
+        char = _surrogate_in(value)
+        return None if char is None else (format_loc(loc), char)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            char = _surrogate_in(key)
+            if char is not None:
+                # The key as the file spells it (ASCII JSON): a terminal cannot show it raw.
+                parent = format_loc(loc) + " " if loc else ""
+                return f"{parent}key {json.dumps(key)}", char
+            found = _lone_surrogate(item, (*loc, key))
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _lone_surrogate(item, (*loc, index))
+            if found is not None:
+                return found
+    return None
+
+
+def _refuse_lone_surrogates(value: Any, path: PathLike, line: int | None = None) -> Any:
+    """``value``, unless a string in it holds a lone surrogate (Note [lone surrogates])."""
+    found = _lone_surrogate(value)
+    if found is not None:
+        where, char = found
+        raise FormatError(
+            path,
+            f"{where}: \\u{ord(char):04x} is half of a UTF-16 surrogate pair, no "
+            "character: UTF-8 cannot store it, and flashinfer-bench refuses the file; write "
+            "the character itself, or both halves of its pair",
+            line,
+        )
+    return value
+
+
+def parse_json(text: str, path: PathLike = "<string>") -> Any:
+    """Parse JSON text, raising FormatError with line and column on a syntax error, and on a
+    string that is no text (Note [lone surrogates])."""
+    try:
+        value = json.loads(text, object_pairs_hook=_reject_duplicate_keys)
     except json.JSONDecodeError as exc:
         raise FormatError(path, f"invalid JSON: {exc.msg}", exc.lineno, exc.colno) from None
     except ValueError as exc:
         raise FormatError(path, str(exc)) from None
+    return _refuse_lone_surrogates(value, path)
 
 
 def validate_obj(
@@ -351,7 +410,7 @@ def parse_trace_line(
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise NotJSONError(path, f"invalid JSON: {exc.msg}", line, exc.colno) from None
-    return validate_obj(Trace, obj, path, line)
+    return validate_obj(Trace, _refuse_lone_surrogates(obj, path, line), path, line)
 
 
 def jsonl_lines(path: PathLike) -> Iterator[tuple[int, bytes]]:

@@ -86,7 +86,7 @@ def _from_dataset(name: str, path: str) -> Union[_Found, str]:
         if name not in definitions:
             return _unknown(name, sorted(definitions), f"{path}/definitions")
         file, defn = definitions[name]
-        extras = read_extras(file)
+        extras = read_extras(file, root=path)
     except FormatError as exc:
         return f"error: {exc}"
     from fibgen.curation.workloads import input_spec
@@ -126,9 +126,9 @@ def add_definition(root: Path, model: "Definition", extras: dict) -> str | None:
     notes = []
     if not semantic_equal(defn, model):
         notes.append("its definition differs from the one the workloads were made from")
-    if extras and not read_extras(path):
+    if extras and not read_extras(path, root=root):
         write_definition(root, defn, extras)
-    elif extras and read_extras(path) != extras:
+    elif extras and read_extras(path, root=root) != extras:
         notes.append("its sidecar's tolerance or hints differ")
     if notes:
         return f"note: kept {path} as it is: " + "; ".join(notes)

@@ -365,3 +365,12 @@ def by_name(fn: Callable[..., Any], names: Sequence[str]) -> Callable[..., Any]:
     run = namespace["run"]
     run.__doc__ = getattr(fn, "__doc__", None)
     return run
+
+
+def is_built(solution: Any) -> bool:
+    """Whether a cpp/cuda Solution's build is in the cache, so that loading it compiles
+    nothing (bench says when a first call is about to compile)."""
+    digest = solution_digest(solution)
+    if solution.spec.binding != "torch" and os.environ.get("TVM_FFI_CUDA_ARCH_LIST"):
+        digest = _digest([digest, os.environ["TVM_FFI_CUDA_ARCH_LIST"]])  # as build_solution
+    return (build_root() / digest / _DONE).is_file()

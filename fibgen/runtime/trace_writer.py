@@ -52,6 +52,9 @@ class _Writer:
             self._ensure_definition(definition)
             try:
                 path = workload_file(self.root, op_type, definition)
+                # Through the dataset's guard: a link there would send the lines elsewhere
+                # (Note [confined paths] in fibgen/fsutil.py).
+                _inside(self.root, path, file=True)
                 # Any append may find a line torn by another process killed while writing it,
                 # the tracer's earlier appends to the file notwithstanding (Note [torn lines]
                 # in fibgen/format/dataset/writers.py).
@@ -62,7 +65,7 @@ class _Writer:
                         "new records start on a line of their own",
                     )
                 self.written += len(batch)
-            except OSError as exc:
+            except (OSError, ValueError) as exc:
                 for _ in batch:
                     next(self.failed)
                 self._warn_failure(f"cannot write workloads of {definition}: {exc}")
@@ -70,7 +73,11 @@ class _Writer:
     def _ensure_definition(self, name: str) -> None:
         """Put a definition's JSON and sidecar in the dataset (Note [complete datasets])."""
         if self.present is None:
-            self.present = _definitions_in(self.root)
+            try:
+                self.present = _definitions_in(self.root)
+            except ValueError as exc:  # definitions/ leads out of the dataset
+                self.present = set()
+                self._warn_failure(f"cannot read the definitions of {self.root}: {exc}")
         if name in self.present:
             return
         self.present.add(name)
@@ -88,9 +95,10 @@ class _Writer:
             target = self.root / "definitions" / source.parent.name / source.name
             sidecar = sidecar_path(source)
             if sidecar.is_file():
-                write_text_atomic(sidecar_path(target), sidecar.read_text(encoding="utf-8"))
-            write_text_atomic(target, source.read_text(encoding="utf-8"))
-        except OSError as exc:
+                text = sidecar.read_text(encoding="utf-8")
+                write_text_atomic(sidecar_path(target), text, root=self.root)
+            write_text_atomic(target, source.read_text(encoding="utf-8"), root=self.root)
+        except (OSError, ValueError) as exc:
             self._warn_failure(f"cannot write the definition of {name}: {exc}")
 
     def _serialize(self, record: _Record) -> str:
@@ -143,7 +151,7 @@ def _save_blob(
     from fibgen.format.dataset import blob_relpath
 
     relpath = blob_relpath(op_type, definition, workload_uuid)
-    path = root / relpath
+    path = _inside(root, root / relpath)
     path.parent.mkdir(parents=True, exist_ok=True)
     # A new name per record, renamed into place: a reader never sees half a blob. No fsync:
     # losing recent records to a power cut is acceptable, a writer that lags is not.
@@ -177,6 +185,13 @@ def _scalar(value: Any) -> Any:
         return value
     # numpy scalars and the like: their Python value.
     return value.item() if hasattr(value, "item") else value
+
+
+def _inside(root: Path, path: Path, file: bool = False) -> Path:
+    """``path`` through the dataset's guard (Note [confined paths] in fibgen/fsutil.py)."""
+    from fibgen.format.dataset import inside_dataset
+
+    return inside_dataset(root, path, file=file)
 
 
 def workload_file(root: Path, op_type: str, definition: str) -> Path:

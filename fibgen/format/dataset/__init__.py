@@ -17,6 +17,7 @@ from fibgen.format.dataset.layout import (
     blob_relpath,
     dataset_files,
     definition_path,
+    inside_dataset,
     resolve_dataset_path,
     solution_path,
     trace_path,
@@ -35,6 +36,7 @@ from fibgen.format.dataset.loaders import (
 from fibgen.format.dataset.sidecars import EXTRAS_SUFFIX, dump_extras, read_extras, sidecar_path
 from fibgen.format.dataset.solution_folders import (
     Packed,
+    folder_root,
     folder_sources,
     is_solution_folder,
     is_stale,
@@ -67,7 +69,9 @@ __all__ = [
     "definition_path",
     "drop_torn_last_line",
     "dump_extras",
+    "folder_root",
     "folder_sources",
+    "inside_dataset",
     "is_solution_folder",
     "is_stale",
     "iter_records",

@@ -27,7 +27,7 @@ def save_blob(
 
     relpath = blob_relpath(op_type, definition, uuid)
     data = save({k: v.detach().contiguous().cpu() for k, v in tensors.items()})
-    write_bytes_atomic(Path(root) / relpath, data)
+    write_bytes_atomic(Path(root) / relpath, data, root=root)
     return relpath
 
 

@@ -24,6 +24,9 @@ import os
 from pathlib import Path
 from typing import Union
 
+from fibgen.format.errors import FormatError
+from fibgen.fsutil import PathRefused, confined, regular_file
+
 PathLike = Union[str, Path]
 
 # ---------------------------------------------------------------------------------------
@@ -100,13 +103,31 @@ def blob_path(root: PathLike, op_type: str, definition: str, uuid: str) -> Path:
     return Path(root) / blob_relpath(op_type, definition, uuid)
 
 
+def inside_dataset(
+    root: PathLike, path: PathLike, *, file: bool = False, what: str = "the dataset"
+) -> Path:
+    """``path``, under dataset ``root``, checked by the guard of every read and write of a
+    dataset (Note [confined paths] in fibgen/fsutil.py): FormatError naming the symbolic link
+    that leads out of the dataset, or the loop. ``file``: what exists there must also be a
+    regular file (not a FIFO, whose reader would wait forever). ``what`` names the root in
+    messages."""
+    try:
+        confined(root, path, what)
+        if file:
+            regular_file(path)
+    except PathRefused as exc:
+        raise FormatError(exc.path, exc.reason) from None
+    return Path(path)
+
+
 def resolve_dataset_path(root: PathLike, relpath: str) -> Path:
     """Resolve a path stored in the dataset (relative to ``root``); refuse ones that escape.
 
     The text is checked first (absolute, ``..``, NUL), then the file system: with symbolic
     links followed, the path must still lie inside the dataset root, so that a link in the
-    dataset (a blob, or a folder above it) cannot make bench read a file elsewhere. Returns
-    the path under ``root`` as written, which messages show.
+    dataset (a blob, or a folder above it) cannot make bench read a file elsewhere
+    (Note [confined paths] in fibgen/fsutil.py). Returns the path under ``root`` as written,
+    which messages show.
     """
     parts = relpath.replace("\\", "/").split("/")
     if relpath.startswith(("/", "\\")) or ".." in parts or (len(relpath) > 1 and relpath[1] == ":"):
@@ -115,15 +136,10 @@ def resolve_dataset_path(root: PathLike, relpath: str) -> Path:
         raise ValueError(f"dataset path {relpath!r} contains a NUL byte")
     path = Path(root).joinpath(*[p for p in parts if p not in ("", ".")])
     try:
-        real_root = Path(root).resolve()
-        real = path.resolve()
-    except (OSError, RuntimeError) as exc:  # a symlink loop
-        raise ValueError(f"dataset path {relpath!r} cannot be resolved: {exc}") from None
-    if real != real_root and real_root not in real.parents:
-        raise ValueError(
-            f"dataset path {relpath!r} leads outside the dataset through a symbolic link; "
-            "a stored file must lie inside the dataset root"
-        )
+        confined(root, path, "the dataset")
+        regular_file(path)
+    except PathRefused as exc:
+        raise ValueError(f"dataset path {relpath!r}: {exc.reason}") from None
     return path
 
 
@@ -140,13 +156,34 @@ DATASET_FOLDERS = {
 
 
 def dataset_files(root: PathLike, top: str) -> list[Path]:
-    """Every record file under ``root/<top>`` at any depth, sorted (Note [dataset depth])."""
+    """Every record file under ``root/<top>`` at any depth, sorted (Note [dataset depth]).
+
+    Symbolic links are followed where they stay inside the dataset; one that leads out of
+    it, a loop, or a record name that is no regular file is a FormatError naming it (Note
+    [confined paths] in fibgen/fsutil.py).
+    """
     suffix = DATASET_FOLDERS[top]
     base = Path(root) / top
+    inside_dataset(root, base)
     if not base.is_dir():
         return []
     found = []
-    for folder, dirs, files in os.walk(base):
+    seen: set[str] = set()
+    for folder, dirs, files in os.walk(base, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen:  # a link back to a folder already read
+            dirs[:] = []
+            continue
+        seen.add(real)
         dirs[:] = [d for d in dirs if not d.startswith(".")]
-        found.extend(Path(folder, f) for f in files if f.endswith(suffix) and not f.startswith("."))
+        for d in dirs:
+            inside_dataset(root, Path(folder, d))
+        for f in files:
+            if f.endswith(suffix) and not f.startswith("."):
+                path = inside_dataset(root, Path(folder, f), file=True)
+                if not path.exists():
+                    raise FormatError(
+                        path, f"a symbolic link to {os.readlink(path)}, which is not there"
+                    )
+                found.append(path)
     return sorted(found)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fibgen.format.dataset.layout import PathLike
+from fibgen.format.dataset.layout import PathLike, inside_dataset
 from fibgen.format.errors import FormatError, join_messages
 from fibgen.format.hints import HintError, check_hint, parse_hint_text
 from fibgen.format.jsonio import parse_json
@@ -22,9 +22,15 @@ def sidecar_path(definition_file: PathLike) -> Path:
     return Path(definition_file).with_suffix(EXTRAS_SUFFIX)
 
 
-def read_extras(definition_file: PathLike) -> dict:
-    """The sidecar of the definition JSON at ``definition_file``; empty when there is none."""
+def read_extras(definition_file: PathLike, *, root: PathLike | None = None) -> dict:
+    """The sidecar of the definition JSON at ``definition_file``; empty when there is none.
+
+    With ``root``, the dataset the file lies in, a sidecar that a symbolic link leads out of
+    it is refused (Note [confined paths] in fibgen/fsutil.py).
+    """
     path = sidecar_path(definition_file)
+    if root is not None:
+        inside_dataset(root, path, file=True)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

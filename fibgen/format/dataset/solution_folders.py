@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from fibgen.format.dataset.layout import PathLike
+from fibgen.format.dataset.layout import PathLike, inside_dataset
 from fibgen.format.dataset.writers import write_text_atomic
 from fibgen.format.errors import FormatError
 from fibgen.format.jsonio import (
@@ -46,17 +46,43 @@ def is_solution_folder(path: PathLike, solution: Solution) -> bool:
     )
 
 
+def folder_root(folder: PathLike) -> tuple[Path, str]:
+    """What a solution folder's files may link into, and its name in messages: the dataset
+    whose ``solutions/`` holds the folder, else the folder itself (Note [confined paths] in
+    fibgen/fsutil.py)."""
+    folder = Path(folder)
+    for parent in folder.parents:
+        if parent.name == "solutions":
+            return parent.parent, "the dataset"
+    return folder, "the solution folder"
+
+
 def folder_sources(path: PathLike) -> dict[str, str]:
-    """The source files of the solution folder of the JSON at ``path``, by relative path."""
+    """The source files of the solution folder of the JSON at ``path``, by relative path.
+
+    A file may be a symbolic link within the dataset (the shipped solutions link to
+    ``solutions/src/``); one that leads elsewhere is refused, naming it, rather than read into
+    the Solution one submits.
+    """
     path = Path(path)
     folder = path.parent
+    root, what = folder_root(folder)
     sources: dict[str, str] = {}
-    for where, dirs, files in os.walk(folder):
+    seen: set[str] = set()
+    for where, dirs, files in os.walk(folder, followlinks=True):
+        real = os.path.realpath(where)
+        if real in seen:  # a link back to a folder already read
+            dirs[:] = []
+            continue
+        seen.add(real)
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _NOT_SOURCES)
+        for d in dirs:
+            inside_dataset(root, Path(where, d), what=what)
         for name in sorted(files):
             file = Path(where, name)
             if name.startswith(".") or name.endswith(_NOT_SOURCE_SUFFIXES) or file == path:
                 continue
+            inside_dataset(root, file, file=True, what=what)
             rel = file.relative_to(folder).as_posix()
             try:
                 text = file.read_text(encoding="utf-8")
@@ -163,8 +189,9 @@ def pack_solution(path: PathLike, output: PathLike | None = None, *, check: bool
         raise FormatError(target, f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     changed = current != text
     if changed and not check:
+        root = folder_root(json_path.parent)[0] if output is None else None
         try:
-            write_text_atomic(target, text)
+            write_text_atomic(target, text, root=root)
         except OSError as exc:
             raise FormatError(target, f"cannot write: {exc.strerror or exc}") from None
     return Packed(target, solution, changed)

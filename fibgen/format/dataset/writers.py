@@ -10,6 +10,7 @@ from pathlib import Path
 from fibgen.format.dataset.layout import (
     PathLike,
     definition_path,
+    inside_dataset,
     solution_path,
     trace_path,
     workload_path,
@@ -21,9 +22,19 @@ from fibgen.format.models import Definition, Solution, Trace, Workload
 from fibgen.fsutil import lock_path, replace_atomically
 
 
-def write_bytes_atomic(path: PathLike, data: bytes) -> bool:
-    """Write ``data`` to ``path`` atomically; return False when it already held exactly that."""
-    path = Path(path)
+def _guarded(path: PathLike, root: PathLike | None) -> Path:
+    # Under a dataset root, every write goes through its guard (Note [confined paths] in
+    # fibgen/fsutil.py): a link there must not send it, or the read before it, elsewhere.
+    return Path(path) if root is None else inside_dataset(root, path, file=True)
+
+
+def write_bytes_atomic(path: PathLike, data: bytes, *, root: PathLike | None = None) -> bool:
+    """Write ``data`` to ``path`` atomically; return False when it already held exactly that.
+
+    With ``root``, the dataset ``path`` lies in, a path that a symbolic link leads out of it
+    is refused (FormatError).
+    """
+    path = _guarded(path, root)
     try:
         if path.read_bytes() == data:
             return False
@@ -33,9 +44,10 @@ def write_bytes_atomic(path: PathLike, data: bytes) -> bool:
     return True
 
 
-def write_text_atomic(path: PathLike, text: str) -> bool:
-    """Write UTF-8 ``text`` to ``path`` atomically; return False when unchanged."""
-    return write_bytes_atomic(path, text.encode("utf-8"))
+def write_text_atomic(path: PathLike, text: str, *, root: PathLike | None = None) -> bool:
+    """Write UTF-8 ``text`` to ``path`` atomically; return False when unchanged (``root``: as
+    ``write_bytes_atomic``)."""
+    return write_bytes_atomic(path, text.encode("utf-8"), root=root)
 
 
 # Note [torn lines]
@@ -77,11 +89,14 @@ def _torn_message(data: bytes, torn: tuple[int, int]) -> str:
     )
 
 
-def drop_torn_last_line(path: PathLike) -> str | None:
-    """Drop a torn last line of a JSONL file (Note [torn lines]); what was done, or None."""
+def drop_torn_last_line(path: PathLike, *, root: PathLike | None = None) -> str | None:
+    """Drop a torn last line of a JSONL file (Note [torn lines]); what was done, or None.
+
+    ``root``: as ``write_bytes_atomic``.
+    """
     from filelock import FileLock
 
-    path = Path(path)
+    path = _guarded(path, root)
     if not path.is_file():
         return None  # nothing to repair
     with FileLock(str(lock_path(path))):
@@ -96,14 +111,18 @@ def drop_torn_last_line(path: PathLike) -> str | None:
         return str(FormatWarning(path, _torn_message(data, torn), torn[1]))
 
 
-def append_lines_atomic(path: PathLike, lines: Iterable[str]) -> None:
+def append_lines_atomic(
+    path: PathLike, lines: Iterable[str], *, root: PathLike | None = None
+) -> None:
     """Append lines (without newlines) to a JSONL file by atomically replacing it.
 
-    A torn last line is dropped first, with a FormatWarning (Note [torn lines]).
+    A torn last line is dropped first, with a FormatWarning (Note [torn lines]). ``root``: as
+    ``write_bytes_atomic``; the file is read before it is replaced, so a link to a file
+    elsewhere would copy that file into the dataset.
     """
     from filelock import FileLock
 
-    path = Path(path)
+    path = _guarded(path, root)
     path.parent.mkdir(parents=True, exist_ok=True)
     new = "".join(line + "\n" for line in lines).encode("utf-8")
     if not new:
@@ -129,15 +148,15 @@ def write_definition(root: PathLike, defn: Definition, extras: dict | None = Non
     path = definition_path(root, defn.op_type, defn.name)
     if extras:
         # The sidecar first: a definition never sits without the hints it was made with.
-        write_text_atomic(sidecar_path(path), dump_extras(extras))
-    write_text_atomic(path, dump_definition(defn))
+        write_text_atomic(sidecar_path(path), dump_extras(extras), root=root)
+    write_text_atomic(path, dump_definition(defn), root=root)
     return path
 
 
 def write_solution(root: PathLike, solution: Solution, op_type: str) -> Path:
     """Write a solution to its place in the layout (the op_type of its definition)."""
     path = solution_path(root, solution.author, op_type, solution.definition, solution.name)
-    write_text_atomic(path, dump_solution(solution))
+    write_text_atomic(path, dump_solution(solution), root=root)
     return path
 
 
@@ -149,7 +168,7 @@ def write_workloads(
     text = "".join(
         dump_trace_line(Trace(definition=definition, workload=w)) + "\n" for w in workloads
     )
-    write_text_atomic(path, text)
+    write_text_atomic(path, text, root=root)
     return path
 
 
@@ -159,7 +178,9 @@ def append_workloads(
     """Append workloads to a definition's workload file."""
     path = workload_path(root, op_type, definition)
     append_lines_atomic(
-        path, (dump_trace_line(Trace(definition=definition, workload=w)) for w in workloads)
+        path,
+        (dump_trace_line(Trace(definition=definition, workload=w)) for w in workloads),
+        root=root,
     )
     return path
 
@@ -172,6 +193,6 @@ def append_traces(root: PathLike, op_type: str, traces: Iterable[Trace]) -> list
     paths = []
     for definition, lines in by_definition.items():
         path = trace_path(root, op_type, definition)
-        append_lines_atomic(path, lines)
+        append_lines_atomic(path, lines, root=root)
         paths.append(path)
     return paths
