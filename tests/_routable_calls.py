@@ -360,3 +360,8 @@ ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper.run": _ragged_prefill,
     "flashinfer.mla.BatchMLAPagedAttentionWrapper.run": _mla,
 }
+
+# The APIs of gemm_*.fidef and moe_*.fidef, kept in a module of their own.
+from _gemm_moe_calls import ROUTABLE as _GEMM_MOE  # noqa: E402
+
+ROUTABLE |= _GEMM_MOE

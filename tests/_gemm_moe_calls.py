@@ -1,0 +1,148 @@
+"""Routable calls of the GEMM and MoE APIs of ``gemm_*.fidef`` and ``moe_*.fidef``.
+
+Each builder returns a ``Call`` (``_routable_calls``) that gives every parameter of the real
+signature at a value the family's rules accept, a non-default one where a rule allows it, so
+that ``test_flashinfer_apply.py`` can check the call is routed; ``test_catalogue_gemm.py``
+varies them one parameter at a time. Shapes are the catalogue's smallest instances.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# What ``_routable_calls`` defines; imported lazily by its users to avoid a cycle.
+Catalogue = Any
+
+MM_BF16 = "gemm_bf16_N2048_K512"
+MM_BF16_BIAS = "gemm_bf16_bias_N576_K3584"
+BMM_BF16 = "bmm_bf16_N128_K512"
+TINYGEMM = "tinygemm_bf16_n32_k2880"
+ROUTER_7168 = "mm_M1_16_K7168_N256_k7168_n256"
+ROUTER_6144 = "mm_M1_16_K6144_N256_k6144_n256"
+TGV = "tgv_gemm_sm100_N640_K2880"
+SEGMENT = "segment_gemm_run_k64_n6144"
+MM_FP8 = "gemm_fp8_N4096_K4096"
+MM_FP8_PER_TENSOR = "gemm_fp8_per_tensor_N8192_K1024"
+BMM_FP8 = "bmm_fp8_N128_K512"
+GROUPWISE = "gemm_fp8_nt_groupwise_n256_k256"
+GROUPED = "group_gemm_fp8_nt_groupwise_contiguous_g4_n256_k256"
+DEEPGEMM = "batch_deepgemm_fp8_nt_groupwise_n256_k256"
+SM90 = "fp8_blockscale_gemm_sm90_n256_k256"
+
+
+def _call(*args, **kwargs):
+    from _routable_calls import Call
+
+    return Call(*args, **kwargs)
+
+
+def mm_bf16(c: Catalogue) -> Any:
+    x, axes = c.inputs(MM_BF16, M=3)
+    kwargs = {"bias": None, "pdl": True, "out": c.buffer(MM_BF16, "C", axes)}
+    kwargs |= {"out_dtype": torch.bfloat16, "backend": "cutlass"}
+    return _call(MM_BF16, (x["A"], x["B"]), kwargs)
+
+
+def bmm_bf16(c: Catalogue) -> Any:
+    x, axes = c.inputs(BMM_BF16, batch_size=2, M=3)
+    kwargs = {"out": c.buffer(BMM_BF16, "C", axes), "out_dtype": torch.bfloat16}
+    return _call(BMM_BF16, (x["A"], x["B"]), kwargs | {"backend": "cublas"})
+
+
+def tinygemm_bf16(c: Catalogue) -> Any:
+    x, axes = c.inputs(TINYGEMM, M=3)
+    args = (x["input"], x["weight"], c.buffer(TINYGEMM, "output", axes))
+    return _call(TINYGEMM, args, {"bias": x["bias"], "use_pdl": True})
+
+
+def router(name: str) -> Callable[[Catalogue], Any]:
+    def build(c: Catalogue) -> Any:
+        x, axes = c.inputs(name, M=5)
+        args = (x["mat_a"], x["mat_b"], c.buffer(name, "output", axes))
+        return _call(name, args, {"launch_with_pdl": False})
+
+    return build
+
+
+def tgv_gemm(c: Catalogue) -> Any:
+    x, axes = c.inputs(TGV, M=3)
+    kwargs = {"pdl": True, "out": c.buffer(TGV, "output", axes)}
+    kwargs |= {"a_descale": None, "b_descale": None}
+    return _call(TGV, (x["a"], x["b"], x["bias"]), kwargs)
+
+
+def segment_gemm(c: Catalogue) -> Any:
+    from flashinfer.gemm import SegmentGEMMWrapper
+
+    x, axes = c.inputs(SEGMENT, total_rows=7, num_weights=3, batch_size=2, len_indptr=3)
+    wrapper = object.__new__(SegmentGEMMWrapper)
+    indptr = x["seg_indptr"]
+    # Column-major weights, [num_weights, N, K], and both spellings of the segments.
+    weights = x["weights"].transpose(-1, -2).contiguous()
+    kwargs = {"out": c.buffer(SEGMENT, "output", axes), "seg_lens": indptr.diff()}
+    kwargs |= {"seg_indptr": indptr, "weight_indices": x["weight_indices"]}
+    return _call(SEGMENT, (wrapper, x["x"], weights, 2, True), kwargs)
+
+
+def mm_fp8(c: Catalogue) -> Any:
+    x, axes = c.inputs(MM_FP8, M=3)
+    kwargs = {"alpha": x["alpha"].reshape(1), "out_dtype": torch.bfloat16}
+    kwargs |= {"out": c.buffer(MM_FP8, "C", axes), "backend": "auto"}
+    return _call(MM_FP8, (x["A"], x["B"]), kwargs)
+
+
+def bmm_fp8(c: Catalogue) -> Any:
+    x, axes = c.inputs(BMM_FP8, batch_size=2, M=3)
+    args = (x["A"], x["B"], x["A_scale"].reshape(1), x["B_scale"].reshape(1), torch.bfloat16)
+    return _call(BMM_FP8, args, {"out": c.buffer(BMM_FP8, "C", axes), "backend": "cudnn"})
+
+
+def gemm_fp8_nt_groupwise(c: Catalogue) -> Any:
+    x, axes = c.inputs(GROUPWISE, M=4)
+    # MN-major scales: the transposes of the definition's K-major ones.
+    args = (x["a"], x["b"], x["a_scale"].T.contiguous(), x["b_scale"].T.contiguous())
+    kwargs = {"scale_major_mode": "MN", "mma_sm": 2, "scale_granularity_mnk": (1, 128, 128)}
+    kwargs |= {"out": c.buffer(GROUPWISE, "out", axes), "out_dtype": None, "backend": "cutlass"}
+    return _call(GROUPWISE, args, kwargs)
+
+
+def group_gemm_fp8(c: Catalogue) -> Any:
+    x, axes = c.inputs(GROUPED, M=8)
+    m_indices = x["m_indices"].sort().values
+    args = (x["a"], x["b"], x["a_scale"], x["b_scale"], m_indices)
+    kwargs = {"scale_granularity_mnk": (1, 128, 128), "out": c.buffer(GROUPED, "out", axes)}
+    return _call(GROUPED, args, kwargs | {"out_dtype": None, "validate_indices": True})
+
+
+def batch_deepgemm(c: Catalogue) -> Any:
+    x, axes = c.inputs(DEEPGEMM, batch_size=2, M_max=4)
+    args = (x["a"], x["b"], x["a_scale"], x["b_scale"], x["masked_m"], 2)
+    kwargs = {"scale_granularity_mnk": (1, 128, 128), "out": c.buffer(DEEPGEMM, "out", axes)}
+    return _call(DEEPGEMM, args, kwargs | {"out_dtype": torch.bfloat16, "backend": "deepgemm"})
+
+
+def fp8_blockscale_gemm_sm90(c: Catalogue) -> Any:
+    x, axes = c.inputs(SM90, M=3)
+    kwargs = {"input_scale": x["input_scale"], "weight_scale": x["weight_scale"]}
+    kwargs |= {"out": c.buffer(SM90, "out", axes), "out_dtype": torch.bfloat16}
+    return _call(SM90, (x["input"], x["weight"]), kwargs)
+
+
+ROUTABLE: dict[str, Callable[[Any], Any]] = {
+    "flashinfer.gemm.mm_bf16": mm_bf16,
+    "flashinfer.gemm.bmm_bf16": bmm_bf16,
+    "flashinfer.gemm.tinygemm_bf16": tinygemm_bf16,
+    "flashinfer.gemm.mm_M1_16_K7168_N256": router(ROUTER_7168),
+    "flashinfer.gemm.mm_M1_16_K6144_N256": router(ROUTER_6144),
+    "flashinfer.gemm.tgv_gemm_sm100": tgv_gemm,
+    "flashinfer.gemm.SegmentGEMMWrapper.run": segment_gemm,
+    "flashinfer.gemm.mm_fp8": mm_fp8,
+    "flashinfer.gemm.bmm_fp8": bmm_fp8,
+    "flashinfer.gemm.gemm_fp8_nt_groupwise": gemm_fp8_nt_groupwise,
+    "flashinfer.gemm.group_gemm_fp8_nt_groupwise_contiguous": group_gemm_fp8,
+    "flashinfer.gemm.batch_deepgemm_fp8_nt_groupwise": batch_deepgemm,
+    "flashinfer.gemm.fp8_blockscale_gemm_sm90": fp8_blockscale_gemm_sm90,
+}
