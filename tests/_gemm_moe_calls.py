@@ -131,7 +131,32 @@ def fp8_blockscale_gemm_sm90(c: Catalogue) -> Any:
     return _call(SM90, (x["input"], x["weight"]), kwargs)
 
 
+CUTLASS_MOE = "cutlass_fused_moe_e8_h256_i128_topk2"
+
+
+def cutlass_fused_moe(c: Catalogue) -> Any:
+    from flashinfer.fused_moe import ActivationType
+
+    x, _ = c.inputs(CUTLASS_MOE, seq_len=5)
+    args = (x["input"], x["token_selected_experts"], x["token_final_scales"])
+    args += (x["fc1_expert_weights"], x["fc2_expert_weights"], torch.bfloat16, [])
+    kwargs: dict = {"fc1_expert_biases": None, "fc2_expert_biases": None, "input_sf": None}
+    kwargs |= {"swiglu_alpha": None, "swiglu_beta": None, "swiglu_limit": None}
+    kwargs |= {"tp_size": 1, "tp_rank": 0, "ep_size": 1, "ep_rank": 0}
+    kwargs |= {"cluster_size": 1, "cluster_rank": 0, "output": None}
+    kwargs |= {"enable_alltoall": False, "use_deepseek_fp8_block_scale": False}
+    kwargs |= {"use_w4_group_scaling": False, "use_mxfp8_act_scaling": False}
+    kwargs |= {"min_latency_mode": False, "use_packed_weights": False}
+    kwargs |= {"use_wfp4afp8_humming": False, "tune_max_num_tokens": 1024, "enable_pdl": True}
+    kwargs |= {"activation_type": ActivationType.Swiglu, "swizzled_input_sf": False}
+    kwargs |= {"use_fused_finalize": False, "profile_ids": [0, 1]}
+    kwargs |= {"workspace_buffer": torch.empty(16, dtype=torch.uint8)}
+    kwargs |= {"clamped_relu2_limit": None, "situ_beta": None, "situ_linear_beta": None}
+    return _call(CUTLASS_MOE, args, kwargs | {"backend": "cutlass"})
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
+    "flashinfer.fused_moe.cutlass_fused_moe": cutlass_fused_moe,
     "flashinfer.gemm.mm_bf16": mm_bf16,
     "flashinfer.gemm.bmm_bf16": bmm_bf16,
     "flashinfer.gemm.tinygemm_bf16": tinygemm_bf16,
