@@ -155,7 +155,43 @@ def cutlass_fused_moe(c: Catalogue) -> Any:
     return _call(CUTLASS_MOE, args, kwargs | {"backend": "cutlass"})
 
 
+FP8_BLOCK_ROUTED = "trtllm_fp8_block_scale_routed_moe_topk2_e8_h256"
+FP8_PER_TENSOR_ROUTED = "trtllm_fp8_per_tensor_scale_routed_moe_topk2_e8_h256"
+
+
+def fp8_block_scale_routed_moe(c: Catalogue) -> Any:
+    from flashinfer.fused_moe import Fp8QuantizationType
+
+    x, axes = c.inputs(FP8_BLOCK_ROUTED, seq_len=5)
+    args = (x["topk_ids"], torch.zeros(8), x["hidden_states"], x["hidden_states_scale"])
+    args += (x["gemm1_weights"], x["gemm1_weights_scale"])
+    args += (x["gemm2_weights"], x["gemm2_weights_scale"])
+    args += (8, 2, 1, 1, 128, int(x["local_expert_offset"]), 8, 1.0)
+    kwargs: dict = {"routing_method_type": 2, "use_shuffled_weight": False, "weight_layout": 0}
+    kwargs |= {"do_finalize": True, "enable_pdl": True, "gemm1_lora_delta": None}
+    kwargs |= {"output": c.buffer(FP8_BLOCK_ROUTED, "output", axes)}
+    kwargs |= {"tune_max_num_tokens": 1024}
+    kwargs |= {"fp8_quantization_type": Fp8QuantizationType.DeepSeekFp8, "activation_type": 3}
+    kwargs |= {"gemm1_alpha": None, "gemm1_beta": None, "gemm1_clamp_limit": None}
+    kwargs |= {"valid_hidden_size": None, "valid_intermediate_size": None}
+    return _call(FP8_BLOCK_ROUTED, args, kwargs)
+
+
+def fp8_per_tensor_scale_routed_moe(c: Catalogue) -> Any:
+    x, axes = c.inputs(FP8_PER_TENSOR_ROUTED, seq_len=5)
+    args = (x["topk_ids"], None, x["hidden_states"], x["gemm1_weights"])
+    args += (x["output1_scales_scalar"], x["output1_scales_gate_scalar"])
+    args += (x["gemm2_weights"], x["output2_scales_scalar"])
+    args += (8, 2, None, None, 128, int(x["local_expert_offset"]), 8, None, False)
+    kwargs: dict = {"routing_method_type": 1, "do_finalize": True, "enable_pdl": False}
+    kwargs |= {"tune_max_num_tokens": 1024, "activation_type": 3, "routing_replay_out": None}
+    kwargs |= {"output": c.buffer(FP8_PER_TENSOR_ROUTED, "output", axes)}
+    return _call(FP8_PER_TENSOR_ROUTED, args, kwargs | {"gemm1_clamp_limit": None})
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
+    "flashinfer.fused_moe.trtllm_fp8_block_scale_routed_moe": fp8_block_scale_routed_moe,
+    "flashinfer.fused_moe.trtllm_fp8_per_tensor_scale_routed_moe": fp8_per_tensor_scale_routed_moe,
     "flashinfer.fused_moe.cutlass_fused_moe": cutlass_fused_moe,
     "flashinfer.gemm.mm_bf16": mm_bf16,
     "flashinfer.gemm.bmm_bf16": bmm_bf16,

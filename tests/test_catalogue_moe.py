@@ -110,3 +110,167 @@ def test_cutlass_fused_moe_matches_flashinfers_template_reference():
     x, _ = _catalogue().inputs(calls.CUTLASS_MOE, seed=1, seq_len=6)
     expected = templates._cutlass_fused_moe_reference(**x)
     _close(_reference(calls.CUTLASS_MOE)(**x), expected)
+
+
+# ---------------------------------------------------------------------------------------
+# trtllm_fp8_block_scale_routed_moe and trtllm_fp8_per_tensor_scale_routed_moe
+# ---------------------------------------------------------------------------------------
+
+FP8_BLOCK = "flashinfer.fused_moe.trtllm_fp8_block_scale_routed_moe"
+FP8_PER_TENSOR = "flashinfer.fused_moe.trtllm_fp8_per_tensor_scale_routed_moe"
+
+
+def _without_defaults(call, path: str) -> dict:
+    """The call's arguments by name with every defaulted parameter left out."""
+    import inspect
+
+    from fibgen.runtime import patching
+
+    owner, attr = patching._locate(path)
+    params = inspect.signature(getattr(owner, attr)).parameters
+    return {
+        k: v for k, v in _bound(call, path).items() if params[k].default is inspect.Parameter.empty
+    }
+
+
+def _packed(ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    bits = weights.to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF
+    return (ids.to(torch.int32) << 16) | bits
+
+
+@pytest.mark.parametrize(
+    ("path", "build"),
+    [
+        (FP8_BLOCK, calls.fp8_block_scale_routed_moe),
+        (FP8_PER_TENSOR, calls.fp8_per_tensor_scale_routed_moe),
+    ],
+)
+def test_routed_fp8_moe_with_flashinfers_defaults_is_routed(monkeypatch, path, build):
+    call = build(_catalogue())
+    kwargs = _without_defaults(call, path)
+    out = _route(monkeypatch, path, call.name, (), kwargs)
+    seen = _hit(out)
+    assert torch.equal(seen["topk_ids"], kwargs["topk_ids"])
+    assert torch.equal(out.result, _reference(call.name)(**seen))
+
+
+@pytest.mark.parametrize(
+    ("path", "build", "param", "value", "rule"),
+    [
+        (FP8_BLOCK, calls.fp8_block_scale_routed_moe, "use_shuffled_weight", True, None),
+        (FP8_BLOCK, calls.fp8_block_scale_routed_moe, "weight_layout", 2, None),
+        (FP8_BLOCK, calls.fp8_block_scale_routed_moe, "do_finalize", False, None),
+        (FP8_BLOCK, calls.fp8_block_scale_routed_moe, "routed_scaling_factor", 2.5, None),
+        (FP8_BLOCK, calls.fp8_block_scale_routed_moe, "gemm1_lora_delta", torch.zeros(1), None),
+        (FP8_BLOCK, calls.fp8_block_scale_routed_moe, "activation_type", 7, None),
+        (FP8_BLOCK, calls.fp8_block_scale_routed_moe, "gemm1_clamp_limit", torch.ones(8), None),
+        (FP8_BLOCK, calls.fp8_block_scale_routed_moe, "valid_hidden_size", 200, None),
+        (FP8_BLOCK, calls.fp8_block_scale_routed_moe, "local_num_experts", 4, None),
+        (FP8_PER_TENSOR, calls.fp8_per_tensor_scale_routed_moe, "routed_scaling_factor", 2.5, None),
+        (
+            FP8_PER_TENSOR,
+            calls.fp8_per_tensor_scale_routed_moe,
+            "use_routing_scales_on_input",
+            True,
+            None,
+        ),
+        (FP8_PER_TENSOR, calls.fp8_per_tensor_scale_routed_moe, "do_finalize", False, None),
+        (FP8_PER_TENSOR, calls.fp8_per_tensor_scale_routed_moe, "activation_type", 7, None),
+        (
+            FP8_PER_TENSOR,
+            calls.fp8_per_tensor_scale_routed_moe,
+            "routing_replay_out",
+            torch.zeros(5, 2, dtype=torch.int16),
+            None,
+        ),
+    ],
+)
+def test_routed_fp8_moe_parameters_the_definition_does_not_model_are_refused(
+    monkeypatch, path, build, param, value, rule
+):
+    call = build(_catalogue())
+    out = _route(monkeypatch, path, call.name, (), _bound(call, path) | {param: value})
+    _refused(out, rule or param)
+    assert out.originals[0][param] is value
+
+
+@pytest.mark.parametrize(
+    ("path", "build"),
+    [
+        (FP8_BLOCK, calls.fp8_block_scale_routed_moe),
+        (FP8_PER_TENSOR, calls.fp8_per_tensor_scale_routed_moe),
+    ],
+)
+def test_routed_fp8_moe_with_ids_and_weights_apart_is_refused(monkeypatch, path, build):
+    call = build(_catalogue())
+    packed = call.args[0]
+    pair = ((packed >> 16).contiguous(), torch.rand(packed.shape))
+    out = _route(monkeypatch, path, call.name, (), _bound(call, path) | {"topk_ids": pair})
+    # A pair has no shape to read the definition's axes from: refused before the rules.
+    _refused(out, "key")
+
+
+def test_fp8_block_scale_routed_matches_flashinfers_expert_computation():
+    # The template's routed reference weights every expert 1 / top_k; its expert loop,
+    # handed the weights topk_ids carries, is the independent computation.
+    x, _ = _catalogue().inputs(calls.FP8_BLOCK_ROUTED, seed=1, seq_len=6)
+    ids = (x["topk_ids"] >> 16).long()
+    weights = (x["topk_ids"] & 0xFFFF).to(torch.int16).view(torch.bfloat16).float()
+    expected = templates._fp8_moe_run_experts(
+        x["hidden_states"],
+        x["hidden_states_scale"],
+        x["gemm1_weights"],
+        x["gemm1_weights_scale"],
+        x["gemm2_weights"],
+        x["gemm2_weights_scale"],
+        weights,
+        ids,
+        x["local_expert_offset"],
+        8,
+    )
+    _close(_reference(calls.FP8_BLOCK_ROUTED)(**x), expected, atol=5e-2, rtol=2e-2)
+
+
+def test_fp8_per_tensor_routed_undoes_flashinfers_weight_preparation():
+    # FlashInfer's own preparation of bfloat16 weights (quantize, interleave, shuffle); the
+    # reference on its output must be the MoE of the unprepared weights.
+    import torch.nn.functional as F
+    from flashinfer.fused_moe.prepare import prepare_trtllm_fp8_per_tensor_weights
+
+    torch.manual_seed(0)
+    e, h, i, t = 4, 256, 128, 6
+    w1 = (torch.randn(e, 2 * i, h) / h**0.5).bfloat16()
+    w2 = (torch.randn(e, h, i) / i**0.5).bfloat16()
+    x = torch.randn(t, h).bfloat16()
+    in_scale, mid_scale = 448.0 / x.float().abs().max().item(), 64.0
+    prepared = prepare_trtllm_fp8_per_tensor_weights(
+        w1,
+        w2,
+        hidden_states_scale_global=in_scale,
+        intermediate_scale_global=mid_scale,
+        num_local_experts=e,
+        hidden_size=h,
+        intermediate_size=i,
+    )
+    ids = torch.stack([torch.randperm(e)[:2] for _ in range(t)])
+    weights = torch.rand(t, 2)
+    topk_ids = _packed(ids, weights)
+    got = _reference(calls.FP8_PER_TENSOR_ROUTED)(
+        topk_ids=topk_ids,
+        hidden_states=(x.float() * in_scale).to(torch.float8_e4m3fn),
+        gemm1_weights=prepared["gemm1_weights"],
+        output1_scales_scalar=prepared["output1_scales_scalar"],
+        output1_scales_gate_scalar=prepared["output1_scales_gate_scalar"],
+        gemm2_weights=prepared["gemm2_weights"],
+        output2_scales_scalar=prepared["output2_scales_scalar"],
+        local_expert_offset=0,
+    )
+    expected = torch.zeros(t, h)
+    wb = weights.bfloat16().float()
+    for tok in range(t):
+        for k in range(2):
+            up, gate = (x[tok].float() @ w1[ids[tok, k]].float().T).chunk(2)
+            expected[tok] += wb[tok, k] * ((F.silu(gate) * up) @ w2[ids[tok, k]].float().T)
+    # FP8 operands: compare against the output's scale.
+    err = (got.float() - expected).abs().max() / expected.abs().max()
+    assert err < 0.1, err
