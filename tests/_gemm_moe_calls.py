@@ -189,7 +189,39 @@ def fp8_per_tensor_scale_routed_moe(c: Catalogue) -> Any:
     return _call(FP8_PER_TENSOR_ROUTED, args, kwargs | {"gemm1_clamp_limit": None})
 
 
+BF16_MOE_DS = "trtllm_bf16_moe_ds_routing_topk4_ng4_kg2_e8_h256_i128"
+BF16_ROUTED = "trtllm_bf16_routed_moe_topk2_e8_h256"
+
+
+def _bf16_moe_tail(c: Catalogue, name: str, axes: dict) -> dict:
+    """The keywords after routed_scaling_factor common to both bf16 MoE APIs."""
+    kwargs: dict = {"use_shuffled_weight": True, "weight_layout": 2, "do_finalize": True}
+    kwargs |= {"enable_pdl": False, "tune_max_num_tokens": 1024, "activation_type": 3}
+    kwargs |= {"routing_replay_out": None, "gemm1_alpha": None, "gemm1_beta": None}
+    return kwargs | {"gemm1_clamp_limit": None, "output": c.buffer(name, "output", axes)}
+
+
+def trtllm_bf16_moe(c: Catalogue) -> Any:
+    x, axes = c.inputs(BF16_MOE_DS, seq_len=5)
+    args = (x["routing_logits"].bfloat16(), x["routing_bias"], x["hidden_states"])
+    args += (x["gemm1_weights"], x["gemm2_weights"], 16, 4, 4, 2, 128)
+    args += (int(x["local_expert_offset"]), 8)
+    kwargs = {"routed_scaling_factor": float(x["routed_scaling_factor"])}
+    kwargs |= {"routing_method_type": 2, "norm_topk_prob": True}
+    return _call(BF16_MOE_DS, args, kwargs | _bf16_moe_tail(c, BF16_MOE_DS, axes))
+
+
+def trtllm_bf16_routed_moe(c: Catalogue) -> Any:
+    x, axes = c.inputs(BF16_ROUTED, seq_len=5)
+    args = (x["topk_ids"], x["hidden_states"], x["gemm1_weights"], x["gemm2_weights"])
+    args += (8, 2, None, None, 128, int(x["local_expert_offset"]), 8)
+    kwargs = {"routed_scaling_factor": None, "routing_method_type": 1, "gemm1_lora_delta": None}
+    return _call(BF16_ROUTED, args, kwargs | _bf16_moe_tail(c, BF16_ROUTED, axes))
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
+    "flashinfer.fused_moe.trtllm_bf16_moe": trtllm_bf16_moe,
+    "flashinfer.fused_moe.trtllm_bf16_routed_moe": trtllm_bf16_routed_moe,
     "flashinfer.fused_moe.trtllm_fp8_block_scale_routed_moe": fp8_block_scale_routed_moe,
     "flashinfer.fused_moe.trtllm_fp8_per_tensor_scale_routed_moe": fp8_per_tensor_scale_routed_moe,
     "flashinfer.fused_moe.cutlass_fused_moe": cutlass_fused_moe,

@@ -274,3 +274,141 @@ def test_fp8_per_tensor_routed_undoes_flashinfers_weight_preparation():
     # FP8 operands: compare against the output's scale.
     err = (got.float() - expected).abs().max() / expected.abs().max()
     assert err < 0.1, err
+
+
+# ---------------------------------------------------------------------------------------
+# trtllm_bf16_moe and trtllm_bf16_routed_moe
+# ---------------------------------------------------------------------------------------
+
+BF16 = "flashinfer.fused_moe.trtllm_bf16_moe"
+BF16_ROUTED = "flashinfer.fused_moe.trtllm_bf16_routed_moe"
+
+
+def test_trtllm_bf16_routed_moe_with_flashinfers_defaults_is_routed(monkeypatch):
+    call = calls.trtllm_bf16_routed_moe(_catalogue())
+    out = _route(monkeypatch, BF16_ROUTED, call.name, (), _without_defaults(call, BF16_ROUTED))
+    seen = _hit(out)
+    assert torch.equal(out.result, _reference(call.name)(**seen))
+
+
+def test_trtllm_bf16_moe_default_routing_is_not_modelled(monkeypatch):
+    # routing_method_type 0 (softmax over all experts, then top_k, not renormalized) has no
+    # family: the call falls back, counted.
+    call = calls.trtllm_bf16_moe(_catalogue())
+    out = _route(monkeypatch, BF16, call.name, (), _without_defaults(call, BF16))
+    assert out.counts["hit"] == 0 and not out.seen, out.counts
+    assert out.result == "flashinfer" and len(out.originals) == 1
+
+
+@pytest.mark.parametrize(
+    ("method", "name"),
+    [
+        (2, calls.BF16_MOE_DS),
+        (1, "trtllm_bf16_moe_renorm_topk2_e8_h256_i128"),
+        (4, "trtllm_bf16_moe_renorm_topk2_e8_h256_i128"),
+        (3, "trtllm_bf16_moe_llama4_topk1_e8_h256_i128"),
+    ],
+)
+def test_trtllm_bf16_moe_routing_methods_reach_their_families(monkeypatch, method, name):
+    c = _catalogue()
+    x, _ = c.inputs(name, seq_len=5)
+    d = c.defs[name]
+    consts = dict(d.consts) | dict(d.param_values)
+    num_experts, top_k = consts["num_experts"], consts["top_k"]
+    local = consts.get("num_local_experts", num_experts)
+    kwargs = {
+        "routing_logits": x["routing_logits"].bfloat16(),
+        "routing_bias": x.get("routing_bias"),
+        "hidden_states": x["hidden_states"],
+        "gemm1_weights": x["gemm1_weights"],
+        "gemm2_weights": x["gemm2_weights"],
+        "num_experts": num_experts,
+        "top_k": top_k,
+        "n_group": consts.get("n_group"),
+        "topk_group": consts.get("topk_group"),
+        "intermediate_size": 128,
+        "local_expert_offset": int(x.get("local_expert_offset", 0)),
+        "local_num_experts": local,
+        "routing_method_type": method,
+    }
+    out = _route(monkeypatch, BF16, name, (), kwargs)
+    seen = _hit(out)
+    assert torch.equal(out.result, _reference(name)(**seen))
+
+
+@pytest.mark.parametrize(
+    ("path", "build", "param", "value"),
+    [
+        (BF16, calls.trtllm_bf16_moe, "use_shuffled_weight", False),
+        (BF16, calls.trtllm_bf16_moe, "weight_layout", 0),
+        (BF16, calls.trtllm_bf16_moe, "do_finalize", False),
+        (BF16, calls.trtllm_bf16_moe, "activation_type", 6),
+        (BF16, calls.trtllm_bf16_moe, "norm_topk_prob", False),
+        (BF16, calls.trtllm_bf16_moe, "gemm1_alpha", torch.ones(8)),
+        (BF16, calls.trtllm_bf16_moe, "local_num_experts", 4),
+        (BF16_ROUTED, calls.trtllm_bf16_routed_moe, "use_shuffled_weight", False),
+        (BF16_ROUTED, calls.trtllm_bf16_routed_moe, "routed_scaling_factor", 2.5),
+        (BF16_ROUTED, calls.trtllm_bf16_routed_moe, "gemm1_lora_delta", torch.zeros(1)),
+        (BF16_ROUTED, calls.trtllm_bf16_routed_moe, "gemm1_clamp_limit", torch.ones(8)),
+    ],
+)
+def test_bf16_moe_parameters_the_definition_does_not_model_are_refused(
+    monkeypatch, path, build, param, value
+):
+    call = build(_catalogue())
+    out = _route(monkeypatch, path, call.name, (), _bound(call, path) | {param: value})
+    _refused(out, param)
+    assert out.originals[0][param] is value
+
+
+def test_trtllm_bf16_routed_moe_undoes_flashinfers_weight_preparation():
+    import torch.nn.functional as F
+    from flashinfer.fused_moe.prepare import prepare_trtllm_bf16_weights
+
+    torch.manual_seed(0)
+    e, h, i, t = 4, 256, 128, 6
+    w1 = (torch.randn(e, 2 * i, h) / h**0.5).bfloat16()
+    w2 = (torch.randn(e, h, i) / i**0.5).bfloat16()
+    x = torch.randn(t, h).bfloat16()
+    prepared = prepare_trtllm_bf16_weights(
+        w1, w2, num_local_experts=e, hidden_size=h, intermediate_size=i
+    )
+    ids = torch.stack([torch.randperm(e)[:2] for _ in range(t)])
+    weights = torch.rand(t, 2)
+    got = _reference(calls.BF16_ROUTED)(
+        topk_ids=_packed(ids, weights),
+        hidden_states=x,
+        gemm1_weights=prepared["gemm1_weights"],
+        gemm2_weights=prepared["gemm2_weights"],
+        local_expert_offset=0,
+    )
+    expected = torch.zeros(t, h)
+    wb = weights.bfloat16().float()
+    for tok in range(t):
+        for k in range(2):
+            up, gate = (x[tok].float() @ w1[ids[tok, k]].float().T).chunk(2)
+            expected[tok] += wb[tok, k] * ((F.silu(gate) * up) @ w2[ids[tok, k]].float().T)
+    _close(got, expected.bfloat16())
+
+
+def test_trtllm_bf16_routed_moe_matches_flashinfers_expert_computation():
+    x, _ = _catalogue().inputs(calls.BF16_ROUTED, seed=1, seq_len=6)
+    ids = (x["topk_ids"] >> 16).long()
+    weights = (x["topk_ids"] & 0xFFFF).to(torch.int16).view(torch.bfloat16).float()
+    expected = templates._moe_bf16_run_experts(
+        x["hidden_states"],
+        _reference_helper("gemm1_weight", x["gemm1_weights"]),
+        _reference_helper("gemm2_weight", x["gemm2_weights"]),
+        weights,
+        ids,
+        local_expert_offset=int(x["local_expert_offset"]),
+        E_global=8,
+    )
+    _close(_reference(calls.BF16_ROUTED)(**x), expected)
+
+
+def _reference_helper(fn: str, w: torch.Tensor) -> torch.Tensor:
+    """The reference's own un-layout of each expert's weight, stacked."""
+    namespace: dict = {}
+    exec(_catalogue().defs[calls.BF16_ROUTED].reference, namespace)
+    return torch.stack([namespace[fn](w[e]) for e in range(w.shape[0])])
