@@ -219,7 +219,46 @@ def trtllm_bf16_routed_moe(c: Catalogue) -> Any:
     return _call(BF16_ROUTED, args, kwargs | _bf16_moe_tail(c, BF16_ROUTED, axes))
 
 
+FP4_RENORM = "moe_fp4_block_scale_renormalize_routing_topk2_e8_h256_i128_act3"
+FP4_ROUTED = "trtllm_fp4_block_scale_routed_moe_topk2_e8_h256_act3"
+
+
+def _fp4_weights(x: dict) -> tuple:
+    """From hidden_states_scale to output2_scale_scalar, as FlashInfer takes them (uint8)."""
+    u8 = torch.uint8
+    args = (None, x["gemm1_weights"].view(u8), x["gemm1_weights_scale"].view(u8))
+    args += (x.get("gemm1_bias"), x.get("gemm1_alpha"), x.get("gemm1_beta"))
+    args += (x.get("gemm1_clamp_limit"), x["gemm2_weights"].view(u8))
+    args += (x["gemm2_weights_scale"].view(u8), x.get("gemm2_bias"), None, None, None)
+    return args
+
+
+def _fp4_tail() -> dict:
+    kwargs: dict = {"do_finalize": True, "enable_pdl": True, "activation_type": 3}
+    kwargs |= {"per_token_scale": None, "output": None, "tune_max_num_tokens": 1024}
+    kwargs |= {"valid_hidden_size": None, "valid_intermediate_size": None}
+    return kwargs | {"num_fused_shared_experts": 0, "hidden_states_scale_layout": None}
+
+
+def trtllm_fp4_block_scale_moe(c: Catalogue) -> Any:
+    x, _ = c.inputs(FP4_RENORM, seq_len=5)
+    args = (x["routing_logits"].bfloat16(), None, x["hidden_states"], *_fp4_weights(x))
+    args += (8, 2, None, None, 128, 0, 8, None)
+    kwargs = {"routing_method_type": 1, "norm_topk_prob": True, "routing_replay_out": None}
+    return _call(FP4_RENORM, args, kwargs | _fp4_tail())
+
+
+def trtllm_fp4_block_scale_routed_moe(c: Catalogue) -> Any:
+    x, _ = c.inputs(FP4_ROUTED, seq_len=5)
+    args = (x["topk_ids"], None, x["hidden_states"], *_fp4_weights(x))
+    args += (8, 2, None, None, 128, int(x["local_expert_offset"]), 8, 1.0)
+    kwargs = {"routing_method_type": 1, "gemm1_lora_delta": None}
+    return _call(FP4_ROUTED, args, kwargs | _fp4_tail())
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
+    "flashinfer.fused_moe.trtllm_fp4_block_scale_moe": trtllm_fp4_block_scale_moe,
+    "flashinfer.fused_moe.trtllm_fp4_block_scale_routed_moe": trtllm_fp4_block_scale_routed_moe,
     "flashinfer.fused_moe.trtllm_bf16_moe": trtllm_bf16_moe,
     "flashinfer.fused_moe.trtllm_bf16_routed_moe": trtllm_bf16_routed_moe,
     "flashinfer.fused_moe.trtllm_fp8_block_scale_routed_moe": fp8_block_scale_routed_moe,

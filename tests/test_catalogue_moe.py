@@ -412,3 +412,55 @@ def _reference_helper(fn: str, w: torch.Tensor) -> torch.Tensor:
     namespace: dict = {}
     exec(_catalogue().defs[calls.BF16_ROUTED].reference, namespace)
     return torch.stack([namespace[fn](w[e]) for e in range(w.shape[0])])
+
+
+# ---------------------------------------------------------------------------------------
+# trtllm_fp4_block_scale_moe and trtllm_fp4_block_scale_routed_moe (MXFP4 weights, W4A16)
+# ---------------------------------------------------------------------------------------
+
+FP4 = "flashinfer.fused_moe.trtllm_fp4_block_scale_moe"
+FP4_ROUTED = "flashinfer.fused_moe.trtllm_fp4_block_scale_routed_moe"
+
+
+@pytest.mark.parametrize(
+    ("path", "build"),
+    [
+        (FP4, calls.trtllm_fp4_block_scale_moe),
+        (FP4_ROUTED, calls.trtllm_fp4_block_scale_routed_moe),
+    ],
+)
+def test_fp4_moe_routes_and_returns_flashinfers_list(monkeypatch, path, build):
+    call = build(_catalogue())
+    out = _route(monkeypatch, path, call.name, (), _bound(call, path))
+    seen = _hit(out)
+    # FlashInfer passes the packed weights and scale bytes as uint8: the solution sees them
+    # as E2M1 pairs and int8 bytes, the same storage.
+    assert seen["gemm1_weights"].dtype == torch.float4_e2m1fn_x2
+    assert seen["gemm1_weights"].data_ptr() == _bound(call, path)["gemm1_weights"].data_ptr()
+    assert isinstance(out.result, list) and len(out.result) == 1
+    assert torch.equal(out.result[0], _reference(call.name)(**seen))
+
+
+@pytest.mark.parametrize(
+    ("path", "build", "param", "value"),
+    [
+        (FP4, calls.trtllm_fp4_block_scale_moe, "hidden_states_scale", torch.ones(5, 8)),
+        (FP4, calls.trtllm_fp4_block_scale_moe, "output1_scale_scalar", torch.ones(8)),
+        (FP4, calls.trtllm_fp4_block_scale_moe, "do_finalize", False),
+        (FP4, calls.trtllm_fp4_block_scale_moe, "activation_type", 6),
+        (FP4, calls.trtllm_fp4_block_scale_moe, "norm_topk_prob", False),
+        (FP4, calls.trtllm_fp4_block_scale_moe, "num_fused_shared_experts", 1),
+        (FP4, calls.trtllm_fp4_block_scale_moe, "output", torch.zeros(5, 256).bfloat16()),
+        (FP4_ROUTED, calls.trtllm_fp4_block_scale_routed_moe, "per_token_scale", torch.ones(5)),
+        (FP4_ROUTED, calls.trtllm_fp4_block_scale_routed_moe, "gemm1_lora_delta", torch.ones(1)),
+        (FP4_ROUTED, calls.trtllm_fp4_block_scale_routed_moe, "valid_hidden_size", 200),
+        (FP4_ROUTED, calls.trtllm_fp4_block_scale_routed_moe, "routed_scaling_factor", 2.5),
+    ],
+)
+def test_fp4_moe_parameters_the_definition_does_not_model_are_refused(
+    monkeypatch, path, build, param, value
+):
+    call = build(_catalogue())
+    out = _route(monkeypatch, path, call.name, (), _bound(call, path) | {param: value})
+    _refused(out, param)
+    assert out.originals[0][param] is value
