@@ -387,3 +387,8 @@ ROUTABLE |= _ATTN_B
 from _routable_ssm import ROUTABLE as _SSM  # noqa: E402
 
 ROUTABLE |= _SSM
+
+# The APIs of gemm_*.fidef and moe_*.fidef, kept in a module of their own.
+from _gemm_moe_calls import ROUTABLE as _GEMM_MOE  # noqa: E402
+
+ROUTABLE |= _GEMM_MOE

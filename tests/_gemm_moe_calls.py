@@ -1,0 +1,280 @@
+"""Routable calls of the GEMM and MoE APIs of ``gemm_*.fidef`` and ``moe_*.fidef``.
+
+Each builder returns a ``Call`` (``_routable_calls``) that gives every parameter of the real
+signature at a value the family's rules accept, a non-default one where a rule allows it, so
+that ``test_flashinfer_apply.py`` can check the call is routed; ``test_catalogue_gemm.py``
+varies them one parameter at a time. Shapes are the catalogue's smallest instances.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# What ``_routable_calls`` defines; imported lazily by its users to avoid a cycle.
+Catalogue = Any
+
+MM_BF16 = "gemm_bf16_N2048_K512"
+MM_BF16_BIAS = "gemm_bf16_bias_N576_K3584"
+BMM_BF16 = "bmm_bf16_N128_K512"
+TINYGEMM = "tinygemm_bf16_n32_k2880"
+ROUTER_7168 = "mm_M1_16_K7168_N256_k7168_n256"
+ROUTER_6144 = "mm_M1_16_K6144_N256_k6144_n256"
+TGV = "tgv_gemm_sm100_N640_K2880"
+SEGMENT = "segment_gemm_run_k64_n6144"
+MM_FP8 = "gemm_fp8_N4096_K4096"
+MM_FP8_PER_TENSOR = "gemm_fp8_per_tensor_N8192_K1024"
+BMM_FP8 = "bmm_fp8_N128_K512"
+GROUPWISE = "gemm_fp8_nt_groupwise_n256_k256"
+GROUPED = "group_gemm_fp8_nt_groupwise_contiguous_g4_n256_k256"
+DEEPGEMM = "batch_deepgemm_fp8_nt_groupwise_n256_k256"
+SM90 = "fp8_blockscale_gemm_sm90_n256_k256"
+
+
+def _call(*args, **kwargs):
+    from _routable_calls import Call
+
+    return Call(*args, **kwargs)
+
+
+def mm_bf16(c: Catalogue) -> Any:
+    x, axes = c.inputs(MM_BF16, M=3)
+    kwargs = {"bias": None, "pdl": True, "out": c.buffer(MM_BF16, "C", axes)}
+    kwargs |= {"out_dtype": torch.bfloat16, "backend": "cutlass"}
+    return _call(MM_BF16, (x["A"], x["B"]), kwargs)
+
+
+def bmm_bf16(c: Catalogue) -> Any:
+    x, axes = c.inputs(BMM_BF16, batch_size=2, M=3)
+    kwargs = {"out": c.buffer(BMM_BF16, "C", axes), "out_dtype": torch.bfloat16}
+    return _call(BMM_BF16, (x["A"], x["B"]), kwargs | {"backend": "cublas"})
+
+
+def tinygemm_bf16(c: Catalogue) -> Any:
+    x, axes = c.inputs(TINYGEMM, M=3)
+    args = (x["input"], x["weight"], c.buffer(TINYGEMM, "output", axes))
+    return _call(TINYGEMM, args, {"bias": x["bias"], "use_pdl": True})
+
+
+def router(name: str) -> Callable[[Catalogue], Any]:
+    def build(c: Catalogue) -> Any:
+        x, axes = c.inputs(name, M=5)
+        args = (x["mat_a"], x["mat_b"], c.buffer(name, "output", axes))
+        return _call(name, args, {"launch_with_pdl": False})
+
+    return build
+
+
+def tgv_gemm(c: Catalogue) -> Any:
+    x, axes = c.inputs(TGV, M=3)
+    kwargs = {"pdl": True, "out": c.buffer(TGV, "output", axes)}
+    kwargs |= {"a_descale": None, "b_descale": None}
+    return _call(TGV, (x["a"], x["b"], x["bias"]), kwargs)
+
+
+def segment_gemm(c: Catalogue) -> Any:
+    from flashinfer.gemm import SegmentGEMMWrapper
+
+    x, axes = c.inputs(SEGMENT, total_rows=7, num_weights=3, batch_size=2, len_indptr=3)
+    wrapper = object.__new__(SegmentGEMMWrapper)
+    indptr = x["seg_indptr"]
+    # Column-major weights, [num_weights, N, K], and both spellings of the segments.
+    weights = x["weights"].transpose(-1, -2).contiguous()
+    kwargs = {"out": c.buffer(SEGMENT, "output", axes), "seg_lens": indptr.diff()}
+    kwargs |= {"seg_indptr": indptr, "weight_indices": x["weight_indices"]}
+    return _call(SEGMENT, (wrapper, x["x"], weights, 2, True), kwargs)
+
+
+def mm_fp8(c: Catalogue) -> Any:
+    x, axes = c.inputs(MM_FP8, M=3)
+    kwargs = {"alpha": x["alpha"].reshape(1), "out_dtype": torch.bfloat16}
+    kwargs |= {"out": c.buffer(MM_FP8, "C", axes), "backend": "auto"}
+    return _call(MM_FP8, (x["A"], x["B"]), kwargs)
+
+
+def bmm_fp8(c: Catalogue) -> Any:
+    x, axes = c.inputs(BMM_FP8, batch_size=2, M=3)
+    args = (x["A"], x["B"], x["A_scale"].reshape(1), x["B_scale"].reshape(1), torch.bfloat16)
+    return _call(BMM_FP8, args, {"out": c.buffer(BMM_FP8, "C", axes), "backend": "cudnn"})
+
+
+def gemm_fp8_nt_groupwise(c: Catalogue) -> Any:
+    x, axes = c.inputs(GROUPWISE, M=4)
+    # MN-major scales: the transposes of the definition's K-major ones.
+    args = (x["a"], x["b"], x["a_scale"].T.contiguous(), x["b_scale"].T.contiguous())
+    kwargs = {"scale_major_mode": "MN", "mma_sm": 2, "scale_granularity_mnk": (1, 128, 128)}
+    kwargs |= {"out": c.buffer(GROUPWISE, "out", axes), "out_dtype": None, "backend": "cutlass"}
+    return _call(GROUPWISE, args, kwargs)
+
+
+def group_gemm_fp8(c: Catalogue) -> Any:
+    x, axes = c.inputs(GROUPED, M=8)
+    m_indices = x["m_indices"].sort().values
+    args = (x["a"], x["b"], x["a_scale"], x["b_scale"], m_indices)
+    kwargs = {"scale_granularity_mnk": (1, 128, 128), "out": c.buffer(GROUPED, "out", axes)}
+    return _call(GROUPED, args, kwargs | {"out_dtype": None, "validate_indices": True})
+
+
+def batch_deepgemm(c: Catalogue) -> Any:
+    x, axes = c.inputs(DEEPGEMM, batch_size=2, M_max=4)
+    args = (x["a"], x["b"], x["a_scale"], x["b_scale"], x["masked_m"], 2)
+    kwargs = {"scale_granularity_mnk": (1, 128, 128), "out": c.buffer(DEEPGEMM, "out", axes)}
+    return _call(DEEPGEMM, args, kwargs | {"out_dtype": torch.bfloat16, "backend": "deepgemm"})
+
+
+def fp8_blockscale_gemm_sm90(c: Catalogue) -> Any:
+    x, axes = c.inputs(SM90, M=3)
+    kwargs = {"input_scale": x["input_scale"], "weight_scale": x["weight_scale"]}
+    kwargs |= {"out": c.buffer(SM90, "out", axes), "out_dtype": torch.bfloat16}
+    return _call(SM90, (x["input"], x["weight"]), kwargs)
+
+
+CUTLASS_MOE = "cutlass_fused_moe_e8_h256_i128_topk2"
+
+
+def cutlass_fused_moe(c: Catalogue) -> Any:
+    from flashinfer.fused_moe import ActivationType
+
+    x, _ = c.inputs(CUTLASS_MOE, seq_len=5)
+    args = (x["input"], x["token_selected_experts"], x["token_final_scales"])
+    args += (x["fc1_expert_weights"], x["fc2_expert_weights"], torch.bfloat16, [])
+    kwargs: dict = {"fc1_expert_biases": None, "fc2_expert_biases": None, "input_sf": None}
+    kwargs |= {"swiglu_alpha": None, "swiglu_beta": None, "swiglu_limit": None}
+    kwargs |= {"tp_size": 1, "tp_rank": 0, "ep_size": 1, "ep_rank": 0}
+    kwargs |= {"cluster_size": 1, "cluster_rank": 0, "output": None}
+    kwargs |= {"enable_alltoall": False, "use_deepseek_fp8_block_scale": False}
+    kwargs |= {"use_w4_group_scaling": False, "use_mxfp8_act_scaling": False}
+    kwargs |= {"min_latency_mode": False, "use_packed_weights": False}
+    kwargs |= {"use_wfp4afp8_humming": False, "tune_max_num_tokens": 1024, "enable_pdl": True}
+    kwargs |= {"activation_type": ActivationType.Swiglu, "swizzled_input_sf": False}
+    kwargs |= {"use_fused_finalize": False, "profile_ids": [0, 1]}
+    kwargs |= {"workspace_buffer": torch.empty(16, dtype=torch.uint8)}
+    kwargs |= {"clamped_relu2_limit": None, "situ_beta": None, "situ_linear_beta": None}
+    return _call(CUTLASS_MOE, args, kwargs | {"backend": "cutlass"})
+
+
+FP8_BLOCK_ROUTED = "trtllm_fp8_block_scale_routed_moe_topk2_e8_h256"
+FP8_PER_TENSOR_ROUTED = "trtllm_fp8_per_tensor_scale_routed_moe_topk2_e8_h256"
+
+
+def fp8_block_scale_routed_moe(c: Catalogue) -> Any:
+    from flashinfer.fused_moe import Fp8QuantizationType
+
+    x, axes = c.inputs(FP8_BLOCK_ROUTED, seq_len=5)
+    args = (x["topk_ids"], torch.zeros(8), x["hidden_states"], x["hidden_states_scale"])
+    args += (x["gemm1_weights"], x["gemm1_weights_scale"])
+    args += (x["gemm2_weights"], x["gemm2_weights_scale"])
+    args += (8, 2, 1, 1, 128, int(x["local_expert_offset"]), 8, 1.0)
+    kwargs: dict = {"routing_method_type": 2, "use_shuffled_weight": False, "weight_layout": 0}
+    kwargs |= {"do_finalize": True, "enable_pdl": True, "gemm1_lora_delta": None}
+    kwargs |= {"output": c.buffer(FP8_BLOCK_ROUTED, "output", axes)}
+    kwargs |= {"tune_max_num_tokens": 1024}
+    kwargs |= {"fp8_quantization_type": Fp8QuantizationType.DeepSeekFp8, "activation_type": 3}
+    kwargs |= {"gemm1_alpha": None, "gemm1_beta": None, "gemm1_clamp_limit": None}
+    kwargs |= {"valid_hidden_size": None, "valid_intermediate_size": None}
+    return _call(FP8_BLOCK_ROUTED, args, kwargs)
+
+
+def fp8_per_tensor_scale_routed_moe(c: Catalogue) -> Any:
+    x, axes = c.inputs(FP8_PER_TENSOR_ROUTED, seq_len=5)
+    args = (x["topk_ids"], None, x["hidden_states"], x["gemm1_weights"])
+    args += (x["output1_scales_scalar"], x["output1_scales_gate_scalar"])
+    args += (x["gemm2_weights"], x["output2_scales_scalar"])
+    args += (8, 2, None, None, 128, int(x["local_expert_offset"]), 8, None, False)
+    kwargs: dict = {"routing_method_type": 1, "do_finalize": True, "enable_pdl": False}
+    kwargs |= {"tune_max_num_tokens": 1024, "activation_type": 3, "routing_replay_out": None}
+    kwargs |= {"output": c.buffer(FP8_PER_TENSOR_ROUTED, "output", axes)}
+    return _call(FP8_PER_TENSOR_ROUTED, args, kwargs | {"gemm1_clamp_limit": None})
+
+
+BF16_MOE_DS = "trtllm_bf16_moe_ds_routing_topk4_ng4_kg2_e8_h256_i128"
+BF16_ROUTED = "trtllm_bf16_routed_moe_topk2_e8_h256"
+
+
+def _bf16_moe_tail(c: Catalogue, name: str, axes: dict) -> dict:
+    """The keywords after routed_scaling_factor common to both bf16 MoE APIs."""
+    kwargs: dict = {"use_shuffled_weight": True, "weight_layout": 2, "do_finalize": True}
+    kwargs |= {"enable_pdl": False, "tune_max_num_tokens": 1024, "activation_type": 3}
+    kwargs |= {"routing_replay_out": None, "gemm1_alpha": None, "gemm1_beta": None}
+    return kwargs | {"gemm1_clamp_limit": None, "output": c.buffer(name, "output", axes)}
+
+
+def trtllm_bf16_moe(c: Catalogue) -> Any:
+    x, axes = c.inputs(BF16_MOE_DS, seq_len=5)
+    args = (x["routing_logits"].bfloat16(), x["routing_bias"], x["hidden_states"])
+    args += (x["gemm1_weights"], x["gemm2_weights"], 16, 4, 4, 2, 128)
+    args += (int(x["local_expert_offset"]), 8)
+    kwargs = {"routed_scaling_factor": float(x["routed_scaling_factor"])}
+    kwargs |= {"routing_method_type": 2, "norm_topk_prob": True}
+    return _call(BF16_MOE_DS, args, kwargs | _bf16_moe_tail(c, BF16_MOE_DS, axes))
+
+
+def trtllm_bf16_routed_moe(c: Catalogue) -> Any:
+    x, axes = c.inputs(BF16_ROUTED, seq_len=5)
+    args = (x["topk_ids"], x["hidden_states"], x["gemm1_weights"], x["gemm2_weights"])
+    args += (8, 2, None, None, 128, int(x["local_expert_offset"]), 8)
+    kwargs = {"routed_scaling_factor": None, "routing_method_type": 1, "gemm1_lora_delta": None}
+    return _call(BF16_ROUTED, args, kwargs | _bf16_moe_tail(c, BF16_ROUTED, axes))
+
+
+FP4_RENORM = "moe_fp4_block_scale_renormalize_routing_topk2_e8_h256_i128_act3"
+FP4_ROUTED = "trtllm_fp4_block_scale_routed_moe_topk2_e8_h256_act3"
+
+
+def _fp4_weights(x: dict) -> tuple:
+    """From hidden_states_scale to output2_scale_scalar, as FlashInfer takes them (uint8)."""
+    u8 = torch.uint8
+    args = (None, x["gemm1_weights"].view(u8), x["gemm1_weights_scale"].view(u8))
+    args += (x.get("gemm1_bias"), x.get("gemm1_alpha"), x.get("gemm1_beta"))
+    args += (x.get("gemm1_clamp_limit"), x["gemm2_weights"].view(u8))
+    args += (x["gemm2_weights_scale"].view(u8), x.get("gemm2_bias"), None, None, None)
+    return args
+
+
+def _fp4_tail() -> dict:
+    kwargs: dict = {"do_finalize": True, "enable_pdl": True, "activation_type": 3}
+    kwargs |= {"per_token_scale": None, "output": None, "tune_max_num_tokens": 1024}
+    kwargs |= {"valid_hidden_size": None, "valid_intermediate_size": None}
+    return kwargs | {"num_fused_shared_experts": 0, "hidden_states_scale_layout": None}
+
+
+def trtllm_fp4_block_scale_moe(c: Catalogue) -> Any:
+    x, _ = c.inputs(FP4_RENORM, seq_len=5)
+    args = (x["routing_logits"].bfloat16(), None, x["hidden_states"], *_fp4_weights(x))
+    args += (8, 2, None, None, 128, 0, 8, None)
+    kwargs = {"routing_method_type": 1, "norm_topk_prob": True, "routing_replay_out": None}
+    return _call(FP4_RENORM, args, kwargs | _fp4_tail())
+
+
+def trtllm_fp4_block_scale_routed_moe(c: Catalogue) -> Any:
+    x, _ = c.inputs(FP4_ROUTED, seq_len=5)
+    args = (x["topk_ids"], None, x["hidden_states"], *_fp4_weights(x))
+    args += (8, 2, None, None, 128, int(x["local_expert_offset"]), 8, 1.0)
+    kwargs = {"routing_method_type": 1, "gemm1_lora_delta": None}
+    return _call(FP4_ROUTED, args, kwargs | _fp4_tail())
+
+
+ROUTABLE: dict[str, Callable[[Any], Any]] = {
+    "flashinfer.fused_moe.trtllm_fp4_block_scale_moe": trtllm_fp4_block_scale_moe,
+    "flashinfer.fused_moe.trtllm_fp4_block_scale_routed_moe": trtllm_fp4_block_scale_routed_moe,
+    "flashinfer.fused_moe.trtllm_bf16_moe": trtllm_bf16_moe,
+    "flashinfer.fused_moe.trtllm_bf16_routed_moe": trtllm_bf16_routed_moe,
+    "flashinfer.fused_moe.trtllm_fp8_block_scale_routed_moe": fp8_block_scale_routed_moe,
+    "flashinfer.fused_moe.trtllm_fp8_per_tensor_scale_routed_moe": fp8_per_tensor_scale_routed_moe,
+    "flashinfer.fused_moe.cutlass_fused_moe": cutlass_fused_moe,
+    "flashinfer.gemm.mm_bf16": mm_bf16,
+    "flashinfer.gemm.bmm_bf16": bmm_bf16,
+    "flashinfer.gemm.tinygemm_bf16": tinygemm_bf16,
+    "flashinfer.gemm.mm_M1_16_K7168_N256": router(ROUTER_7168),
+    "flashinfer.gemm.mm_M1_16_K6144_N256": router(ROUTER_6144),
+    "flashinfer.gemm.tgv_gemm_sm100": tgv_gemm,
+    "flashinfer.gemm.SegmentGEMMWrapper.run": segment_gemm,
+    "flashinfer.gemm.mm_fp8": mm_fp8,
+    "flashinfer.gemm.bmm_fp8": bmm_fp8,
+    "flashinfer.gemm.gemm_fp8_nt_groupwise": gemm_fp8_nt_groupwise,
+    "flashinfer.gemm.group_gemm_fp8_nt_groupwise_contiguous": group_gemm_fp8,
+    "flashinfer.gemm.batch_deepgemm_fp8_nt_groupwise": batch_deepgemm,
+    "flashinfer.gemm.fp8_blockscale_gemm_sm90": fp8_blockscale_gemm_sm90,
+}

@@ -1,0 +1,538 @@
+"""The GEMM families (gemm_bf16.fidef, gemm_fp8.fidef) against the real FlashInfer.
+
+FlashInfer 0.7.2.post1 is installed; its GEMM kernels need a GPU, so its functions are never
+run here. For each API the real function is replaced by a recorder with its signature before
+apply is enabled, and each check calls the patched API:
+
+- a call with FlashInfer's defaults is routed, and the solution sees the definition's inputs;
+- each ruled parameter at a non-default value is routed (a layout the rules convert, an
+  ignored launch option) or refused with its rule counted, and then reaches FlashInfer's
+  function unchanged;
+- the reference agrees with an independent computation: the reference of FlashInfer's own
+  trace template, or FlashInfer's own weight preparation undone.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from _shared import require_module
+
+require_module("flashinfer", "flashinfer-python 0.7.2.post1 is not installed (see .ci/run)")
+
+import _gemm_moe_calls as calls
+import _routable_calls as routable
+from flashinfer.trace.templates import attention as attention_templates
+from flashinfer.trace.templates import gemm as templates
+from flashinfer.trace.templates import page as page_templates
+
+import fibgen.runtime as rt
+from fibgen.compiler import compile_paths
+from fibgen.runtime import patching
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning")
+
+
+@functools.cache
+def _catalogue():
+    result = compile_paths([str(ROOT / "definitions")])
+    assert result.ok, "the catalogue does not compile"
+    return routable.Catalogue(result.module)
+
+
+@functools.cache
+def _reference(name: str):
+    namespace: dict = {}
+    exec(_catalogue().defs[name].reference, namespace)
+    return namespace["run"]
+
+
+@pytest.fixture(autouse=True)
+def _off():
+    yield
+    rt.disable_apply()
+
+
+@dataclass
+class Outcome:
+    result: Any
+    seen: list  # the inputs each solution call got
+    originals: list  # the arguments FlashInfer's function got, as its signature binds them
+    counts: dict
+
+
+def _recorder(real, calls_):
+    sig = inspect.signature(real)
+
+    def original(*args, **kwargs):
+        calls_.append(sig.bind(*args, **kwargs).arguments)
+        return "flashinfer"
+
+    original.__signature__ = sig
+    return original
+
+
+def _route(monkeypatch, path: str, name: str, args: tuple, kwargs: dict) -> Outcome:
+    """Call the patched API with a solution for ``name`` that runs the reference."""
+    owner, attr = patching._locate(path)
+    originals: list = []
+    monkeypatch.setattr(owner, attr, _recorder(getattr(owner, attr), originals))
+    seen: list = []
+    ref = _reference(name)
+
+    def solution(**inputs):
+        seen.append(inputs)
+        return ref(**inputs)
+
+    rt.enable_apply({name: solution})
+    result = getattr(owner, attr)(*args, **kwargs)
+    counts = rt.stats()[path]
+    rt.disable_apply()
+    return Outcome(result, seen, originals, counts)
+
+
+def _hit(outcome: Outcome) -> dict:
+    assert outcome.counts["hit"] == 1 and len(outcome.seen) == 1, outcome.counts
+    assert not outcome.originals
+    return outcome.seen[0]
+
+
+def _refused(outcome: Outcome, rule: str | None) -> None:
+    """Not routed: a rule failed (counted by name), or with ``rule`` None, the call names a
+    definition nothing serves."""
+    assert outcome.counts["hit"] == 0 and not outcome.seen, outcome.counts
+    if rule is None:
+        assert outcome.counts["fallback_no_candidate"] == 1, outcome.counts
+    else:
+        assert outcome.counts["fallback_guard"] == 1, outcome.counts
+        assert outcome.counts["rules"] == {rule: 1}, outcome.counts
+    assert outcome.result == "flashinfer" and len(outcome.originals) == 1
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, atol: float = 2e-2, rtol: float = 1e-2) -> None:
+    assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
+    torch.testing.assert_close(a.float(), b.float(), atol=atol, rtol=rtol)
+
+
+def _bound(call, path: str) -> dict:
+    """The call's arguments by name, as the real signature binds them."""
+    owner, attr = patching._locate(path)
+    return inspect.signature(getattr(owner, attr)).bind(*call.args, **call.kwargs).arguments
+
+
+# Parameters with a default that the FP8 mode of an API still needs given.
+SCALES = {"flashinfer.gemm.fp8_blockscale_gemm_sm90": ("input_scale", "weight_scale")}
+
+
+def _required(call, path: str) -> tuple[tuple, dict]:
+    """The call's arguments with every defaulted parameter left out: FlashInfer's defaults."""
+    owner, attr = patching._locate(path)
+    params = inspect.signature(getattr(owner, attr)).parameters
+    keep = SCALES.get(path, ())
+    bound = _bound(call, path)
+    kept = {
+        k: v for k, v in bound.items() if params[k].default is inspect.Parameter.empty or k in keep
+    }
+    return (), kept
+
+
+# ---------------------------------------------------------------------------------------
+# Calls with FlashInfer's defaults are routed, and the solution's result is returned
+# ---------------------------------------------------------------------------------------
+
+# The APIs whose defaults a definition serves (the others need a rule-accepted value).
+DEFAULTS_ROUTE = [
+    "flashinfer.gemm.mm_bf16",
+    "flashinfer.gemm.bmm_bf16",
+    "flashinfer.gemm.tinygemm_bf16",
+    "flashinfer.gemm.mm_M1_16_K7168_N256",
+    "flashinfer.gemm.mm_M1_16_K6144_N256",
+    "flashinfer.gemm.tgv_gemm_sm100",
+    "flashinfer.gemm.mm_fp8",
+    "flashinfer.gemm.bmm_fp8",
+    "flashinfer.gemm.group_gemm_fp8_nt_groupwise_contiguous",
+    "flashinfer.gemm.batch_deepgemm_fp8_nt_groupwise",
+    "flashinfer.gemm.fp8_blockscale_gemm_sm90",
+]
+
+
+@pytest.mark.parametrize("path", DEFAULTS_ROUTE)
+def test_a_call_with_flashinfers_defaults_is_routed(path, monkeypatch):
+    call = calls.ROUTABLE[path](_catalogue())
+    args, kwargs = _required(call, path)
+    out = _route(monkeypatch, path, call.name, args, kwargs)
+    seen = _hit(out)
+    expected = _reference(call.name)(**seen)
+    # In-place APIs (out given) get the result in out; the others return it.
+    result = out.result if isinstance(out.result, torch.Tensor) else kwargs["out"]
+    assert torch.equal(result, expected)
+
+
+def test_the_groupwise_gemms_default_scale_mode_is_refused(monkeypatch):
+    # scale_major_mode None with the cutlass backend: FlashInfer's default is not a layout
+    # the definition models, so the call reaches FlashInfer.
+    path = "flashinfer.gemm.gemm_fp8_nt_groupwise"
+    x, _ = _catalogue().inputs(calls.GROUPWISE, M=4)
+    args = (x["a"], x["b"], x["a_scale"], x["b_scale"])
+    _refused(_route(monkeypatch, path, calls.GROUPWISE, args, {}), "scale_major_mode")
+
+
+def test_fp8_blockscale_gemm_sm90_with_bfloat16_operands_is_refused(monkeypatch):
+    # Its other mode quantizes bfloat16 operands inside the kernel: another contract.
+    path = "flashinfer.gemm.fp8_blockscale_gemm_sm90"
+    x, _ = _catalogue().inputs(calls.SM90, M=3)
+    out = _route(monkeypatch, path, calls.SM90, (x["input"].bfloat16(), x["weight"]), {})
+    assert out.counts["hit"] == 0 and out.counts["fallback_guard"] == 1, out.counts
+    # The missing scale's shape cannot be read: the guard counts the call as unevaluable.
+    assert out.counts["rules"] == {"unevaluable": 1}, out.counts
+    assert out.result == "flashinfer" and len(out.originals) == 1
+
+
+def test_mm_bf16_hands_the_solution_the_column_major_weight_as_given(monkeypatch):
+    path = "flashinfer.gemm.mm_bf16"
+    c = _catalogue()
+    x, _ = c.inputs(calls.MM_BF16, M=3)
+    weight = torch.randn(2048, 512).to(torch.bfloat16)  # [N, K], as a checkpoint holds it
+    out = _route(monkeypatch, path, calls.MM_BF16, (x["A"], weight.T), {})
+    seen = _hit(out)
+    assert seen["B"].data_ptr() == weight.data_ptr() and seen["B"].shape == (512, 2048)
+    _close(out.result, torch.nn.functional.linear(x["A"].float(), weight.float()).bfloat16())
+
+
+# ---------------------------------------------------------------------------------------
+# Each ruled parameter at a non-default value
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "param", "value", "rule"),
+    [
+        ("flashinfer.gemm.mm_bf16", "out_dtype", torch.float16, "out_dtype"),
+        ("flashinfer.gemm.bmm_bf16", "out_dtype", torch.float16, "out_dtype"),
+        ("flashinfer.gemm.tgv_gemm_sm100", "a_descale", torch.ones(1), "a_descale"),
+        ("flashinfer.gemm.tgv_gemm_sm100", "b_descale", torch.ones(1), "b_descale"),
+        ("flashinfer.gemm.mm_fp8", "out_dtype", torch.float16, "out_dtype"),
+        ("flashinfer.gemm.bmm_fp8", "dtype", torch.float16, "dtype"),
+        ("flashinfer.gemm.gemm_fp8_nt_groupwise", "backend", "trtllm", "backend"),
+        (
+            "flashinfer.gemm.gemm_fp8_nt_groupwise",
+            "scale_granularity_mnk",
+            (1, 128, 64),
+            "scale_granularity_mnk",
+        ),
+        ("flashinfer.gemm.gemm_fp8_nt_groupwise", "out_dtype", torch.float16, "out_dtype"),
+        (
+            "flashinfer.gemm.group_gemm_fp8_nt_groupwise_contiguous",
+            "scale_granularity_mnk",
+            (1, 128, 64),
+            "scale_granularity_mnk",
+        ),
+        (
+            "flashinfer.gemm.group_gemm_fp8_nt_groupwise_contiguous",
+            "out_dtype",
+            torch.float16,
+            "out_dtype",
+        ),
+        (
+            "flashinfer.gemm.batch_deepgemm_fp8_nt_groupwise",
+            "scale_granularity_mnk",
+            (1, 128, 64),
+            "scale_granularity_mnk",
+        ),
+        ("flashinfer.gemm.fp8_blockscale_gemm_sm90", "out_dtype", torch.float16, "out_dtype"),
+    ],
+)
+def test_parameters_the_definition_does_not_model_are_refused(
+    path, param, value, rule, monkeypatch
+):
+    call = calls.ROUTABLE[path](_catalogue())
+    kwargs = _bound(call, path)
+    if "out" in kwargs and param in ("out_dtype", "dtype"):
+        kwargs["out"] = None
+    out = _route(monkeypatch, path, call.name, (), kwargs | {param: value})
+    _refused(out, rule)
+    assert out.originals[0][param] is value
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "flashinfer.gemm.gemm_fp8_nt_groupwise",
+        "flashinfer.gemm.group_gemm_fp8_nt_groupwise_contiguous",
+        "flashinfer.gemm.batch_deepgemm_fp8_nt_groupwise",
+        "flashinfer.gemm.fp8_blockscale_gemm_sm90",
+    ],
+)
+def test_a_float16_out_buffer_is_refused(path, monkeypatch):
+    call = calls.ROUTABLE[path](_catalogue())
+    kwargs = dict(call.kwargs)
+    kwargs["out"] = kwargs["out"].to(torch.float16)
+    if "out_dtype" in kwargs:
+        kwargs["out_dtype"] = None
+    out = _route(monkeypatch, path, call.name, call.args, kwargs)
+    assert out.counts["hit"] == 0 and out.counts["fallback_guard"] == 1, out.counts
+    assert out.result == "flashinfer"
+
+
+@pytest.mark.parametrize(
+    ("path", "param", "value"),
+    [
+        ("flashinfer.gemm.mm_bf16", "pdl", False),
+        ("flashinfer.gemm.mm_bf16", "backend", "tgv"),
+        ("flashinfer.gemm.bmm_bf16", "backend", "cudnn"),
+        ("flashinfer.gemm.tinygemm_bf16", "use_pdl", False),
+        ("flashinfer.gemm.tinygemm_bf16", "bias", None),
+        ("flashinfer.gemm.mm_M1_16_K7168_N256", "launch_with_pdl", True),
+        ("flashinfer.gemm.tgv_gemm_sm100", "pdl", False),
+        ("flashinfer.gemm.mm_fp8", "alpha", None),
+        ("flashinfer.gemm.mm_fp8", "backend", "trtllm_low_latency"),
+        ("flashinfer.gemm.bmm_fp8", "backend", "cutlass"),
+        ("flashinfer.gemm.gemm_fp8_nt_groupwise", "mma_sm", 1),
+        ("flashinfer.gemm.gemm_fp8_nt_groupwise", "backend", "cutile"),
+        ("flashinfer.gemm.group_gemm_fp8_nt_groupwise_contiguous", "validate_indices", False),
+        ("flashinfer.gemm.batch_deepgemm_fp8_nt_groupwise", "expected_m", 64),
+        ("flashinfer.gemm.batch_deepgemm_fp8_nt_groupwise", "backend", "cutlass"),
+        ("flashinfer.gemm.fp8_blockscale_gemm_sm90", "out_dtype", None),
+    ],
+)
+def test_launch_options_and_accepted_values_stay_routed(path, param, value, monkeypatch):
+    call = calls.ROUTABLE[path](_catalogue())
+    bound = _bound(call, path)
+    bound[param] = value
+    out = _route(monkeypatch, path, call.name, (), bound)
+    seen = _hit(out)
+    expected = _reference(call.name)(**seen)
+    result = out.result if isinstance(out.result, torch.Tensor) else bound["out"]
+    assert torch.equal(result, expected)
+
+
+def test_a_biased_mm_bf16_goes_to_the_bias_family(monkeypatch):
+    path = "flashinfer.gemm.mm_bf16"
+    c = _catalogue()
+    x, _ = c.inputs(calls.MM_BF16_BIAS, M=3)
+    out = _route(monkeypatch, path, calls.MM_BF16_BIAS, (x["A"], x["B"]), {"bias": x["bias"]})
+    seen = _hit(out)
+    assert torch.equal(seen["bias"], x["bias"])
+    expected = (x["A"].float() @ x["B"].float() + x["bias"].float()).bfloat16()
+    assert torch.equal(out.result, expected)
+
+
+def test_a_biased_mm_bf16_is_refused_by_the_unbiased_family(monkeypatch):
+    path = "flashinfer.gemm.mm_bf16"
+    call = calls.mm_bf16(_catalogue())
+    out = _route(monkeypatch, path, call.name, call.args, call.kwargs | {"bias": torch.ones(2048)})
+    _refused(out, "bias")
+
+
+def test_mm_fp8_backends_choose_the_weight_layout(monkeypatch):
+    # cuBLAS takes the [N, K] weight as quantized; on a prepared 3-D weight the
+    # low-latency family's backend rule refuses it.
+    path = "flashinfer.gemm.mm_fp8"
+    call = calls.mm_fp8(_catalogue())
+    out = _route(monkeypatch, path, call.name, call.args, call.kwargs | {"backend": "cublas"})
+    assert out.counts["hit"] == 0 and out.counts["fallback_guard"] == 1, out.counts
+    assert out.result == "flashinfer"
+    c = _catalogue()
+    x, _ = c.inputs(calls.MM_FP8_PER_TENSOR, M=3)
+    out = _route(
+        monkeypatch,
+        path,
+        calls.MM_FP8_PER_TENSOR,
+        (x["A"], x["B"]),
+        {"alpha": x["alpha"].reshape(1), "backend": "cublas"},
+    )
+    seen = _hit(out)
+    assert seen["alpha"].shape == ()
+    expected = (x["A"].float() @ x["B"].float().T * x["alpha"]).bfloat16()
+    assert torch.equal(out.result, expected)
+
+
+def test_groupwise_k_major_scales_reach_the_solution_unchanged(monkeypatch):
+    path = "flashinfer.gemm.gemm_fp8_nt_groupwise"
+    c = _catalogue()
+    x, _ = c.inputs(calls.GROUPWISE, M=4)
+    args = (x["a"], x["b"], x["a_scale"], x["b_scale"])
+    out = _route(monkeypatch, path, calls.GROUPWISE, args, {"scale_major_mode": "K"})
+    seen = _hit(out)
+    assert seen["a_scale"] is x["a_scale"] and seen["b_scale"] is x["b_scale"]
+
+
+def test_groupwise_mn_major_scales_reach_the_solution_k_major(monkeypatch):
+    path = "flashinfer.gemm.gemm_fp8_nt_groupwise"
+    call = calls.gemm_fp8_nt_groupwise(_catalogue())
+    out = _route(monkeypatch, path, call.name, call.args, call.kwargs)
+    seen = _hit(out)
+    assert torch.equal(seen["a_scale"], call.args[2].T) and torch.equal(
+        seen["b_scale"], call.args[3].T
+    )
+
+
+def test_segment_gemm_takes_lengths_or_indptr_and_either_weight_layout(monkeypatch):
+    path = "flashinfer.gemm.SegmentGEMMWrapper.run"
+    call = calls.segment_gemm(_catalogue())
+    wrapper, x, weights_nk, batch_size, _ = call.args
+    indptr, indices = call.kwargs["seg_indptr"], call.kwargs["weight_indices"]
+    expected = _reference(call.name)(
+        x=x, weights=weights_nk.transpose(-1, -2), seg_indptr=indptr, weight_indices=indices
+    )
+    # Lengths only, row-major [num_weights, K, N] weights.
+    kwargs = {"seg_lens": indptr.diff(), "weight_indices": indices}
+    args = (wrapper, x, weights_nk.transpose(-1, -2).contiguous(), batch_size, False)
+    out = _route(monkeypatch, path, call.name, args, kwargs)
+    seen = _hit(out)
+    assert torch.equal(seen["seg_indptr"], indptr)
+    assert torch.equal(out.result, expected)
+    # Indptr only, column-major weights.
+    kwargs = {"seg_indptr": indptr, "weight_indices": indices}
+    out = _route(monkeypatch, path, call.name, call.args[:5], kwargs)
+    _hit(out)
+    assert torch.equal(out.result, expected)
+
+
+def test_segment_gemm_with_a_batch_size_that_is_not_the_segments_is_refused(monkeypatch):
+    path = "flashinfer.gemm.SegmentGEMMWrapper.run"
+    call = calls.segment_gemm(_catalogue())
+    args = (*call.args[:3], 3, call.args[4])
+    _refused(_route(monkeypatch, path, call.name, args, call.kwargs), "batch_size,seg_indptr")
+
+
+def test_a_router_gemm_of_more_than_16_rows_is_refused(monkeypatch):
+    path = "flashinfer.gemm.mm_M1_16_K7168_N256"
+    a = torch.randn(17, 7168).to(torch.bfloat16)
+    b = torch.randn(7168, 256).to(torch.bfloat16)
+    out = _route(monkeypatch, path, calls.ROUTER_7168, (a, b, torch.empty(17, 256)), {})
+    _refused(out, "mat_a")
+    # 16 rows are served.
+    out = _route(monkeypatch, path, calls.ROUTER_7168, (a[:16], b, torch.empty(16, 256)), {})
+    _hit(out)
+
+
+# ---------------------------------------------------------------------------------------
+# The references agree with FlashInfer's own
+# ---------------------------------------------------------------------------------------
+
+
+def _inputs(name: str, **axes):
+    return _catalogue().inputs(name, seed=1, **axes)
+
+
+def test_gemm_bf16_matches_flashinfers_template_reference():
+    x, _ = _inputs(calls.MM_BF16, M=5)
+    _close(_reference(calls.MM_BF16)(**x), templates._mm_reference(x["A"], x["B"]))
+
+
+def test_bmm_bf16_matches_flashinfers_template_reference():
+    x, _ = _inputs(calls.BMM_BF16, batch_size=2, M=3)
+    _close(_reference(calls.BMM_BF16)(**x), templates._bmm_reference(x["A"], x["B"]))
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_tinygemm_matches_flashinfers_template_reference(with_bias):
+    x, axes = _inputs(calls.TINYGEMM, M=3)
+    if not with_bias:
+        x["bias"] = None
+    out = torch.empty(axes["M"], axes["N"], dtype=torch.bfloat16)
+    templates._tinygemm_bf16_reference(x["input"], x["weight"], out, bias=x["bias"])
+    assert torch.equal(_reference(calls.TINYGEMM)(**x), out)
+
+
+@pytest.mark.parametrize(
+    ("name", "template"),
+    [
+        (calls.ROUTER_7168, templates._mm_M1_16_K7168_N256_reference),
+        (calls.ROUTER_6144, templates._mm_M1_16_K6144_N256_reference),
+    ],
+)
+def test_router_gemms_match_flashinfers_template_references(name, template):
+    x, axes = _inputs(name, M=7)
+    out = torch.empty(axes["M"], axes["N"], dtype=torch.float32)
+    template(x["mat_a"], x["mat_b"], out)
+    torch.testing.assert_close(_reference(name)(**x), out)
+
+
+def test_tgv_gemm_matches_flashinfers_template_reference():
+    x, _ = _inputs(calls.TGV, M=3)
+    expected = page_templates._tgv_gemm_sm100_reference(x["a"], x["b"], x["bias"])
+    assert torch.equal(_reference(calls.TGV)(**x), expected)
+
+
+def test_segment_gemm_matches_flashinfers_template_reference():
+    # The template's reference takes segment i to weight i (no weight_indices).
+    x, _ = _inputs(calls.SEGMENT, total_rows=9, num_weights=3, batch_size=3, len_indptr=4)
+    x["weight_indices"] = None
+    expected = attention_templates._segment_gemm_run_reference(
+        x["x"], x["weights"], seg_indptr=x["seg_indptr"]
+    )
+    assert torch.equal(_reference(calls.SEGMENT)(**x), expected)
+
+
+def test_gemm_fp8_undoes_flashinfers_low_latency_weight_preparation():
+    # FlashInfer's own preparation (pure torch) of an [N, K] weight; the reference must
+    # compute A @ W.T from the prepared tensor.
+    from flashinfer import prepare_low_latency_gemm_weights
+
+    weight = (torch.randn(256, 384) * 0.5).to(torch.float8_e4m3fn)
+    a = (torch.randn(3, 384) * 0.5).to(torch.float8_e4m3fn)
+    prepared = prepare_low_latency_gemm_weights(weight, {})
+    assert prepared.shape == (3, 256, 128)
+    alpha = torch.tensor(0.75)
+    expected = (a.float() @ weight.float().T * 0.75).bfloat16()
+    assert torch.equal(_reference(calls.MM_FP8)(A=a, B=prepared, alpha=alpha), expected)
+    unscaled = (a.float() @ weight.float().T).bfloat16()
+    assert torch.equal(_reference(calls.MM_FP8)(A=a, B=prepared, alpha=None), unscaled)
+
+
+def test_bmm_fp8_matches_flashinfers_template_reference():
+    x, _ = _inputs(calls.BMM_FP8, batch_size=2, M=3)
+    expected = templates._bmm_fp8_reference(
+        x["A"], x["B"], x["A_scale"], x["B_scale"], torch.bfloat16
+    )
+    _close(_reference(calls.BMM_FP8)(**x), expected)
+
+
+def test_gemm_fp8_nt_groupwise_matches_flashinfers_template_reference():
+    x, _ = _inputs(calls.GROUPWISE, M=4)
+    expected = templates._gemm_fp8_nt_groupwise_reference(
+        x["a"], x["b"], x["a_scale"], x["b_scale"]
+    )
+    _close(_reference(calls.GROUPWISE)(**x), expected)
+
+
+def test_gemm_fp8_nt_groupwise_scales_a_partial_last_tile_row():
+    # N = 2112 is not a multiple of 128: the last row of weight tiles covers 64 rows.
+    name = "gemm_fp8_nt_groupwise_n2112_k7168"
+    a = (torch.randn(2, 7168) * 0.5).to(torch.float8_e4m3fn)
+    b = (torch.randn(2112, 7168) * 0.5).to(torch.float8_e4m3fn)
+    a_scale = torch.rand(2, 56) + 0.5
+    b_scale = torch.rand(17, 56) + 0.5
+    expected = templates._gemm_fp8_nt_groupwise_reference(a, b, a_scale, b_scale)
+    _close(_reference(name)(a=a, b=b, a_scale=a_scale, b_scale=b_scale), expected, atol=0.5)
+
+
+def test_group_gemm_fp8_matches_flashinfers_template_reference():
+    x, _ = _inputs(calls.GROUPED, M=8)
+    x["m_indices"] = x["m_indices"].sort().values
+    expected = templates._group_gemm_fp8_nt_groupwise_contiguous_reference(**x)
+    assert torch.equal(_reference(calls.GROUPED)(**x), expected)
+
+
+def test_batch_deepgemm_matches_flashinfers_template_reference():
+    x, _ = _inputs(calls.DEEPGEMM, batch_size=3, M_max=4)
+    x["masked_m"] = torch.tensor([4, 0, 2], dtype=torch.int32)
+    expected = templates._batch_deepgemm_fp8_nt_groupwise_reference(**x, expected_m=2)
+    got = _reference(calls.DEEPGEMM)(**x)
+    assert torch.equal(got, expected)
+    assert not got[1].any() and not got[2, 2:].any()
+
+
+def test_fp8_blockscale_gemm_sm90_matches_flashinfers_template_reference():
+    x, _ = _inputs(calls.SM90, M=3)
+    expected = templates._fp8_blockscale_gemm_sm90_reference(**x)
+    _close(_reference(calls.SM90)(**x), expected)
