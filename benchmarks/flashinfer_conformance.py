@@ -1290,6 +1290,56 @@ GROUPS = {
 }
 
 
+# APIs of the catalogue this suite has no case for yet, each with why. Their families'
+# signatures, rules and references are checked on the CPU against the real package
+# (tests/test_catalogue_*.py, tests/test_flashinfer_apply.py); ``--list`` names them, and
+# tests/test_flashinfer_conformance.py fails for an API that is neither here nor in a group,
+# and for one here that a group covers.
+_SM100_ONLY = {
+    # trtllm-gen, SM120 XQA / FMHA v2, cuDNN SM100, CuTe-DSL Blackwell kernels
+    "trtllm_batch_context_with_kv_cache",
+    "trtllm_batch_decode_with_kv_cache_mla",
+    "trtllm_prefill_with_kv_cache_mla",
+    "xqa_batch_decode_with_kv_cache_mla",
+    "xqa_mla",
+    "trtllm_ragged_attention_deepseek",
+    "fmha_v2_prefill_sm120",
+    "fmha_v2_prefill_deepseek",
+    "msa_topk_select",
+    "rmsnorm_sigmoid_gate",
+    "gated_residual_rmsnorm",
+    "gated_residual_next_rmsnorm",
+    "nvfp4_kv_quantize",
+    "tgv_gemm_sm100",
+    "gemm_fp8_nt_groupwise",
+    "group_gemm_fp8_nt_groupwise_contiguous",
+    "batch_deepgemm_fp8_nt_groupwise",
+    "trtllm_bf16_moe",
+    "trtllm_bf16_routed_moe",
+    "trtllm_fp8_block_scale_routed_moe",
+    "trtllm_fp8_per_tensor_scale_routed_moe",
+    "trtllm_fp4_block_scale_moe",
+    "trtllm_fp4_block_scale_routed_moe",
+    "gated_delta_rule_replayssm_commit",
+    "chunk_gated_delta_rule2",
+    "chunk_gated_delta_product",
+    "recurrent_kda",
+}
+
+
+def _pending() -> dict[str, str]:
+    covered = {c.api for group in GROUPS for c in GROUPS[group]()}
+    apis = {f.api.path for f in FAMILIES.values() if f.api is not None} - covered
+    return {
+        api: (
+            "its kernel runs only on SM100/SM120, not on an H100"
+            if api.rsplit(".", 1)[-1] in _SM100_ONLY
+            else "no GPU case written yet"
+        )
+        for api in sorted(apis)
+    }
+
+
 # ---------------------------------------------------------------------------------------
 # Running a case
 # ---------------------------------------------------------------------------------------
@@ -1643,6 +1693,8 @@ def main() -> int:
             for case in GROUPS[group]():
                 expect = f"falls back by {case.expect}" if case.expect else "routed"
                 print(f"{group}: {case.label}: {expect}")
+        for api, why in _pending().items():
+            print(f"no case: {api}: {why}")
         return 0
     if DEV == "cuda" and not torch.cuda.is_available():
         print("error: needs a CUDA GPU and flashinfer-python 0.7.2 with its JIT", file=sys.stderr)

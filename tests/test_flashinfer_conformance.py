@@ -61,11 +61,17 @@ def cases(group):
     return tuple(suite().GROUPS[group]())
 
 
-def test_every_api_of_the_catalogue_has_cases():
+def test_every_api_of_the_catalogue_has_cases_or_says_why_not():
     s = suite()
     apis = {f.api.path for f in s.FAMILIES.values() if f.api is not None}
     covered = {c.api for group in s.GROUPS for c in cases(group)}
-    assert apis <= covered, sorted(apis - covered)
+    pending = s._pending()
+    assert apis <= covered | set(pending), sorted(apis - covered - set(pending))
+    assert not covered & set(pending)
+    assert all(why for why in pending.values())
+    # The names of kernels that run only on Blackwell each name some API of the catalogue.
+    finals = {api.rsplit(".", 1)[-1] for api in apis}
+    assert s._SM100_ONLY <= finals, sorted(s._SM100_ONLY - finals)
     assert {"gdn", "moe"} <= set(s.GROUPS)
 
 
