@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from _shared import require_module
 
 from fibgen.format.fi_resolve import entry_point_of, resolve
@@ -114,6 +115,41 @@ def test_a_viewed_tensor_pairs_when_its_sizes_multiply_to_the_other():
     assert resolve(flat, [cat]).kind == "none"
 
 
+def test_what_flashinfer_says_less_precisely_still_pairs_and_is_said():
+    axes = {"t": {"type": "var"}, "k": {"type": "const", "value": 64}}
+    cat = definition(
+        "quant_k64",
+        {
+            "x": {"shape": ["t", "k"], "dtype": "bfloat16"},
+            "scale": {"shape": [], "dtype": "float32"},
+        },
+        {"q": {"shape": ["t", "k"], "dtype": "float4_e2m1"}},
+        axes,
+    )
+    fi = definition(
+        "quant",
+        {
+            "x": {"shape": ["t", "k"], "dtype": "bfloat16"},
+            "scale": {"shape": None, "dtype": "float32"},  # a float or a tensor
+            "out": {"shape": ["t", "k"], "dtype": "uint8"},  # the destination, bytes
+            "workspace_buffer": {"shape": ["w"], "dtype": "uint8"},
+        },
+        {},
+        axes | {"w": {"type": "var"}},
+    )
+    r = resolve(fi, [cat])
+    assert (r.kind, r.definition) == ("resolved", "quant_k64"), r.describe()
+    assert "FlashInfer's input `out` is output `q`" in r.differences
+    assert "FlashInfer's input `workspace_buffer` is scratch" in r.differences
+    # A byte tensor holds a one-byte dtype, not a two-byte one; an unnamed scalar never pairs.
+    fi["inputs"]["out"]["dtype"] = "int16"
+    assert resolve(fi, [cat]).kind == "none"
+    fi["inputs"]["out"]["dtype"] = "uint8"
+    fi["inputs"]["x"] = {"shape": None, "dtype": "bfloat16"}
+    why = resolve(fi, [cat]).differences[0]
+    assert "input `x` is a scalar in FlashInfer's JSON and a tensor in the other" in why
+
+
 def test_no_candidates_and_no_entry_point_are_said():
     r = resolve(traced(24576), [])
     assert r.differences == (
@@ -128,7 +164,11 @@ def test_no_candidates_and_no_entry_point_are_said():
 # --------------------------------------------------------------- FlashInfer's own templates
 
 # What FlashInfer 0.7.2.post1's template writes for a routed call, where it does not land on
-# the call's definition, and why (the listing of issue 27 item 3).
+# the call's definition, and why (the listing of issue 27 item 3), by canonical entry point:
+# "ambiguous" (the JSON does not say enough; the call's definition is among those it may be),
+# "none", or "misread" (the template misdescribes the call, so it lands on another definition
+# or on none: never on its own).
+_NO_PAGE_SIZE = "ambiguous"  # a (k_cache, v_cache) tuple or an unknown layout: no page size
 NOT_LANDING = {
     # Its template reads the page size from a cache tensor, and a (k_cache, v_cache) tuple
     # holds none: the two page sizes of the catalogue are both possible.
@@ -137,7 +177,67 @@ NOT_LANDING = {
     # multi-head call, what the catalogue and the dataset route, is read into those axes
     # wrongly (dim = nheads, dstate = head_dim), so no definition stands for it.
     "flashinfer.mamba.selective_state_update.selective_state_update": "none",
+    # Their templates give `out` the input's dtype, where the call's is float8_e4m3fn.
+    "flashinfer.norm.rmsnorm_quant": "misread",
+    "flashinfer.norm.fused_add_rmsnorm_quant": "misread",
+    # Its template reads the page size from the second dimension of an HND cache.
+    "flashinfer.rope.rope_quantize_fp8_append_paged_kv_cache": "misread",
+    # Wrapper runs whose templates read a paged cache given as a tuple, or a layout the
+    # wrapper's plan holds: the page size and the KV heads are not in the JSON.
+    "flashinfer.cascade.MultiLevelCascadeAttentionWrapper.run": _NO_PAGE_SIZE,
+    "flashinfer.attention._core.BatchAttention.run": _NO_PAGE_SIZE,
+    "flashinfer.pod.PODWithPagedKVCacheWrapper.run": _NO_PAGE_SIZE,
+    "flashinfer.pod.BatchPODWithPagedKVCacheWrapper.run": _NO_PAGE_SIZE,
+    "flashinfer.decode.trtllm_batch_decode_with_kv_cache": _NO_PAGE_SIZE,
+    "flashinfer.prefill.trtllm_batch_context_with_kv_cache": _NO_PAGE_SIZE,
+    "flashinfer.decode.xqa_batch_decode_with_kv_cache": _NO_PAGE_SIZE,
+    # Its template takes the query's length and the key's for the heads.
+    "flashinfer.sparse.VariableBlockSparseAttentionWrapper.run": "misread",
+    # Their templates read a 3-D MLA cache [pages, page_size, dim] as 4-D, the page size as
+    # the pad dimension.
+    "flashinfer.mla._core.trtllm_batch_decode_with_kv_cache_mla": "misread",
+    "flashinfer.mla._core.trtllm_prefill_with_kv_cache_mla": "misread",
+    "flashinfer.mla._core.xqa_batch_decode_with_kv_cache_mla": "misread",
+    # Its template reads the rope width from the middle dimension of k_pe [tokens, 1, rope].
+    "flashinfer.mla_kv_pack.concat_mla_kv_quant_fp8": "misread",
+    # A packed QKV the template describes without the heads or the head size.
+    "flashinfer.prefill.trtllm_fmha_v2_prefill": "ambiguous",
+    # Its template gives the value the query's head size (192, where the call's is 128).
+    "flashinfer.prefill.fmha_v2_prefill_deepseek": "misread",
+    # Its template lists the gate inputs `A_log`, `a`, `b` that the kernel does not take
+    # ("conceptual; not passed directly"), `b` as required.
+    "flashinfer.gdn_prefill.chunk_gated_delta_rule": "none",
+    # Their templates describe routing logits as bfloat16 where the kernel takes float32
+    # too, and the weights in their own shuffled, blocked layout.
+    "flashinfer.fused_moe.core.trtllm_fp4_block_scale_moe": "misread",
+    "flashinfer.fused_moe.core.trtllm_fp4_block_scale_routed_moe": "misread",
+    "flashinfer.fused_moe.core.trtllm_bf16_moe": "misread",
+    "flashinfer.fused_moe.core.trtllm_bf16_routed_moe": "misread",
+    # Its template reads N from the weight's first dimension, which is N only of a
+    # column-major [N, K] weight where N == K: the routed call lands, other instances not.
+    "flashinfer.gemm.gemm_base.mm_fp8": "misread where N != K",
+    # Its template ignores `weight_column_major`: it reads K and N of column-major weights
+    # the other way round.
+    "flashinfer.gemm.gemm_base.SegmentGEMMWrapper.run": "misread",
 }
+
+
+def _lands_as_expected(r, name: str, expected: str | None, each_instance: bool = False) -> bool:
+    """Whether ``r`` is what NOT_LANDING expects for a call of definition ``name``: its own
+    definition, else the listed kind. Of a "misread" entry, the routed call must not land
+    (the test says so when FlashInfer's template is fixed); its instances may."""
+    own = r.kind in ("same", "resolved") and r.definition == name
+    if expected is None:
+        return own
+    if expected == "misread where N != K":
+        return each_instance or own
+    if expected == "misread":
+        return each_instance or not own
+    if own:
+        return True
+    if expected == "ambiguous":
+        return r.kind == "ambiguous" and name in r.candidates
+    return r.kind == expected
 
 
 def _routed_paths() -> list[str]:
@@ -175,7 +275,7 @@ def test_flashinfer_trace_of_a_routed_call_lands_on_its_definition(path, routed)
     for name in classes:
         owner = getattr(owner, name)
     args = call.args
-    if classes:
+    if classes and not (args and isinstance(args[0], owner)):
         # A wrapper's run: FlashInfer's template reads the call's tensors, and of the wrapper
         # only what its constructor leaves (the KV layout), which the call gives.
         instance = object.__new__(owner)
@@ -189,14 +289,8 @@ def test_flashinfer_trace_of_a_routed_call_lands_on_its_definition(path, routed)
     family = catalogue.defs[call.name].family
     candidates = [generated[n] for n, d in catalogue.defs.items() if d.family == family]
     r = resolve(written, candidates)
-    expected = NOT_LANDING.get(path)
-    if expected is None:
-        assert r.kind in ("same", "resolved"), r.describe()
-        assert r.definition == call.name, r.describe()
-    else:
-        assert r.kind == expected, r.describe()
-        if expected == "ambiguous":
-            assert call.name in r.candidates
+    expected = NOT_LANDING.get(api.path)
+    assert _lands_as_expected(r, call.name, expected), f"{r.describe()}, expected {expected}"
 
 
 # Routed functions whose calls cannot be made from a definition's own tensors and values alone;
@@ -206,11 +300,36 @@ NOT_FROM_THE_DEFINITION = {
     # as the definition's [num_tokens, heads, head_size]: a call made of the definition's
     # tensors would pass the unflattened ones.
     "flashinfer.rope.apply_rope_with_cos_sin_cache_inplace": "a `let` view of the call's tensors",
+    "flashinfer.rope.apply_rope_with_cos_sin_cache": "a `let` view of the call's tensors",
     # Parameters the families' rules fix (`local_num_experts == num_local_experts`,
     # `local_expert_offset`, `routed_scaling_factor`, the routing options) are named like no
     # axis or parameter.
     "flashinfer.fused_moe.core.trtllm_fp8_block_scale_moe": "parameters only its rules fix",
     "flashinfer.fused_moe.core.trtllm_fp8_per_tensor_scale_moe": "parameters only its rules fix",
+    "flashinfer.fused_moe.core.cutlass_fused_moe": "parameters only its rules fix",
+    "flashinfer.fused_moe.core.trtllm_bf16_moe": "parameters only its rules fix",
+    "flashinfer.fused_moe.core.trtllm_bf16_routed_moe": "parameters only its rules fix",
+    "flashinfer.fused_moe.core.trtllm_fp4_block_scale_moe": "parameters only its rules fix",
+    "flashinfer.fused_moe.core.trtllm_fp4_block_scale_routed_moe": "parameters only its rules fix",
+    "flashinfer.fused_moe.core.trtllm_fp8_block_scale_routed_moe": "parameters only its rules fix",
+    "flashinfer.fused_moe.core.trtllm_fp8_per_tensor_scale_routed_moe": (
+        "parameters only its rules fix"
+    ),
+    # Arguments a call passes that no definition holds: a scratch buffer of its own kind,
+    # a value the family's rules fix, an output's dtype, a packed tensor its `let` splits.
+    "flashinfer.xqa.xqa": "its `semaphores` buffer",
+    "flashinfer.xqa.xqa_mla": "its `semaphores` buffer",
+    "flashinfer.cudnn.prefill.cudnn_batch_prefill_with_kv_cache": "`return_lse`, a rule",
+    "flashinfer.prefill.fmha_v2_prefill_sm120": "`scale_softmax`, a rule",
+    "flashinfer.prefill.fmha_v2_prefill_deepseek": "`scale_softmax`, a rule",
+    "flashinfer.prefill.trtllm_ragged_attention_deepseek": "`o_sf_scale`, a rule",
+    "flashinfer.prefill.trtllm_fmha_v2_prefill": "a packed `qkv` its `let` splits",
+    "flashinfer.concat_ops.concat_mla_k": "the destination `k`, written in place",
+    # By family: pool mode passes `state=None` and the pool as `initial_state`; FlashInfer's
+    # template describes the per-sequence state only.
+    "gdn_decode_pool": "pool mode: `state=None`",
+    "flashinfer.gemm.gemm_base.bmm_fp8": "the output's `dtype`",
+    "flashinfer.gemm.gemm_base.batch_deepgemm_fp8_nt_groupwise": "`expected_m`, a rule",
 }
 
 
@@ -239,6 +358,19 @@ def _call_of(definition, family, function, catalogue) -> dict:
     for name, value in {**axes, **dict(definition.param_values)}.items():
         if name in signature.parameters:
             given.setdefault(name, value)
+    # What the call must pass besides the definition's inputs: a destination of one of its
+    # outputs (`out`, `k`), and a scratch buffer (`workspace_buffer`).
+    device = "meta" if "moe" in definition.name else "cpu"
+    outputs = {t.name for t in definition.outputs}
+    for p in signature.parameters.values():
+        if p.name in given or p.default is not inspect.Parameter.empty:
+            continue
+        if p.name in outputs:
+            given[p.name] = catalogue.buffer(definition.name, p.name, axes, device)
+        elif p.name in ("out", "output") and len(outputs) == 1:
+            given[p.name] = catalogue.buffer(definition.name, *outputs, axes, device)
+        elif "workspace" in p.name:
+            given[p.name] = torch.empty(1 << 10, dtype=torch.uint8, device=device)
     bound = signature.bind(**given)
     bound.apply_defaults()
     return bound.arguments
@@ -252,6 +384,8 @@ def test_flashinfer_trace_of_every_instance_of_a_routed_function_lands_on_it(rou
             continue
         api = apis.lookup(family.api.path).api
         if api is None or "." in api.qualname or api.path in NOT_FROM_THE_DEFINITION:
+            continue
+        if family.name in NOT_FROM_THE_DEFINITION:
             continue
         function = inspect.unwrap(getattr(importlib.import_module(api.module), api.qualname))
         definitions = [d for d in catalogue.defs.values() if d.family == family.name]
@@ -269,11 +403,7 @@ def test_flashinfer_trace_of_every_instance_of_a_routed_function_lands_on_it(rou
             r = resolve(written, candidates)
             checked += 1
             expected = NOT_LANDING.get(api.path)
-            if expected is None and r.definition != d.name:
-                problems.append(f"{d.name}: {r.describe()}")
-            elif expected is not None and (
-                r.kind != expected or (expected == "ambiguous" and d.name not in r.candidates)
-            ):
+            if not _lands_as_expected(r, d.name, expected, each_instance=True):
                 problems.append(f"{d.name}: {r.describe()}, expected {expected}")
     assert not problems, "\n".join(problems)
     # Every instance of the routed function families, but for those a call cannot be made
@@ -285,5 +415,6 @@ def test_flashinfer_trace_of_every_instance_of_a_routed_function_lands_on_it(rou
         and f.plan is None
         and "." not in apis.lookup(f.api.path).api.qualname
         and apis.lookup(f.api.path).api.path not in NOT_FROM_THE_DEFINITION
+        and f.name not in NOT_FROM_THE_DEFINITION
     )
     assert checked >= 60

@@ -35,6 +35,20 @@ from typing import Any, Literal
 # * a const value FlashInfer reports that no paired dimension holds is compared with the
 #   catalogue's const axis of the same name, where it has one.
 #
+# Where FlashInfer's template and the kernel it describes say less than the call holds, a pair
+# still agrees, with the difference said:
+#
+# * a scalar and a tensor of rank 0 or 1 by the same name (FlashInfer's templates call a
+#   parameter that takes a float or a per-row tensor a scalar: `temperature`, `top_p`);
+# * a rank-0 tensor and one whose every known size is 1 (`A_scale` of `[scalar]`);
+# * a byte tensor (`uint8`, what FP4 and UE8M0 data are stored in when passed) and one of a
+#   dtype of at most a byte (`float4_e2m1`, `int8`); index tensors of `int32`, `uint32` and
+#   `int64` (the kernels take one or another; the language has no unsigned index dtype);
+# * a tensor FlashInfer lists among the inputs that the definition has among its outputs (a
+#   destination the caller passes: `out`) or that FlashInfer lists among its outputs too, and
+#   a scratch buffer FlashInfer's template lists
+#   (`workspace_buffer`, `semaphores`), which holds no data of the call.
+#
 # A tensor input FlashInfer's JSON requires that pairs with nothing is a disagreement: the
 # call passed a tensor the definition has no place for. What else either side holds beyond
 # the pairs (FlashInfer's extra `residual` output, a scalar or an optional tensor the
@@ -107,6 +121,11 @@ def _tensors(definition: Mapping[str, Any], side: str) -> list[_Tensor]:
     return found
 
 
+def _is_scratch(name: str) -> bool:
+    """A buffer FlashInfer's kernels work in (Note [resolving FlashInfer's definitions])."""
+    return "workspace" in name or name in ("semaphores", "workspace_buffer")
+
+
 def _const(axis: Any) -> int | None:
     if isinstance(axis, Mapping) and axis.get("type") == "const":
         value = axis.get("value")
@@ -121,13 +140,26 @@ def _shape_text(t: _Tensor) -> str:
     return "[" + ", ".join(dims) + "]"
 
 
+# Dtypes that one tensor passed can be described by (Note [resolving FlashInfer's definitions]).
+_BYTE_HELD = {"uint8", "int8", "float4_e2m1", "float8_e8m0fnu", "float8_e4m3fn", "float8_e5m2"}
+_INDEX = {"int32", "uint32", "int64"}
+
+
+def _dtypes_agree(fi: str, cat: str) -> bool:
+    if fi == cat:
+        return True
+    if fi == "uint8" and cat in _BYTE_HELD:
+        return True
+    return fi in _INDEX and cat in _INDEX
+
+
 def _sizes_agree(fi: tuple[int | None, ...], cat: tuple[int | None, ...]) -> bool:
     """Whether two shapes can be the same tensor (Note [resolving FlashInfer's definitions])."""
     if len(fi) == len(cat):
         return all(a is None or b is None or a == b for a, b in zip(fi, cat))
     short, long = (fi, cat) if len(fi) < len(cat) else (cat, fi)
     if not short:
-        return False
+        return all(s is None or s == 1 for s in long)
     head = len(short) - 1
     if not all(a is None or b is None or a == b for a, b in zip(short[:head], long[:head])):
         return False
@@ -150,24 +182,32 @@ class _Comparison:
         self.differences: list[str] = []
         self.pairs = 0
         self.checked_axes: set[str] = set()
-        for side, word in (("inputs", "input"), ("outputs", "output")):
-            self._side(side, word)
+        inputs_left = self._side("inputs", "input")
+        outputs_left = self._side("outputs", "output")
+        self._destinations(inputs_left, outputs_left)
         self._unplaced_consts()
 
     @property
     def agrees(self) -> bool:
         return self.pairs > 0 and not self.conflicts
 
-    def _pair_problem(self, f: _Tensor, c: _Tensor) -> str | None:
+    def _pair_problem(self, f: _Tensor, c: _Tensor, by_name: bool = False) -> str | None:
         if (f.shape is None) != (c.shape is None):
-            return "one is a scalar, the other a tensor"
-        if f.dtype != "unknown" and f.shape is not None and f.dtype != c.dtype:
-            return f"dtype {f.dtype}, not {c.dtype}"
-        if f.shape is not None and not _sizes_agree(f.sizes, c.sizes):
-            return f"shape {_shape_text(f)}, not {_shape_text(c)}"
+            tensor = c if f.shape is None else f
+            if by_name and len(tensor.shape or ()) <= 1:
+                return None  # Note [resolving FlashInfer's definitions]: a difference
+            where = "FlashInfer's JSON" if f.shape is None else "the definition"
+            return f"a scalar in {where} and a tensor in the other"
+        if f.shape is None:
+            return None
+        if f.dtype != "unknown" and not _dtypes_agree(f.dtype, c.dtype):
+            return f"of dtype {f.dtype}, not {c.dtype}"
+        if not _sizes_agree(f.sizes, c.sizes):
+            return f"of shape {_shape_text(f)}, not {_shape_text(c)}"
         return None
 
-    def _side(self, side: str, word: str) -> None:
+    def _side(self, side: str, word: str) -> tuple[list[_Tensor], list[_Tensor]]:
+        """Pair one side's tensors; what is left of FlashInfer's and of the definition's."""
         fis, cats = _tensors(self.fi, side), _tensors(self.cat, side)
         cat_by_name = {c.name: c for c in cats}
         paired: list[tuple[_Tensor, _Tensor]] = []
@@ -178,9 +218,9 @@ class _Comparison:
             if c is None:
                 left_fi.append(f)
                 continue
-            problem = self._pair_problem(f, c)
+            problem = self._pair_problem(f, c, by_name=True)
             if problem is not None:
-                self.conflicts.append(f"{word} `{f.name}` has {problem}")
+                self.conflicts.append(f"{word} `{f.name}` is {problem}")
             paired.append((f, c))
             used.add(c.name)
         left_cat = [c for c in cats if c.name not in used]
@@ -198,17 +238,52 @@ class _Comparison:
         for f, c in paired:
             self.pairs += 1
             self._note_pair(f, c, word)
-        for f in unpaired_fi:
-            kind = "scalar" if f.shape is None else _shape_text(f)
-            if side == "inputs" and f.shape is not None and not f.optional:
-                # A tensor the call must pass that the definition has no place for: not a
-                # call of this definition.
-                self.conflicts.append(f"input `{f.name}` {kind} pairs with no input")
+        return unpaired_fi, left_cat
+
+    def _destinations(
+        self,
+        inputs: tuple[list[_Tensor], list[_Tensor]],
+        outputs: tuple[list[_Tensor], list[_Tensor]],
+    ) -> None:
+        """FlashInfer's inputs left over that are the definition's outputs (a destination the
+        call passes) or scratch; then what is left of either side, said."""
+        fi_inputs, cat_inputs = inputs
+        fi_outputs, cat_outputs = outputs
+        fi_output_names = {t.name for t in _tensors(self.fi, "outputs")}
+        for f in list(fi_inputs):
+            if f.shape is None:
                 continue
-            what = "optional " if f.optional else ""
-            self.differences.append(f"FlashInfer adds {what}{word} `{f.name}` ({kind})")
-        for c in left_cat:
-            self.differences.append(f"{word} `{c.name}` has no FlashInfer counterpart")
+            if f.name in fi_output_names:
+                fi_inputs.remove(f)
+                self.differences.append(f"FlashInfer lists output `{f.name}` among its inputs")
+                continue
+            match = next((c for c in cat_outputs if c.name == f.name), None)
+            if match is None or self._pair_problem(f, match) is not None:
+                match = next((c for c in cat_outputs if self._pair_problem(f, c) is None), None)
+            if match is not None:
+                fi_inputs.remove(f)
+                cat_outputs.remove(match)
+                self.pairs += 1
+                self._note_pair(f, match, "input")
+                self.differences.append(f"FlashInfer's input `{f.name}` is output `{match.name}`")
+            elif _is_scratch(f.name):
+                fi_inputs.remove(f)
+                self.differences.append(f"FlashInfer's input `{f.name}` is scratch")
+        for word, fis, cats in (
+            ("input", fi_inputs, cat_inputs),
+            ("output", fi_outputs, cat_outputs),
+        ):
+            for f in fis:
+                kind = "scalar" if f.shape is None else _shape_text(f)
+                if word == "input" and f.shape is not None and not f.optional:
+                    # A tensor the call must pass that the definition has no place for: not a
+                    # call of this definition.
+                    self.conflicts.append(f"input `{f.name}` {kind} pairs with no input")
+                    continue
+                what = "optional " if f.optional else ""
+                self.differences.append(f"FlashInfer adds {what}{word} `{f.name}` ({kind})")
+            for c in cats:
+                self.differences.append(f"{word} `{c.name}` has no FlashInfer counterpart")
 
     def _note_pair(self, f: _Tensor, c: _Tensor, word: str) -> None:
         if f.shape is None:
