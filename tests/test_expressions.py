@@ -232,7 +232,7 @@ def _catalogue_extras() -> dict[str, dict]:
     }
 
 
-def _holds_on_generated_inputs(spec: InputSpec, budget: int = 16 * 2**20) -> bool:
+def _holds_on_generated_inputs(spec: InputSpec, budget: int = 64 * 2**20) -> bool:
     """Whether inputs were made (which checks every constraint); False when too large."""
     from fibgen.runtime.inputs import estimate_nbytes
 
@@ -248,6 +248,16 @@ def _holds_on_declared_shapes(spec: InputSpec) -> None:
     from fibgen.format.hints import DEFAULT_VAR_AXIS
 
     axes = {n: (v if k == "const" else DEFAULT_VAR_AXIS) for n, k, v in spec.axes}
+    # A var axis a constraint defines (`num_speculative_plus_1 == num_speculative + 1`) takes
+    # its value from the others, as input generation derives it.
+    var = {n for n, k, _ in spec.axes if k != "const"}
+    for text in spec.constraints:
+        left, eq, right = text.partition(" == ")
+        if eq and left.strip() in var and not (set(right.split()) & {left.strip()}):
+            try:
+                axes[left.strip()] = evaluate(right, dict(axes), ())
+            except Exception:  # noqa: BLE001 - not an axis-only expression: left as it is
+                pass
     env = dict(axes)
     for name, _, shape, _, _ in spec.inputs:
         if shape is not None:

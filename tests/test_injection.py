@@ -331,7 +331,9 @@ def test_names_cannot_carry_code(tmp_path, capsys):
     (tmp_path / "norm.fidef").write_text(source, encoding="utf-8")
     assert main(["build", str(tmp_path / "norm.fidef"), "-o", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
-    assert "gives unsafe definition names: the text contains '\"'" in err
+    # Refused where the template is read, with the rule a name keeps.
+    assert "error: name template `a\" + str(__import__" in err
+    assert "is 1 to 128 letters, digits, '_', '-' or '.'" in err
     assert not (tmp_path / "out").exists()
     assert not marker.exists()
 

@@ -689,8 +689,8 @@ def test_a_mistyped_name_is_warned_about_at_enable_with_the_closest_names(monkey
     (warning,) = [w for w in caught if "enable_apply" in str(w.message)]
     assert str(warning.message) == (
         "fibgen: enable_apply: no imported dispatcher and no definition of fibgen's catalogue "
-        "is called 'rmsnorm_h4069' (did you mean 'rmsnorm_h4096', 'rmsnorm_h7168', "
-        "'rmsnorm_h5376'?); a call reaches its solution only if some dispatcher routes that "
+        "is called 'rmsnorm_h4069' (did you mean 'rmsnorm_h4096', 'rmsnorm_h8192', "
+        "'rmsnorm_h7168'?); a call reaches its solution only if some dispatcher routes that "
         "name"
     )
     assert warning.filename == __file__  # the caller's line, not fibgen's

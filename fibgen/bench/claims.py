@@ -11,7 +11,8 @@ naming its id. A run that another live bench has claimed is skipped and said
 of the kernel, not of a pid that may be reused: its run file's lock is released when its
 process ends, however it ends, so a claim of a bench that was killed is stale and taken
 over. Claims and the run file are removed when the bench ends. Claims are made under a lock
-of their own, so two benches never claim one run both. The folder starts with a dot: no
+of their own (in fibgen's cache, keyed by the claims folder's real path, so benches on one
+machine share it), so two benches never claim one run both. The folder starts with a dot: no
 reader of the dataset (fibgen's or flashinfer-bench's) takes it.
 """
 
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from fibgen.format.dataset import inside_dataset
+from fibgen.fsutil import lock_path
 
 
 def _key(definition: str, workload: str, solution: str) -> str:
@@ -54,7 +56,8 @@ class Claims:
         # Held for the life of this bench: the kernel lets go of it when the process ends.
         self.fd = os.open(self.run_file, os.O_RDONLY)
         fcntl.flock(self.fd, fcntl.LOCK_EX)
-        self.lock_path = inside_dataset(root, base / "claims.lock", file=True)
+        # Out of the dataset, keyed by its real path (Note [lock files] in fsutil.py).
+        self.lock_path = lock_path(self.claims)
 
     def _lock(self) -> Any:
         from filelock import FileLock
