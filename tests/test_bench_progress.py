@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
 from _bench_dataset import make_dataset, solution
+
 from fibgen.bench import runner
 from fibgen.bench.claims import Claims
 from fibgen.bench.planning import BenchOptions, plan
@@ -124,6 +127,40 @@ def test_the_claims_of_a_bench_that_was_killed_are_taken_over(tmp_path):
     mine, theirs = later.claim("scale_h64", "n3", [solution("good_returns")])
     assert [s.name for s in mine] == ["good_returns"] and not theirs
     later.release()
+
+
+def test_the_claims_of_a_killed_bench_whose_child_holds_its_lock_are_taken_over(tmp_path):
+    # A bench process claims a run and forks a child (as Ray's driver and the solution
+    # processes do), which inherits the locked run file; then the bench is killed.
+    root = make_dataset(tmp_path / "ds", [], sizes=())
+    script = (
+        "import os, sys, time\n"
+        "from pathlib import Path\n"
+        "from fibgen.bench.claims import Claims\n"
+        "from types import SimpleNamespace\n"
+        "c = Claims(Path(sys.argv[1]))\n"
+        "c.claim('scale_h64', 'n3', [SimpleNamespace(name='good_returns')])\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "print(child, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    bench = subprocess.Popen(
+        [sys.executable, "-c", script, str(root)], stdout=subprocess.PIPE, text=True
+    )
+    child = int(bench.stdout.readline())
+    try:
+        bench.kill()
+        bench.wait()
+        later = Claims(root)
+        mine, theirs = later.claim("scale_h64", "n3", [solution("good_returns")])
+        assert [s.name for s in mine] == ["good_returns"] and not theirs
+        later.release()
+    finally:
+        bench.kill()
+        os.kill(child, signal.SIGKILL)  # it holds the lock still: the case of this test
 
 
 def test_bench_skips_the_runs_another_bench_is_running_and_says_so(tmp_path, capsys):

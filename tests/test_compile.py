@@ -112,10 +112,15 @@ def test_the_model_traces_without_graph_breaks(on_cpu):
         for node in graph.graph.nodes
         if node.op == "call_function"
     ]
-    # One fibgen op per routed call, named by its definition.
-    assert "fibgen.rmsnorm_h4096.default" in ops
-    assert "fibgen.fused_add_rmsnorm_h4096.default" in ops
-    assert "fibgen.silu_and_mul_h12288_bf16.default" in ops
+    # One fibgen op per routed call, named by its definition, in the namespace of the package
+    # whose dispatcher routes it (`fibgen`, or `fibgen_<package>` where another test of this
+    # process imported a package of its own that holds the definition too).
+    named = {op.split(".", 1)[1] for op in ops if op.startswith("fibgen")}
+    assert {
+        "rmsnorm_h4096.default",
+        "fused_add_rmsnorm_h4096.default",
+        "silu_and_mul_h12288_bf16.default",
+    } <= named, ops
 
 
 def test_compiled_calls_are_routed_counted_and_equal_to_eager_without_recompiling(on_cpu):

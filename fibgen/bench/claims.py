@@ -10,7 +10,9 @@ naming its id. A run that another live bench has claimed is skipped and said
 (``BenchSummary.claimed``): that bench writes its trace. Whether a bench still lives is asked
 of the kernel, not of a pid that may be reused: its run file's lock is released when its
 process ends, however it ends, so a claim of a bench that was killed is stale and taken
-over. Claims and the run file are removed when the bench ends. Claims are made under a lock
+over. A process the bench forked holds that lock too and may outlive it, so on the bench's own
+host a run whose pid is gone is stale as well (a pid reused by another process still has the
+lock free to say so). Claims and the run file are removed when the bench ends. Claims are made under a lock
 of their own (in fibgen's cache, keyed by the claims folder's real path, so benches on one
 machine share it), so two benches never claim one run both. The folder starts with a dot: no
 reader of the dataset (fibgen's or flashinfer-bench's) takes it.
@@ -35,6 +37,16 @@ from fibgen.fsutil import lock_path
 
 def _key(definition: str, workload: str, solution: str) -> str:
     return hashlib.sha256(f"{definition}\0{workload}\0{solution}".encode()).hexdigest()[:40]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class Claims:
@@ -76,6 +88,10 @@ class Claims:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 who = json.loads(path.read_text(encoding="utf-8"))
+                if who["host"] == socket.gethostname() and not _alive(int(who["pid"])):
+                    # Its lock outlives it in a process it forked (a Ray or solution
+                    # process); the bench itself was killed.
+                    return None
                 return f"pid {who['pid']} on {who['host']}, started {who['started']}"
             fcntl.flock(fd, fcntl.LOCK_UN)
             return None  # its bench ended without removing it: killed
