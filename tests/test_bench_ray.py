@@ -217,7 +217,7 @@ def test_a_job_whose_worker_keeps_dying_is_reported_after_its_retries(cluster, t
 
 
 def test_resume_after_the_driver_is_killed_runs_the_rest_once(cluster, tmp_path):
-    sizes = tuple(range(1, 13))
+    sizes = tuple(range(1, 7))
     root = make_dataset(tmp_path / "ds", ["good_returns"], sizes=sizes)
     command = [sys.executable, "-m", "fibgen.cli", "bench", str(root), "--ray", cluster]
     command += ["--devices", "cpu", "--warmup", "0", "--repeat", "1", "--quiet"]

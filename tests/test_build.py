@@ -376,9 +376,17 @@ def assert_black_clean(out: Path) -> int:
 
     mode = black.Mode(line_length=100)
     checked = 0
+    seen: dict[tuple[str, ...], int] = {}
     for path in sorted(out.rglob("*.py")):
-        if path.relative_to(out).parts[0] == "reference":
+        kind = path.relative_to(out).parts[:-1]
+        if kind[:1] == ("reference",):
             continue  # references are kept as written
+        if kind[:1] == ("cuda",):
+            # One per definition, all from one template: every 16th is enough to catch a
+            # template that black would rewrite (black takes a minute over all of them).
+            seen[kind[:1]] = seen.get(kind[:1], -1) + 1
+            if seen[kind[:1]] % 16:
+                continue
         body = path.read_text().split("\n", 2)[2]  # after the two header lines
         assert black.format_str(body, mode=mode) == body, path
         checked += 1

@@ -332,7 +332,7 @@ def test_names_cannot_carry_code(tmp_path, capsys):
     assert main(["build", str(tmp_path / "norm.fidef"), "-o", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     # Refused where the template is read, with the rule a name keeps.
-    assert "error: name template `a\" + str(__import__" in err
+    assert 'error: name template `a" + str(__import__' in err
     assert "is 1 to 128 letters, digits, '_', '-' or '.'" in err
     assert not (tmp_path / "out").exists()
     assert not marker.exists()
