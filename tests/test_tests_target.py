@@ -88,7 +88,7 @@ def test_reference_contract_and_dispatch(built):
 def test_reference_with_a_wrong_shape_fails(built):
     prepared = testing.prepare(_case(built, "rmsnorm", "rmsnorm_h128"))
     prepared.expected = (prepared.expected[0][:, :64],)
-    with pytest.raises(AssertionError, match=r"`output` has shape \[1, 64\], declared"):
+    with pytest.raises(AssertionError, match=r"`output` has shape \[7, 64\], declared"):
         testing.check_reference(prepared)
 
 
@@ -262,3 +262,15 @@ def test_a_sampler_is_held_to_the_distribution_of_the_reference(
         return
     with pytest.raises(AssertionError, match=message):
         testing.check_solutions(prepared)
+
+
+def test_a_family_tries_the_edge_batch_on_its_first_definition_and_seven_rows_on_all():
+    root = Path(__file__).resolve().parents[1]
+    result = compile_paths([str(root / "definitions" / "norm.fidef")])
+    (text,) = [
+        f.text for f in emit_tests(result.module, "k") if f.path.endswith("/test_rmsnorm.py")
+    ]
+    axes = [line.strip() for line in text.splitlines() if line.strip().startswith("axes=")]
+    assert len(axes) > 10
+    assert axes[0] == 'axes=({"batch_size": 1}, {"batch_size": 7}),'
+    assert set(axes[1:]) == {'axes=({"batch_size": 7},),'}
