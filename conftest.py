@@ -14,3 +14,31 @@ if not torch.cuda.is_available():
 # the background on the first value-returning hit of a process. Tests that point
 # FIBGEN_CACHE_DIR at a temporary folder would each build it again; its own tests build it.
 os.environ.setdefault("FIBGEN_NATIVE", "0")
+
+# The files that take a minute or more of one worker, longest first. Workers take files in
+# collection order (`--dist loadfile`), so these go first: started last, one of them kept a
+# worker busy for minutes after the other had finished everything else. Order only; every
+# test runs.
+_LONG_FIRST = (
+    "tests/test_bench_ray.py",
+    "tests/test_catalogue_refs.py",
+    "tests/test_flashinfer_apply.py",
+    "tests/test_catalogue_attn_b.py",
+    "tests/test_docs.py",
+    "tests/test_bench_triton.py",
+    "tests/test_builders.py",
+    "tests/test_fi_resolve.py",
+    "tests/test_cli_errors.py",
+    "tests/test_build.py",
+    "tests/test_fuzz.py",
+    "generated/tests/test_gemm.py",
+    "generated/tests/test_gdn_replayssm_commit.py",
+    "tests/test_cuda_target.py",
+    "tests/test_loop.py",
+    "tests/test_packaging.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {path: i for i, path in enumerate(_LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
