@@ -108,18 +108,65 @@ def _idle_paths() -> set[str]:
     return {path for path, defined in known.items() if not names & defined}
 
 
+def _package_of(api: Api) -> str:
+    return getattr(api.function, "__module__", "").partition(".")[0]
+
+
+def _link_packages(path: str) -> None:
+    """Chain the packages whose dispatchers stand for ``path``, newest first (under lock).
+
+    Note [packages of one API]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Within a package, the families of one API form a chain (``then``): a call the first
+    cannot pair goes to the next. Two packages can stand for the same API: the catalogue's
+    ``fibgen_kernels`` and a user's package built from definitions of their own. The newest
+    registered dispatcher is the one patched in; without a link, a call of a definition only
+    the other package knows reached FlashInfer uncounted as that package's miss. So the last
+    family of each package's chain hands on to the first family of the next older package's
+    chain, and a call is counted by the family that finally pairs it or misses it. A module
+    imported again under the same package (a rebuilt one) replaces its older registration
+    within that package and is not chained to it.
+    """
+    mine = [a for a in _state.apis if a.path == path]
+    by_package: dict[str, list[Api]] = {}
+    for api in mine:
+        api.then = api.own_then
+        by_package.setdefault(_package_of(api), []).append(api)
+    chains: list[tuple[Api, Api]] = []  # (first, last) per package, newest package first
+    for apis in sorted(by_package.values(), key=lambda group: -mine.index(group[-1])):
+        newest = {a.function: a for a in apis}
+        named = {a.own_then for a in apis}
+        first = next((a for a in reversed(apis) if a.function not in named), None)
+        if first is None:
+            continue
+        last, seen = first, {first.function}
+        while last.own_then is not None and last.own_then in newest:
+            last = newest[last.own_then]
+            if last.function in seen:
+                break
+            seen.add(last.function)
+        if last.own_then is None:
+            chains.append((first, last))
+    for (_, last), (first, _) in zip(chains, chains[1:]):
+        last.then = first.function
+
+
 def register_api(label: str, function: Callable[..., Any], **options: Any) -> Api:
     """Register a dispatcher (called by generated modules at import); see ``Api``."""
     api = Api(label, function, **options)
     with _state.lock:
         _state.apis.append(api)
+        if api.path is not None:
+            _link_packages(api.path)
         if _state.on:
             api._turn_on()
         else:
             api._turn_off()
         if _patching_wanted():
-            if api.plan_path is not None and api.path in _state.originals:
+            if api.path in _state.originals and (api.plan_path is not None or api.patch):
                 # Another family of the same wrapper is patched: its plan hooks this one too.
+                # Or another package's dispatcher of the API is: the newest stands in front
+                # of the chain (Note [packages of one API]).
                 _repatch()
             else:
                 _patch(api, {p.path for p in _state.apis[:-1] if p.patch and p.path})
