@@ -7,8 +7,10 @@ template and a parameter, a dtype-generic family, and a family without an API.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -359,6 +361,7 @@ def generated_package() -> ModuleType:
     from fibgen.codegen.python_dispatch import emit_python_dispatch
 
     out = Path(tempfile.mkdtemp(prefix="fibgen-dispatch-"))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)  # imported until the process ends
     files = emit_python_dispatch(MODULE, PACKAGE)
     files += emit_definition_json(MODULE) + emit_bench_extras(MODULE)
     for f in files:
