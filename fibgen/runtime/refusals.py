@@ -162,6 +162,9 @@ class Refusals:
         strict mode, where a SolutionError (or, for a ``Decline``, a FallbackError) is raised.
         """
         resolved = self._resolved.get(key)
+        # A route's function may wrap the solution's (the first-call input check, tracing).
+        while resolved is not None and fn is not resolved[2] and hasattr(fn, "__wrapped__"):
+            fn = fn.__wrapped__
         if resolved is None or resolved[2] is not fn:
             # Called from an except block: a bare raise re-raises the exception it handles.
             raise

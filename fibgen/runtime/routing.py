@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from fibgen.runtime import patching, result_check, solutions
+from fibgen.runtime import input_check, patching, result_check, solutions
 from fibgen.runtime.apply_state import (
     _DISCARD,
     _UNSET,
@@ -54,6 +54,7 @@ class Api(Fallbacks, Refusals):
         "routes",
         "plans",
         "then",
+        "own_then",
         "label",
         "function",
         "path",
@@ -139,7 +140,9 @@ class Api(Fallbacks, Refusals):
             None if plan_path is None else patching.PlanStore(plan_path)
         )
         # The next dispatcher standing for the same API: it gets the calls this one misses.
-        self.then = then
+        # ``own_then`` is the one its package named; the registry may link the last family of
+        # a package to another package's families of the API (Note [packages of one API]).
+        self.then = self.own_then = then
         self.routes: dict[Any, tuple[int, Callable[..., Any], Callable[[], int], Any]] = {}
         self.label = label
         self.function = function
@@ -354,12 +357,43 @@ class Api(Fallbacks, Refusals):
                 f"fibgen: {exc}; calls of {name} fall back",
             )
             return self._fallback_route(key, name, _DISCARD, "its solution failed to load")
-        self._resolved[key] = (name, loaded.label, loaded.fn)
         _state.matched.add(name)
         kind = (INPLACE if self.inplace and loaded.inplace else DPS) if loaded.dps else RETURNS
         if kind == RETURNS:
             result_check.start()  # its outputs are checked on every call: natively, once built
-        return (kind, loaded.fn, self._tick("hit", name), values)
+        route = (kind, loaded.fn, self._tick("hit", name), values)
+        self._resolved[key] = (name, loaded.label, loaded.fn)
+        if kind != INPLACE and input_check.enabled():
+            route = self._probed(key, name, loaded, route)
+        return route
+
+    def _probed(self, key: Any, name: str, loaded: solutions.Loaded, route: tuple) -> tuple:
+        """The route whose first call checks the inputs (Note [first-call input check])."""
+        kind, fn, tick, values = route
+
+        def passed() -> None:
+            with _state.lock:
+                if self.routes.get(key) is probed_route:
+                    self.routes[key] = route
+
+        def failed(names: list[str]) -> SolutionError:
+            with _state.lock:
+                if self.routes.get(key) is not None and self.routes[key][1] is not fn:
+                    why = f"{loaded.label} changed its inputs"
+                    self.routes[key] = self._fallback_route(
+                        key, name, self._tick("error", name), why, next_family=False
+                    )
+            return SolutionError(
+                f"{loaded.label} for definition {name!r} changed its input(s) "
+                f"{', '.join(names)}: a solution may write only its outputs (the inputs were "
+                "written back)",
+                name,
+                loaded.label,
+            )
+
+        first = input_check.probe(fn, self.inputs, self.outputs, passed, failed)
+        probed_route = (kind, first, tick, values)
+        return probed_route
 
     def _load(self, name: str, entry: solutions.Entry) -> solutions.Loaded:
         cache_key = (name, self.inputs, self.outputs)

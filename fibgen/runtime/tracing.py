@@ -251,6 +251,7 @@ def _wrap(tracer: _Tracer) -> Callable[[Api, str | None, Any], Any]:
                 _record_failed(tracer, name, exc)
             return fn(**kwargs)
 
+        traced.__wrapped__ = fn  # type: ignore[attr-defined]  # for Api.failed
         return (kind, traced, tick, values)
 
     return wrap

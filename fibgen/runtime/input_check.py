@@ -1,0 +1,121 @@
+"""The first routed call of a solution checks that it leaves its inputs as they were.
+
+Note [first-call input check]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A solution computes its outputs; it may not write its inputs. Bench catches one that does
+(its inputs are compared after each run: INCORRECT_NUMERICAL, "inputs mutated"), but a
+solution registered by hand, or a dataset's winner whose workloads never exposed it, would
+otherwise corrupt the caller's tensors on every routed call. So the first call of each
+(definition, solution) route runs through a probe: it copies the call's input tensors,
+calls the solution, and compares. Unchanged: the route is replaced by the plain one, and
+later calls pay nothing. Changed: the inputs are written back from the copies, the call
+raises a SolutionError naming them (counted as an ``error``, warned once, raised in strict
+mode), it falls back to the original API on the restored inputs, and later calls of that
+route fall back, each counted as an ``error``.
+
+What is not checked: inputs that share memory with an output (a destination-passing call may
+be handed its input as the output buffer), a route that writes the API's buffers in place
+(an ``inplace=True`` route, whose effects include writing inputs), and inputs whose copies
+would exceed ``BUDGET`` bytes together (a paged KV cache of a serving engine), taken largest
+first. ``FIBGEN_INPUT_CHECK=0`` turns the probe off.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+# Bytes of input copies one probe may make (the largest inputs are left unchecked first).
+BUDGET = 1 << 30
+
+
+def enabled() -> bool:
+    return os.environ.get("FIBGEN_INPUT_CHECK", "1").strip() != "0"
+
+
+def _storages(values: Sequence[Any]) -> set[int]:
+    return {
+        v.untyped_storage().data_ptr()
+        for v in values
+        if isinstance(v, torch.Tensor) and v.device.type != "meta"
+    }
+
+
+def snapshot(
+    kwargs: dict[str, Any], inputs: Sequence[str], outputs: Sequence[str]
+) -> dict[str, torch.Tensor]:
+    """Copies of the input tensors a probe checks (Note [first-call input check])."""
+    written = _storages([kwargs.get(o) for o in outputs])
+    candidates = [
+        (n, v)
+        for n in inputs
+        if isinstance(v := kwargs.get(n), torch.Tensor)
+        and v.device.type != "meta"
+        and v.untyped_storage().data_ptr() not in written
+    ]
+    copies: dict[str, torch.Tensor] = {}
+    left = BUDGET
+    for n, v in sorted(candidates, key=lambda item: item[1].nbytes):
+        if v.nbytes > left:
+            break
+        left -= v.nbytes
+        copies[n] = v.detach().clone()
+    return copies
+
+
+def _same(now: torch.Tensor, before: torch.Tensor) -> bool:
+    if torch.equal(now, before):
+        return True
+    if now.is_floating_point() or now.is_complex():
+        # NaN is not equal to itself: a NaN left where it was is no change.
+        return bool(((now == before) | (now.isnan() & before.isnan())).all())
+    return False
+
+
+def changed(kwargs: dict[str, Any], copies: dict[str, torch.Tensor]) -> list[str]:
+    """The inputs whose values differ from their copies, written back from them."""
+    names = [n for n, before in copies.items() if not _same(kwargs[n], before)]
+    with torch.no_grad():
+        for n in names:
+            kwargs[n].copy_(copies[n])
+    return names
+
+
+def probe(
+    fn: Callable[..., Any],
+    inputs: Sequence[str],
+    outputs: Sequence[str],
+    passed: Callable[[], None],
+    failed: Callable[[list[str]], BaseException],
+) -> Callable[..., Any]:
+    """``fn``, whose first call runs under the check: ``passed()`` when it left its inputs
+    alone, else the exception ``failed(names)`` gives is raised, the inputs written back.
+
+    Later calls go straight to ``fn``: a route that wraps the probe (tracing's) keeps it.
+    """
+    done = False
+
+    order = (*inputs, *outputs)
+
+    def first_call(*args: Any, **kwargs: Any) -> Any:
+        # The dispatchers call by keyword; value-style `apply` positionally, in this order.
+        nonlocal done
+        if done:
+            return fn(*args, **kwargs)
+        named = {**dict(zip(order, args)), **kwargs}
+        copies = snapshot(named, inputs, outputs)
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            names = changed(named, copies)  # written back, whether it returned or raised
+        if names:
+            raise failed(names)
+        done = True
+        passed()
+        return result
+
+    first_call.__wrapped__ = fn  # type: ignore[attr-defined]
+    return first_call

@@ -1,0 +1,122 @@
+"""A routed solution that writes its inputs is caught on its first call, and its inputs are
+written back (Note [first-call input check] in fibgen/runtime/input_check.py)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import fake_flashinfer
+import fibgen.runtime as rt
+from fake_flashinfer import CALLS
+from fake_flashinfer.catalogue import generated_package
+from fibgen.runtime import input_check
+
+generated_package()
+
+from fake_kernels import rmsnorm  # noqa: E402  (generated just above)
+
+RMS = "fake_flashinfer.norm.rmsnorm"
+ORIGINAL = fake_flashinfer.norm.rmsnorm
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    CALLS.clear()
+    yield
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rt.disable_apply()
+
+
+def _inputs():
+    torch.manual_seed(0)
+    return torch.randn(3, 4096), torch.randn(4096)
+
+
+def _writes_x(hidden_states, weight):
+    hidden_states.mul_(2)
+    return hidden_states * weight
+
+
+def _writes_w(hidden_states, weight, output):
+    weight.zero_()
+    output.copy_(hidden_states)
+
+
+@pytest.mark.parametrize("solution,written", [(_writes_x, "hidden_states"), (_writes_w, "weight")])
+def test_a_solution_that_writes_an_input_is_caught_once_and_its_calls_fall_back(solution, written):
+    x, w = _inputs()
+    x0, w0 = x.clone(), w.clone()
+    with pytest.warns(RuntimeWarning, match=rf"changed its input\(s\) {written}: a solution may"):
+        with rt.enable_apply({"rmsnorm_h4096": solution}):
+            first = fake_flashinfer.norm.rmsnorm(x, w)
+            second = fake_flashinfer.norm.rmsnorm(x, w)
+            counts = rt.stats()[RMS]
+    # The caller's tensors are as they were, and both calls got what the original computes.
+    assert torch.equal(x, x0) and torch.equal(w, w0)
+    expected = ORIGINAL(x0, w0)
+    assert torch.equal(first, expected) and torch.equal(second, expected)
+    assert CALLS == ["rmsnorm"] * 3  # two fallbacks, and the expected value above
+    assert counts["hit"] == 0 and counts["error"] == 2
+
+
+def test_strict_mode_raises_with_the_inputs_written_back():
+    x, w = _inputs()
+    x0 = x.clone()
+    with rt.enable_apply({"rmsnorm_h4096": _writes_x}, strict=True):
+        with pytest.raises(rt.SolutionError, match=r"changed its input\(s\) hidden_states"):
+            rmsnorm.rmsnorm(x, w)
+    assert torch.equal(x, x0)
+
+
+def test_a_solution_that_leaves_its_inputs_is_checked_on_its_first_call_only(monkeypatch):
+    copies = []
+    real = input_check.snapshot
+    monkeypatch.setattr(input_check, "snapshot", lambda *a: copies.append(1) or real(*a))
+    x, w = _inputs()
+    with rt.enable_apply({"rmsnorm_h4096": lambda hidden_states, weight: hidden_states * w}):
+        for _ in range(3):
+            assert torch.equal(fake_flashinfer.norm.rmsnorm(x, w), x * w)
+        counts = rt.stats()[RMS]
+    assert copies == [1] and counts["hit"] == 3 and counts["error"] == 0
+
+
+def test_an_input_that_is_also_the_output_buffer_may_be_written():
+    # A destination-passing call handed its input as `out` (FlashInfer allows it).
+    def dps(hidden_states, weight, output):
+        output.copy_(hidden_states * 3)
+
+    x, w = _inputs()
+    x0 = x.clone()
+    with rt.enable_apply({"rmsnorm_h4096": dps}):
+        assert rmsnorm.rmsnorm(x, w, out=x) is x
+        counts = rt.stats()[RMS]
+    assert torch.equal(x, x0 * 3) and counts["hit"] == 1 and counts["error"] == 0
+
+
+def test_a_nan_left_in_place_is_no_change():
+    x, w = _inputs()
+    x[0, 0] = float("nan")
+    with rt.enable_apply({"rmsnorm_h4096": lambda hidden_states, weight: hidden_states + 0}):
+        rmsnorm.rmsnorm(x, w)
+        assert rt.stats()[RMS]["hit"] == 1 and rt.stats()[RMS]["error"] == 0
+
+
+def test_inputs_above_the_budget_are_not_copied(monkeypatch):
+    monkeypatch.setattr(input_check, "BUDGET", 4096 * 4)  # room for `weight` only
+    x, w = _inputs()
+    copies = input_check.snapshot(
+        {"hidden_states": x, "weight": w}, ("hidden_states", "weight"), ()
+    )
+    assert list(copies) == ["weight"]
+
+
+def test_the_check_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("FIBGEN_INPUT_CHECK", "0")
+    x, w = _inputs()
+    with rt.enable_apply({"rmsnorm_h4096": _writes_x}):
+        rmsnorm.rmsnorm(x, w)
+        assert rt.stats()[RMS]["hit"] == 1
