@@ -120,3 +120,19 @@ def test_the_check_can_be_turned_off(monkeypatch):
     with rt.enable_apply({"rmsnorm_h4096": _writes_x}):
         rmsnorm.rmsnorm(x, w)
         assert rt.stats()[RMS]["hit"] == 1
+
+
+def test_with_tracing_on_a_failing_route_still_falls_back(tmp_path):
+    # Tracing wraps the routes it records; a solution's error must still fall back.
+    def broken(hidden_states, weight):
+        raise RuntimeError("kernel exploded")
+
+    x, w = _inputs()
+    rt.enable_tracing(tmp_path / "ds")
+    try:
+        with pytest.warns(RuntimeWarning, match="kernel exploded"):
+            with rt.enable_apply({"rmsnorm_h4096": broken}):
+                assert torch.equal(rmsnorm.rmsnorm(x, w), ORIGINAL(x, w))
+                assert rt.stats()[RMS]["error"] == 1
+    finally:
+        rt.disable_tracing()
