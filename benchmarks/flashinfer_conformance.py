@@ -323,6 +323,141 @@ def _cascade_cases() -> list[Case]:
     return out
 
 
+def _merge_more_cases() -> list[Case]:
+    """merge_state_in_place (with and without its row mask) and merge_states."""
+    import flashinfer
+
+    out = []
+    name = "merge_state_in_place_h32_d128"
+    for masked in (False, True):
+
+        def in_place(masked=masked):
+            v, vo = rnd(100, 32, 128, seed=1), rnd(100, 32, 128, seed=2)
+            s = rnd(100, 32, seed=3, dtype=torch.float32, scale=4.0)
+            so = rnd(100, 32, seed=4, dtype=torch.float32, scale=4.0)
+            mask = (torch.arange(100, device=DEV) % 3 != 0) if masked else None
+            r = flashinfer.cascade.merge_state_in_place(v, s, vo, so, mask=mask)
+            return (torch.tensor(float(r is None)), v, s)
+
+        label = f"{name} seq=100" + (" mask=" if masked else "")
+        out.append(
+            Case("flashinfer.cascade.merge_state_in_place", label, in_place, {name: solution(name)})
+        )
+    name = "merge_states_h32_d128"
+    for states in (1, 5):
+
+        def merge(states=states):
+            v = rnd(37, states, 32, 128, seed=5)
+            s = rnd(37, states, 32, seed=6, dtype=torch.float32, scale=4.0)
+            return flashinfer.cascade.merge_states(v, s)
+
+        label = f"{name} seq=37 states={states}"
+        out.append(Case("flashinfer.cascade.merge_states", label, merge, {name: solution(name)}))
+    return out
+
+
+def _single_call(api: str, qo_len: int | None) -> Callable[[Var], Callable[[], tuple]]:
+    """The single-request decode (``qo_len`` None) or prefill call of a departure."""
+
+    def call_of(var: Var) -> Callable[[], tuple]:
+        def call() -> tuple:
+            import flashinfer
+
+            q_dtype, kv_dtype = var.dtypes or (BF16, BF16)
+            q_shape = (32, 128) if qo_len is None else (qo_len, 32, 128)
+            q = rnd(*q_shape, seed=41, dtype=q_dtype)
+            k = rnd(77, 8, 128, seed=42).to(kv_dtype)
+            v = rnd(77, 8, 128, seed=43).to(kv_dtype)
+            if var.layout == "HND":
+                k, v = k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()
+            kw = {"kv_layout": var.layout, **_values(var.run, {"q": q, "k": k, "v": v})}
+            module, function = api.rsplit(".", 1)
+            fn = getattr(getattr(flashinfer, module.split(".")[-1]), function)
+            return _results(fn(q, k, v, **kw))
+
+        return call
+
+    return call_of
+
+
+def _single_cases() -> list[Case]:
+    out = []
+    decode = "flashinfer.decode.single_decode_with_kv_cache"
+    variations = [
+        Var("base", route=True),
+        Var("kv_layout", layout="HND", route=True),
+        Var("sm_scale", run={"sm_scale": 0.05}, route=True),
+        Var("window_left", run={"window_left": 20}, route=True, jit="window"),
+        Var("logits_soft_cap", run={"logits_soft_cap": 30.0}, route=True, jit="softcap"),
+        Var("use_tensor_cores", run={"use_tensor_cores": True}, route=True, jit="tc"),
+        Var("pos_encoding_mode", run={"pos_encoding_mode": "ROPE_LLAMA"}, jit="rope"),
+        Var("return_lse", run={"return_lse": True}),
+        Var("q_scale", run={"q_scale": 0.5}),
+        Var("k_scale", run={"k_scale": 0.5}),
+        Var("v_scale", run={"v_scale": 0.5}),
+        Var(
+            "rope_scale",
+            run={"rope_scale": 2.0, "rope_theta": 1e4},
+            route=True,
+            also=("rope_theta",),
+        ),
+    ]
+    name = "single_decode_h32_kv8_d128"
+    out += _wrapper_cases(decode, name, variations, _single_call(decode, None), "single-decode")
+    prefill = "flashinfer.prefill.single_prefill_with_kv_cache"
+    variations = [
+        Var("base", route=True),
+        Var("causal", run={"causal": True}, route=True, jit="causal"),
+        # FlashInfer 0.7.2's SM90 (fa3) kernel dies of SIGFPE on an HND cache, and "auto"
+        # picks it on an H100: its own call takes fa2 here (the backend is not ruled).
+        Var("kv_layout", layout="HND", run={"backend": "fa2"}, route=True, also=("backend",)),
+        Var("sm_scale", run={"sm_scale": 0.05}, route=True),
+        Var("window_left", run={"causal": True, "window_left": 20}, route=True, jit="window"),
+        Var("logits_soft_cap", run={"logits_soft_cap": 30.0}, route=True, jit="softcap"),
+        Var("backend", run={"backend": "fa2"}, route=True),
+        Var("o_dtype", run={"o_dtype": BF16}, route=True),
+        Var("pos_encoding_mode", run={"pos_encoding_mode": "ROPE_LLAMA"}, jit="rope"),
+        Var("use_fp16_qk_reduction", run={"use_fp16_qk_reduction": True}, jit="fp16qk"),
+        Var("return_lse", run={"return_lse": True}),
+        Var(
+            "custom_mask",
+            run={
+                "custom_mask": lambda c: torch.ones(
+                    c["q"].shape[0], c["k"].shape[0], dtype=torch.bool, device=DEV
+                )
+            },
+            jit="mask",
+        ),
+        Var("scale_q", run={"scale_q": lambda c: torch.ones(1, device=DEV)}),
+        Var("k_scale", run={"k_scale": 0.5}),
+        Var("v_scale", run={"v_scale": 0.5}),
+        Var(
+            "rope_theta",
+            run={"rope_theta": 1e4, "rope_scale": 2.0},
+            route=True,
+            also=("rope_scale",),
+        ),
+        Var("scale_k", run={"scale_k": lambda c: torch.ones(1, device=DEV)}),
+        Var("scale_v", run={"scale_v": lambda c: torch.ones(1, device=DEV)}),
+        Var("kv_cache_sf", run={"kv_cache_sf": lambda c: torch.ones(1, device=DEV)}),
+        Var(
+            "packed_custom_mask",
+            run={
+                "packed_custom_mask": lambda c: torch.full(
+                    ((c["q"].shape[0] * c["k"].shape[0] + 7) // 8,),
+                    255,
+                    dtype=torch.uint8,
+                    device=DEV,
+                )
+            },
+            jit="mask",
+        ),
+    ]
+    name = "single_prefill_h32_kv8_d128"
+    out += _wrapper_cases(prefill, name, variations, _single_call(prefill, 9), "single-prefill")
+    return out
+
+
 def _paged_layout(seed, batch, page_size, kv_heads=8, dim=128, full=False, extra_pages=3):
     gen = torch.Generator().manual_seed(seed)
     pages = torch.randint(1, 5, (batch,), generator=gen)
@@ -1277,6 +1412,8 @@ GROUPS = {
     "norm": _norm_cases,
     "activation": _activation_cases,
     "cascade": _cascade_cases,
+    "merge": _merge_more_cases,
+    "single": _single_cases,
     "page": _page_cases,
     "rope": _rope_cases,
     "sampling": _sampling_cases,

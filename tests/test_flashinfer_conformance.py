@@ -2,7 +2,8 @@
 
 ``benchmarks/flashinfer_conformance.py`` runs on an H100. Here it is imported with its
 cases' tensors on the CPU: every API of the catalogue has cases, the paged decode, paged
-and ragged prefill and MLA wrappers have a case for every parameter their rules hold, and
+and ragged prefill and MLA wrappers and the single-request decode and prefill have a case for
+every parameter their rules hold, and
 the wrapper cases, run with FlashInfer's wrappers replaced by stand-ins that keep their
 signatures, are routed or refused exactly as the suite expects of the real package.
 """
@@ -37,6 +38,8 @@ WRAPPERS = {
         "gqa_ragged_prefill_causal_h32_kv8_d128"
     ),
     "flashinfer.mla.BatchMLAPagedAttentionWrapper.run": "mla_paged_decode_h16_ckv512_kpe64_ps64",
+    "flashinfer.decode.single_decode_with_kv_cache": "single_decode_h32_kv8_d128",
+    "flashinfer.prefill.single_prefill_with_kv_cache": "single_prefill_h32_kv8_d128",
 }
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -126,7 +129,7 @@ def _mla_stand_in(monkeypatch):
         monkeypatch.setattr(cls, name, cpu._keeping_signature(getattr(cls, name), body))
 
 
-@pytest.mark.parametrize("group", ["decode", "prefill", "ragged", "mla"])
+@pytest.mark.parametrize("group", ["decode", "prefill", "ragged", "mla", "single", "merge"])
 def test_the_wrapper_cases_route_or_fall_back_as_the_suite_expects(group, monkeypatch):
     cpu.decode_wrapper_on_cpu(monkeypatch)
     cpu.prefill_wrappers_that_record(monkeypatch)
