@@ -552,6 +552,74 @@ def _rope_cases() -> list[Case]:
     return out
 
 
+def _rope_on_the_fly_cases() -> list[Case]:
+    """The eight RoPE functions that compute their angles from positions: ragged (indptr and
+    offsets) or per-token position ids, plain or Llama 3.1 frequencies, out of place or in
+    place; at their defaults and at a non-default value of every scalar."""
+    import flashinfer
+
+    out = []
+    plain = [
+        {},
+        {"rotary_dim": 64},
+        {"interleave": True},
+        {"rope_scale": 2.0, "rope_theta": 5e5},
+    ]
+    llama = [
+        {},
+        {"rotary_dim": 64, "interleave": True},
+        {"rope_scale": 4.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0},
+        {"old_context_len": 4096, "rope_theta": 1e4},
+    ]
+    for llama31 in (False, True):
+        for by_ids in (False, True):
+            for in_place in (False, True):
+                stem = "apply_llama31_rope" if llama31 else "apply_rope"
+                stem += "_pos_ids" if by_ids else ""
+                fn = stem + ("_inplace" if in_place else "")
+                name = fn.removeprefix("apply_").replace("_rope", "_rope", 1)
+                name = f"{name}_h32_kv8_d128"
+                for kw in (llama if llama31 else plain) + ["float16"]:
+
+                    def call(fn=fn, by_ids=by_ids, in_place=in_place, kw=kw):
+                        dtype = torch.float16 if kw == "float16" else BF16
+                        q, k = rnd(37, 32, 128, seed=51, dtype=dtype), rnd(
+                            37, 8, 128, seed=52, dtype=dtype
+                        )
+                        if by_ids:
+                            where = (
+                                torch.randint(0, 8192, (37,), device=DEV, generator=g(53)).int(),
+                            )
+                        else:
+                            indptr = torch.tensor([0, 5, 5, 30, 37], device=DEV, dtype=torch.int32)
+                            offsets = torch.tensor(
+                                [0, 17, 4000, 9000], device=DEV, dtype=torch.int32
+                            )
+                            where = (indptr, offsets)
+                        r = getattr(flashinfer.rope, fn)(
+                            q, k, *where, **(kw if kw != "float16" else {})
+                        )
+                        return (q, k) if in_place else _results(r)
+
+                    given = (
+                        "float16 q and k"
+                        if kw == "float16"
+                        else " ".join(f"{a}={b}" for a, b in kw.items()) or "defaults"
+                    )
+                    out.append(
+                        Case(
+                            f"flashinfer.rope.{fn}",
+                            f"{name} {given}",
+                            call,
+                            {name: solution(name)},
+                            expect="tensor:q" if kw == "float16" else None,
+                            params=tuple(kw) if kw != "float16" else (),
+                            variant=f"rope:{fn}:{sorted(kw) if kw != 'float16' else kw}",
+                        )
+                    )
+    return out
+
+
 def _sampling_cases() -> list[Case]:
     import flashinfer
 
@@ -592,6 +660,73 @@ def _sampling_cases() -> list[Case]:
                 {name: solution(name)},
                 expect=expect,
                 samples=expect is None,
+            )
+        )
+    return out
+
+
+def _sampling_more_cases() -> list[Case]:
+    """Softmax and the renorm and mask transforms (compared value by value), and the plain,
+    min-p and from-logits samplers (compared by the distribution of their draws)."""
+    import flashinfer
+
+    vocab, out = 128256, []
+    support = [5, 17, 99, 1000, 4242, 70000, 128000, 3]
+    weights = [0.3, 0.2, 0.15, 0.12, 0.09, 0.07, 0.05, 0.02]
+
+    def probs(rows=2048, floor=0.0):
+        p = floor * (1 + torch.rand(rows, vocab, device=DEV, generator=g(61)))
+        p[:, torch.tensor(support, device=DEV)] = torch.tensor(weights, device=DEV)
+        return p / p.sum(-1, keepdim=True)
+
+    def logits(rows=16):
+        return torch.randn(rows, vocab, device=DEV, generator=g(62)) * 2
+
+    transforms = (
+        ("softmax", lambda: (logits(),), {}),
+        ("softmax", lambda: (logits(),), {"temperature": 0.7}),
+        ("softmax", lambda: (logits(),), {"temperature": torch.full((16,), 1.3, device=DEV)}),
+        ("top_k_mask_logits", lambda: (logits(),), {"top_k": 50}),
+        ("top_k_renorm_probs", lambda: (torch.softmax(logits(), -1),), {"top_k": 50}),
+        ("top_p_renorm_probs", lambda: (probs(16),), {"top_p": 0.7}),
+    )
+    for fn, args, kw in transforms:
+        name = f"{fn}_v{vocab}"
+
+        def call(fn=fn, args=args, kw=kw):
+            return _results(getattr(flashinfer.sampling, fn)(*args(), **kw))
+
+        shown = {k: (v if not torch.is_tensor(v) else "<tensor>") for k, v in kw.items()}
+        out.append(
+            Case(f"flashinfer.sampling.{fn}", f"{name} {shown}", call, {name: solution(name)})
+        )
+    # Logits whose softmax is the distribution above, for the from-logits samplers.
+    as_logits = lambda: torch.log(probs(floor=1e-9))  # noqa: E731
+    samplers = (
+        ("sampling_from_probs", "sampling_from_probs", lambda: (probs(),), {}),
+        ("sampling_from_logits", "sampling_from_logits", lambda: (as_logits(),), {}),
+        ("min_p_sampling_from_probs", "min_p_sampling", lambda: (probs(),), {"min_p": 0.3}),
+        (
+            "top_k_top_p_sampling_from_logits",
+            "top_k_top_p_sampling_from_logits",
+            lambda: (as_logits(),),
+            {"top_k": 5, "top_p": 0.8},
+        ),
+    )
+    for fn, stem, args, kw in samplers:
+        name = f"{stem}_v{vocab}"
+
+        def call(fn=fn, args=args, kw=kw):
+            torch.manual_seed(0)
+            return getattr(flashinfer.sampling, fn)(*args(), **kw)
+
+        out.append(
+            Case(
+                f"flashinfer.sampling.{fn}",
+                f"{name} {kw}",
+                call,
+                {name: solution(name)},
+                samples=True,
             )
         )
     return out
@@ -1416,7 +1551,9 @@ GROUPS = {
     "single": _single_cases,
     "page": _page_cases,
     "rope": _rope_cases,
+    "rope_fly": _rope_on_the_fly_cases,
     "sampling": _sampling_cases,
+    "sampling_more": _sampling_more_cases,
     "mamba": _mamba_cases,
     "gdn": _gdn_cases,
     "moe": _moe_cases,
