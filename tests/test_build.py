@@ -381,9 +381,10 @@ def assert_black_clean(out: Path) -> int:
         kind = path.relative_to(out).parts[:-1]
         if kind[:1] == ("reference",):
             continue  # references are kept as written
-        if kind[:1] == ("cuda",):
-            # One per definition, all from one template: every 16th is enough to catch a
-            # template that black would rewrite (black takes a minute over all of them).
+        if kind[:1] in (("cuda",), ("tests",)):
+            # One per definition (per family for tests), all from one template: every 16th
+            # is enough to catch a template that black would rewrite (black takes a minute
+            # over all of them).
             seen[kind[:1]] = seen.get(kind[:1], -1) + 1
             if seen[kind[:1]] % 16:
                 continue
