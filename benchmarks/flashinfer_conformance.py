@@ -522,6 +522,38 @@ def _page_cases() -> list[Case]:
 
         sols = {name: solution(name, "append_paged_kv_cache")}
         out.append(Case(api, f"{name} {layout} {'stacked' if stacked else 'tuple'}", call, sols))
+    api = "flashinfer.page.append_paged_mla_kv_cache"
+    name = "append_paged_mla_kv_cache_ckv512_kpe64"
+    for page_size, per_request in ((1, 1), (64, 1), (64, 5)):
+
+        def mla(page_size=page_size, per_request=per_request):
+            lay = _paged_layout(9, 3, page_size, kv_heads=1, dim=64)
+            lens = (lay["indptr"][1:] - lay["indptr"][:-1] - 1) * page_size + lay["last"]
+            # The last `per_request` positions of each request (fewer where it is shorter).
+            rows = [
+                (b, p)
+                for b, n in enumerate(lens.tolist())
+                for p in range(max(0, n - per_request), n)
+            ]
+            batch_indices = torch.tensor([b for b, _ in rows], device=DEV, dtype=torch.int32)
+            positions = torch.tensor([p for _, p in rows], device=DEV, dtype=torch.int32)
+            ckv = rnd(lay["num_pages"], page_size, 512, seed=10)
+            kpe = rnd(lay["num_pages"], page_size, 64, seed=11)
+            flashinfer.page.append_paged_mla_kv_cache(
+                rnd(len(rows), 512, seed=12),
+                rnd(len(rows), 64, seed=13),
+                batch_indices,
+                positions,
+                ckv,
+                kpe,
+                lay["indices"],
+                lay["indptr"],
+                lay["last"],
+            )
+            return (ckv, kpe)
+
+        label = f"{name} page_size={page_size} tokens per request={per_request}"
+        out.append(Case(api, label, mla, {name: solution(name)}))
     return out
 
 
@@ -549,6 +581,20 @@ def _rope_cases() -> list[Case]:
                 expect=None if neox else "is_neox",
             )
         )
+    # Out of place, with the rotary width and the pairing as inputs: any is_neox is routed.
+    api = "flashinfer.rope.apply_rope_with_cos_sin_cache"
+    name = "rope_cos_sin_cache_d128"
+    for tokens, neox, rotary in ((1, True, 128), (77, True, 64), (8, False, 64)):
+
+        def fresh(tokens=tokens, neox=neox, rotary=rotary):
+            q, k = rnd(tokens, 32 * 128, seed=1), rnd(tokens, 8 * 128, seed=2)
+            cache = rnd(4096, rotary, seed=3, dtype=torch.float32)
+            pos = torch.randint(0, 4096, (tokens,), device=DEV, generator=g(4))
+            r = flashinfer.rope.apply_rope_with_cos_sin_cache(pos, q, k, 128, cache, neox)
+            return _results(r) + (q, k)  # and the inputs, which it must leave as they were
+
+        label = f"{name} tokens={tokens} is_neox={neox} rotary_dim={rotary}"
+        out.append(Case(api, label, fresh, {name: solution(name)}))
     return out
 
 
@@ -617,6 +663,38 @@ def _rope_on_the_fly_cases() -> list[Case]:
                             variant=f"rope:{fn}:{sorted(kw) if kw != 'float16' else kw}",
                         )
                     )
+    return out
+
+
+def _rope_fp8_cases() -> list[Case]:
+    """rope_quantize_fp8: RoPE on the rotary part, both parts scaled and cast to FP8."""
+    import flashinfer
+
+    out = []
+    api = "flashinfer.rope.rope_quantize_fp8"
+    name = "rope_quantize_fp8_h32_kv8_rope128"
+    variants = (
+        ({}, 0, None),
+        ({}, 64, None),
+        ({"is_neox": False}, 64, None),
+        ({"quant_scale_q": 0.5, "quant_scale_kv": 2.0}, 64, None),
+        ({"quantize_dtype": torch.float8_e4m3fn}, 0, None),
+        ({"quantize_dtype": torch.float8_e5m2}, 64, "quantize_dtype"),
+    )
+    for kw, nope, expect in variants:
+
+        def call(kw=kw, nope=nope):
+            q, k = rnd(7, 32, 128, seed=71), rnd(7, 8, 128, seed=72)
+            qn = rnd(7, 32, nope, seed=73) if nope else None
+            kn = rnd(7, 8, nope, seed=74) if nope else None
+            cache = rnd(4096, 128, seed=75, dtype=torch.float32)
+            pos = torch.randint(0, 4096, (7,), device=DEV, generator=g(76))
+            r = flashinfer.rope.rope_quantize_fp8(q, k, qn, kn, cache, pos, **kw)
+            return _results(r)
+
+        shown = " ".join(f"{a}={str(b).removeprefix('torch.')}" for a, b in kw.items())
+        label = f"{name} no_rope_dim={nope} {shown}".rstrip()
+        out.append(Case(api, label, call, {name: solution(name)}, expect=expect))
     return out
 
 
@@ -1552,6 +1630,7 @@ GROUPS = {
     "page": _page_cases,
     "rope": _rope_cases,
     "rope_fly": _rope_on_the_fly_cases,
+    "rope_fp8": _rope_fp8_cases,
     "sampling": _sampling_cases,
     "sampling_more": _sampling_more_cases,
     "mamba": _mamba_cases,

@@ -129,7 +129,21 @@ def _mla_stand_in(monkeypatch):
         monkeypatch.setattr(cls, name, cpu._keeping_signature(getattr(cls, name), body))
 
 
-@pytest.mark.parametrize("group", ["decode", "prefill", "ragged", "mla", "single", "merge", "rope_fly"])
+@pytest.mark.parametrize(
+    "group",
+    [
+        "decode",
+        "prefill",
+        "ragged",
+        "mla",
+        "single",
+        "merge",
+        "rope_fly",
+        "rope",
+        "page",
+        "rope_fp8",
+    ],
+)
 def test_the_wrapper_cases_route_or_fall_back_as_the_suite_expects(group, monkeypatch):
     cpu.decode_wrapper_on_cpu(monkeypatch)
     cpu.prefill_wrappers_that_record(monkeypatch)
