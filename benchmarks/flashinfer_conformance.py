@@ -698,6 +698,91 @@ def _rope_fp8_cases() -> list[Case]:
     return out
 
 
+def _basic_more_cases() -> list[Case]:
+    """gelu_tanh_and_mul, the Gemma fused add-norm, the fused RMSNorm-SiLU, and the bf16
+    GEMMs (mm, bmm, tinygemm)."""
+    import flashinfer
+
+    out = []
+
+    def case(api, label, call, name, expect=None):
+        out.append(Case(api, label, call, {name: solution(name)}, expect=expect))
+
+    name = "gelu_tanh_and_mul_h14336_bf16"
+    for rows in (1, 77):
+        case(
+            "flashinfer.activation.gelu_tanh_and_mul",
+            f"{name} rows={rows}",
+            lambda rows=rows: (flashinfer.activation.gelu_tanh_and_mul(rnd(rows, 28672, seed=1)),),
+            name,
+        )
+
+    def gemma(rows):
+        x, r, w = rnd(rows, 2304, seed=1), rnd(rows, 2304, seed=2), rnd(2304, seed=3)
+        flashinfer.norm.gemma_fused_add_rmsnorm(x, r, w, 1e-6)
+        return (x, r)
+
+    name = "gemma_fused_add_rmsnorm_h2304"
+    for rows in (1, 64):
+        case(
+            "flashinfer.norm.gemma_fused_add_rmsnorm",
+            f"{name} rows={rows}",
+            lambda rows=rows: gemma(rows),
+            name,
+        )
+
+    name = "fused_rmsnorm_silu_h512"
+    api = "flashinfer.norm.fused_rmsnorm_silu"
+    case(
+        api,
+        f"{name} rows=33",
+        lambda: (flashinfer.norm.fused_rmsnorm_silu(rnd(33, 512, seed=1), rnd(512, seed=2)),),
+        name,
+    )
+
+    def mm(rows, **kw):
+        a, w = rnd(rows, 7168, seed=4), rnd(256, 7168, seed=5)
+        return (flashinfer.gemm.mm_bf16(a, w.t(), **kw),)
+
+    name = "gemm_bf16_N256_K7168"
+    for rows, kw in ((1, {}), (100, {}), (100, {"out_dtype": torch.float16})):
+        expect = "out_dtype" if kw else None
+        case(
+            "flashinfer.gemm.mm_bf16",
+            f"{name} M={rows}" + (" out_dtype=float16" if kw else ""),
+            lambda rows=rows, kw=kw: mm(rows, **kw),
+            name,
+            expect,
+        )
+
+    # On SM90 only the cuDNN backend runs these products (FlashInfer refuses "cutlass" and
+    # "tgv" there); it needs the nvidia-cudnn-frontend package.
+    name = "bmm_bf16_N512_K128"
+    case(
+        "flashinfer.gemm.bmm_bf16",
+        f"{name} batch=16 M=5",
+        lambda: (flashinfer.gemm.bmm_bf16(rnd(16, 5, 128, seed=6), rnd(16, 128, 512, seed=7)),),
+        name,
+    )
+
+    def tiny(bias):
+        x, w = rnd(4, 2880, seed=8), rnd(128, 2880, seed=9)
+        o = torch.empty(4, 128, device=DEV, dtype=BF16)
+        b = rnd(128, seed=10) if bias else None
+        flashinfer.gemm.tinygemm_bf16(x, w, o, b)
+        return (o,)
+
+    name = "tinygemm_bf16_n128_k2880"
+    for bias in (False, True):
+        case(
+            "flashinfer.gemm.tinygemm_bf16",
+            f"{name} M=4 bias={bias}",
+            lambda bias=bias: tiny(bias),
+            name,
+        )
+    return out
+
+
 def _sampling_cases() -> list[Case]:
     import flashinfer
 
@@ -1631,6 +1716,7 @@ GROUPS = {
     "rope": _rope_cases,
     "rope_fly": _rope_on_the_fly_cases,
     "rope_fp8": _rope_fp8_cases,
+    "basic_more": _basic_more_cases,
     "sampling": _sampling_cases,
     "sampling_more": _sampling_more_cases,
     "mamba": _mamba_cases,
