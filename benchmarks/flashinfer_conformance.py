@@ -783,6 +783,75 @@ def _basic_more_cases() -> list[Case]:
     return out
 
 
+def _norm_quant_cases() -> list[Case]:
+    """The FP8-quantizing norms (a bfloat16 `out` refused) and concat_mla_k."""
+    import flashinfer
+
+    out = []
+    fp8 = torch.float8_e4m3fn
+
+    def quant(fn, rows, scale, out_dtype, with_residual=False, layer=False):
+        x = rnd(rows, 2048 if not layer else 768, seed=1)
+        h = x.shape[1]
+        o = torch.empty(rows, h, device=DEV, dtype=out_dtype)
+        s = torch.tensor([scale], device=DEV)
+        if layer:
+            g_, b_ = rnd(h, seed=2, dtype=torch.float32), rnd(h, seed=3, dtype=torch.float32)
+            flashinfer.norm.layernorm_quant(o, x, g_, b_, s, 1e-6)
+            return (o,)
+        w = rnd(h, seed=2)
+        if with_residual:
+            r = rnd(rows, h, seed=3)
+            flashinfer.norm.fused_add_rmsnorm_quant(o, x, r, w, s, 1e-6)
+            return (o, r)
+        flashinfer.norm.rmsnorm_quant(o, x, w, s, 1e-6)
+        return (o,)
+
+    for api, name, extra in (
+        ("flashinfer.norm.rmsnorm_quant", "rmsnorm_quant_h2048", {}),
+        (
+            "flashinfer.norm.fused_add_rmsnorm_quant",
+            "fused_add_rmsnorm_quant_h2048",
+            {"with_residual": True},
+        ),
+        ("flashinfer.norm.layernorm_quant", "layernorm_quant_h768", {"layer": True}),
+    ):
+        fn = api.rsplit(".", 1)[1]
+        for rows, scale, out_dtype, expect in (
+            (1, 0.75, fp8, None),
+            (64, 1.5, fp8, None),
+            (8, 1.5, BF16, "out"),
+        ):
+
+            def call(fn=fn, rows=rows, scale=scale, out_dtype=out_dtype, extra=extra):
+                return quant(fn, rows, scale, out_dtype, **extra)
+
+            label = f"{name} rows={rows} scale={scale} out={str(out_dtype).removeprefix('torch.')}"
+            out.append(Case(api, label, call, {name: solution(name)}, expect=expect))
+
+    # FlashInfer's kernel takes 128 heads only (it raises for the 16 of a TP-8 shard, which
+    # apply routes to its solution).
+    name = "concat_mla_k_h128_nope128_rope64_d192"
+    for tokens in (1, 300):
+
+        def concat(tokens=tokens):
+            k = torch.empty(tokens, 128, 192, device=DEV, dtype=BF16)
+            flashinfer.concat_ops.concat_mla_k(
+                k, rnd(tokens, 128, 128, seed=4), rnd(tokens, 1, 64, seed=5)
+            )
+            return (k,)
+
+        out.append(
+            Case(
+                "flashinfer.concat_ops.concat_mla_k",
+                f"{name} tokens={tokens}",
+                concat,
+                {name: solution(name)},
+            )
+        )
+    return out
+
+
 def _sampling_cases() -> list[Case]:
     import flashinfer
 
@@ -1717,6 +1786,7 @@ GROUPS = {
     "rope_fly": _rope_on_the_fly_cases,
     "rope_fp8": _rope_fp8_cases,
     "basic_more": _basic_more_cases,
+    "norm_quant": _norm_quant_cases,
     "sampling": _sampling_cases,
     "sampling_more": _sampling_more_cases,
     "mamba": _mamba_cases,

@@ -143,6 +143,7 @@ def _mla_stand_in(monkeypatch):
         "page",
         "rope_fp8",
         "basic_more",
+        "norm_quant",
     ],
 )
 def test_the_wrapper_cases_route_or_fall_back_as_the_suite_expects(group, monkeypatch):
