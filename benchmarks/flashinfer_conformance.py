@@ -380,27 +380,42 @@ def _single_call(api: str, qo_len: int | None) -> Callable[[Var], Callable[[], t
     return call_of
 
 
+def _single_shared_variations(rope_param: str) -> list[Var]:
+    """Departures the single-request decode and prefill share: the modelled scale, window
+    and soft cap, and the refused RoPE, LSE and FP8 scales. ``rope_param`` is the one of
+    rope_scale/rope_theta whose case gives both (read only with RoPE on, so routed)."""
+    other = "rope_theta" if rope_param == "rope_scale" else "rope_scale"
+    return [
+        Var("sm_scale", run={"sm_scale": 0.05}, route=True),
+        Var("logits_soft_cap", run={"logits_soft_cap": 30.0}, route=True, jit="softcap"),
+        Var("pos_encoding_mode", run={"pos_encoding_mode": "ROPE_LLAMA"}, jit="rope"),
+        Var("return_lse", run={"return_lse": True}),
+        Var("k_scale", run={"k_scale": 0.5}),
+        Var("v_scale", run={"v_scale": 0.5}),
+        Var(rope_param, run={"rope_scale": 2.0, "rope_theta": 1e4}, route=True, also=(other,)),
+    ]
+
+
+def _ones(c: dict) -> torch.Tensor:
+    return torch.ones(1, device=DEV)
+
+
+def _packed_all(c: dict) -> torch.Tensor:
+    """A packed custom mask that keeps every key of every query."""
+    bits = c["q"].shape[0] * c["k"].shape[0]
+    return torch.full(((bits + 7) // 8,), 255, dtype=torch.uint8, device=DEV)
+
+
 def _single_cases() -> list[Case]:
     out = []
     decode = "flashinfer.decode.single_decode_with_kv_cache"
     variations = [
         Var("base", route=True),
         Var("kv_layout", layout="HND", route=True),
-        Var("sm_scale", run={"sm_scale": 0.05}, route=True),
         Var("window_left", run={"window_left": 20}, route=True, jit="window"),
-        Var("logits_soft_cap", run={"logits_soft_cap": 30.0}, route=True, jit="softcap"),
         Var("use_tensor_cores", run={"use_tensor_cores": True}, route=True, jit="tc"),
-        Var("pos_encoding_mode", run={"pos_encoding_mode": "ROPE_LLAMA"}, jit="rope"),
-        Var("return_lse", run={"return_lse": True}),
         Var("q_scale", run={"q_scale": 0.5}),
-        Var("k_scale", run={"k_scale": 0.5}),
-        Var("v_scale", run={"v_scale": 0.5}),
-        Var(
-            "rope_scale",
-            run={"rope_scale": 2.0, "rope_theta": 1e4},
-            route=True,
-            also=("rope_theta",),
-        ),
+        *_single_shared_variations("rope_scale"),
     ]
     name = "single_decode_h32_kv8_d128"
     out += _wrapper_cases(decode, name, variations, _single_call(decode, None), "single-decode")
@@ -411,14 +426,10 @@ def _single_cases() -> list[Case]:
         # FlashInfer 0.7.2's SM90 (fa3) kernel dies of SIGFPE on an HND cache, and "auto"
         # picks it on an H100: its own call takes fa2 here (the backend is not ruled).
         Var("kv_layout", layout="HND", run={"backend": "fa2"}, route=True, also=("backend",)),
-        Var("sm_scale", run={"sm_scale": 0.05}, route=True),
         Var("window_left", run={"causal": True, "window_left": 20}, route=True, jit="window"),
-        Var("logits_soft_cap", run={"logits_soft_cap": 30.0}, route=True, jit="softcap"),
         Var("backend", run={"backend": "fa2"}, route=True),
         Var("o_dtype", run={"o_dtype": BF16}, route=True),
-        Var("pos_encoding_mode", run={"pos_encoding_mode": "ROPE_LLAMA"}, jit="rope"),
         Var("use_fp16_qk_reduction", run={"use_fp16_qk_reduction": True}, jit="fp16qk"),
-        Var("return_lse", run={"return_lse": True}),
         Var(
             "custom_mask",
             run={
@@ -428,30 +439,12 @@ def _single_cases() -> list[Case]:
             },
             jit="mask",
         ),
-        Var("scale_q", run={"scale_q": lambda c: torch.ones(1, device=DEV)}),
-        Var("k_scale", run={"k_scale": 0.5}),
-        Var("v_scale", run={"v_scale": 0.5}),
-        Var(
-            "rope_theta",
-            run={"rope_theta": 1e4, "rope_scale": 2.0},
-            route=True,
-            also=("rope_scale",),
-        ),
-        Var("scale_k", run={"scale_k": lambda c: torch.ones(1, device=DEV)}),
-        Var("scale_v", run={"scale_v": lambda c: torch.ones(1, device=DEV)}),
-        Var("kv_cache_sf", run={"kv_cache_sf": lambda c: torch.ones(1, device=DEV)}),
-        Var(
-            "packed_custom_mask",
-            run={
-                "packed_custom_mask": lambda c: torch.full(
-                    ((c["q"].shape[0] * c["k"].shape[0] + 7) // 8,),
-                    255,
-                    dtype=torch.uint8,
-                    device=DEV,
-                )
-            },
-            jit="mask",
-        ),
+        Var("packed_custom_mask", run={"packed_custom_mask": _packed_all}, jit="mask"),
+        Var("scale_q", run={"scale_q": _ones}),
+        Var("scale_k", run={"scale_k": _ones}),
+        Var("scale_v", run={"scale_v": _ones}),
+        Var("kv_cache_sf", run={"kv_cache_sf": _ones}),
+        *_single_shared_variations("rope_theta"),
     ]
     name = "single_prefill_h32_kv8_d128"
     out += _wrapper_cases(prefill, name, variations, _single_call(prefill, 9), "single-prefill")

@@ -3,7 +3,6 @@ written back (Note [first-call input check] in fibgen/runtime/input_check.py).""
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ import torch
 import fake_flashinfer
 import fibgen.runtime as rt
 from fake_flashinfer import CALLS
+from fake_flashinfer.calls import clean_apply  # noqa: F401  (autouse)
 from fake_flashinfer.catalogue import generated_package
 from fibgen.runtime import input_check
 
@@ -20,15 +20,6 @@ from fake_kernels import rmsnorm  # noqa: E402  (generated just above)
 
 RMS = "fake_flashinfer.norm.rmsnorm"
 ORIGINAL = fake_flashinfer.norm.rmsnorm
-
-
-@pytest.fixture(autouse=True)
-def _clean():
-    CALLS.clear()
-    yield
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        rt.disable_apply()
 
 
 def _inputs():

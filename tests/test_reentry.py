@@ -8,7 +8,6 @@ original API once, counted as ``nested``, never as a hit, in every mode apply ru
 from __future__ import annotations
 
 import threading
-import warnings
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ import fake_flashinfer
 import fake_flashinfer.norm
 import fibgen.runtime as rt
 from fake_flashinfer import CALLS
+from fake_flashinfer.calls import clean_apply  # noqa: F401  (autouse)
 from fake_flashinfer.catalogue import generated_package
 
 generated_package()
@@ -28,15 +28,6 @@ FUSED = "fake_flashinfer.norm.fused_add_rmsnorm"
 ORIGINAL_RMSNORM = fake_flashinfer.norm.rmsnorm
 
 pytestmark = pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning")
-
-
-@pytest.fixture(autouse=True)
-def _clean():
-    CALLS.clear()
-    yield
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        rt.disable_apply()
 
 
 def wrapper_baseline(hidden_states, weight):

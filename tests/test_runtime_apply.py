@@ -12,6 +12,7 @@ import torch
 import fake_flashinfer
 import fibgen.runtime as rt
 from fake_flashinfer import CALLS
+from fake_flashinfer.calls import clean_apply  # noqa: F401  (autouse)
 from fake_flashinfer.catalogue import generated_package
 
 # The module, not the function of the same name that fibgen.runtime exports.
@@ -35,15 +36,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:fibgen. .* never matched:Runtime
 
 RMS = "fake_flashinfer.norm.rmsnorm"
 ORIGINAL_RMSNORM = fake_flashinfer.norm.rmsnorm
-
-
-@pytest.fixture(autouse=True)
-def _clean():
-    CALLS.clear()
-    yield
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        rt.disable_apply()
 
 
 def _doubling(hidden_states, weight):

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 import fake_flashinfer
 import fibgen.runtime as rt
 from fake_flashinfer import CALLS
+from fake_flashinfer.calls import clean_apply  # noqa: F401  (autouse)
 from _shared import foreign_files, require_flashinfer_bench
 from fake_flashinfer.catalogue import MODULE, generated_package
 from fibgen.format import load_definitions, load_workloads, write_definition
@@ -30,16 +31,6 @@ from fake_kernels import add_bias, gqa_paged_decode, rmsnorm  # noqa: E402
 tracing = importlib.import_module("fibgen.runtime.tracing")
 TESTS = Path(__file__).resolve().parent
 ORIGINAL_RMSNORM = fake_flashinfer.norm.rmsnorm
-
-
-@pytest.fixture(autouse=True)
-def _clean():
-    CALLS.clear()
-    yield
-    rt.disable_tracing()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        rt.disable_apply()
 
 
 def _records(root: Path, definition: str) -> list:
