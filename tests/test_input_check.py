@@ -127,3 +127,16 @@ def test_with_tracing_on_a_failing_route_still_falls_back(tmp_path):
                 assert rt.stats()[RMS]["error"] == 1
     finally:
         rt.disable_tracing()
+
+
+def test_fp4_and_fp8_inputs_compare_by_their_bytes():
+    # FP4 has no elementwise equality on the CPU: a solution given FP4 weights was an error.
+    packed = torch.arange(16, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+    fp8 = torch.linspace(-2, 2, 8).to(torch.float8_e4m3fn)
+    kwargs = {"w": packed, "s": fp8}
+    copies = input_check.snapshot(kwargs, ("w", "s"), ())
+    assert input_check.changed(kwargs, copies) == []
+    packed.view(torch.uint8)[3] = 200
+    fp8.view(torch.uint8)[0] = 0
+    assert sorted(input_check.changed(kwargs, copies)) == ["s", "w"]
+    assert packed.view(torch.uint8)[3] == 3 and fp8.view(torch.uint8)[0] != 0  # written back

@@ -66,13 +66,18 @@ def snapshot(
     return copies
 
 
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().contiguous()
+    return (t.reshape(1) if t.dim() == 0 else t).view(torch.uint8)
+
+
 def _same(now: torch.Tensor, before: torch.Tensor) -> bool:
-    if torch.equal(now, before):
-        return True
-    if now.is_floating_point() or now.is_complex():
-        # NaN is not equal to itself: a NaN left where it was is no change.
-        return bool(((now == before) | (now.isnan() & before.isnan())).all())
-    return False
+    """Whether a tensor holds the bytes it held: a NaN left where it was is no change, and
+    every dtype compares (FP4 and FP8 have no elementwise equality on some devices)."""
+    try:
+        return torch.equal(_bytes(now), _bytes(before))
+    except (RuntimeError, TypeError):
+        return True  # a layout the bytes cannot be read from: not checked
 
 
 def changed(kwargs: dict[str, Any], copies: dict[str, torch.Tensor]) -> list[str]:
