@@ -616,8 +616,7 @@ def _rope_on_the_fly_cases() -> list[Case]:
                 stem = "apply_llama31_rope" if llama31 else "apply_rope"
                 stem += "_pos_ids" if by_ids else ""
                 fn = stem + ("_inplace" if in_place else "")
-                name = fn.removeprefix("apply_").replace("_rope", "_rope", 1)
-                name = f"{name}_h32_kv8_d128"
+                name = f"{fn.removeprefix('apply_')}_h32_kv8_d128"
                 for kw in (llama if llama31 else plain) + ["float16"]:
 
                     def call(fn=fn, by_ids=by_ids, in_place=in_place, kw=kw):
@@ -783,7 +782,7 @@ def _norm_quant_cases() -> list[Case]:
     out = []
     fp8 = torch.float8_e4m3fn
 
-    def quant(fn, rows, scale, out_dtype, with_residual=False, layer=False):
+    def quant(rows, scale, out_dtype, with_residual=False, layer=False):
         x = rnd(rows, 2048 if not layer else 768, seed=1)
         h = x.shape[1]
         o = torch.empty(rows, h, device=DEV, dtype=out_dtype)
@@ -809,15 +808,14 @@ def _norm_quant_cases() -> list[Case]:
         ),
         ("flashinfer.norm.layernorm_quant", "layernorm_quant_h768", {"layer": True}),
     ):
-        fn = api.rsplit(".", 1)[1]
         for rows, scale, out_dtype, expect in (
             (1, 0.75, fp8, None),
             (64, 1.5, fp8, None),
             (8, 1.5, BF16, "out"),
         ):
 
-            def call(fn=fn, rows=rows, scale=scale, out_dtype=out_dtype, extra=extra):
-                return quant(fn, rows, scale, out_dtype, **extra)
+            def call(rows=rows, scale=scale, out_dtype=out_dtype, extra=extra):
+                return quant(rows, scale, out_dtype, **extra)
 
             label = f"{name} rows={rows} scale={scale} out={str(out_dtype).removeprefix('torch.')}"
             out.append(Case(api, label, call, {name: solution(name)}, expect=expect))

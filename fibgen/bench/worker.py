@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from fibgen.bench.device import _hardware, _libs, setup_device
+from fibgen.runtime.input_check import differences
 
 # Statuses (flashinfer-bench's EvaluationStatus values).
 PASSED = "PASSED"
@@ -544,7 +545,7 @@ class Worker:
         """The problem with a solution's outputs (None when they pass) and their errors;
         with ``inputs``, those of the call, which must be as the workload's still."""
         problem, errors = self._check_outputs(actual, tolerance, values)
-        changed = [] if inputs is None else _mutated(self.work.inputs, inputs)
+        changed = [] if inputs is None else list(differences(self.work.inputs, inputs).values())
         if not changed:
             return problem, errors
         mutated = (
@@ -622,28 +623,6 @@ class Worker:
 # look at inputs, keeps RUNTIME_ERROR for a call that raised or crashed and the INCORRECT_*
 # statuses for results the caller receives wrong, which a changed input is (a wrong value in
 # memory the caller reads); the log says what it is.
-
-
-def _mutated(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
-    """What the call changed in its inputs (Note [mutated inputs]): one phrase per input."""
-    changed = []
-    for name, was in before.items():
-        now = after.get(name)
-        if not isinstance(was, torch.Tensor) or not isinstance(now, torch.Tensor):
-            continue
-        if tuple(now.shape) != tuple(was.shape) or now.dtype != was.dtype:
-            changed.append(
-                f"{name!r} is now {list(now.shape)} {now.dtype}, was {list(was.shape)} "
-                f"{was.dtype}"
-            )
-            continue
-        size = was.element_size()
-        old = was.detach().reshape(-1).view(torch.uint8).reshape(-1, size)
-        new = now.detach().to(was.device).reshape(-1).view(torch.uint8).reshape(-1, size)
-        differ = int((old != new).any(-1).sum())
-        if differ:
-            changed.append(f"{name!r} ({differ} of {was.numel()} elements differ)")
-    return changed
 
 
 def _load_reference(definition: dict) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import itertools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -139,15 +140,12 @@ def _link_packages(path: str) -> None:
         first = next((a for a in reversed(apis) if a.function not in named), None)
         if first is None:
             continue
-        last, seen = first, {first.function}
-        while last.own_then is not None and last.own_then in newest:
+        last = first  # a package's chain ends: each module imports its `then` first
+        while last.own_then in newest:
             last = newest[last.own_then]
-            if last.function in seen:
-                break
-            seen.add(last.function)
         if last.own_then is None:
             chains.append((first, last))
-    for (_, last), (first, _) in zip(chains, chains[1:]):
+    for (_, last), (first, _) in itertools.pairwise(chains):
         last.then = first.function
 
 

@@ -376,16 +376,16 @@ class Api(Fallbacks, Refusals):
                 if self.routes.get(key) is probed_route:
                     self.routes[key] = route
 
-        def failed(names: list[str]) -> SolutionError:
+        def failed(changes: list[str]) -> SolutionError:
             with _state.lock:
-                if self.routes.get(key) is not None and self.routes[key][1] is not fn:
+                if key in self.routes:  # not during capture, where routes are not kept
                     why = f"{loaded.label} changed its inputs"
                     self.routes[key] = self._fallback_route(
                         key, name, self._tick("error", name), why, next_family=False
                     )
             return SolutionError(
                 f"{loaded.label} for definition {name!r} changed its input(s) "
-                f"{', '.join(names)}: a solution may write only its outputs (the inputs were "
+                f"{'; '.join(changes)}: a solution may write only its outputs (the inputs were "
                 "written back)",
                 name,
                 loaded.label,
