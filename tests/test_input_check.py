@@ -144,3 +144,10 @@ def test_fp4_and_fp8_inputs_compare_by_their_bytes():
         "s": "'s' (1 of 8 elements differ)",
     }
     assert packed.view(torch.uint8)[3] == 3 and fp8.view(torch.uint8)[0] != 0  # written back
+
+
+def test_an_expanded_input_compares_whatever_its_strides():
+    # A weight broadcast with expand() has stride 0: its bytes are read through a copy.
+    w = torch.ones(1).expand(4096)
+    kwargs = {"w": w}
+    assert input_check.changed(kwargs, input_check.snapshot(kwargs, ("w",), ())) == {}

@@ -67,6 +67,12 @@ def snapshot(
     return copies
 
 
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """One row of bytes per element, whatever the layout (an expanded view has stride 0)."""
+    size = t.element_size()
+    return t.detach().contiguous().reshape(-1).view(torch.uint8).reshape(-1, size)
+
+
 def differences(before: dict[str, Any], after: dict[str, Any]) -> dict[str, str]:
     """The tensors of ``before`` that ``after`` holds changed, each with a phrase saying how.
 
@@ -85,9 +91,7 @@ def differences(before: dict[str, Any], after: dict[str, Any]) -> dict[str, str]
                 f"{was.dtype}"
             )
             continue
-        size = was.element_size()
-        old = was.detach().reshape(-1).view(torch.uint8).reshape(-1, size)
-        new = now.detach().to(was.device).reshape(-1).view(torch.uint8).reshape(-1, size)
+        old, new = _bytes(was), _bytes(now.to(was.device))
         differ = int((old != new).any(-1).sum())
         if differ:
             changed[name] = f"{name!r} ({differ} of {was.numel()} elements differ)"
