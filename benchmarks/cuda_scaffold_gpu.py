@@ -48,8 +48,8 @@ def main() -> int:
     sys.path.insert(0, str(args.generated / "python"))
 
     import fibgen.runtime as rt
-    from fibgen.runtime.compare import compare
-    from fibgen.runtime.inputs import InputSpec, generate_inputs_with_axes
+    from fibgen.runtime.checking.compare import compare
+    from fibgen.runtime.inputs.make import InputSpec, generate_inputs_with_axes
     from fibgen_kernels import rmsnorm
 
     definition = json.loads((args.generated / "definitions/rmsnorm" / f"{NAME}.json").read_text())

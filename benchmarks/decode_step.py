@@ -190,7 +190,7 @@ def measure(model: Model, batch: int, off: Ops, on: Ops) -> dict:
     x = torch.randn(batch, HIDDEN, device="cuda", generator=gen).bfloat16()
     wrapper = model.wrapper(batch, graph=False)
     logits = {"off": model.step(x.clone(), wrapper, off), "on": model.step(x.clone(), wrapper, on)}
-    from fibgen.runtime import replay
+    from fibgen.runtime.launch import replay
 
     replay.wait_native()  # routed launches timed as a settled process makes them
     eager = eager_rounds(

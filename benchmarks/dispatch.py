@@ -32,8 +32,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fibgen.runtime as rt  # noqa: E402
-from fibgen.codegen.python_dispatch import emit_python_dispatch  # noqa: E402
-from fibgen.runtime import result_check  # noqa: E402
+from fibgen.codegen.python.dispatch.emit import emit_python_dispatch  # noqa: E402
+from fibgen.runtime.checking import result_check  # noqa: E402
 from fibgen.compiler import compile_sources  # noqa: E402
 
 API_MODULE = "fibgen_bench_api"

@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "generated" / "python"))
 
 import fibgen.runtime as rt  # noqa: E402
-from fibgen.runtime.compare import compare, default_tolerance  # noqa: E402
+from fibgen.runtime.checking.compare import compare, default_tolerance  # noqa: E402
 
 # FIBGEN_CONFORMANCE_DEVICE=cpu runs the cases' own code on the CPU, for tests that stand in
 # for FlashInfer's wrappers there (tests/test_flashinfer_conformance.py).
@@ -1614,7 +1614,7 @@ def _mamba_cases() -> list[Case]:
 
 
 def _inputs(name: str, seed: int, **axes: int) -> dict:
-    from fibgen.runtime.inputs import InputSpec, generate_inputs
+    from fibgen.runtime.inputs.make import InputSpec, generate_inputs
 
     d, fam = CATALOGUE[name]
     return generate_inputs(InputSpec.from_ir(d, fam), axes, device=DEV, seed=seed)

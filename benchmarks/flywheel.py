@@ -125,7 +125,7 @@ def write_solutions(root: Path, apis) -> None:
 
 
 def trace(root: Path, layers: int, batches: list[int]) -> None:
-    from fibgen.runtime.tracing import disable_tracing, enable_tracing, tracing_stats
+    from fibgen.runtime.tracing.tracer import disable_tracing, enable_tracing, tracing_stats
 
     if root.exists():
         shutil.rmtree(root)
@@ -204,8 +204,8 @@ def check(root: Path) -> None:
     from fibgen.bench.eager import eager_rounds, per_call
     from fibgen.bench.runner import BenchOptions, run_bench
     from fibgen.cli import main as cli
-    from fibgen.runtime import select
-    from fibgen.runtime.select_entries import _LazySolution
+    from fibgen.runtime.selection import best as select
+    from fibgen.runtime.selection.entries import _LazySolution
 
     import flashinfer
 
@@ -266,7 +266,7 @@ def check(root: Path) -> None:
                     )
                     for _ in range(5):
                         calls(patched)
-                    from fibgen.runtime import replay
+                    from fibgen.runtime.launch import replay
 
                     replay.wait_native()
                     fns = {"routed": lambda: calls(patched), "own": lambda: calls(own[api])}
@@ -299,7 +299,7 @@ def check(root: Path) -> None:
 
 
 def _choice(info, rows: int) -> str:
-    from fibgen.runtime import select
+    from fibgen.runtime.selection import best as select
 
     if info is None:
         return "(FlashInfer's own: not routed)"

@@ -64,7 +64,7 @@ def problems(text: str, build: bool) -> list[str]:
 def _problems(text: str, build: bool) -> list[str]:
     from fibgen.codegen import generate
     from fibgen.compiler import compile_sources
-    from fibgen.compiler.format import format_text
+    from fibgen.compiler.formatter import format_text
 
     out = []
     result = compile_sources([("f.fidef", "f.fidef", text)])

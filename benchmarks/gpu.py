@@ -68,7 +68,7 @@ def load_solution(op_type: str, definition: str, name: str) -> types.ModuleType:
     entry_file, _ = doc["spec"]["entry_point"].split("::")
     entry = importlib.import_module(f"{package}.{entry_file[:-3]}")
     # As fibgen's loader does: the kernels launch without Triton's per-call work.
-    from fibgen.runtime.launch import accelerate_modules
+    from fibgen.runtime.launch.fast import accelerate_modules
 
     accelerate_modules([m for n, m in sys.modules.items() if n.startswith(package + ".")], package)
     return entry
@@ -377,7 +377,7 @@ def eager_tables(rows_list: list[int]) -> None:
         "fused_add_rmsnorm": f"fused_add_rmsnorm_h{hidden}",
         "silu_and_mul": f"silu_and_mul_h{inter}_bf16",
     }
-    from fibgen.runtime import replay
+    from fibgen.runtime.launch import replay
 
     for name, width, api, torch_fn, api_name in ops:
         print(f"\n## {name}, eager loop, end to end (µs per call, bf16, hidden {width})\n")

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fibgen.bench.eager import time_eager  # noqa: E402
-from fibgen.runtime import launch  # noqa: E402
+from fibgen.runtime.launch import fast as launch  # noqa: E402
 
 from _shipped import shipped_solution  # noqa: E402
 
@@ -37,7 +37,7 @@ EPS = 1e-5  # rmsnorm_h4096's
 
 def load_entry(name: str):
     """The solution's entry function and its module, loaded as fibgen loads it."""
-    from fibgen.runtime import solutions
+    from fibgen.runtime.solutions import loading as solutions
 
     solution = shipped_solution(name)
     fn = solutions._import_solution(solutions.Entry("rmsnorm_h4096", name, solution=solution))
@@ -127,7 +127,7 @@ def main() -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             rt.enable_apply({"rmsnorm_h4096": solution}, patch=flashinfer is not None)
-        from fibgen.runtime import replay
+        from fibgen.runtime.launch import replay
 
         for _ in range(5):  # the layout is recorded, checked, then replayed
             dispatcher(x, w, EPS)

@@ -101,7 +101,7 @@ def main() -> None:
     os.environ["FIBGEN_CACHE_DIR"] = str(tmp / "cache")
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from fibgen.runtime import disable_apply, enable_apply
-    from fibgen.runtime.select import entries
+    from fibgen.runtime.selection.best import entries
 
     root = tmp / "dataset"
     make(root)

@@ -28,7 +28,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 import torch  # noqa: E402
 
 import fibgen.runtime as rt  # noqa: E402
-from fibgen.codegen.python_dispatch import emit_python_dispatch  # noqa: E402
+from fibgen.codegen.python.dispatch.emit import emit_python_dispatch  # noqa: E402
 from fibgen.compiler import ir  # noqa: E402
 
 API_MODULE = "fibgen_tracing_bench_api"

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from fibgen.runtime.inputs import InputSpec, generate_inputs_with_axes, torch_dtype
+from fibgen.runtime.inputs.make import InputSpec, generate_inputs_with_axes, torch_dtype
 
 
 @dataclass

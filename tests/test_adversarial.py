@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from fibgen.cli import main
-from fibgen.runtime.hardware import device_name
+from fibgen.runtime.selection.hardware import device_name
 
 CORPUS = Path(__file__).resolve().parent / "adversarial"
 CASES = sorted(p.name for p in CORPUS.iterdir() if (p / "case.json").is_file())

@@ -1,4 +1,4 @@
-"""The API call of a definition's inputs (Note [api calls] in fibgen/runtime/api_calls.py).
+"""The API call of a definition's inputs (Note [api calls] in fibgen/runtime/inputs/api_calls.py).
 
 Bench times what apply delivers: the call an engine makes, through the generated dispatcher.
 Each catalogue dispatcher carries a recipe for making that call from a workload's inputs; the
@@ -22,10 +22,10 @@ import _flashinfer_cpu as cpu  # noqa: E402
 
 import fibgen.runtime as rt  # noqa: E402
 from fibgen.paths import builtin_definition_file  # noqa: E402
-from fibgen.runtime import api_calls  # noqa: E402
-from fibgen.runtime.inputs import InputSpec, generate_inputs_with_axes  # noqa: E402
-from fibgen.runtime.solutions import allocate_outputs  # noqa: E402
-from fibgen.runtime.testing import compile_reference  # noqa: E402
+from fibgen.runtime.inputs import api_calls  # noqa: E402
+from fibgen.runtime.inputs.make import InputSpec, generate_inputs_with_axes  # noqa: E402
+from fibgen.runtime.solutions.loading import allocate_outputs  # noqa: E402
+from fibgen.runtime.checking.testing import compile_reference  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -142,7 +142,7 @@ def test_a_call_no_solution_serves_runs_the_reference_without_a_fallback(
 ):
     # rmsnorm_h128 is in fibgen's catalogue: its reference computes the result, in the
     # style of the call, where flashinfer-bench would raise "no fallback provided".
-    monkeypatch.setattr(sys.modules["fibgen.runtime.apply"]._state, "warned", set())
+    monkeypatch.setattr(sys.modules["fibgen.runtime.routing.apply"]._state, "warned", set())
     if enabled:
         rt.enable_apply(make_dataset(tmp_path / "ds", ["good_returns"], sizes=(3,)))
     x, w = torch.randn(2, 128, dtype=torch.bfloat16), torch.randn(128, dtype=torch.bfloat16)
@@ -252,7 +252,7 @@ STYLE_IDS = ["returns+returns", "dps+dps", "returns+dps", "dps+returns"]
 
 @pytest.mark.parametrize("small_dps, large_dps", STYLES, ids=STYLE_IDS)
 def test_keyed_winners_take_both_calling_styles(tmp_path, small_dps, large_dps):
-    from fibgen.runtime.select import build_table
+    from fibgen.runtime.selection.best import build_table
 
     root = _keyed_dataset(tmp_path / "ds", small_dps, large_dps)
     assert build_table(root)["definitions"][NAME]["keyed"]["keys"] == [

@@ -284,7 +284,7 @@ def test_a_sampler_not_judged_in_time_is_a_timeout_that_says_what_to_change(tmp_
 
 
 def test_the_bench_help_gives_the_sampler_timeout_scale(capsys):
-    from fibgen.runtime.compare import SAMPLING_TIMEOUT_SCALE
+    from fibgen.runtime.checking.compare import SAMPLING_TIMEOUT_SCALE
 
     with pytest.raises(SystemExit):
         main(["bench", "--help"])

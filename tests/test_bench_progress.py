@@ -67,7 +67,7 @@ class _Answers:
 
 
 def test_a_line_says_when_a_build_starts_and_none_when_it_is_cached(tmp_path, monkeypatch):
-    from fibgen.runtime import builders
+    from fibgen.runtime.solutions import builders
 
     root = make_dataset(tmp_path / "ds", ["good_returns"], sizes=(3,))
     group = plan(root, BenchOptions()).groups[0]

@@ -349,7 +349,7 @@ def test_a_folder_of_ones_own_builds_a_package_named_after_it(project: Path):
 
 
 def test_the_catalogue_keeps_fibgen_kernels_from_anywhere(tmp_path: Path):
-    from fibgen.codegen.packages import default_package
+    from fibgen.codegen.python.packages import default_package
 
     assert default_package([str(ROOT / "definitions")]) == "fibgen_kernels"
     # A copy of the catalogue's sources elsewhere is a folder of one's own.

@@ -21,11 +21,11 @@ import torch
 
 import fibgen.runtime as rt
 from fake_flashinfer.catalogue import generated_package
-from fibgen.codegen.cuda import scaffold_sources
+from fibgen.codegen.cuda.emit import scaffold_sources
 from fibgen.compiler import compile_paths
 from fibgen.format.jsonio import load_solution
 from fibgen.format.models import Solution
-from fibgen.runtime import builders
+from fibgen.runtime.solutions import builders
 
 PACKAGE_ROOT = Path(generated_package().__file__).parents[1]
 REPO = Path(__file__).resolve().parents[1]
@@ -98,7 +98,7 @@ def _env(cache, monkeypatch):
 BUILD_ONE = """
 import json, sys
 from fibgen.format.jsonio import load_solution
-from fibgen.runtime.builders import build_solution
+from fibgen.runtime.solutions.builders import build_solution
 fn, built = build_solution(load_solution(sys.argv[1]))
 print(json.dumps({"built": built, "callable": callable(fn)}))
 """
@@ -260,7 +260,7 @@ def test_unbuildable_specs_are_refused_with_the_reason(tmp_path, change, message
 
 def test_builders_import_no_compiler_lark_or_jinja():
     code = (
-        "import sys; import fibgen.runtime.builders; "
+        "import sys; import fibgen.runtime.solutions.builders; "
         "bad = [m for m in ('lark', 'jinja2', 'fibgen.compiler') if m in sys.modules]; "
         "assert not bad, bad"
     )

@@ -32,7 +32,7 @@ import _attn_b_calls as calls  # noqa: E402
 import _routable_calls as routable  # noqa: E402
 import fibgen.runtime as rt  # noqa: E402
 from fibgen.compiler import compile_paths  # noqa: E402
-from fibgen.runtime import patching  # noqa: E402
+from fibgen.runtime.routing import patching  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning")

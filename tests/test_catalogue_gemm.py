@@ -34,7 +34,7 @@ from flashinfer.trace.templates import page as page_templates
 
 import fibgen.runtime as rt
 from fibgen.compiler import compile_paths
-from fibgen.runtime import patching
+from fibgen.runtime.routing import patching
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning")

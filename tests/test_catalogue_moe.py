@@ -124,7 +124,7 @@ def _without_defaults(call, path: str) -> dict:
     """The call's arguments by name with every defaulted parameter left out."""
     import inspect
 
-    from fibgen.runtime import patching
+    from fibgen.runtime.routing import patching
 
     owner, attr = patching._locate(path)
     params = inspect.signature(getattr(owner, attr)).parameters

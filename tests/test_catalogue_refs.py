@@ -1,7 +1,7 @@
 """Our references agree with the dataset's, and our definitions match its contracts.
 
 For every dataset definition, the dataset's reference and ours run on the same inputs, made
-by ``fibgen.runtime.inputs`` from the definition's ``gen`` hints at the default (small) var-axis
+by ``fibgen.runtime.inputs.make`` from the definition's ``gen`` hints at the default (small) var-axis
 values on the CPU, and their outputs are compared with per-dtype tolerances (the family's
 ``tolerance(...)`` where it declares one). Sampling draws from torch's global generator, so it
 is seeded identically before each call and the tokens must match exactly. The dataset's
@@ -109,7 +109,7 @@ def _nbytes(spec) -> int:
     The MoE references convert every low-precision weight to float32, and a block-scaled one
     (an input with a ``<name>_scale`` companion) is also multiplied out into a second copy.
     """
-    from fibgen.runtime.inputs import DEFAULT_VAR_AXIS, estimate_nbytes
+    from fibgen.runtime.inputs.make import DEFAULT_VAR_AXIS, estimate_nbytes
 
     sizes = {n: v for n, k, v in spec.axes if k == "const"}
     names = {i[0] for i in spec.inputs}
@@ -205,8 +205,8 @@ def test_constants_check_catches_a_different_epsilon():
     "path", DATASET_PATHS or [None], ids=[p.stem for p in DATASET_PATHS] or ["dataset"]
 )
 def test_reference_agrees_with_the_dataset(path, catalogue):
-    from fibgen.runtime.compare import compare
-    from fibgen.runtime.inputs import InputSpec, generate_inputs
+    from fibgen.runtime.checking.compare import compare
+    from fibgen.runtime.inputs.make import InputSpec, generate_inputs
 
     if path is None:
         require_shared("flashinfer-trace", "definitions")
@@ -245,7 +245,7 @@ def _on_cpu(outputs: tuple) -> tuple:
 
 
 def _extra(name: str):
-    from fibgen.runtime.inputs import InputSpec, generate_inputs
+    from fibgen.runtime.inputs.make import InputSpec, generate_inputs
 
     defn, family = _catalogue()[name]
     namespace: dict = {}

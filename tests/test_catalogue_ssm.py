@@ -33,7 +33,7 @@ from flashinfer.trace.templates import gdp as fi_gdp  # noqa: E402
 
 import fibgen.runtime as rt  # noqa: E402
 from fibgen.compiler import compile_paths  # noqa: E402
-from fibgen.runtime import patching  # noqa: E402
+from fibgen.runtime.routing import patching  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ("ssm_gdn.fidef", "ssm_linear.fidef", "ssm_kda.fidef", "mhc.fidef", "gdn.fidef")

@@ -1,11 +1,11 @@
-"""flashinfer-bench's correctness rule, as fibgen.runtime.compare implements it."""
+"""flashinfer-bench's correctness rule, as fibgen.runtime.checking.compare implements it."""
 
 import math
 
 import pytest
 import torch
 
-from fibgen.runtime.compare import compare, compare_outputs, default_tolerance
+from fibgen.runtime.checking.compare import compare, compare_outputs, default_tolerance
 
 
 def test_identical_tensors_match():
@@ -127,7 +127,7 @@ def _top_token(inputs: dict) -> torch.Tensor:
 
 
 def test_a_correct_sampler_passes_at_the_first_round_of_draws():
-    from fibgen.runtime.compare import SAMPLING_MIN_DRAWS, compare_sampling
+    from fibgen.runtime.checking.compare import SAMPLING_MIN_DRAWS, compare_sampling
 
     result = compare_sampling(_gumbel, _top_k_reference, _top_k_inputs(), SAMPLER)
     # 48 tokens a row need several thousand draws for a tight figure; the pass is clear sooner.
@@ -135,7 +135,7 @@ def test_a_correct_sampler_passes_at_the_first_round_of_draws():
 
 
 def test_a_sampler_far_off_fails_at_the_first_round_of_draws():
-    from fibgen.runtime.compare import SAMPLING_MIN_DRAWS, compare_sampling
+    from fibgen.runtime.checking.compare import SAMPLING_MIN_DRAWS, compare_sampling
 
     # Always the top token: inside the top-k set, so only the distribution gives it away.
     result = compare_sampling(_top_token, _top_k_reference, _top_k_inputs(), SAMPLER)
@@ -144,8 +144,8 @@ def test_a_sampler_far_off_fails_at_the_first_round_of_draws():
 
 
 def test_draws_that_do_not_fit_the_budget_leave_the_sampler_undecided(monkeypatch):
-    import fibgen.runtime.compare as compare_module
-    from fibgen.runtime.compare import SAMPLING_MIN_DRAWS, compare_sampling
+    import fibgen.runtime.checking.compare as compare_module
+    from fibgen.runtime.checking.compare import SAMPLING_MIN_DRAWS, compare_sampling
 
     # A clock that only the reference moves: each of its calls takes 50 ms.
     now, calls = [0.0], {"reference": 0, "solution": 0}
@@ -175,7 +175,7 @@ def test_draws_that_do_not_fit_the_budget_leave_the_sampler_undecided(monkeypatc
 
 
 def test_a_sampler_is_recognised_by_its_op_type_and_its_output():
-    from fibgen.runtime.compare import is_sampling
+    from fibgen.runtime.checking.compare import is_sampling
 
     def definition(op_type, inputs, outputs):
         return {"op_type": op_type, "inputs": dict.fromkeys(inputs), "outputs": outputs}
@@ -195,7 +195,7 @@ def _softmax_sampler(inputs: dict) -> torch.Tensor:
 
 
 def test_a_sampler_from_logits_draws_from_their_softmax():
-    from fibgen.runtime.compare import compare_sampling
+    from fibgen.runtime.checking.compare import compare_sampling
 
     logits = torch.randn(4, 32, generator=torch.Generator().manual_seed(1)) * 2
     definition = {"name": "sampling_from_logits_v32", "op_type": "sampling"}
@@ -208,7 +208,7 @@ def test_a_sampler_from_logits_draws_from_their_softmax():
 
 
 def test_a_min_p_sampler_draws_only_above_its_threshold():
-    from fibgen.runtime.compare import compare_sampling
+    from fibgen.runtime.checking.compare import compare_sampling
 
     probs = torch.softmax(torch.randn(4, 32, generator=torch.Generator().manual_seed(2)) * 2, -1)
     inputs = {"probs": probs, "min_p": torch.full((4,), 0.2)}
@@ -249,7 +249,7 @@ def _chain(inputs: dict, accept_all: bool = False) -> torch.Tensor:
 
 
 def test_a_sampler_of_several_positions_is_judged_position_by_position():
-    from fibgen.runtime.compare import compare_sampling
+    from fibgen.runtime.checking.compare import compare_sampling
 
     gen = torch.Generator().manual_seed(3)
     draft = torch.softmax(torch.randn(2, 2, 8, generator=gen), -1)

@@ -1,4 +1,4 @@
-"""Routed calls inside torch.compile (Note [custom ops] in fibgen/runtime/ops.py), on the CPU.
+"""Routed calls inside torch.compile (Note [custom ops] in fibgen/runtime/routing/ops.py), on the CPU.
 
 The model calls FlashInfer's rmsnorm and fused_add_rmsnorm (patched by enable_apply, their
 kernels computing in torch here, see ``_flashinfer_cpu``) and a generated dispatcher directly

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fibgen.compiler import compile_sources, ir
-from fibgen.compiler.format import format_text
+from fibgen.compiler.formatter import format_text
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fibgen.codegen.cuda import ENTRY_FILE, CudaGenError, emit_cuda, scaffold_sources
+from fibgen.codegen.cuda.emit import ENTRY_FILE, CudaGenError, emit_cuda, scaffold_sources
 from fibgen.compiler import compile_paths, compile_sources
 
 REPO = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ import pytest
 
 from fake_flashinfer import catalogue
 from fibgen.codegen.files import build_label
-from fibgen.codegen.python_dispatch import DispatchGenError, emit_python_dispatch
+from fibgen.codegen.python.dispatch.emit import DispatchGenError, emit_python_dispatch
 from fibgen.compiler import ir
 
 

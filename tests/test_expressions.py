@@ -29,7 +29,7 @@ from fibgen.format.expressions import (
     evaluate,
     expression_names,
 )
-from fibgen.runtime.inputs import InputGenerationError, InputSpec, generate_inputs
+from fibgen.runtime.inputs.make import InputGenerationError, InputSpec, generate_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -234,7 +234,7 @@ def _catalogue_extras() -> dict[str, dict]:
 
 def _holds_on_generated_inputs(spec: InputSpec, budget: int = 64 * 2**20) -> bool:
     """Whether inputs were made (which checks every constraint); False when too large."""
-    from fibgen.runtime.inputs import estimate_nbytes
+    from fibgen.runtime.inputs.make import estimate_nbytes
 
     if estimate_nbytes(spec, {}) > budget:
         return False

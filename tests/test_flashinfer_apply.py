@@ -27,8 +27,8 @@ import _routable_calls as routable  # noqa: E402
 import flashinfer  # noqa: E402
 import fibgen.runtime as rt  # noqa: E402
 from fibgen.compiler import compile_paths  # noqa: E402
-from fibgen.runtime import patching  # noqa: E402
-from fibgen.runtime.apply import OUTCOMES  # noqa: E402
+from fibgen.runtime.routing import patching  # noqa: E402
+from fibgen.runtime.routing.apply import OUTCOMES  # noqa: E402
 
 from pathlib import Path  # noqa: E402
 
@@ -871,7 +871,7 @@ def test_sampled_ids_come_back_as_flashinfer_returns_them():
 
 
 def test_rules_of_the_module_use_only_known_helpers():
-    import fibgen.runtime.rulefns as rulefns
+    import fibgen.runtime.routing.rulefns as rulefns
     from fibgen.compiler.rules import RULE_HELPERS
 
     assert all(callable(getattr(rulefns, name)) for name in RULE_HELPERS)

@@ -211,7 +211,8 @@ def test_a_flashinfer_bench_dataset_through_validate_bench_report_and_apply(
 
     # report reads both writers' traces, at both depths, one table per hardware: the CPU
     # runs supersede nothing of the H100's.
-    from fibgen.runtime import hardware, select
+    from fibgen.runtime.selection import hardware
+    from fibgen.runtime.selection import best as select
 
     cpu = hardware.device_name(torch.device("cpu"))
     assert main(["report", str(root), "--format", "json"]) == 0
@@ -289,7 +290,7 @@ def test_non_finite_errors_absent_solutions_and_other_languages_are_read(tmp_pat
     fib = require_flashinfer_bench()
     from flashinfer_bench.data import save_json_file
 
-    from fibgen.runtime import hardware
+    from fibgen.runtime.selection import hardware
 
     from _bench_dataset import DEFINITION
 

@@ -18,7 +18,7 @@ import pytest
 
 from _mutations import mutate, seeds
 from fibgen.compiler import compile_sources
-from fibgen.compiler.format import format_paths, format_text
+from fibgen.compiler.formatter import format_paths, format_text
 from fibgen.pipeline import import_paths
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,7 +26,8 @@ import pytest
 import torch
 
 from fibgen.cli import main
-from fibgen.codegen import cppliteral, pyliteral
+from fibgen.codegen.cuda import cppliteral
+from fibgen.codegen.python import pyliteral
 from fibgen.compiler.printer import long_string, quote
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
 """A routed solution that writes its inputs is caught on its first call, and its inputs are
-written back (Note [first-call input check] in fibgen/runtime/input_check.py)."""
+written back (Note [first-call input check] in fibgen/runtime/checking/input_check.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import fibgen.runtime as rt
 from fake_flashinfer import CALLS
 from fake_flashinfer.calls import clean_apply  # noqa: F401  (autouse)
 from fake_flashinfer.catalogue import generated_package
-from fibgen.runtime import input_check
+from fibgen.runtime.checking import input_check
 
 generated_package()
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from fibgen.cli import main
-from fibgen.runtime import input_generator, inputs
-from fibgen.runtime.inputs import InputGenerationError, InputSpec, generate_inputs
+from fibgen.runtime.inputs import generator as input_generator
+from fibgen.runtime.inputs import make as inputs
+from fibgen.runtime.inputs.make import InputGenerationError, InputSpec, generate_inputs
 
 from _bench_dataset import DEFINITION, make_dataset
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fibgen.format.hints import HINT_SIGNATURES, HintError, bind_hint
-from fibgen.runtime.inputs import (
+from fibgen.runtime.inputs.make import (
     InputGenerationError,
     InputSpec,
     estimate_nbytes,

@@ -1,4 +1,4 @@
-"""The fast launch of Triton kernels (fibgen/runtime/launch.py, Note [triton launch]).
+"""The fast launch of Triton kernels (fibgen/runtime/launch/fast.py, Note [triton launch]).
 
 Two things are checked here on the CPU. First, that the cache key is at least as fine as
 Triton's own specialization: every argument value that Triton tells apart gets a different
@@ -22,7 +22,7 @@ tl = pytest.importorskip("triton.language")
 
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-from fibgen.runtime import launch  # noqa: E402
+from fibgen.runtime.launch import fast as launch  # noqa: E402
 
 
 def _kernel(x_ptr, out_ptr, n, stride, scale, flag, BLOCK: tl.constexpr, EXTRA: tl.constexpr = 3):
@@ -259,7 +259,7 @@ def test_interpreted_kernels_are_left_alone():
 def test_solution_loader_accelerates_the_kernels_a_solution_defines(tmp_path):
     """A Triton solution's own kernels are accelerated when it is loaded; torch's are not."""
     from fibgen.format.models import Solution
-    from fibgen.runtime import solutions
+    from fibgen.runtime.solutions import loading as solutions
 
     source = """
 import triton

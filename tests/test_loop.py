@@ -38,8 +38,12 @@ import _flashinfer_cpu as cpu  # noqa: E402
 import fibgen.runtime as rt  # noqa: E402
 from fibgen.bench.runner import BenchOptions, run_bench  # noqa: E402
 from fibgen.cli import main  # noqa: E402
-from fibgen.runtime import select  # noqa: E402
-from fibgen.runtime.tracing import disable_tracing, enable_tracing, tracing_stats  # noqa: E402
+from fibgen.runtime.selection import best as select  # noqa: E402
+from fibgen.runtime.tracing.tracer import (
+    disable_tracing,
+    enable_tracing,
+    tracing_stats,
+)  # noqa: E402
 
 H, HEADS, KV_HEADS, D, PAGE, INTER, LAYERS = 4096, 32, 8, 128, 64, 14336, 2
 EPS = 1e-5

@@ -1,4 +1,4 @@
-"""A solution that calls the API it serves (Note [re-entry] in fibgen/runtime/apply_state.py).
+"""A solution that calls the API it serves (Note [re-entry] in fibgen/runtime/routing/state.py).
 
 FlashInfer-Bench's dataset gives every definition a baseline that calls the FlashInfer API
 itself. With apply on, that API is patched: the call from inside the solution must reach the
@@ -96,7 +96,7 @@ def test_a_solution_that_raises_after_a_nested_call_falls_back_like_any_error():
 def test_without_an_original_a_nested_call_runs_the_reference():
     # The dispatcher's own function (no patched API in between) with no original to call:
     # the nested call takes what a miss takes, the reference, once.
-    from fibgen.runtime.apply_state import _state
+    from fibgen.runtime.routing.state import _state
 
     api = next(a for a in _state.apis if a.label == RMS)
     x, w = torch.randn(2, 4096), torch.randn(4096)
@@ -121,7 +121,7 @@ def test_without_an_original_a_nested_call_runs_the_reference():
 
 def test_call_definition_is_a_routed_call_for_nested_calls():
     x, w = torch.randn(2, 4096), torch.randn(4096)
-    from fibgen.runtime.apply_state import _state
+    from fibgen.runtime.routing.state import _state
 
     api = next(a for a in _state.apis if a.label == RMS)
     with rt.enable_apply({"rmsnorm_h4096": wrapper_baseline}):
@@ -176,7 +176,7 @@ def test_a_nested_call_under_torch_compile():
 
 
 def test_tracing_records_the_outer_call_only(tmp_path):
-    from fibgen.runtime.tracing import disable_tracing, enable_tracing, tracing_stats
+    from fibgen.runtime.tracing.tracer import disable_tracing, enable_tracing, tracing_stats
 
     x, w = torch.randn(3, 4096), torch.randn(4096)
     with rt.enable_apply({"rmsnorm_h4096": wrapper_baseline}):

@@ -1,4 +1,4 @@
-"""Replaying a solution's launches (fibgen/runtime/replay.py, Note [launch replay]).
+"""Replaying a solution's launches (fibgen/runtime/launch/replay.py, Note [launch replay]).
 
 On the CPU the compiled kernel's launcher is stood in for by a function that does the
 kernel's work on the tensors whose addresses it is given, so that a replayed launch computes
@@ -19,7 +19,8 @@ tl = pytest.importorskip("triton.language")
 from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-from fibgen.runtime import launch, replay  # noqa: E402
+from fibgen.runtime.launch import fast as launch  # noqa: E402
+from fibgen.runtime.launch import replay  # noqa: E402
 
 from _shared import REQUIRE_OPTIONAL  # noqa: E402
 

@@ -22,7 +22,8 @@ pytest.importorskip("triton")
 
 import fibgen.runtime as rt  # noqa: E402
 from fibgen.format.models import Solution  # noqa: E402
-from fibgen.runtime import launch, solutions  # noqa: E402
+from fibgen.runtime.launch import fast as launch  # noqa: E402
+from fibgen.runtime.solutions import loading as solutions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 HIDDEN, EPS = 4096, 1e-5

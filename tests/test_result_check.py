@@ -1,5 +1,5 @@
 """The check of a value-returning solution's output (Note [result check] in
-fibgen/runtime/result_check.py): the Python check and the native one agree on every case, and
+fibgen/runtime/checking/result_check.py): the Python check and the native one agree on every case, and
 a dispatcher on the native check falls back on a wrong output as it does on the Python one."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 import fibgen.runtime as rt
 from fake_flashinfer.catalogue import generated_package
-from fibgen.runtime import result_check
+from fibgen.runtime.checking import result_check
 
 from _shared import REQUIRE_OPTIONAL
 
@@ -23,7 +23,7 @@ generated_package()
 
 from fake_kernels import rmsnorm  # noqa: E402  (generated just above)
 
-routing = importlib.import_module("fibgen.runtime.routing")
+routing = importlib.import_module("fibgen.runtime.routing.api")
 pytestmark = pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning")
 
 
@@ -133,7 +133,8 @@ def test_a_value_returning_hit_builds_the_check_in_the_background_and_switches_t
     script = """
 import importlib, sys, torch
 import fibgen.runtime as rt
-from fibgen.runtime import replay, result_check
+from fibgen.runtime.launch import replay
+from fibgen.runtime.checking import result_check
 from fake_flashinfer.catalogue import generated_package
 generated_package()
 from fake_kernels import rmsnorm

@@ -16,9 +16,9 @@ from fake_flashinfer.calls import clean_apply  # noqa: F401  (autouse)
 from fake_flashinfer.catalogue import generated_package
 
 # The module, not the function of the same name that fibgen.runtime exports.
-apply_module = importlib.import_module("fibgen.runtime.apply")
+apply_module = importlib.import_module("fibgen.runtime.routing.apply")
 # Where Api.resolve asks whether a CUDA graph is being captured.
-routing_module = importlib.import_module("fibgen.runtime.routing")
+routing_module = importlib.import_module("fibgen.runtime.routing.api")
 
 generated_package()
 
@@ -44,7 +44,7 @@ def _doubling(hidden_states, weight):
 
 def _no_handwritten_routes(monkeypatch) -> None:
     # Hand-written code routes names (an earlier test's), or any name by a resolver.
-    handwritten = importlib.import_module("fibgen.runtime.handwritten")
+    handwritten = importlib.import_module("fibgen.runtime.routing.handwritten")
     monkeypatch.setattr(handwritten, "resolvers", [])
     monkeypatch.setattr(handwritten, "routed_names", set())
 
@@ -519,7 +519,7 @@ def test_a_miss_on_a_name_no_instance_declares_runs_the_reference_with_its_param
     # (top_k): they come from the call's key, and from the family's defaults.
     import sys
 
-    from fibgen.codegen.python_dispatch import emit_python_dispatch
+    from fibgen.codegen.python.dispatch.emit import emit_python_dispatch
     from fibgen.compiler import compile_sources
 
     source = """
@@ -606,7 +606,7 @@ def test_without_an_original_a_call_its_rules_refuse_raises_instead_of_running_t
     # The reference computes the definition: with another eps it would be a wrong result.
     import sys
 
-    from fibgen.codegen.python_dispatch import emit_python_dispatch
+    from fibgen.codegen.python.dispatch.emit import emit_python_dispatch
     from fibgen.compiler import compile_sources
 
     result = compile_sources([("norm.fidef", "norm.fidef", _NORM_WITHOUT_ORIGINAL)])

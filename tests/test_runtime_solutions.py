@@ -190,7 +190,7 @@ def test_runtime_and_generated_modules_import_without_compiler_lark_jinja_or_pyd
 
 
 # ---------------------------------------------------------------------------------------
-# Triton without a GPU (Note [Triton without a GPU] in fibgen/runtime/solutions.py)
+# Triton without a GPU (Note [Triton without a GPU] in fibgen/runtime/solutions/loading.py)
 
 TRITON_APPLY = """
 import json, sys, warnings
@@ -316,7 +316,7 @@ def test_messages_name_the_solution_folders_file_not_the_cache(tmp_path):
     # line there, and tracebacks and inspect show its lines (Note [source names]).
     import inspect
 
-    from fibgen.runtime.apply_state import _state
+    from fibgen.runtime.routing.state import _state
 
     folder = tmp_path / "solutions" / "tests" / "rmsnorm" / "rmsnorm_h4096" / "breaks"
     folder.mkdir(parents=True)

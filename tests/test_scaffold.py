@@ -152,7 +152,7 @@ def test_bad_arguments_are_clean_errors(tmp_path, kwargs, message):
 
 
 def test_cuda_scaffold_lists_every_source(tmp_path):
-    pytest.importorskip("fibgen.codegen.cuda").scaffold_sources  # the CUDA target's entry
+    pytest.importorskip("fibgen.codegen.cuda.emit").scaffold_sources  # the CUDA target's entry
     result = scaffold_solution(
         "rmsnorm_h4096", language="cuda", author="me", output=tmp_path, definitions=DEFINITIONS
     )

@@ -12,8 +12,8 @@ import torch
 from fibgen.format import Solution, Trace, append_traces
 from fibgen.runtime import apply, disable_apply, enable_apply, stats
 from fibgen.runtime.errors import ApplyConfigError
-from fibgen.runtime import select
-from fibgen.runtime.select import Policy, build_table, entries, load_table
+from fibgen.runtime.selection import best as select
+from fibgen.runtime.selection.best import Policy, build_table, entries, load_table
 
 from _bench_dataset import DEFINITION, make_dataset
 from _shared import require_flashinfer_bench
@@ -298,7 +298,7 @@ def test_select_imports_no_pydantic_or_compiler():
     import sys
 
     code = (
-        "import sys, fibgen.runtime.select\n"
+        "import sys, fibgen.runtime.selection.best\n"
         "bad = [m for m in ('pydantic', 'lark', 'jinja2', 'fibgen.compiler') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
@@ -373,7 +373,7 @@ def test_an_empty_solutions_folder_says_so(tmp_path):
 # ---------------------------------------------------------------------------------------
 # Hardware: ranked per hardware, this machine's traces first, what cannot run here skipped
 
-from fibgen.runtime import hardware  # noqa: E402
+from fibgen.runtime.selection import hardware  # noqa: E402
 
 H100 = hardware.Here("cuda", (hardware.normalize("NVIDIA H100 80GB HBM3"),))
 CPU_HERE = hardware.Here("cpu", ("amd epyc", "x86 64", "cpu"))

@@ -10,7 +10,7 @@ import pytest
 from fibgen.format import FormatError
 from fibgen.format.jsonio import parse_solution, solution_to_json
 from fibgen.format.models import Solution, SourceFile
-from fibgen.runtime import solutions
+from fibgen.runtime.solutions import loading as solutions
 
 
 def _json(path: str) -> dict:

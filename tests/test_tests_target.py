@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from fibgen.cli import main
-from fibgen.codegen.tests_target import _batch_axis, emit_tests
+from fibgen.codegen.python.tests_target import _batch_axis, emit_tests
 from fibgen.compiler import compile_paths
-from fibgen.runtime import testing
-from fibgen.runtime.inputs import InputGenerationError
+from fibgen.runtime.checking import testing
+from fibgen.runtime.inputs.make import InputGenerationError
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "fibgen_tt_kernels"  # a package name of its own: other tests import fibgen_kernels
@@ -175,7 +175,7 @@ def test_runtime_helper_imports_no_compiler():
         "        if name.split('.')[0] in ('lark', 'jinja2') or name.startswith('fibgen.compiler'):\n"
         "            raise ImportError('blocked ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import fibgen.runtime.testing\n"
+        "import fibgen.runtime.checking.testing\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

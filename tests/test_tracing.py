@@ -28,7 +28,7 @@ generated_package()
 
 from fake_kernels import add_bias, gqa_paged_decode, rmsnorm  # noqa: E402
 
-tracing = importlib.import_module("fibgen.runtime.tracing")
+tracing = importlib.import_module("fibgen.runtime.tracing.tracer")
 TESTS = Path(__file__).resolve().parent
 ORIGINAL_RMSNORM = fake_flashinfer.norm.rmsnorm
 

@@ -17,7 +17,8 @@ import torch
 
 import fibgen.runtime as rt
 from fibgen.format import Solution
-from fibgen.runtime import builders, solutions
+from fibgen.runtime.solutions import builders
+from fibgen.runtime.solutions import loading as solutions
 
 from _bench_dataset import DEFINITION
 from _shared import require_module

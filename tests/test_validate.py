@@ -321,7 +321,7 @@ def test_a_problem_on_every_line_is_said_once_with_how_many_lines_have_it(tmp_pa
 
 # ---------------------------------------------------------------------------------------
 # --load runs solutions as bench and apply do (Note [Triton without a GPU], Note [source
-# names] in fibgen/runtime/solutions.py)
+# names] in fibgen/runtime/solutions/loading.py)
 
 REPO = Path(__file__).resolve().parent.parent
 TRITON_SOLUTION = (

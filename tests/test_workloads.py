@@ -12,7 +12,7 @@ from fibgen.cli import main
 from fibgen.curation.synthetic import parse_grid, synthesize
 from fibgen.curation.workloads import WorkloadError, input_spec, load_workloads, materialize
 from fibgen.format import load_definitions, workload_problems
-from fibgen.runtime.inputs import InputSpec
+from fibgen.runtime.inputs.make import InputSpec
 
 REPO = Path(__file__).resolve().parents[1]
 DECODE = "gqa_paged_decode_h32_kv8_d128_ps1"
@@ -239,7 +239,7 @@ def test_a_sampling_definition_json_alone_makes_valid_probabilities(tmp_path, ca
     # flashinfer-bench makes them, rows that sum to one, and the reference samples from them.
     import json
 
-    from fibgen.runtime.testing import compile_reference
+    from fibgen.runtime.checking.testing import compile_reference
 
     name = "top_p_sampling_from_probs_v128256"
     source = REPO / "generated" / "definitions" / "sampling" / f"{name}.json"

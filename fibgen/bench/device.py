@@ -25,7 +25,7 @@ def _libs() -> dict[str, str]:
 def _hardware(device: torch.device) -> str:
     # As flashinfer-bench names it: the CPU model rather than "x86_64", so that traces of
     # both tools on one machine are of one hardware (Note [hardware strings]).
-    from fibgen.runtime.hardware import device_name
+    from fibgen.runtime.selection.hardware import device_name
 
     return device_name(device)
 

@@ -52,10 +52,10 @@ from fibgen.bench import eager as _eager  # noqa: F401
 from fibgen.bench import timing as _timing  # noqa: F401
 from fibgen.bench import worker as w
 from fibgen.format import models as _models  # noqa: F401
-from fibgen.runtime import compare as _compare  # noqa: F401
-from fibgen.runtime import launch as _launch  # noqa: F401
-from fibgen.runtime import replay as _replay  # noqa: F401
-from fibgen.runtime import solutions as _solutions  # noqa: F401
+from fibgen.runtime.checking import compare as _compare  # noqa: F401
+from fibgen.runtime.launch import fast as _launch  # noqa: F401
+from fibgen.runtime.launch import replay as _replay  # noqa: F401
+from fibgen.runtime.solutions import loading as _solutions  # noqa: F401
 
 # A new solution process is forked, then sets up its device (a CUDA context on a GPU): that
 # start is not charged to the solution's timeout (Note [worker start] in worker_handle.py).
@@ -488,8 +488,8 @@ class InSolutionProcess(w.Worker):
             _send(self.conn, {"kind": "samples", "tensor": header}, (data,))
 
     def _draw(self, loaded: Any, inputs: dict[str, Any], times: int) -> torch.Tensor:
-        from fibgen.runtime.compare import _repeated
-        from fibgen.runtime.solutions import allocate_outputs
+        from fibgen.runtime.checking.compare import _repeated
+        from fibgen.runtime.solutions.loading import allocate_outputs
 
         args = _repeated(inputs, times)
         if loaded.dps:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from fibgen.bench.planning import BenchOptions, _Group
 from fibgen.bench.runner import PREPARE_TIMEOUTS, _duration
 from fibgen.format.dataset import resolve_dataset_path
-from fibgen.runtime.compare import SAMPLING_TIMEOUT_SCALE, is_sampling
+from fibgen.runtime.checking.compare import SAMPLING_TIMEOUT_SCALE, is_sampling
 
 if TYPE_CHECKING:  # the summary a progress line shows; ray_runner imports this module
     from fibgen.bench.ray_runner import RaySummary

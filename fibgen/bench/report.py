@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from fibgen.format import FormatError, FormatWarning, iter_traces
-from fibgen.runtime.hardware import normalize
+from fibgen.runtime.selection.hardware import normalize
 
 FORMATS = ("text", "md", "json")
 

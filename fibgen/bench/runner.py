@@ -62,8 +62,8 @@ from fibgen.bench.worker_handle import (
 )
 from fibgen.format import FormatError, Solution, Trace, append_traces
 from fibgen.format.dataset import EXTRAS_SUFFIX, drop_torn_last_line, pack_solution, trace_path
-from fibgen.runtime.compare import SAMPLING_TIMEOUT_SCALE, is_sampling
-from fibgen.runtime.solutions import BUILT_LANGUAGES
+from fibgen.runtime.checking.compare import SAMPLING_TIMEOUT_SCALE, is_sampling
+from fibgen.runtime.solutions.loading import BUILT_LANGUAGES
 
 __all__ = [
     "EXTRAS_SUFFIX",
@@ -321,7 +321,7 @@ def _run_group(
     traces = []
     for solution in group.solutions:
         if note is not None and solution.spec.language in BUILT_LANGUAGES:
-            from fibgen.runtime.builders import is_built
+            from fibgen.runtime.solutions.builders import is_built
 
             if not is_built(solution):
                 note(

@@ -8,10 +8,10 @@ The runner starts one worker per device (multiprocessing, spawn) and talks to it
   when the dataset's workload cannot be used, or ``("error", traceback)``.
 - ``("solution", solution, tolerance, warmup, repeat, flush, limit_s, origin, isolate)``:
   load the solution (``origin``: its JSON's path and whether it is a solution folder, so that
-  logs name the user's files, Note [source names] in fibgen/runtime/solutions.py), run it
+  logs name the user's files, Note [source names] in fibgen/runtime/solutions/loading.py), run it
   once on a copy of the inputs, compare with the reference (a sampler by the
   distribution of its draws, as many as fit in ``limit_s``, Note [judging samplers] in
-  fibgen/runtime/compare.py), check that the inputs are as they were (Note [mutated inputs]),
+  fibgen/runtime/checking/compare.py), check that the inputs are as they were (Note [mutated inputs]),
   and time it when it passed; replies ``("result", evaluation fields)``. With ``isolate``
   the solution runs in a fresh process of its own that the worker judges, and the worker
   may also reply ``("timeout",)`` or ``("died", why)`` for it (Note [isolated solutions] in
@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from fibgen.bench.device import _hardware, _libs, setup_device
-from fibgen.runtime.input_check import differences
+from fibgen.runtime.checking.input_check import differences
 
 # Statuses (flashinfer-bench's EvaluationStatus values).
 PASSED = "PASSED"
@@ -60,7 +60,7 @@ E2E_WARM_ROUNDS = 2
 # ~~~~~~~~~~~~~~~~
 # A trace's e2e figure is what the call costs an engine's eager loop as apply delivers it:
 # the call the engine makes (its API, its arguments; Note [api calls] in
-# fibgen/runtime/api_calls.py), routed through the generated dispatcher to the solution with
+# fibgen/runtime/inputs/api_calls.py), routed through the generated dispatcher to the solution with
 # apply on and the APIs patched (a solution that calls the API it serves re-enters as it
 # would in the engine, Note [re-entry]), launch replay active and settled. It is timed in
 # paired rounds (fibgen/bench/eager.py) with the definition's reference and, where it runs
@@ -107,7 +107,7 @@ def _make_inputs(
     definition: dict, workload: dict, root: str, hints: dict, seed: int, device: torch.device
 ) -> dict[str, Any]:
     from fibgen.format.models import Workload
-    from fibgen.runtime.inputs import InputSpec
+    from fibgen.runtime.inputs.make import InputSpec
     from fibgen.curation.workloads import materialize
 
     spec = InputSpec.from_definition_json(definition, hints)
@@ -260,8 +260,8 @@ class Worker:
 
     def _api_call(self, name: str) -> Any:
         """The checked API call of the workload's inputs (Note [api calls] in
-        fibgen/runtime/api_calls.py); CallUnavailable says why there is none."""
-        from fibgen.runtime import api_calls
+        fibgen/runtime/inputs/api_calls.py); CallUnavailable says why there is none."""
+        from fibgen.runtime.inputs import api_calls
 
         work = self.work
         api = api_calls.api_for(name, work.definition)
@@ -285,8 +285,8 @@ class Worker:
 
         from fibgen.bench.eager import eager_rounds, per_call
         from fibgen.bench.timing import measure
-        from fibgen.runtime import api_calls
-        from fibgen.runtime.apply import disable_apply, enable_apply, stats
+        from fibgen.runtime.inputs import api_calls
+        from fibgen.runtime.routing.apply import disable_apply, enable_apply, stats
 
         work = self.work
         name = work.definition["name"]
@@ -319,7 +319,7 @@ class Worker:
                 call.capture()
                 call.routed()
                 _sync(self.device)
-                from fibgen.runtime.replay import wait_native
+                from fibgen.runtime.launch.replay import wait_native
 
                 wait_native()  # timed as a settled process runs it
                 fns["solution"] = call.routed
@@ -395,13 +395,13 @@ class Worker:
         """Run one solution on the current workload; the fields of its Evaluation.
 
         ``limit_s`` is how long the runner waits for the reply: a sampler's draws are sized
-        to fit in it (Note [judging samplers] in fibgen/runtime/compare.py). ``origin``
+        to fit in it (Note [judging samplers] in fibgen/runtime/checking/compare.py). ``origin``
         (the solution's JSON and whether its sources are a folder's files) names the user's
         files in logs.
         """
         started = time.perf_counter()
         from fibgen.format.models import Solution
-        from fibgen.runtime import solutions
+        from fibgen.runtime.solutions import loading as solutions
         from fibgen.runtime.errors import SolutionError
 
         work = self.work
@@ -418,7 +418,7 @@ class Worker:
                 entry, work.input_names, work.output_names, _scalars(work.definition)
             )
             # Timed as a settled process runs it: with the C++ replay table, once built.
-            from fibgen.runtime.replay import wait_native
+            from fibgen.runtime.launch.replay import wait_native
 
             wait_native()
         except SolutionError as exc:
@@ -473,7 +473,7 @@ class Worker:
         self, loaded: Any, started: float, limit_s: float | None
     ) -> tuple[dict | None, dict]:
         """Judge a sampler by its draws against the reference's (Note [judging samplers])."""
-        from fibgen.runtime.solutions import allocate_outputs
+        from fibgen.runtime.solutions.loading import allocate_outputs
 
         work = self.work
 
@@ -491,7 +491,7 @@ class Worker:
     ) -> tuple[dict | None, dict]:
         """The verdict on a sampler whose draws ``draw(inputs)`` makes, ``spent`` seconds
         into its ``limit_s``: the reference draws here, where the solution never ran."""
-        from fibgen.runtime.compare import (
+        from fibgen.runtime.checking.compare import (
             SAMPLING_BUDGET_SHARE,
             SAMPLING_TIMEOUT_SCALE,
             compare_sampling,
@@ -561,7 +561,7 @@ class Worker:
     def _check_outputs(
         self, actual: tuple, tolerance: dict, values: bool = True
     ) -> tuple[dict | None, dict]:
-        from fibgen.runtime.compare import compare
+        from fibgen.runtime.checking.compare import compare
 
         work = self.work
         names = work.output_names
@@ -693,7 +693,7 @@ def _worse(a: float, b: float) -> float:
 
 
 def _is_sampling(definition: dict) -> bool:
-    from fibgen.runtime.compare import is_sampling
+    from fibgen.runtime.checking.compare import is_sampling
 
     return is_sampling(definition)
 
@@ -722,8 +722,8 @@ def _counted(counts: dict) -> str:
 
 def _format(exc: BaseException) -> str:
     """A traceback from the solution's own first line on where it has one (Note [source
-    names] in fibgen/runtime/solutions.py): the runner's frames above it say nothing."""
-    from fibgen.runtime.solutions import solution_traceback
+    names] in fibgen/runtime/solutions/loading.py): the runner's frames above it say nothing."""
+    from fibgen.runtime.solutions.loading import solution_traceback
 
     shown = solution_traceback(exc)
     if shown is not None:
@@ -735,7 +735,7 @@ def _load_failure(exc: BaseException) -> str:
     """The log of a solution that did not load: the traceback through its own files, if it
     has one, then what fibgen says of it, which names the solution and what to do (a missing
     Triton, a build's compiler messages) and which a long traceback never pushes out."""
-    from fibgen.runtime.solutions import solution_traceback
+    from fibgen.runtime.solutions.loading import solution_traceback
 
     message = str(exc)
     cause = exc.__cause__

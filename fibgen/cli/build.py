@@ -12,7 +12,7 @@ from fibgen.cli.console import eprint as _eprint
 
 def _package_name(text: str) -> str:
     """An argparse type: a name the generated dispatchers' package may take."""
-    from fibgen.codegen.packages import package_problem
+    from fibgen.codegen.python.packages import package_problem
 
     problem = package_problem(text)
     if problem is not None:
@@ -70,7 +70,7 @@ def _compile(paths: list[str]):
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from fibgen.codegen.packages import default_package
+    from fibgen.codegen.python.packages import default_package
     from fibgen.codegen.writer import inputs_digest, up_to_date
     from fibgen.compiler import discover, read_source
 
@@ -150,7 +150,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     # What the build would refuse to generate is an error of the check too.
     from fibgen.codegen import DEFAULT_PACKAGE
     from fibgen.codegen.files import GenerateError
-    from fibgen.codegen.python_dispatch import plan_dispatch
+    from fibgen.codegen.python.dispatch.emit import plan_dispatch
 
     try:
         plan_dispatch(result.module, DEFAULT_PACKAGE)
@@ -266,7 +266,7 @@ def _list_apis(module) -> int:
 
 
 def cmd_fmt(args: argparse.Namespace) -> int:
-    from fibgen.compiler.format import format_paths
+    from fibgen.compiler.formatter import format_paths
 
     if _without_sources(args.paths) is not None:
         return EXIT_FAIL

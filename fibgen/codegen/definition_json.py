@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fibgen.codegen.files import GeneratedFile
-from fibgen.codegen.stub import reference_text
+from fibgen.codegen.python.stub import reference_text
 from fibgen.compiler import ir
 
 

@@ -46,7 +46,7 @@ def with_python_header(body: str, source: str) -> str:
     ``source`` says what the file is generated from: a ``.fidef`` path, or for a file of the
     whole build ``build_label``.
     """
-    from fibgen.codegen import pyliteral
+    from fibgen.codegen.python import pyliteral
 
     assert source, "a generated file names what it is generated from"
     return (
@@ -57,7 +57,7 @@ def with_python_header(body: str, source: str) -> str:
 
 def with_c_header(body: str, source: str) -> str:
     """Prefix C/C++/CUDA text with the do-not-edit header (``source`` as for Python)."""
-    from fibgen.codegen import cppliteral
+    from fibgen.codegen.cuda import cppliteral
 
     assert source, "a generated file names what it is generated from"
     return (

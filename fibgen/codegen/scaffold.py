@@ -156,7 +156,7 @@ _TRITON_KERNELS = {"rmsnorm": ("scaffold_triton_rmsnorm.py.j2", _rmsnorm_call)}
 
 
 def _context(defn: ir.Definition, name: str, dps: bool) -> dict[str, object]:
-    from fibgen.codegen.pyliteral import docstring_text
+    from fibgen.codegen.python.pyliteral import docstring_text
 
     inputs = [t.name for t in defn.inputs]
     outputs = [t.name for t in defn.outputs]
@@ -192,7 +192,7 @@ def _python_sources(defn: ir.Definition, name: str, dps: bool, language: str) ->
 def _cuda_sources(defn: ir.Definition, family: ir.Family, dps: bool) -> tuple[dict, str, str]:
     """The CUDA target's scaffold: (sources, entry file, binding)."""
     try:
-        from fibgen.codegen.cuda import BINDING, ENTRY_FILE, CudaGenError, scaffold_sources
+        from fibgen.codegen.cuda.emit import BINDING, ENTRY_FILE, CudaGenError, scaffold_sources
     except ImportError:
         raise ScaffoldError(
             "--language cuda is not available in this fibgen: the CUDA target has no "
@@ -221,7 +221,7 @@ def scaffold_solution(
     ``definitions``: `.fidef` files or folders, or a compiled module; None is fibgen's
     built-in catalogue.
     """
-    from fibgen.codegen.pyformat import format_python
+    from fibgen.codegen.python.pyformat import format_python
     from fibgen.format.jsonio import dump_solution
     from fibgen.format.models import BuildSpec, Solution, SourceFile
 

@@ -297,7 +297,7 @@ class Effect(Node):
 
     The API argument ``target`` receives ``expr``, a Python expression over the definition's
     inputs as they were before the call. For effects of the API that the definition does
-    not expose as outputs (see Note [effects] in ``fibgen/codegen/python_dispatch.py``).
+    not expose as outputs (see Note [effects] in ``fibgen/codegen/python/dispatch/emit.py``).
     """
 
     target: str

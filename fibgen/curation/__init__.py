@@ -1,6 +1,6 @@
 """Dataset curation: a dataset's workloads (read, made, written) and checks of a whole dataset.
 
-Where it sits: above the runtime, whose input generation (``fibgen.runtime.inputs``) makes
+Where it sits: above the runtime, whose input generation (``fibgen.runtime.inputs.make``) makes
 the values of workloads and whose solution loader ``validate --load`` uses; below ``bench``,
 which reads workloads through it, and the command line. It imports nothing of the compiler
 or the code generator.

@@ -18,7 +18,7 @@ from fibgen.format.dataset import dataset_files, is_solution_folder, read_soluti
 from fibgen.format.jsonio import load_solution
 from fibgen.format.models import Definition
 
-# As fibgen.runtime.solutions says it; not imported from there, which would import torch.
+# As fibgen.runtime.solutions.loading says it; not imported from there, which would import torch.
 TRITON_INSTALL = "pip install 'fibgen[triton]'"
 
 _EXPORT = re.compile(
@@ -198,7 +198,7 @@ def _load(
     progress: Callable[[str], None] | None,
 ) -> str | None:
     """Import or build a solution as bench and apply do; why it failed, or None."""
-    from fibgen.runtime import solutions
+    from fibgen.runtime.solutions import loading as solutions
     from fibgen.runtime.errors import SolutionError
 
     language = solution.spec.language

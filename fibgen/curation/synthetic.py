@@ -22,7 +22,7 @@ from fibgen.curation.grid import parse_grid  # noqa: F401  (here too, beside wha
 from fibgen.curation.workloads import WorkloadError, load_workloads
 from fibgen.format import RandomInput, SafetensorsInput, ScalarInput, Workload, save_blob
 from fibgen.format.dataset import blob_relpath, inside_dataset, workload_path, write_workloads
-from fibgen.runtime.inputs import InputGenerationError, InputSpec, generate_inputs_with_axes
+from fibgen.runtime.inputs.make import InputGenerationError, InputSpec, generate_inputs_with_axes
 
 __all__ = ["SyntheticResult", "parse_grid", "synthesize", "write_synthetic"]
 

@@ -1,7 +1,7 @@
 """A dataset's workloads: load them, and turn each into the inputs of its definition.
 
 A workload names values for a definition's var axes and a source for each input: random
-(made by ``fibgen.runtime.inputs`` from the definition's generation hints), a scalar, or a
+(made by ``fibgen.runtime.inputs.make`` from the definition's generation hints), a scalar, or a
 tensor in a safetensors blob of the dataset. Loading a workload reads only its JSON line;
 blobs are opened when the inputs are materialized, so a dataset whose blobs are elsewhere
 (or absent) still loads, and a missing blob is reported then, with the workload and input.
@@ -29,7 +29,7 @@ from fibgen.format import (
 from fibgen.format import load_workloads as _load_dataset_workloads
 from fibgen.format.hints import HINT_SIGNATURES, bind_hint
 from fibgen.format.jsonio import definition_to_json
-from fibgen.runtime.inputs import InputGenerationError, InputSpec, generate_inputs, torch_dtype
+from fibgen.runtime.inputs.make import InputGenerationError, InputSpec, generate_inputs, torch_dtype
 
 __all__ = ["WorkloadError", "input_spec", "load_workloads", "materialize"]
 
@@ -166,7 +166,7 @@ def _load_tensor(
                 f"{_where(spec, workload, name)}: the stored tensor has shape "
                 f"{tuple(tensor.shape)}, the workload's axes give {expected}"
             )
-    # fp4 is stored packed and may come back as uint8 (Note [fp4] in fibgen/runtime/input_specs.py).
+    # fp4 is stored packed and may come back as uint8 (Note [fp4] in fibgen/runtime/inputs/specs.py).
     if dtype != "float4_e2m1" and tensor.dtype != torch_dtype(dtype):
         raise WorkloadError(
             f"{_where(spec, workload, name)}: the stored tensor is {tensor.dtype}, the "

@@ -2,7 +2,7 @@
 
 A tensor declares how valid values for it are made with ``gen kind(args, key=expr)``.
 The compiler checks a hint against ``HINT_SIGNATURES`` (so a typo is a compile error with a
-position); the runtime (``fibgen.runtime.inputs``) gives each kind its meaning. This module
+position); the runtime (``fibgen.runtime.inputs.make``) gives each kind its meaning. This module
 imports neither torch nor the compiler, so both sides can use it cheaply.
 
 Arguments are expressions of the checked language of ``fibgen.format.expressions`` (Note

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Union
 
 if TYPE_CHECKING:  # torch and pydantic load when the command runs, not when the CLI starts
     from fibgen.format import Definition
-    from fibgen.runtime.inputs import InputSpec
+    from fibgen.runtime.inputs.make import InputSpec
 
 # What the command needs of a definition: its input spec, op_type, dataset model and sidecar.
 _Found = tuple["InputSpec", str, "Definition", dict]
@@ -63,10 +63,10 @@ def _from_fidef(name: str, path: str) -> Union[_Found, str, None]:
     if defn is None:
         return _unknown(name, sorted(by_name), path)
     # Found: what makes its inputs (torch) is imported only now.
-    from fibgen.codegen.bench_extras import emit_bench_extras
+    from fibgen.codegen.python.bench_extras import emit_bench_extras
     from fibgen.codegen.definition_json import definition_dict
     from fibgen.format import Definition
-    from fibgen.runtime.inputs import InputSpec
+    from fibgen.runtime.inputs.make import InputSpec
 
     family = next(f for f in result.module.families() if f.name == defn.family)
     model = Definition.model_validate(definition_dict(defn))

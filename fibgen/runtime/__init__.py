@@ -10,8 +10,11 @@ This package never imports the compiler, lark or jinja2.
 
 from __future__ import annotations
 
+import sys
+from typing import Any
 
-from fibgen.runtime.apply import (
+from fibgen.runtime import for_generated as _for_generated
+from fibgen.runtime.routing.apply import (
     Applied,
     apply,
     disable_apply,
@@ -23,8 +26,10 @@ from fibgen.runtime.apply import (
 )
 from fibgen.runtime.env import enable_from_env
 from fibgen.runtime.errors import ApplyConfigError, Decline, FallbackError, SolutionError
-from fibgen.runtime.tracing import enable_from_environment as _enable_tracing_from_environment
-from fibgen.runtime.tracing import (
+from fibgen.runtime.tracing.tracer import (
+    enable_from_environment as _enable_tracing_from_environment,
+)
+from fibgen.runtime.tracing.tracer import (
     TracingConfigError,
     disable_tracing,
     enable_tracing,
@@ -53,6 +58,17 @@ __all__ = [
     "stats",
     "tracing_stats",
 ]
+
+
+# Earlier generated packages' import paths (Note [generated imports] in for_generated.py).
+for _path in _for_generated.LEGACY_PATHS:
+    sys.modules.setdefault(f"{__name__}.{_path}", _for_generated)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "testing":  # `from fibgen.runtime import testing` in earlier generated tests
+        return _for_generated.testing
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _enable_from_environment() -> None:

@@ -356,9 +356,9 @@ def generated_package() -> ModuleType:
 
     The definition JSON and sidecars go beside them, as `fibgen build` writes them.
     """
-    from fibgen.codegen.bench_extras import emit_bench_extras
+    from fibgen.codegen.python.bench_extras import emit_bench_extras
     from fibgen.codegen.definition_json import emit_definition_json
-    from fibgen.codegen.python_dispatch import emit_python_dispatch
+    from fibgen.codegen.python.dispatch.emit import emit_python_dispatch
 
     out = Path(tempfile.mkdtemp(prefix="fibgen-dispatch-"))
     atexit.register(shutil.rmtree, out, ignore_errors=True)  # imported until the process ends

@@ -2,7 +2,7 @@
 
 Families outside dispatch groups that declare the same `api` form a chain in source order, as
 do the families of one dispatch case; the generated dispatchers offer a call to each in turn
-(Note [the dispatch contract] in ``fibgen/runtime/apply.py``). A family takes a call whose
+(Note [the dispatch contract] in ``fibgen/runtime/routing/apply.py``). A family takes a call whose
 key its instances declare, or whose name its name rule spells when no other family declares
 that name. Two families that spell names alike can therefore both claim a call no instance
 declares; that is harmless when they take the same inputs and outputs, and an error when

@@ -61,7 +61,7 @@ def write_text_atomic(path: PathLike, text: str, *, root: PathLike | None = None
 # - the tracer, which appends in place while other processes may append to the same file,
 #   cannot cut the file: before each append it reads the last byte, and when it is not a
 #   newline it starts with one, so its records are whole lines and the torn one stays a line
-#   of its own (``_append`` in fibgen/runtime/trace_writer.py). A line torn by another
+#   of its own (``_append`` in fibgen/runtime/tracing/writer.py). A line torn by another
 #   writer between that read and the append can still take a record with it; closing that
 #   needs a lock that every writer takes, and flashinfer-bench takes none;
 # - readers read one line at a time, and skip a line that is not JSON with a FormatWarning

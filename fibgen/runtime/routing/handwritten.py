@@ -1,0 +1,140 @@
+"""Routing of hand-written code: the ``apply`` decorator and function form."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from fibgen.runtime.solutions import loading as solutions
+from fibgen.runtime.routing.state import DISPATCH_CODES, SERVING, _state, _warn_once
+from fibgen.runtime.routing.fallbacks import _compile_reference
+from fibgen.runtime.routing.registry import register_api
+
+_handwritten: dict[tuple[Callable[..., Any], Any], Callable[..., Any]] = {}
+
+# The names hand-written code routes (``@apply("name")``), and whether some code routes
+# names its resolver computes, which cannot be known ahead: what enable_apply checks the
+# names it is given against (Note [unknown names] in fibgen/runtime/routing/apply.py).
+routed_names: set[str] = set()
+resolvers: list[Callable[..., str]] = []
+
+
+def _route_handwritten(
+    fallback: Callable[..., Any], target: str | Callable[..., str]
+) -> Callable[..., Any]:
+    label = f"{getattr(fallback, '__module__', '?')}.{getattr(fallback, '__qualname__', '?')}"
+    api = register_api(label, fallback, patch=False, by_name=True, original=fallback)
+    if callable(target):
+        resolvers.append(target)
+    else:
+        routed_names.add(target)
+    routes = api.routes
+    resolver = target if callable(target) else None
+
+    @functools.wraps(fallback)
+    def routed(*args: Any, **kwargs: Any) -> Any:
+        key = resolver(*args, **kwargs) if resolver is not None else target
+        route = routes.get(key)
+        if route is None or SERVING.n:
+            route = api.resolve(key)
+        _, fn, tick, _ = route
+        tick()
+        _serving = SERVING  # bound: a routed call is in progress (Note [re-entry])
+        _serving.n += 1
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            _, fallback_fn, _ = api.failed(key, fn, exc, *args, **kwargs)
+            return fallback_fn(*args, **kwargs)
+        finally:
+            _serving.n -= 1
+
+    DISPATCH_CODES.add(routed.__code__)
+    return routed
+
+
+# Note [apply without a fallback]
+# flashinfer-bench's apply(name, args) takes `fallback` as optional and raises on a miss
+# without one ("Apply miss for ... and no fallback provided"). Here the definition's
+# reference stands in for it: it computes the right result in either calling style, so a
+# call that no solution serves (a miss, a failed or declining solution, apply off) still
+# returns what the definition says, and is counted like any fallback. The definition is
+# looked up in the datasets apply was enabled on, then in fibgen's catalogue; a name found
+# in neither raises a LookupError naming it. Strict mode raises as it does with a fallback.
+
+_reference_fallbacks: dict[Any, Callable[..., Any]] = {}
+
+
+def _closest(name: str) -> str:
+    """`` (did you mean 'a'?)`` for the catalogue's names close to ``name``, else ``""``."""
+    import difflib
+
+    from fibgen.paths import builtin_definition_names
+
+    close = difflib.get_close_matches(name, sorted(builtin_definition_names()), n=3)
+    return f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+
+
+def apply(
+    target: str | Callable[..., str],
+    args: tuple[Any, ...] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    fallback: Callable[..., Any] | None = None,
+) -> Any:
+    """Route hand-written code: ``@apply(name_or_resolver)``, or ``apply(name, args, kwargs, fallback)``.
+
+    The solution is called with the arguments as given; a resolver maps them to a name.
+    Without ``fallback``, a call no solution serves runs the definition's reference
+    (Note [apply without a fallback]).
+    """
+    if fallback is None:
+        if args is None and kwargs is None:
+            return functools.partial(_route_handwritten, target=target)
+        fallback = _reference_fallbacks.get(target)
+        if fallback is None:
+            references: dict[tuple[str, str], Callable[..., Any]] = {}
+
+            def run_reference(*call_args: Any, **call_kwargs: Any) -> Any:
+                name = target if isinstance(target, str) else target(*call_args, **call_kwargs)
+                with _state.lock:
+                    roots = sorted({e.root for e in _state.entries.values() if e.root}, key=str)
+                definition = None
+                for root in [*roots, None]:
+                    definition = solutions.find_definition(name, root)
+                    if definition is not None:
+                        break
+                if definition is None:
+                    where = " or ".join(
+                        [f"{r}/definitions" for r in roots] + ["fibgen's catalogue"]
+                    )
+                    raise LookupError(
+                        f"apply({name!r}): no solution serves this call and no fallback was "
+                        f"given, and definition {name!r} is not in {where} to run its "
+                        f"reference{_closest(name)}; pass fallback=, or enable apply on the "
+                        "dataset that defines it"
+                    )
+                key = (name, definition["reference"])
+                run = references.get(key)
+                if run is None:
+                    reference = _compile_reference(definition["reference"], name)
+                    run = references[key] = solutions.either_style(
+                        reference, definition, False, f"the reference of {name!r}"
+                    )
+                _warn_once(
+                    ("reference fallback", name),
+                    f"fibgen: apply({name!r}) without a fallback: calls no solution serves "
+                    "run the definition's reference (slow)",
+                )
+                return run(*call_args, **call_kwargs)
+
+            # How stats() and messages name this route: no function of the caller's stands
+            # behind it.
+            run_reference.__module__ = "fibgen.runtime"
+            run_reference.__qualname__ = f"apply({getattr(target, '__qualname__', target)!r})"
+            fallback = _reference_fallbacks.setdefault(target, run_reference)
+    with _state.lock:
+        routed = _handwritten.get((fallback, target))
+        if routed is None:
+            routed = _handwritten[(fallback, target)] = _route_handwritten(fallback, target)
+    return routed(*(args or ()), **(kwargs or {}))

@@ -1,0 +1,178 @@
+"""Whether a traced call is a workload of its definition: the definition's contract, and
+the check of a call's inputs against it.
+
+Note [checked records]
+A record is a workload of its definition only if the call's inputs are what the definition
+declares: a [2, 3, 128] tensor routed to ``rmsnorm_h128`` by its last axis would be recorded
+as ``batch_size=3``, a float32 input to a bfloat16 definition as a bfloat16 workload, and
+bench would later refuse both. So before a call is recorded, every input tensor is checked
+against the definition: its dtype, its rank, the size of each const axis, and that a var
+axis has one size across the inputs that carry it. A call that fails is not recorded; it is
+counted (``tracing_stats()["mismatched"]``) and the first one is reported with the reason.
+The contract comes from the definition JSON found for the dataset (Note [complete
+datasets]), else from the dispatcher's own tensor table (dtypes and ranks, no const sizes).
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import json
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from fibgen.runtime.routing.api import Api
+
+
+def _definition_file(api: Api, name: str) -> Path | None:
+    """The JSON of definition ``name`` beside the dispatcher of ``api`` (Note [complete datasets])."""
+    module_name = getattr(api.function, "__module__", "") or ""
+    module = sys.modules.get(module_name)
+    file = getattr(module, "__file__", None)
+    if file:
+        # <out>/python/<package>/<family>.py beside <out>/definitions/<op_type>/<name>.json
+        base = Path(file).resolve().parents[2] / "definitions"
+        if base.is_dir():
+            found = sorted(base.glob(f"*/{glob.escape(name)}.json"))
+            if found:
+                return found[0]
+    if module_name.split(".")[0] == "fibgen_kernels":
+        from fibgen.paths import builtin_definition_file
+
+        return builtin_definition_file(name)
+    return None
+
+
+def _contract(
+    api: Api, source: Path | None
+) -> tuple[list[tuple[str, str | None, tuple[str, ...]]], dict[str, int]]:
+    """(name, dtype, shape) of each tensor input in ``api.inputs`` order, and the const axes'
+    values: from the definition JSON when there is one, else the dispatcher's table."""
+    if source is not None:
+        try:
+            data = json.loads(source.read_text(encoding="utf-8"))
+            inputs = data["inputs"]
+            if list(inputs) == list(api.inputs):
+                tensors = [
+                    (n, t.get("dtype"), tuple(t["shape"]))
+                    for n, t in inputs.items()
+                    if t.get("shape") is not None
+                ]
+                consts = {
+                    a: int(spec["value"])
+                    for a, spec in data.get("axes", {}).items()
+                    if spec.get("type") == "const" and spec.get("value") is not None
+                }
+                return tensors, consts
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass  # the dispatcher's table still checks dtypes and ranks
+    tensors = [
+        (n, api.tensors[n][0], tuple(api.tensors[n][1])) for n in api.inputs if n in api.tensors
+    ]
+    return tensors, {}
+
+
+def _input_check(api: Api, source: Path | None) -> Callable[[Sequence[Any]], str | None]:
+    """The check of a call's input values against the definition (Note [checked records]):
+    the reason of the first mismatch, or None."""
+    from fibgen.runtime.inputs.make import torch_dtype
+
+    tensors, consts = _contract(api, source)
+    index = {n: i for i, n in enumerate(api.inputs)}
+    wants: dict[str, torch.dtype | None] = {}
+    for name, dtype, _ in tensors:
+        try:
+            wants[name] = torch_dtype(dtype) if dtype is not None else None
+        except ValueError:  # a dtype this torch lacks: left unchecked
+            wants[name] = None
+    # A var axis is checked only where two dims carry it: alone, any size is its value.
+    uses = collections.Counter(axis for _, _, shape in tensors for axis in shape)
+    shared_axes = sorted(a for a, n in uses.items() if n > 1 and a not in consts)
+    slots = {a: k for k, a in enumerate(shared_axes)}
+    # Worked out once per definition, so that a call pays only comparisons; the reason is
+    # worked out again, slowly, for a call that fails.
+    plan = tuple(
+        (
+            index[name],
+            wants[name],
+            len(shape),
+            tuple((d, consts[axis]) for d, axis in enumerate(shape) if axis in consts),
+            tuple((d, slots[axis]) for d, axis in enumerate(shape) if axis in slots),
+        )
+        for name, _, shape in tensors
+    )
+    empty = [None] * len(slots)
+    tensor = torch.Tensor
+
+    def why(values: Sequence[Any]) -> str:
+        return _mismatch(tensors, wants, consts, index, values)
+
+    def check(values: Sequence[Any]) -> str | None:
+        sizes = empty.copy() if empty else empty
+        for i, want, rank, sized, shared in plan:
+            value = values[i]
+            if value is None:
+                continue  # an optional input left out
+            if not isinstance(value, tensor) or (want is not None and value.dtype is not want):
+                return why(values)
+            if value.ndim != rank:
+                return why(values)
+            if sized or shared:
+                size = value.shape
+                for d, expected in sized:
+                    if size[d] != expected:
+                        return why(values)
+                for d, k in shared:
+                    first = sizes[k]
+                    if first is None:
+                        sizes[k] = size[d]
+                    elif first != size[d]:
+                        return why(values)
+        return None
+
+    return check
+
+
+def _mismatch(
+    tensors: list[tuple[str, str | None, tuple[str, ...]]],
+    wants: Mapping[str, torch.dtype | None],
+    consts: Mapping[str, int],
+    index: Mapping[str, int],
+    values: Sequence[Any],
+) -> str:
+    """Why a call's inputs do not match the definition, said as the launchers say it."""
+    seen: dict[str, tuple[int, str, int]] = {}
+    for name, dtype, shape in tensors:
+        value = values[index[name]]
+        if value is None:
+            continue
+        if not isinstance(value, torch.Tensor):
+            return f"input {name} is a {type(value).__name__}, not a tensor"
+        want = wants[name]
+        if want is not None and value.dtype is not want:
+            got = str(value.dtype).removeprefix("torch.")
+            return f"input {name} is {got}, the definition's is {dtype}"
+        if value.ndim != len(shape):
+            return (
+                f"input {name} has {value.ndim} dims, the definition's has {len(shape)} "
+                f"[{', '.join(shape)}]"
+            )
+        for d, axis in enumerate(shape):
+            size = int(value.shape[d])
+            if axis in consts and size != consts[axis]:
+                return (
+                    f"input {name} has size {size} along axis {axis} (dim {d}), the "
+                    f"definition's is {consts[axis]}"
+                )
+            first = seen.setdefault(axis, (size, name, d))
+            if first[0] != size:
+                return (
+                    f"input {name} has size {size} along axis {axis} (dim {d}), expected "
+                    f"{first[0]} as in {first[1]} (dim {first[2]})"
+                )
+    return "its inputs differ from the definition's"  # not reached: check() found one

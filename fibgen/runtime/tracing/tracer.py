@@ -1,0 +1,511 @@
+"""Tracing: record the workloads of live calls as a FlashInfer Trace dataset.
+
+``enable_tracing(dataset_dir)`` makes every generated dispatcher record the calls it sees:
+the var-axis values and, per the dump policy, copies of the input tensors. Records become
+workload lines in ``workloads/<op_type>/<definition>.jsonl`` and safetensors blobs in
+``blob/workloads/<op_type>/<definition>/``, written by a background thread.
+``FIBGEN_TRACE=1`` with ``FIBGEN_DATASET_PATH=<dir>`` enables it when ``fibgen.runtime`` is
+imported (``FIBGEN_TRACE_DUMP`` and ``FIBGEN_TRACE_DEDUP`` choose the policies).
+
+This module turns tracing on and off and hooks it into the dispatchers' routes. The parts:
+``trace_policies`` (what is kept), ``trace_records`` (recording a call on its thread),
+``trace_checks`` (whether a call is a workload of its definition) and ``trace_writer`` (the
+files written).
+
+Note [complete datasets]
+A traced dataset is one ``fibgen bench`` and flashinfer-bench can load: beside the first
+workloads of a definition the writer puts its definition JSON and ``.fibgen`` sidecar
+(found beside the dispatcher that made the call: ``<out>/definitions/`` of ``fibgen build
+-o <out>``, or fibgen's built-in catalogue for ``fibgen_kernels``), unless the dataset has
+that definition already. Only definitions that exist are recorded: a call whose const values
+no instance declares (``rmsnorm`` at a hidden size of 1234) names a definition that has no
+JSON, contract or reference, so it is not recorded; such calls are counted
+(``tracing_stats()["unknown"]``) and the first one is reported.
+
+Note [tracing hooks]
+Tracing costs nothing while it is off because it lives on the dispatcher's slow path. When it
+turns on, ``set_tracer`` clears every dispatcher's routes and ``direct`` hook, so each
+call goes through ``_api.resolve`` once per key, and ``resolve`` hands every new route to
+``_wrap`` below. The wrapped route records, then calls what the route called before:
+
+- an ``ORIGINAL`` route gets the API's own arguments; the generated ``_inputs`` function maps
+  them to the definition's inputs (plan-time ones included);
+- ``RETURNS``, ``DPS`` and ``INPLACE`` routes get the definition's inputs by keyword (and the
+  output buffers, which the generated ``_var_axes`` ignores).
+
+The generated ``_var_axes`` reads each var axis from the shape of an input that carries it,
+as decided at generation time. Turning tracing off restores the routes and hooks.
+
+Note [missed calls]
+Tracing says what it did not record. Every call that reaches a dispatcher while tracing is
+on is recorded, filtered out by the dedup policy, or counted in ``tracing_stats()`` under
+the reason it was not recorded, and the first call of each reason warns once, saying how to
+get such calls recorded:
+
+- ``unknown``: its const values name no definition of the family (or none at all);
+- ``mismatched``: its inputs are not its definition's (Note [checked records]);
+- ``unplanned``: a ``run()`` of a wrapper whose ``plan()`` tracing did not see: planned
+  before tracing was turned on (turning tracing or apply on or off forgets every plan,
+  Note [plan state] in patching.py); its plan-time inputs are unknown;
+- ``plan_changed``: a ``run()`` after the wrapper's plan state changed behind fibgen's back
+  (a ``plan()`` through a method bound before, or ``forward()``);
+- ``refused``: with apply on, a call that fails a rule of its definition (another ``eps``,
+  another dtype) and goes to the original API: it is not a workload of that definition;
+- ``capturing``: a call made while a CUDA graph is captured, with tensors to dump, whose
+  copy would be captured into the graph;
+- ``dropped`` and ``failed``: records the writer could not keep up with, or not write.
+
+The calls of the first four never reach a route that ``_wrap`` wraps (a miss, a refusal,
+a route of a name that is no definition): the dispatcher's ``miss`` and ``refuse`` tell
+tracing of them through ``set_tracer``'s ``missed``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import itertools
+import os
+import signal
+import threading
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fibgen.runtime.env import enable_from_env
+from fibgen.runtime.routing.apply import ORIGINAL, Api, set_tracer
+from fibgen.runtime.tracing.checks import _definition_file, _input_check
+from fibgen.runtime.tracing.policies import (
+    DedupPolicy,
+    DumpPolicy,
+    TracingConfigError,
+    _dedup_rule,
+    _dump_rule,
+    _parse_dedup,
+    _parse_dump,
+)
+from fibgen.runtime.tracing.records import _Record, _Recorder
+from fibgen.runtime.tracing.writer import _Writer
+
+__all__ = [
+    "TracingConfigError",
+    "disable_tracing",
+    "enable_tracing",
+    "flush_tracing",
+    "is_tracing",
+    "tracing_stats",
+]
+
+DEFAULT_MAX_PENDING_BYTES = 256 << 20
+DEFAULT_MAX_PENDING_RECORDS = 65536
+
+
+class _Tracer(_Recorder, _Writer):
+    """The state of one enable_tracing: policies, the queue, the writer thread, counters.
+
+    ``_Recorder`` records calls on the calling thread; ``_Writer`` writes them on its own.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        dump: Callable[[str, torch.Tensor], bool] | None,
+        keep: Callable[[str, dict[str, Any], dict[str, Any]], bool],
+        filtering: bool,
+        max_bytes: int,
+        max_records: int,
+    ) -> None:
+        self.root = root
+        self.dump = dump
+        self.keep = keep
+        self.filtering = filtering
+        self.max_bytes = max_bytes
+        self.max_records = max_records
+        self.queue: collections.deque[_Record] = collections.deque()
+        # Reentrant: a signal handler that flushes may interrupt the thread holding it.
+        self.lock = threading.RLock()
+        self.write_lock = threading.RLock()
+        self.pending_bytes = 0
+        self.recorded = itertools.count()
+        self.dropped = itertools.count()
+        self.filtered = itertools.count()
+        self.written = 0
+        self.failed = itertools.count()
+        # The thread inside drain(), so that a signal handler on it does not drain again.
+        self.drainer: int | None = None
+        self.pending_signal: tuple[int, Any] | None = None
+        self.warned: set[str] = set()
+        self.unknown = itertools.count()
+        self.mismatched = itertools.count()
+        # Calls not recorded, by reason (Note [missed calls]).
+        self.unplanned = itertools.count()
+        self.plan_changed = itertools.count()
+        self.refused = itertools.count()
+        self.capturing = itertools.count()
+        # Definition name -> the check of a call's inputs (Note [checked records]).
+        self.checks: dict[str, Callable[[Sequence[Any]], str | None]] = {}
+        # Definition name -> its JSON file beside the dispatcher (None: not found), filled
+        # when a route is wrapped; names whose JSON the writer has put in the dataset.
+        self.sources: dict[str, Path | None] = {}
+        self.present: set[str] | None = None
+        self.inputs_json: dict[tuple[str, tuple[tuple[str, Any], ...]], str] = {}
+        self.wake = threading.Event()
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="fibgen-tracing", daemon=True)
+
+    def drain(self) -> None:
+        """Write every queued record (on the calling thread; the writer does the same)."""
+        with self.write_lock:
+            self.drainer = threading.get_ident()
+            try:
+                self._drain_locked()
+            finally:
+                self.drainer = None
+        signalled, self.pending_signal = self.pending_signal, None
+        if signalled is not None:
+            _on_signal(*signalled)
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key in self.warned:
+            return
+        self.warned.add(key)
+        warnings.warn(f"fibgen tracing: {message}", RuntimeWarning, stacklevel=2)
+
+    def _warn_failure(self, message: str) -> None:
+        if "write" in self.warned:
+            return
+        self.warned.add("write")
+        # From the writer thread: the warning shows once, as the first failure's message.
+        warnings.warn(
+            f"fibgen tracing: {message} (further failures are counted in tracing_stats())",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.wake.set()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join()
+        self.drain()
+
+    def stats(self) -> dict[str, int]:
+        # repr is "count(N)": reading it does not advance the counter.
+        def read(counter: itertools.count) -> int:
+            return int(repr(counter)[6:-1])
+
+        return {
+            "recorded": read(self.recorded),
+            "filtered": read(self.filtered),
+            "dropped": read(self.dropped),
+            "written": self.written,
+            "failed": read(self.failed),
+            "pending": len(self.queue),
+            "unknown": read(self.unknown),
+            "mismatched": read(self.mismatched),
+            "unplanned": read(self.unplanned),
+            "plan_changed": read(self.plan_changed),
+            "refused": read(self.refused),
+            "capturing": read(self.capturing),
+        }
+
+
+# ---------------------------------------------------------------------------------------
+# Route wrapping (Note [tracing hooks])
+
+
+def _wrap(tracer: _Tracer) -> Callable[[Api, str | None, Any], Any]:
+    def wrap(api: Api, name: str | None, route: Any) -> Any:
+        kind, fn, tick, values = route
+        if api.trace_inputs is None or fn is api.then:
+            # Hand-written routes, and calls passed on to the next family of the same API
+            # (which records them itself).
+            return route
+        if name is None or name not in api.known_names:
+            return (kind, _uncounted(tracer, api, name, fn), tick, values)
+        if name not in tracer.sources:
+            tracer.sources[name] = _definition_file(api, name)
+        if name not in tracer.checks:
+            tracer.checks[name] = _input_check(api, tracer.sources[name])
+        record = tracer.record
+        if kind == ORIGINAL:
+            to_inputs = api.trace_inputs
+
+            def traced_original(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    record(api, name, to_inputs(*args, **kwargs))
+                except Exception as exc:
+                    _record_failed(tracer, name, exc)
+                return fn(*args, **kwargs)
+
+            return (kind, traced_original, tick, values)
+        names = api.inputs
+
+        def traced(**kwargs: Any) -> Any:
+            try:
+                record(api, name, [kwargs[n] for n in names])
+            except Exception as exc:
+                _record_failed(tracer, name, exc)
+            return fn(**kwargs)
+
+        traced.__wrapped__ = fn  # type: ignore[attr-defined]  # for Api.failed
+        return (kind, traced, tick, values)
+
+    return wrap
+
+
+def _uncounted(
+    tracer: _Tracer, api: Api, name: str | None, fn: Callable[..., Any]
+) -> Callable[..., Any]:
+    """A route of a definition that does not exist: counted, reported once, not recorded."""
+
+    def untraced(*args: Any, **kwargs: Any) -> Any:
+        _missed_call(tracer, api, "unknown", name, None)
+        return fn(*args, **kwargs)
+
+    return untraced
+
+
+def _missed(tracer: _Tracer) -> Callable[[Api, str | None, str | None, Any], None]:
+    """What the dispatchers tell of the calls no wrapped route sees (Note [missed calls]).
+
+    ``detail``, for a refused call, is a function that says what it fails (called once).
+    """
+
+    def missed(api: Api, reason: str | None, name: str | None, detail: Any) -> None:
+        if api.trace_inputs is None:
+            return  # a hand-written apply(): nothing of it is ever recorded
+        reason = _PLAN_REASONS.get(reason, reason) or "unknown"
+        _missed_call(tracer, api, reason, name, detail)
+
+    return missed
+
+
+# Why a run() is not routed (Note [plan state]), as tracing_stats() counts it.
+_PLAN_REASONS = {"plan:unseen": "unplanned", "plan:changed": "plan_changed"}
+
+
+def _missed_call(tracer: _Tracer, api: Api, reason: str, name: str | None, detail: Any) -> None:
+    """Count a call that is not recorded, and say the first of its reason (Note [missed
+    calls])."""
+    next(getattr(tracer, reason))
+    if reason in tracer.warned:
+        return
+    counted = f"tracing_stats()[{reason!r}] counts them"
+    if reason == "unknown":
+        what = (
+            f"{api.label} was called for {name}, which is not a definition of its family (no "
+            "instance declares those values)"
+            if name is not None
+            else f"{api.label} was called with values that name no definition of its family"
+        )
+        message = (
+            f"{what}; such calls are not recorded, and {counted}. To record them, declare an "
+            "instance with those values in the family's .fidef and rebuild"
+        )
+    elif reason == "unplanned":
+        message = (
+            f"a call of {api.label}() on a wrapper whose plan() tracing did not see (planned "
+            "before enable_tracing, or before apply was last turned on or off) is not "
+            f"recorded: its plan-time inputs are unknown; {counted}. To record its runs, call "
+            "plan() again after enable_tracing (FIBGEN_TRACE=1 traces from the start)"
+        )
+    elif reason == "plan_changed":
+        message = (
+            f"a call of {api.label}() after the wrapper's plan state changed behind fibgen "
+            "(a plan() through a method bound before tracing or apply was turned on, or "
+            f"forward()) is not recorded; {counted}. To record its runs, call plan() through "
+            "the wrapper itself, after enable_tracing"
+        )
+    else:  # refused
+        message = (
+            f"a call of {api.label} for {name} is not recorded: {detail()}, so it is not a "
+            f"workload of {name}; {counted}. To record such calls, declare a definition (an "
+            "instance in the .fidef) that they satisfy"
+        )
+    tracer._warn_once(reason, message)
+
+
+def _record_failed(tracer: _Tracer, name: str, exc: Exception) -> None:
+    # Tracing must never break a call: count the failure and warn once.
+    next(tracer.failed)
+    tracer._warn_failure(f"cannot record a call of {name}: {type(exc).__name__}: {exc}")
+
+
+# ---------------------------------------------------------------------------------------
+# Enabling, flushing on exit and on signals
+
+_lock = threading.RLock()
+_tracer: _Tracer | None = None
+_last_stats: dict[str, int] | None = None
+_atexit_registered = False
+# signal number → the handler that was installed before ours
+_previous_handlers: dict[int, Any] = {}
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_STATS = (
+    "recorded",
+    "filtered",
+    "dropped",
+    "written",
+    "failed",
+    "pending",
+    "unknown",
+    "mismatched",
+    "unplanned",
+    "plan_changed",
+    "refused",
+    "capturing",
+)
+
+
+def enable_tracing(
+    dataset_dir: str | os.PathLike[str],
+    *,
+    dump: DumpPolicy = "none",
+    dedup: DedupPolicy = "all",
+    max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+    max_pending_records: int = DEFAULT_MAX_PENDING_RECORDS,
+    patch: bool = False,
+) -> None:
+    """Record the workloads of calls through generated dispatchers into ``dataset_dir``.
+
+    ``dump``: which input tensors to save ("none", "all", "int" for integer and bool
+    tensors, or a list of input names); others are recorded as random. ``dedup``: which
+    calls to keep per definition ("all", "axes" for the first per var-axis values,
+    ("first", k), ("axes", k), or a function (definition, axes, inputs) -> key keeping the
+    first call per key). ``patch``: also replace the real APIs (``flashinfer.norm.rmsnorm``)
+    by their dispatchers while tracing, so that a program calling FlashInfer directly is
+    recorded too; with apply off, each call still runs the original API. ``FIBGEN_TRACE=1``
+    patches. Enabling again flushes and replaces the previous configuration.
+    """
+    global _tracer, _atexit_registered
+    dump_rule = _dump_rule(dump)
+    keep = _dedup_rule(dedup)
+    for option, value in (
+        ("max_pending_bytes", max_pending_bytes),
+        ("max_pending_records", max_pending_records),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise TracingConfigError(f"{option}={value!r}: must be an integer >= 0")
+    root = Path(dataset_dir)
+    if root.exists() and not root.is_dir():
+        raise TracingConfigError(f"dataset folder {root} exists and is not a folder")
+    tracer = _Tracer(root, dump_rule, keep, dedup != "all", max_pending_bytes, max_pending_records)
+    with _lock:
+        disable_tracing()
+        try:
+            tracer.start()
+        except OSError as exc:
+            raise TracingConfigError(f"cannot create dataset folder {root}: {exc}") from None
+        _tracer = tracer
+        set_tracer(_wrap(tracer), patch=patch, missed=_missed(tracer))
+        if not _atexit_registered:
+            atexit.register(disable_tracing)
+            _atexit_registered = True
+        _install_signal_handlers()
+
+
+def disable_tracing() -> None:
+    """Stop recording; write every pending record before returning."""
+    global _tracer, _last_stats
+    with _lock:
+        tracer = _tracer
+        if tracer is None:
+            return
+        set_tracer(None)
+        _tracer = None
+        _restore_signal_handlers()
+        tracer.stop()
+        _last_stats = tracer.stats()
+
+
+def flush_tracing() -> None:
+    """Write every record queued so far (tracing stays on)."""
+    tracer = _tracer
+    if tracer is not None:
+        tracer.drain()
+
+
+def is_tracing() -> bool:
+    """Whether tracing is on."""
+    return _tracer is not None
+
+
+def tracing_stats() -> dict[str, int]:
+    """Counts of the current (or last) tracing: recorded, filtered (by the dedup policy),
+    written, pending, and the calls not recorded by reason (Note [missed calls]): dropped,
+    failed, unknown, mismatched, unplanned, plan_changed, refused, capturing."""
+    tracer = _tracer
+    if tracer is not None:
+        return tracer.stats()
+    return dict(_last_stats or dict.fromkeys(_STATS, 0))
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    tracer = _tracer
+    if tracer is not None:
+        if tracer.drainer == threading.get_ident():
+            # The signal interrupted a drain on this thread, holding records it popped: that
+            # drain finishes them, then calls this handler again.
+            tracer.pending_signal = (signum, frame)
+            return
+        # Waits for the writer thread to finish its batch, then writes the rest.
+        tracer.drain()
+    previous = _previous_handlers.get(signum, signal.SIG_DFL)
+    if callable(previous):
+        previous(signum, frame)
+    elif previous != signal.SIG_IGN:
+        # The default action (terminate): restore it and deliver the signal again.
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+def _install_signal_handlers() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        # Python lets only the main thread set handlers; atexit and disable still flush.
+        return
+    for signum in _SIGNALS:
+        current = signal.getsignal(signum)
+        if current is _on_signal:
+            continue
+        _previous_handlers[signum] = signal.SIG_DFL if current is None else current
+        signal.signal(signum, _on_signal)
+
+
+def _restore_signal_handlers() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum, previous in list(_previous_handlers.items()):
+        # A handler installed after ours stays: it may chain to ours, which then only chains.
+        if signal.getsignal(signum) is _on_signal:
+            signal.signal(signum, previous)
+            del _previous_handlers[signum]
+
+
+# ---------------------------------------------------------------------------------------
+# The environment
+
+
+def enable_from_environment() -> None:
+    """Enable tracing from FIBGEN_TRACE / FIBGEN_DATASET_PATH; warn and stay off when wrong."""
+
+    def enable(path: str) -> None:
+        enable_tracing(
+            path,
+            dump=_parse_dump(os.environ.get("FIBGEN_TRACE_DUMP", "none")),
+            dedup=_parse_dedup(os.environ.get("FIBGEN_TRACE_DEDUP", "all")),
+            # The environment switch is for programs that call FlashInfer, not fibgen.
+            patch=True,
+        )
+
+    enable_from_env(
+        "FIBGEN_TRACE",
+        "FIBGEN_DATASET_PATH",
+        "dataset folder",
+        "tracing",
+        enable,
+        (TracingConfigError,),
+    )
