@@ -142,7 +142,7 @@ def test_a_call_no_solution_serves_runs_the_reference_without_a_fallback(
 ):
     # rmsnorm_h128 is in fibgen's catalogue: its reference computes the result, in the
     # style of the call, where flashinfer-bench would raise "no fallback provided".
-    monkeypatch.setattr(sys.modules["fibgen.runtime.routing.apply"]._state, "warned", set())
+    monkeypatch.setattr(sys.modules["fibgen.runtime.routing.apply"].STATE, "warned", set())
     if enabled:
         rt.enable_apply(make_dataset(tmp_path / "ds", ["good_returns"], sizes=(3,)))
     x, w = torch.randn(2, 128, dtype=torch.bfloat16), torch.randn(128, dtype=torch.bfloat16)

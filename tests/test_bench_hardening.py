@@ -304,7 +304,7 @@ def test_a_failure_inside_the_runner_thread_fails_the_run(tmp_path, capsys, monk
     def broken(*args, **kwargs):
         raise RuntimeError("the runner broke")
 
-    monkeypatch.setattr(runner, "_run_group", broken)
+    monkeypatch.setattr(runner, "run_group", broken)
     root = make_dataset(tmp_path / "ds", ["good_returns"], sizes=(3, 5))
     code, out, err = _bench(capsys, root)
     assert code == 1 and not (root / "traces").exists()

@@ -36,7 +36,7 @@ def test_the_first_line_comes_before_the_first_job(tmp_path, capsys, monkeypatch
         seen.append(capsys.readouterr().err)
         raise RuntimeError("stop here")
 
-    monkeypatch.setattr(runner, "_run_group", first_job)
+    monkeypatch.setattr(runner, "run_group", first_job)
     main(["bench", str(root), "--devices", "cpu"])
     assert seen == ["bench: definitions 0/1, workloads 0/2, runs 0/4, ETA ? (starting)\n"]
 
@@ -77,7 +77,7 @@ def test_a_line_says_when_a_build_starts_and_none_when_it_is_cached(tmp_path, mo
     def note(text: str) -> None:
         notes.append((text, list(handle.asked)))
 
-    runner._run_group(handle, group, root, BenchOptions(), note)
+    runner.run_group(handle, group, root, BenchOptions(), note)
     # Said before the solution was asked for, and only of the one that is built.
     assert notes == [
         (
@@ -92,7 +92,7 @@ def test_a_line_says_when_a_build_starts_and_none_when_it_is_cached(tmp_path, mo
     (folder / "BUILT").write_text("x.so\n")
     assert builders.is_built(group.solutions[1])
     notes.clear()
-    runner._run_group(handle, group, root, BenchOptions(), note)
+    runner.run_group(handle, group, root, BenchOptions(), note)
     assert notes == []
 
 

@@ -96,9 +96,9 @@ def test_a_solution_that_raises_after_a_nested_call_falls_back_like_any_error():
 def test_without_an_original_a_nested_call_runs_the_reference():
     # The dispatcher's own function (no patched API in between) with no original to call:
     # the nested call takes what a miss takes, the reference, once.
-    from fibgen.runtime.routing.state import _state
+    from fibgen.runtime.routing.state import STATE
 
-    api = next(a for a in _state.apis if a.label == RMS)
+    api = next(a for a in STATE.apis if a.label == RMS)
     x, w = torch.randn(2, 4096), torch.randn(4096)
 
     def through_dispatcher(hidden_states, weight):
@@ -121,9 +121,9 @@ def test_without_an_original_a_nested_call_runs_the_reference():
 
 def test_call_definition_is_a_routed_call_for_nested_calls():
     x, w = torch.randn(2, 4096), torch.randn(4096)
-    from fibgen.runtime.routing.state import _state
+    from fibgen.runtime.routing.state import STATE
 
-    api = next(a for a in _state.apis if a.label == RMS)
+    api = next(a for a in STATE.apis if a.label == RMS)
     with rt.enable_apply({"rmsnorm_h4096": wrapper_baseline}):
         y = api.call_definition("rmsnorm_h4096", {"hidden_states": x, "weight": w})
         assert _counts(RMS) == {"hit": 1, "nested": 1}

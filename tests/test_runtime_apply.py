@@ -504,7 +504,7 @@ def test_declining_without_an_original_runs_the_reference_as_a_miss_does():
 
 
 def test_declined_call_by_definition_name_runs_the_reference():
-    api = next(a for a in apply_module._state.apis if a.label == RMS)
+    api = next(a for a in apply_module.STATE.apis if a.label == RMS)
     x, w = torch.randn(3, 4096), torch.randn(4096)
     with rt.enable_apply({"rmsnorm_h4096": _picky}):
         result = api.call_definition("rmsnorm_h4096", {"hidden_states": x, "weight": w})

@@ -316,7 +316,7 @@ def test_messages_name_the_solution_folders_file_not_the_cache(tmp_path):
     # line there, and tracebacks and inspect show its lines (Note [source names]).
     import inspect
 
-    from fibgen.runtime.routing.state import _state
+    from fibgen.runtime.routing.state import STATE
 
     folder = tmp_path / "solutions" / "tests" / "rmsnorm" / "rmsnorm_h4096" / "breaks"
     folder.mkdir(parents=True)
@@ -330,7 +330,7 @@ def test_messages_name_the_solution_folders_file_not_the_cache(tmp_path):
     with pytest.warns(RuntimeWarning) as caught:
         with rt.enable_apply(tmp_path, strict=False):
             rmsnorm.rmsnorm(torch.randn(1, 4096), torch.randn(4096))
-            (loaded,) = _state.loaded.values()
+            (loaded,) = STATE.loaded.values()
     (message,) = [str(w.message) for w in caught if " raised " in str(w.message)]
     assert message == (
         f"fibgen: solution 'breaks' ({folder}/breaks.json) for definition 'rmsnorm_h4096' "

@@ -211,7 +211,7 @@ def test_a_traced_dataset_benches_with_no_other_file(tmp_path, monkeypatch):
     assert group.definition.name == "add_bias_h8" and group.workload.axes == {"n": 2}
     # The sidecar came with the JSON, byte for byte, and bench takes its tolerance.
     written = tmp_path / "ds" / "definitions" / "elementwise" / "add_bias_h8.fibgen"
-    source = tracing._definition_file(add_bias._api, "add_bias_h8").with_suffix(".fibgen")
+    source = tracing.definition_file(add_bias._api, "add_bias_h8").with_suffix(".fibgen")
     assert written.read_bytes() == source.read_bytes()
     assert json.loads(written.read_text())["tolerance"] == {"atol": 1e-3, "rtol": 1e-3}
     assert group.tolerance["atol"] == 1e-3 and group.tolerance["rtol"] == 1e-3
@@ -493,7 +493,7 @@ def test_calls_that_do_not_match_their_definition_are_counted_not_recorded(
             }
         )
     )
-    monkeypatch.setattr(tracing, "_definition_file", lambda api, name: definition)
+    monkeypatch.setattr(tracing, "definition_file", lambda api, name: definition)
     rt.enable_tracing(tmp_path / "ds")
     with pytest.warns(RuntimeWarning) as caught:
         for _ in range(3):

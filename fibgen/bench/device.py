@@ -11,7 +11,7 @@ import torch
 __all__ = ["setup_device"]
 
 
-def _libs() -> dict[str, str]:
+def library_versions() -> dict[str, str]:
     libs = {"torch": torch.__version__}
     try:
         import triton
@@ -22,7 +22,7 @@ def _libs() -> dict[str, str]:
     return libs
 
 
-def _hardware(device: torch.device) -> str:
+def hardware_name(device: torch.device) -> str:
     # As flashinfer-bench names it: the CPU model rather than "x86_64", so that traces of
     # both tools on one machine are of one hardware (Note [hardware strings]).
     from fibgen.runtime.selection.hardware import device_name

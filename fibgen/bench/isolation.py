@@ -139,16 +139,16 @@ def _outputs_message(actual: tuple) -> tuple[dict, tuple]:
             header, data = _tensor_bytes(value)
             outputs.append({"tensor": header})
             frames.append(data)
-        elif w._number_tensor(value) is not None:
+        elif w.number_tensor(value) is not None:
             outputs.append({"number": value.item() if hasattr(value, "item") else value})
         else:
-            outputs.append({"other": w._kind_of(value)})
+            outputs.append({"other": w.kind_of(value)})
     container = getattr(actual, "container", None) or "buffers"
     return {"outputs": outputs, "container": container}, tuple(frames)
 
 
 def _outputs(message: dict, frames: list[bytearray], device: torch.device) -> tuple:
-    """The outputs a check message holds, as the check takes them (``w._Returned``)."""
+    """The outputs a check message holds, as the check takes them (``w.Returned``)."""
     values, frames = [], list(frames)
     for item in message["outputs"]:
         if "tensor" in item:
@@ -156,13 +156,13 @@ def _outputs(message: dict, frames: list[bytearray], device: torch.device) -> tu
         elif "number" in item and isinstance(item["number"], (bool, int, float)):
             values.append(item["number"])
         else:
-            values.append(w._Described(str(item.get("other", "something unknown"))))
+            values.append(w.Described(str(item.get("other", "something unknown"))))
     container = message.get("container")
     if container == "buffers":
         return tuple(values)
     if container not in ("value", "tuple", "list"):
         raise ValueError(f"unknown container {container!r}")
-    return w._Returned(values, container)
+    return w.Returned(values, container)
 
 
 # ---------------------------------------------------------------------------------------
@@ -316,7 +316,7 @@ class SolutionProcess:
         unlinked = False
         begun = time.monotonic()
         deadline = begun + limit_s
-        sampler = w._is_sampling(work.definition)
+        sampler = w.definition_is_sampling(work.definition)
         tolerance = options[0]
         verdicts: list[tuple[str, dict | None, dict]] = []
         while True:
@@ -451,8 +451,8 @@ class InSolutionProcess(w.Worker):
         # here as in the worker, for whatever ``evaluate`` times beside the solution; the
         # verdicts use the judge's outputs alone.
         specs = tuple(torch.empty(s, dtype=_dtype(d), device="meta") for s, d in expected)
-        self.work = w._Workload(definition, inputs, specs, device=self.device)
-        self.reference = w._load_reference(definition)
+        self.work = w.WorkloadInputs(definition, inputs, specs, device=self.device)
+        self.reference = w.load_reference(definition)
 
     def _call_inputs(self) -> dict[str, Any]:
         # The judge's lent copies themselves: it reads what the call did to them.
@@ -482,22 +482,22 @@ class InSolutionProcess(w.Worker):
             try:
                 samples = self._draw(loaded, inputs, request[1])
             except Exception as exc:
-                _send(self.conn, {"kind": "raised", "log": w._tail(w._format(exc))})
+                _send(self.conn, {"kind": "raised", "log": w.tail(w.format(exc))})
                 continue
             header, data = _tensor_bytes(samples)
             _send(self.conn, {"kind": "samples", "tensor": header}, (data,))
 
     def _draw(self, loaded: Any, inputs: dict[str, Any], times: int) -> torch.Tensor:
-        from fibgen.runtime.checking.compare import _repeated
+        from fibgen.runtime.checking.compare import repeated_inputs
         from fibgen.runtime.solutions.loading import allocate_outputs
 
-        args = _repeated(inputs, times)
+        args = repeated_inputs(inputs, times)
         if loaded.dps:
             outputs = allocate_outputs(self.work.definition, args)
             loaded.fn(**args, **outputs)
             value = next(iter(outputs.values()))
         else:
-            value = w._as_tuple(loaded.fn(**args))[0]
+            value = w.as_tuple(loaded.fn(**args))[0]
         return torch.as_tensor(value).detach().to("cpu").flatten().to(torch.int64)
 
 
@@ -526,4 +526,4 @@ def serve(conn: Any, device: str) -> None:
     except EOFError:
         return
     except Exception as exc:
-        _send(conn, {"kind": "error", "log": w._tail(w._format(exc))})
+        _send(conn, {"kind": "error", "log": w.tail(w.format(exc))})

@@ -69,7 +69,7 @@ class BenchOptions:
 
 
 @dataclass(frozen=True)
-class _Group:
+class Group:
     definition: Definition
     workload: Workload
     solutions: tuple[Solution, ...]
@@ -133,7 +133,7 @@ def _matches(name: str, patterns: list[str]) -> bool:
     return not patterns or any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
-def _listing(names: list[str], limit: int = 12) -> str:
+def listing(names: list[str], limit: int = 12) -> str:
     shown = ", ".join(names[:limit])
     return (shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")) or "none"
 
@@ -183,7 +183,7 @@ class Plan:
     packed; ``run_bench`` packs them before running (Note [solution folders]).
     """
 
-    groups: list[_Group]
+    groups: list[Group]
     skipped: int = 0
     notes: list[str] = field(default_factory=list)
     stale: list[Path] = field(default_factory=list)
@@ -211,7 +211,7 @@ def plan(root: Path, options: BenchOptions) -> Plan:
         if not any(fnmatch.fnmatchcase(name, pattern) for name in definitions):
             raise BenchError(
                 f"--definitions {pattern!r} matches no definition of {root}; it has: "
-                f"{_listing(sorted(definitions))}"
+                f"{listing(sorted(definitions))}"
             )
     files = _solution_files(root, options)
     names: dict[str, tuple[Path, Solution]] = {}
@@ -232,7 +232,7 @@ def plan(root: Path, options: BenchOptions) -> Plan:
         if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
             raise BenchError(
                 f"--solutions {pattern!r} matches no solution of {root} and is no file or "
-                f"folder; the solutions are: {_listing(sorted(names))}"
+                f"folder; the solutions are: {listing(sorted(names))}"
             )
     selected = [(p, s) for p, s in names.values() if _matches(s.name, patterns)]
     workloads = load_workloads(root)
@@ -242,13 +242,13 @@ def plan(root: Path, options: BenchOptions) -> Plan:
     if unknown:
         notes.append(
             f"not run: solutions of {len(unknown)} definition(s) that are not in "
-            f"{root}/definitions: {_listing(unknown)}"
+            f"{root}/definitions: {listing(unknown)}"
         )
     gpu = any(d.strip().startswith("cuda") for d in options.devices)
     cpu_only = sorted(s.name for _, s in selected if s.spec.language == "cuda" and not gpu)
     if cpu_only:
         notes.append(
-            f"not run: {len(cpu_only)} cuda solution(s) on a CPU ({_listing(cpu_only)}); "
+            f"not run: {len(cpu_only)} cuda solution(s) on a CPU ({listing(cpu_only)}); "
             "give --devices cuda:N on a machine with a GPU"
         )
     for _, solution in selected:
@@ -261,7 +261,7 @@ def plan(root: Path, options: BenchOptions) -> Plan:
     # Absolute: trace logs that name them are read later, from anywhere.
     origins = {s.name: (os.path.abspath(p), is_solution_folder(p, s)) for p, s in selected}
     done = traced_triples(root) if options.resume else set()
-    groups: list[_Group] = []
+    groups: list[Group] = []
     skipped = 0
     no_workloads = []
     trace_files: list[Path] = []
@@ -287,7 +287,7 @@ def plan(root: Path, options: BenchOptions) -> Plan:
             skipped += len(candidates) - len(todo)
             if todo:
                 groups.append(
-                    _Group(
+                    Group(
                         definition,
                         workload,
                         todo,
@@ -298,7 +298,7 @@ def plan(root: Path, options: BenchOptions) -> Plan:
                 )
     if no_workloads:
         notes.append(
-            f"not run: no workloads for {_listing(no_workloads)} (make some with `fibgen "
+            f"not run: no workloads for {listing(no_workloads)} (make some with `fibgen "
             f"workloads {no_workloads[0]} --axes AXIS=V1,V2 -o {root}`)"
         )
     if not groups and not skipped:

@@ -54,7 +54,7 @@ def device_kind(devices: tuple[str, ...] | None) -> str | None:
     )
 
 
-def _first_line(exc: BaseException, limit: int = 300) -> str:
+def first_line(exc: BaseException, limit: int = 300) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     text = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -81,7 +81,7 @@ def _check_reachable(address: str) -> None:
 
 
 @contextlib.contextmanager
-def _connected(ray: Any, address: str | None) -> Iterator[str]:
+def connected_cluster(ray: Any, address: str | None) -> Iterator[str]:
     """Connect to (or start) Ray for the run; yields how messages name the cluster."""
     if address not in (None, "local", "auto"):
         _check_reachable(address)
@@ -115,7 +115,7 @@ def _connected(ray: Any, address: str | None) -> Iterator[str]:
                 "its token (~/.ray/auth_token or RAY_AUTH_TOKEN)"
             )
         raise BenchError(
-            f"cannot connect to Ray at {address or 'local'}: {_first_line(exc)}{hint}"
+            f"cannot connect to Ray at {address or 'local'}: {first_line(exc)}{hint}"
         ) from None
     try:
         yield where
@@ -125,12 +125,12 @@ def _connected(ray: Any, address: str | None) -> Iterator[str]:
             signal.signal(signal.SIGTERM, sigterm)
 
 
-def _resources(resources: dict) -> str:
+def resources_shown(resources: dict) -> str:
     shown = [f"{int(resources[k])} {k}" for k in ("CPU", "GPU") if resources.get(k)]
     return ", ".join(shown) or "no CPU or GPU"
 
 
-def _mismatch(local: dict, got: dict) -> str | None:
+def mismatch(local: dict, got: dict) -> str | None:
     differ = [
         f"{name} {got[key]} (the driver has {local[key]})"
         for key, name in (("python", "Python"), ("fibgen", "fibgen"))
@@ -144,7 +144,7 @@ def _mismatch(local: dict, got: dict) -> str | None:
     )
 
 
-def _check_nodes(ray: Any, where: str, local: dict) -> list[str]:
+def check_nodes(ray: Any, where: str, local: dict) -> list[str]:
     """Every live node runs the driver's Python and fibgen; notes on nodes that did not say."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -165,9 +165,9 @@ def _check_nodes(ray: Any, where: str, local: dict) -> list[str]:
         except ray.exceptions.RayError as exc:
             raise BenchError(
                 f"node {node} of the Ray cluster at {where} cannot run fibgen: "
-                f"{_first_line(exc)}; install fibgen (the driver's version) on every node"
+                f"{first_line(exc)}; install fibgen (the driver's version) on every node"
             ) from None
-        problem = _mismatch(local, got)
+        problem = mismatch(local, got)
         if problem is not None:
             raise BenchError(f"{problem} (Ray cluster at {where})")
     return [

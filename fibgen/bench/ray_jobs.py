@@ -1,5 +1,5 @@
-"""The jobs of ``fibgen bench --ray`` on the driver: what each sends (``_Shipper``), when a
-job is overdue (``_deadline``), the workers' slots and the progress line.
+"""The jobs of ``fibgen bench --ray`` on the driver: what each sends (``Shipper``), when a
+job is overdue (``deadline``), the workers' slots and the progress line.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fibgen.bench.planning import BenchOptions, _Group
-from fibgen.bench.runner import PREPARE_TIMEOUTS, _duration
+from fibgen.bench.planning import BenchOptions, Group
+from fibgen.bench.runner import PREPARE_TIMEOUTS, duration
 from fibgen.format.dataset import resolve_dataset_path
 from fibgen.runtime.checking.compare import SAMPLING_TIMEOUT_SCALE, is_sampling
 
@@ -27,9 +27,9 @@ TICK_S = 1.0
 
 
 @dataclass
-class _Job:
-    group: _Group
-    # What the worker gets (_Shipper.spec), made when the job is first sent.
+class Job:
+    group: Group
+    # What the worker gets (Shipper.spec), made when the job is first sent.
     spec: dict | None = None
     attempts: int = 0
     failures: list[str] = field(default_factory=list)
@@ -43,7 +43,7 @@ class _Job:
         return len(self.group.solutions)
 
 
-class _Shipper:
+class Shipper:
     """Puts what jobs need into the object store, each thing once (Note [node cache])."""
 
     def __init__(self, ray: Any, root: Path) -> None:
@@ -68,7 +68,7 @@ class _Shipper:
             self.refs[key] = (hashlib.sha256(data).hexdigest(), self.ray.put(data))
         return self.refs[key]
 
-    def spec(self, group: _Group) -> dict:
+    def spec(self, group: Group) -> dict:
         """What a worker gets for a group; its blobs are put into the object store now, so
         that the driver holds only those of the jobs sent so far."""
         definition = group.definition
@@ -104,7 +104,7 @@ class _Shipper:
         return spec
 
 
-def _deadline(job: _Job, options: BenchOptions) -> float:
+def deadline(job: Job, options: BenchOptions) -> float:
     """Seconds after which a job's worker is taken for stuck: far more than the timeouts of
     its group allow, so that it trips only on a node that stopped answering."""
     definition = job.group.definition
@@ -115,7 +115,7 @@ def _deadline(job: _Job, options: BenchOptions) -> float:
     return 2 * (prepare + job.runs * (limit + prepare)) + 600.0
 
 
-class _Slot:
+class Slot:
     """One NodeWorker actor, as the driver sees it."""
 
     def __init__(self, actor: Any, ready_ref: Any) -> None:
@@ -131,10 +131,10 @@ class _Slot:
         self.lost = False
 
 
-class _Progress:
+class Progress:
     """One line on stderr: jobs and runs done, failures, retries, runs per second per node."""
 
-    def __init__(self, jobs: list[_Job], enabled: bool) -> None:
+    def __init__(self, jobs: list[Job], enabled: bool) -> None:
         self.enabled = enabled
         self.total_jobs = len(jobs)
         self.total_runs = sum(j.runs for j in jobs)
@@ -163,7 +163,7 @@ class _Progress:
         line = (
             f"bench: jobs {self.jobs}/{self.total_jobs}, runs {self.runs}/{self.total_runs}, "
             f"{failed} failed, {summary.retried} retried; {workers} worker(s) on "
-            f"{len(nodes)} node(s): {', '.join(rates) or 'starting'}; ETA {_duration(eta)}"
+            f"{len(nodes)} node(s): {', '.join(rates) or 'starting'}; ETA {duration(eta)}"
         )
         if not self.tty and line == self.shown:
             return  # a log gets a line when something changed

@@ -39,15 +39,15 @@ from fibgen.bench.planning import BenchError, BenchOptions, DeviceError, plan
 from fibgen.bench.ray_cluster import (
     RAY_INSTALL,
     RayMissing,
-    _check_nodes,
-    _connected,
-    _first_line,
-    _mismatch,
-    _resources,
+    check_nodes,
+    connected_cluster,
+    first_line,
+    mismatch,
+    resources_shown,
     device_kind,
     import_ray,
 )
-from fibgen.bench.ray_jobs import TICK_S, _deadline, _Job, _Progress, _Shipper, _Slot
+from fibgen.bench.ray_jobs import TICK_S, deadline, Job, Progress, Shipper, Slot
 from fibgen.bench.runner import BenchSummary, prepare_dataset, record_group
 from fibgen.format import FormatError, Trace
 
@@ -117,7 +117,7 @@ class _Driver:
         root: Path,
         kind: str,
         size: int,
-        jobs: list[_Job],
+        jobs: list[Job],
         options: BenchOptions,
         ray_options: RayOptions,
         summary: RaySummary,
@@ -128,10 +128,10 @@ class _Driver:
     ) -> None:
         self.ray = ray
         self.root = root
-        self.shipper = _Shipper(ray, root)
+        self.shipper = Shipper(ray, root)
         self.kind = kind
         self.size = size
-        self.queue: deque[_Job] = deque(jobs)
+        self.queue: deque[Job] = deque(jobs)
         self.options = options
         self.options_ref = ray.put(options)
         self.retries = ray_options.retries
@@ -139,13 +139,13 @@ class _Driver:
         self.local = local
         self.where = where
         self.on_trace = on_trace
-        self.bar = _Progress(jobs, progress)
+        self.bar = Progress(jobs, progress)
         self.actor_class = ray.remote(ray_worker.NodeWorker)
-        self.starting: dict[Any, _Slot] = {}
+        self.starting: dict[Any, Slot] = {}
         # Workers that passed the check and run jobs.
-        self.ready: list[_Slot] = []
-        self.inflight: dict[Any, tuple[_Slot, _Job]] = {}
-        self.slots: list[_Slot] = []
+        self.ready: list[Slot] = []
+        self.inflight: dict[Any, tuple[Slot, Job]] = {}
+        self.slots: list[Slot] = []
         self.start_failures = 0
         self.started = time.monotonic()
         self.last_working = time.monotonic()
@@ -158,18 +158,18 @@ class _Driver:
         resources = {"num_gpus": 1, "num_cpus": 1} if self.kind == "cuda" else {"num_cpus": 1}
         device = "cuda:0" if self.kind == "cuda" else "cpu"
         actor = self.actor_class.options(max_restarts=0, **resources).remote(device)
-        slot = _Slot(actor, actor.identity.remote())
+        slot = Slot(actor, actor.identity.remote())
         self.starting[slot.ready_ref] = slot
         self.slots.append(slot)
 
-    def _end(self, slot: _Slot) -> None:
+    def _end(self, slot: Slot) -> None:
         with contextlib.suppress(Exception):
             self.ray.kill(slot.actor, no_restart=True)
         for group in (self.slots, self.ready):
             if slot in group:
                 group.remove(slot)
 
-    def _replace(self, slot: _Slot) -> None:
+    def _replace(self, slot: Slot) -> None:
         self._end(slot)
         # While there is work: on a lost node Ray places the new one elsewhere.
         if (self.queue or self.inflight) and len(self.slots) < self.size:
@@ -181,7 +181,7 @@ class _Driver:
             got = self.ray.get(ref)
         except self.ray.exceptions.RayError as exc:
             self.start_failures += 1
-            why = _first_line(exc)
+            why = first_line(exc)
             if self.start_failures > max(3, self.size) * (self.retries + 1):
                 self._end(slot)
                 raise BenchError(
@@ -191,7 +191,7 @@ class _Driver:
             self.summary.notes.append(f"a worker failed to start and was replaced: {why}")
             self._replace(slot)
             return
-        problem = _mismatch(self.local, got)
+        problem = mismatch(self.local, got)
         if problem is not None:
             # A node that joined after the check: nothing more is sent anywhere.
             self._end(slot)
@@ -231,7 +231,7 @@ class _Driver:
                 if math.isnan(stats.first):
                     stats.first = now
 
-    def _claim(self, job: _Job) -> bool:
+    def _claim(self, job: Job) -> bool:
         """Claim a job's runs before it is first sent; False when another bench claimed all
         of them (Note [bench claims])."""
         group = job.group
@@ -280,7 +280,7 @@ class _Driver:
         self.bar.jobs += 1
         self.bar.runs += job.runs
 
-    def _lost(self, slot: _Slot, job: _Job, ref: Any, exc: BaseException) -> None:
+    def _lost(self, slot: Slot, job: Job, ref: Any, exc: BaseException) -> None:
         # Note [ray faults]
         # A solution's crash or hang ends only the worker process that the actor started
         # (RUNTIME_ERROR, TIMEOUT: a reply like any other). An error here means the actor
@@ -299,7 +299,7 @@ class _Driver:
             self.queue.appendleft(job)
             return
         job.attempts += 1
-        job.failures.append(f"node {slot.node}: {slot.kill_reason or _first_line(exc)}")
+        job.failures.append(f"node {slot.node}: {slot.kill_reason or first_line(exc)}")
         if job.attempts <= self.retries:
             self.summary.retried += 1
             self.queue.appendleft(job)
@@ -318,7 +318,7 @@ class _Driver:
             if not slot.refs or slot.kill_reason is not None:
                 continue
             _, job = self.inflight[slot.refs[0]]
-            limit = _deadline(job, self.options)
+            limit = deadline(job, self.options)
             if now - slot.head_since > limit:
                 slot.kill_reason = f"no reply in {limit:.0f} s"
                 with contextlib.suppress(Exception):
@@ -327,7 +327,7 @@ class _Driver:
             self.last_working = now
         elif now - self.last_working > NO_WORKER_TIMEOUT_S:
             runs = sum(j.runs for j in self.queue)
-            resources = _resources(self.ray.available_resources())
+            resources = resources_shown(self.ray.available_resources())
             self.summary.problems.append(
                 f"not run: {runs} run(s) of {len(self.queue)} workload(s): no worker of the Ray "
                 f"cluster at {self.where} could start in {NO_WORKER_TIMEOUT_S:g} s (free now: "
@@ -413,7 +413,7 @@ def run_bench_ray(
 
     # A wrong filter or an empty dataset is said before a cluster is started or joined.
     work_plan = planned(kind or "cpu")
-    with _connected(ray, ray_options.address) as where:
+    with connected_cluster(ray, ray_options.address) as where:
         resources = ray.cluster_resources()
         if kind is None:
             kind = "cuda" if resources.get("GPU", 0) >= 1 else "cpu"
@@ -423,7 +423,7 @@ def run_bench_ray(
             unit = "GPU" if kind == "cuda" else "CPU"
             raise DeviceError(
                 f"--devices {kind}: the Ray cluster at {where} has no {unit} "
-                f"({_resources(resources)}); "
+                f"({resources_shown(resources)}); "
                 + (
                     "use --devices cpu, or add GPU nodes"
                     if kind == "cuda"
@@ -431,12 +431,12 @@ def run_bench_ray(
                 )
             )
         summary = RaySummary(skipped=work_plan.skipped, notes=list(work_plan.notes))
-        summary.notes += _check_nodes(ray, where, local_identity())
+        summary.notes += check_nodes(ray, where, local_identity())
         # The cluster is fit: only now is anything in the dataset written.
         prepare_dataset(root, work_plan, summary)
         if not work_plan.groups:
             return summary
-        jobs = [_Job(group) for group in work_plan.groups]
+        jobs = [Job(group) for group in work_plan.groups]
         size = min(have, len(jobs), ray_options.workers or have)
         driver = _Driver(
             ray,

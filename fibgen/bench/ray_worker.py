@@ -3,7 +3,7 @@
 A ``NodeWorker`` is a Ray actor that holds one device for the whole run. It runs the local
 runner's job groups (one workload of a definition, every solution to run on it) through the
 local runner's own machinery: a worker process started with multiprocessing, tied to the
-actor's life (Note [worker lifetime] in child.py), asked and timed by ``_run_group``. So a
+actor's life (Note [worker lifetime] in child.py), asked and timed by ``run_group``. So a
 solution that aborts or hangs kills or stalls only that process, and is RUNTIME_ERROR or
 TIMEOUT exactly as on one host; the actor answers for the group. Only the loss of the actor
 itself (its process killed, its node gone) is an infrastructure failure, which the driver
@@ -94,10 +94,10 @@ class NodeWorker:
         self.empty_root.mkdir(exist_ok=True)
         # Definitions and solutions arrive as object references; each is read once.
         self.objects: dict[str, Any] = {}
-        from fibgen.bench.worker_handle import _Handle
+        from fibgen.bench.worker_handle import Handle
 
         # Ray sets CUDA_VISIBLE_DEVICES to this actor's GPU: to the worker it is cuda:0.
-        self.handle = _Handle(device)
+        self.handle = Handle(device)
         # Started now, so that it imports torch while the driver checks this actor.
         self.handle.start()
 
@@ -154,13 +154,13 @@ class NodeWorker:
 
     def run(self, job: dict, options: Any) -> dict:
         """Run one job group; its results, with the node root its messages may name."""
-        from fibgen.bench.planning import _Group
-        from fibgen.bench.runner import _run_group
+        from fibgen.bench.planning import Group
+        from fibgen.bench.runner import run_group
         from fibgen.format import Definition, Solution, Workload
 
         started = time.perf_counter()
         root = self._root(job["blobs"])
-        group = _Group(
+        group = Group(
             self._get(job["definition"], Definition),
             Workload.model_validate(job["workload"]),
             tuple(self._get(ref, Solution) for ref in job["solutions"]),
@@ -168,7 +168,7 @@ class NodeWorker:
             job["hints"],
             tuple(tuple(o) for o in job.get("origins", ())),
         )
-        results, problem, noisy = _run_group(self.handle, group, root, options)
+        results, problem, noisy = run_group(self.handle, group, root, options)
         return {
             "results": [(solution.name, evaluation) for solution, evaluation in results],
             "problem": problem,

@@ -48,17 +48,17 @@ from fibgen.bench.planning import (
     BenchOptions,
     DeviceError,
     Plan,
-    _Group,
-    _listing,
+    Group,
+    listing,
     check_devices,
     load_extras,
     plan,
 )
 from fibgen.bench.worker_handle import (
     START_TIMEOUT,
-    _Handle,
-    _stop_on_sigint,
-    _workers_die_on_sigterm,
+    Handle,
+    stop_on_sigint,
+    workers_die_on_sigterm,
 )
 from fibgen.format import FormatError, Solution, Trace, append_traces
 from fibgen.format.dataset import EXTRAS_SUFFIX, drop_torn_last_line, pack_solution, trace_path
@@ -143,7 +143,7 @@ class BenchSummary:
 class _Progress:
     """A one-line progress report on stderr: definitions, workloads, runs and ETA."""
 
-    def __init__(self, groups: list[_Group], enabled: bool) -> None:
+    def __init__(self, groups: list[Group], enabled: bool) -> None:
         self.enabled = enabled
         self.total_runs = sum(len(g.solutions) for g in groups)
         self.total_defs = len({g.definition.name for g in groups})
@@ -169,7 +169,7 @@ class _Progress:
             sys.stderr.flush()
             self._show(text, final=True)
 
-    def tick(self, group: _Group, runs: int, workload_done: bool) -> None:
+    def tick(self, group: Group, runs: int, workload_done: bool) -> None:
         with self.lock:
             self.runs += runs
             if workload_done:
@@ -190,7 +190,7 @@ class _Progress:
         line = (
             f"bench: definitions {defs}/{self.total_defs}, workloads "
             f"{self.workloads}/{self.total_workloads}, runs {self.runs}/{self.total_runs}, "
-            f"ETA {_duration(eta)} ({current})"
+            f"ETA {duration(eta)} ({current})"
         )
         sys.stderr.write(("\r\x1b[K" + line) if self.tty else line + "\n")
         sys.stderr.flush()
@@ -200,7 +200,7 @@ class _Progress:
             sys.stderr.write("\n")
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     if math.isnan(seconds):
         return "?"
     seconds = int(seconds)
@@ -269,9 +269,9 @@ def _evaluation(result: dict, reference: dict, hardware: str, libs: dict) -> dic
     return evaluation
 
 
-def _run_group(
-    handle: _Handle,
-    group: _Group,
+def run_group(
+    handle: Handle,
+    group: Group,
     root: Path,
     options: BenchOptions,
     note: Callable[[str], None] | None = None,
@@ -413,7 +413,7 @@ def prepare_dataset(root: Path, work_plan: Plan, summary: BenchSummary) -> None:
 
 def record_group(
     root: Path,
-    group: _Group,
+    group: Group,
     results: list[tuple[Solution, dict]],
     problem: str | None,
     noisy: list[str],
@@ -487,8 +487,8 @@ def run_bench(
     groups = work_plan.groups
     summary = BenchSummary(skipped=work_plan.skipped, notes=list(work_plan.notes))
     prepare_dataset(root, work_plan, summary)
-    work: queue.Queue[_Group] = queue.Queue()
-    handles: list[_Handle] = []
+    work: queue.Queue[Group] = queue.Queue()
+    handles: list[Handle] = []
     for group in groups:
         work.put(group)
     bar = _Progress(groups, progress)
@@ -510,7 +510,7 @@ def run_bench(
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         # Every failure of this thread ends up in summary.problems, which fails the run: an
         # exception escaping here would only print a traceback while the run exits 0.
-        handle = _Handle(device)
+        handle = Handle(device)
         with lock:
             handles.append(handle)
         try:
@@ -532,7 +532,7 @@ def run_bench(
                         if not mine:
                             continue
                         group = replace(group, solutions=tuple(mine))
-                    results, problem, noisy = _run_group(handle, group, root, options, note)
+                    results, problem, noisy = run_group(handle, group, root, options, note)
                 except Exception as exc:
                     # The runner itself failed on this device (no worker could start):
                     # report it and leave the remaining work to the other devices.
@@ -556,7 +556,7 @@ def run_bench(
         bar.begin()
         # Note [stopping bench]: a Ctrl-C kills the workers, whose groups are dropped; what
         # was appended stays whole.
-        with _workers_die_on_sigterm(handles), _stop_on_sigint(stop, handles):
+        with workers_die_on_sigterm(handles), stop_on_sigint(stop, handles):
             for t in threads:
                 t.start()
             for t in threads:
@@ -574,7 +574,7 @@ def run_bench(
     if left and not summary.interrupted:
         # Every runner thread stopped on an error above before the work was done.
         runs = sum(len(g.solutions) for g in left)
-        shown = _listing([f"{g.definition.name} workload {g.workload.uuid}" for g in left], 5)
+        shown = listing([f"{g.definition.name} workload {g.workload.uuid}" for g in left], 5)
         summary.problems.append(
             f"not run: {runs} run(s) of {len(left)} workload(s) after the error(s) above: {shown}"
         )

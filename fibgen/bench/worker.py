@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from fibgen.bench.device import _hardware, _libs, setup_device
+from fibgen.bench.device import hardware_name, library_versions, setup_device
 from fibgen.runtime.checking.input_check import differences
 
 # Statuses (flashinfer-bench's EvaluationStatus values).
@@ -75,7 +75,7 @@ E2E_WARM_ROUNDS = 2
 # outputs allocated per call, ``e2e_routed`` is false, and the log says why.
 
 
-def _tail(text: str) -> str:
+def tail(text: str) -> str:
     return text if len(text) <= LOG_LIMIT else "..." + text[-LOG_LIMIT:]
 
 
@@ -84,7 +84,7 @@ def _is_cuda_error(exc: BaseException) -> bool:
     return "CUDA error" in text or "AcceleratorError" in text or "CUDA_ERROR" in text
 
 
-class _Workload:
+class WorkloadInputs:
     """The inputs, reference outputs and output specs of the workload being run (in a
     solution process, ``expected`` holds only their shapes and dtypes, on the meta device)."""
 
@@ -119,28 +119,28 @@ def _make_inputs(
 # definition has one output, and a tuple of them when it has several (anything else is
 # refused: a 1-tuple, a list). flashinfer-bench's bench takes a tuple or a list of any
 # length. A solution bench passes must run where apply routes it, so bench judges what was
-# returned as the dispatchers do: ``_as_tuple`` remembers what the outputs came in, and the
+# returned as the dispatchers do: ``as_tuple`` remembers what the outputs came in, and the
 # check refuses a container the dispatcher would refuse (INCORRECT_SHAPE, as flashinfer-bench
 # records a wrong number of outputs). Outputs written into buffers (a plain tuple) are
 # whatever the buffers hold.
 
 
-class _Returned(tuple):
+class Returned(tuple):
     """The outputs a solution returned, and what they came in: "value" (one output on its
     own), "tuple" or "list" (Note [returned outputs])."""
 
-    def __new__(cls, values: Any, container: str) -> "_Returned":
+    def __new__(cls, values: Any, container: str) -> "Returned":
         out = super().__new__(cls, values)
         out.container = container
         return out
 
 
-def _as_tuple(value: Any) -> tuple:
+def as_tuple(value: Any) -> tuple:
     if isinstance(value, tuple):
-        return _Returned(value, "tuple")
+        return Returned(value, "tuple")
     if isinstance(value, list):
-        return _Returned(value, "list")
-    return _Returned((value,), "value")
+        return Returned(value, "list")
+    return Returned((value,), "value")
 
 
 def _container_problem(actual: tuple, names: tuple[str, ...]) -> str | None:
@@ -172,7 +172,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _empty_outputs(work: _Workload) -> dict[str, torch.Tensor]:
+def _empty_outputs(work: WorkloadInputs) -> dict[str, torch.Tensor]:
     # Poisoned with NaN (or the largest value) so that an element left unwritten fails.
     out = {}
     for name, expected in zip(work.output_names, work.expected):
@@ -190,7 +190,7 @@ class Worker:
     def __init__(self, device: str) -> None:
         self.device = torch.device(device)
         setup_device(self.device)
-        self.work: _Workload | None = None
+        self.work: WorkloadInputs | None = None
         self.reference: Any = None
 
     def prepare(
@@ -215,16 +215,16 @@ class Worker:
             # tensor of another shape) is the dataset's mistake, said in one line that names
             # the workload and input; a traceback would only show where fibgen noticed.
             return ("invalid", str(exc))
-        reference = self.reference = _load_reference(definition)
-        expected = _as_tuple(reference(**_clone(inputs)))
+        reference = self.reference = load_reference(definition)
+        expected = as_tuple(reference(**_clone(inputs)))
         _sync(self.device)
-        self.work = _Workload(definition, inputs, expected, self.device)
+        self.work = WorkloadInputs(definition, inputs, expected, self.device)
         args = _clone(inputs)
         timing = measure(
             lambda: reference(**args), self.device, warmup=warmup, repeat=repeat, flush=flush
         )
         figures = _timing(timing, self._e2e(lambda: reference(**args)))
-        return ("ready", figures, _hardware(self.device), _libs())
+        return ("ready", figures, hardware_name(self.device), library_versions())
 
     def run(
         self,
@@ -432,11 +432,11 @@ class Worker:
                 actual = tuple(outputs.values())
             else:
                 call = lambda: loaded.fn(**args)  # noqa: E731
-                actual = _as_tuple(call())
+                actual = as_tuple(call())
             _sync(self.device)
         except Exception as exc:
             return self._failure(exc)
-        sampler = _is_sampling(work.definition)
+        sampler = definition_is_sampling(work.definition)
         # A sampler's ids are not compared one by one: its draws are judged below.
         problem, errors = self._check(actual, tolerance, values=not sampler, inputs=args)
         if problem is None and sampler:
@@ -459,7 +459,7 @@ class Worker:
                     loaded.fn(**args, **outputs)
                     again = tuple(outputs.values())
                 else:
-                    again = _as_tuple(loaded.fn(**args))
+                    again = as_tuple(loaded.fn(**args))
                 _sync(self.device)
                 problem, _ = self._check(again, tolerance, values=True)
                 if problem is not None:
@@ -482,7 +482,7 @@ class Worker:
                 outputs = allocate_outputs(work.definition, inputs)
                 loaded.fn(**inputs, **outputs)
                 return next(iter(outputs.values()))
-            return _as_tuple(loaded.fn(**inputs))[0]
+            return as_tuple(loaded.fn(**inputs))[0]
 
         return self._judge_sampler(draw, time.perf_counter() - started, limit_s)
 
@@ -503,7 +503,7 @@ class Worker:
         budget = None if limit_s is None else max(0.0, limit_s * SAMPLING_BUDGET_SHARE - spent)
         result = compare_sampling(
             draw,
-            lambda inputs: _as_tuple(reference(**inputs))[0],
+            lambda inputs: as_tuple(reference(**inputs))[0],
             _clone(work.inputs),
             work.definition,
             budget_s=budget,
@@ -530,7 +530,7 @@ class Worker:
 
     def _failure(self, exc: BaseException) -> dict:
         status = COMPILE_ERROR if "CompilationError" in type(exc).__name__ else RUNTIME_ERROR
-        result = {"status": status, "log": _tail(_format(exc))}
+        result = {"status": status, "log": tail(format(exc))}
         if _is_cuda_error(exc):
             result["fatal"] = True
         return result
@@ -578,10 +578,10 @@ class Worker:
                 # A number stands for a 0-D output, as flashinfer-bench converts it. Anything
                 # else (None: a forgotten return) is no tensor at all, so it has no shape: it
                 # is INCORRECT_SHAPE, checked before the dtype as every output is.
-                converted = _number_tensor(got)
+                converted = number_tensor(got)
                 if converted is None:
                     log = (
-                        f"output {name!r} is {_kind_of(got)}, expected a tensor of shape "
+                        f"output {name!r} is {kind_of(got)}, expected a tensor of shape "
                         f"{list(want.shape)} and dtype {want.dtype}"
                     )
                     return {"status": INCORRECT_SHAPE, "log": log}, {}
@@ -625,7 +625,7 @@ class Worker:
 # memory the caller reads); the log says what it is.
 
 
-def _load_reference(definition: dict) -> Any:
+def load_reference(definition: dict) -> Any:
     """The ``run`` function of a definition's reference code."""
     namespace: dict[str, Any] = {"__name__": f"fibgen_reference_{definition['name']}"}
     exec(
@@ -640,7 +640,7 @@ def _scalars(definition: dict) -> frozenset[str]:
     return frozenset(n for n, t in definition["inputs"].items() if t.get("shape") is None)
 
 
-def _number_tensor(value: Any) -> torch.Tensor | None:
+def number_tensor(value: Any) -> torch.Tensor | None:
     """A Python or NumPy number as a 0-D tensor; None for anything else."""
     if isinstance(value, (bool, int, float)) or type(value).__module__ == "numpy":
         try:
@@ -650,7 +650,7 @@ def _number_tensor(value: Any) -> torch.Tensor | None:
     return None
 
 
-class _Described:
+class Described:
     """An output that is no tensor nor number, by the words of the solution process that
     sent it in its place (Note [isolated solutions] in isolation.py)."""
 
@@ -658,8 +658,8 @@ class _Described:
         self.description = description
 
 
-def _kind_of(value: Any) -> str:
-    if isinstance(value, _Described):
+def kind_of(value: Any) -> str:
+    if isinstance(value, Described):
         return value.description
     if value is None:
         return "None"
@@ -692,7 +692,7 @@ def _worse(a: float, b: float) -> float:
     return max(a, b)
 
 
-def _is_sampling(definition: dict) -> bool:
+def definition_is_sampling(definition: dict) -> bool:
     from fibgen.runtime.checking.compare import is_sampling
 
     return is_sampling(definition)
@@ -720,7 +720,7 @@ def _counted(counts: dict) -> str:
     return shown or "no call counted"
 
 
-def _format(exc: BaseException) -> str:
+def format(exc: BaseException) -> str:
     """A traceback from the solution's own first line on where it has one (Note [source
     names] in fibgen/runtime/solutions/loading.py): the runner's frames above it say nothing."""
     from fibgen.runtime.solutions.loading import solution_traceback
@@ -741,7 +741,7 @@ def _load_failure(exc: BaseException) -> str:
     cause = exc.__cause__
     detail = solution_traceback(cause) if cause is not None else None
     if not detail:
-        return _tail(message)
+        return tail(message)
     room = max(LOG_LIMIT - len(message) - 1, 0)
     if len(detail) > room:
         detail = "..." + detail[len(detail) - room :]
@@ -784,7 +784,7 @@ def main(conn: Any, device: str) -> None:
             else:
                 reply = worker.run(*request[1:])
         except Exception as exc:
-            reply = ("error", _tail(_format(exc)))
+            reply = ("error", tail(format(exc)))
         conn.send(reply)
         if reply[0] == "result" and reply[1].get("fatal"):
             os._exit(1)

@@ -22,7 +22,7 @@ from fibgen.bench import child as entry
 START_TIMEOUT = 300.0
 
 
-class _Handle:
+class Handle:
     """One worker process on one device, started again after it dies or hangs."""
 
     def __init__(self, device: str) -> None:
@@ -134,7 +134,7 @@ class _Handle:
 
 
 @contextlib.contextmanager
-def _workers_die_on_sigterm(handles: list[_Handle]) -> Iterator[None]:
+def workers_die_on_sigterm(handles: list[Handle]) -> Iterator[None]:
     """While the run lasts, a SIGTERM that would end the runner kills its workers first.
 
     Only where SIGTERM has its default action (the runner then dies) and only on the main
@@ -164,7 +164,7 @@ def _workers_die_on_sigterm(handles: list[_Handle]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _stop_on_sigint(stop: threading.Event, handles: list[_Handle]) -> Iterator[None]:
+def stop_on_sigint(stop: threading.Event, handles: list[Handle]) -> Iterator[None]:
     """While the run lasts, a SIGINT (Ctrl-C) sets ``stop`` and closes every worker, and the
     run ends by itself (Note [stopping bench] in runner.py).
 

@@ -6,7 +6,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from fibgen.curation.findings import Report, Row, _caught
+from fibgen.curation.findings import Report, Row, report_caught
 from fibgen.format import FormatError, NotJSONError
 from fibgen.format.dataset import DATASET_FOLDERS, EXTRAS_SUFFIX, dataset_files, read_extras
 from fibgen.format.jsonio import jsonl_lines, load_definition, parse_trace_line
@@ -19,7 +19,7 @@ _OTHER_FOLDERS = ("blob",)
 # Layout
 
 
-def _layout(report: Report) -> None:
+def check_layout(report: Report) -> None:
     root = report.root
     for entry in sorted(root.iterdir()):
         if entry.name.startswith("."):
@@ -69,7 +69,7 @@ def _in_solution_folder(path: Path) -> bool:
 # Definitions
 
 
-def _definitions(report: Report) -> dict[str, tuple[Path, Definition]]:
+def check_definitions(report: Report) -> dict[str, tuple[Path, Definition]]:
     found: dict[str, tuple[Path, Definition]] = {}
     for path in dataset_files(report.root, "definitions"):
         report.files["definitions"] += 1
@@ -81,7 +81,7 @@ def _definitions(report: Report) -> dict[str, tuple[Path, Definition]]:
                 report.add("error", path, exc.message)
                 continue
         # Counted in the definition's row, where the table shows it.
-        _caught(report, caught, defn.name)
+        report_caught(report, caught, defn.name)
         report.records["definitions"] += 1
         report.rows.setdefault(defn.name, Row())
         if defn.name in found:
@@ -117,7 +117,7 @@ def _definitions(report: Report) -> dict[str, tuple[Path, Definition]]:
 # Record lines (workloads/ and traces/)
 
 
-def _lines(report: Report, path: Path, kind: str) -> Iterator[tuple[int, Trace]]:
+def read_lines(report: Report, path: Path, kind: str) -> Iterator[tuple[int, Trace]]:
     """Each record of a JSONL file with its line number, one line read at a time; bad lines
     are reported and left out."""
     try:
@@ -139,7 +139,7 @@ def _lines(report: Report, path: Path, kind: str) -> Iterator[tuple[int, Trace]]
                 except FormatError as exc:
                     report.add_line("error", path, lineno, exc.message)
                     continue
-            _caught(report, caught, trace.definition)
+            report_caught(report, caught, trace.definition)
             report.records[kind] += 1
             yield lineno, trace
     except OSError as exc:

@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from fibgen.curation.findings import Report, Row, _caught
+from fibgen.curation.findings import Report, Row, report_caught
 from fibgen.format import FormatError, Solution
 from fibgen.format.dataset import dataset_files, is_solution_folder, read_solution
 from fibgen.format.jsonio import load_solution
@@ -26,7 +26,7 @@ _EXPORT = re.compile(
 )
 
 
-def _solutions(
+def check_solution_entries(
     report: Report,
     definitions: dict[str, tuple[Path, Definition]],
     load: bool,
@@ -51,7 +51,7 @@ def _solutions(
                 report.add("error", exc.path, exc.message, stored.definition)
                 continue
         name = solution.definition
-        _caught(report, caught, name)
+        report_caught(report, caught, name)
         report.records["solutions"] += 1
         if solution.name in by_name:
             report.add(

@@ -4,21 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fibgen.curation.check_files import _lines
+from fibgen.curation.check_files import read_lines
 from fibgen.curation.findings import Report, Row
 from fibgen.format import Solution
 from fibgen.format.dataset import dataset_files
 from fibgen.format.models import Definition
 
 
-def _traces(
+def check_trace_files(
     report: Report,
     definitions: dict[str, tuple[Path, Definition]],
     solutions: dict[str, Solution],
 ) -> None:
     for path in dataset_files(report.root, "traces"):
         report.files["traces"] += 1
-        for lineno, trace in _lines(report, path, "traces"):
+        for lineno, trace in read_lines(report, path, "traces"):
             name = trace.definition
             if trace.is_workload_trace:
                 report.add_line(

@@ -7,13 +7,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fibgen.curation.check_files import _lines
+from fibgen.curation.check_files import read_lines
 from fibgen.curation.findings import Report, Row
 from fibgen.format.dataset import dataset_files, resolve_dataset_path
 from fibgen.format.models import Definition, workload_problems
 
 
-def _workloads(report: Report, definitions: dict[str, tuple[Path, Definition]]) -> set[Path]:
+def check_workload_files(
+    report: Report, definitions: dict[str, tuple[Path, Definition]]
+) -> set[Path]:
     blobs: set[Path] = set()
     seen: set[tuple[str, str]] = set()
     headers: dict[Path, Any] = {}
@@ -21,7 +23,7 @@ def _workloads(report: Report, definitions: dict[str, tuple[Path, Definition]]) 
     absent: dict[str, list] = {}
     for path in dataset_files(report.root, "workloads"):
         report.files["workloads"] += 1
-        for lineno, trace in _lines(report, path, "workloads"):
+        for lineno, trace in read_lines(report, path, "workloads"):
             name = trace.definition
             if not trace.is_workload_trace:
                 report.add_line(
@@ -149,7 +151,7 @@ def _header(path: Path) -> dict[str, tuple[str, list[int]]] | str:
     }
 
 
-def _unused_blobs(report: Report, used: set[Path]) -> None:
+def unused_blobs(report: Report, used: set[Path]) -> None:
     base = report.root / "blob"
     if not base.is_dir():
         return

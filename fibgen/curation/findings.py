@@ -106,7 +106,7 @@ class Report:
                 row.warnings += 1
 
 
-def _caught(report: Report, caught: list, definition: str | None = None) -> None:
+def report_caught(report: Report, caught: list, definition: str | None = None) -> None:
     for w in caught:
         path, line = getattr(w.message, "path", "?"), getattr(w.message, "line", None)
         if line is None:

@@ -29,10 +29,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from fibgen.curation.check_files import _definitions, _layout
-from fibgen.curation.check_solutions import _solutions
-from fibgen.curation.check_traces import _traces
-from fibgen.curation.check_workloads import _unused_blobs, _workloads
+from fibgen.curation.check_files import check_definitions, check_layout
+from fibgen.curation.check_solutions import check_solution_entries
+from fibgen.curation.check_traces import check_trace_files
+from fibgen.curation.check_workloads import unused_blobs, check_workload_files
 from fibgen.curation.findings import Report
 from fibgen.format import FormatError
 from fibgen.format.dataset import DATASET_FOLDERS
@@ -61,13 +61,13 @@ def validate_dataset(
             "not a dataset: it has none of definitions/, solutions/, workloads/, traces/",
         )
         return report
-    _layout(report)
+    check_layout(report)
     try:
-        definitions = _definitions(report)
-        solutions = _solutions(report, definitions, load, progress)
-        blobs = _workloads(report, definitions)
-        _traces(report, definitions, solutions)
-        _unused_blobs(report, blobs)
+        definitions = check_definitions(report)
+        solutions = check_solution_entries(report, definitions, load, progress)
+        blobs = check_workload_files(report, definitions)
+        check_trace_files(report, definitions, solutions)
+        unused_blobs(report, blobs)
     except FormatError as exc:
         # A folder no reader may list (a symbolic link out of the dataset, a loop, a FIFO
         # named as a record): every command on the dataset stops there, and so does this.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fibgen.codegen.cuda import cppliteral
 from fibgen.codegen.python import pyliteral
-from fibgen.codegen.cuda.launcher import _host_param, _return_type
-from fibgen.codegen.cuda.view import _Def
+from fibgen.codegen.cuda.launcher import host_param, return_type
+from fibgen.codegen.cuda.view import Def
 from fibgen.codegen.templates import render
 from fibgen.compiler import ir
 
@@ -14,10 +14,10 @@ def _py_args(tensors: tuple[ir.DefTensor, ...]) -> str:
     return ", ".join(f"pybind11::arg({cppliteral.string(t.name)})" for t in tensors)
 
 
-def _binding(d: _Def, exports: list[tuple[str, bool]]) -> str:
+def binding_source(d: Def, exports: list[tuple[str, bool]]) -> str:
     """``exports``: (symbol, destination-passing) pairs, each bound to run or run_dps."""
     inputs, outputs = d.defn.inputs, d.defn.outputs
-    input_params = [_host_param(d, t) for t in inputs]
+    input_params = [host_param(d, t) for t in inputs]
     rows = []
     for symbol, dps in exports:
         doc = (
@@ -38,14 +38,14 @@ def _binding(d: _Def, exports: list[tuple[str, bool]]) -> str:
         name=cppliteral.comment(d.name),
         ns=d.ns,
         symbols=cppliteral.comment(" and ".join(symbol for symbol, _ in exports)),
-        dps_params=",\n    ".join(input_params + [_host_param(d, t) for t in outputs]),
-        returns=_return_type(outputs),
+        dps_params=",\n    ".join(input_params + [host_param(d, t) for t in outputs]),
+        returns=return_type(outputs),
         input_params=",\n    ".join(input_params),
         exports=rows,
     )
 
 
-def _python_module(d: _Def) -> str:
+def python_module(d: Def) -> str:
     names = [pyliteral.identifier(t.name) for t in d.defn.inputs + d.defn.outputs]
     # `run` calls the module's `extension()`: a tensor of that name would hide it.
     helper = "extension"

@@ -15,10 +15,10 @@ of each definition that ``cuda_view.py`` makes.
 
 from __future__ import annotations
 
-from fibgen.codegen.cuda.binding import _binding, _python_module
-from fibgen.codegen.cuda.kernel import _kernel_header
-from fibgen.codegen.cuda.launcher import _launcher
-from fibgen.codegen.cuda.view import CudaGenError, _view
+from fibgen.codegen.cuda.binding import binding_source, python_module
+from fibgen.codegen.cuda.kernel import kernel_header
+from fibgen.codegen.cuda.launcher import launcher_source
+from fibgen.codegen.cuda.view import CudaGenError, definition_view
 from fibgen.codegen.files import GeneratedFile, with_c_header, with_python_header
 from fibgen.codegen.python.pyformat import format_python
 from fibgen.codegen.templates import render
@@ -47,16 +47,16 @@ def emit_cuda(module: ir.Module) -> list[GeneratedFile]:
         for path, (template, text) in _shared_headers().items()
     ]
     definitions = sorted(module.definitions, key=lambda x: x.name)
-    views = [_view(defn) for defn in definitions]
-    modules = format_python([_python_module(d) for d in views], written_in_black_style=True)
+    views = [definition_view(defn) for defn in definitions]
+    modules = format_python([python_module(d) for d in views], written_in_black_style=True)
     for d, py in zip(views, modules):
         family = families[d.defn.family]
         source = d.defn.source_file
         folder = f"cuda/{d.name}"
         texts = {
-            f"{d.name}.cuh": _kernel_header(d, family),
-            f"{d.name}.cu": _launcher(d, family),
-            "binding.cpp": _binding(d, [("run", False), ("run_dps", True)]),
+            f"{d.name}.cuh": kernel_header(d, family),
+            f"{d.name}.cu": launcher_source(d, family),
+            "binding.cpp": binding_source(d, [("run", False), ("run_dps", True)]),
         }
         files += [
             GeneratedFile(f"{folder}/{path}", with_c_header(text, source), source)
@@ -77,9 +77,9 @@ def scaffold_sources(
     entry_file, _, symbol = entry.rpartition("::")
     if not symbol.isidentifier():
         raise CudaGenError(f"entry symbol {symbol!r} is not a C++ identifier")
-    d = _view(definition)
+    d = definition_view(definition)
     sources = {path: text for path, (_, text) in _shared_headers().items()}
-    sources[f"{d.name}.cuh"] = _kernel_header(d, family)
-    sources[f"{d.name}.cu"] = _launcher(d, family)
-    sources[entry_file or ENTRY_FILE] = _binding(d, [(symbol, dps)])
+    sources[f"{d.name}.cuh"] = kernel_header(d, family)
+    sources[f"{d.name}.cu"] = launcher_source(d, family)
+    sources[entry_file or ENTRY_FILE] = binding_source(d, [(symbol, dps)])
     return sources

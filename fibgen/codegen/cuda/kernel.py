@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from fibgen.codegen.cuda import cppliteral
-from fibgen.codegen.cuda.view import _C_TYPE, _axis_param, _const_name, _Def, _ident, _is_input
+from fibgen.codegen.cuda.view import C_TYPE, axis_param, const_name, Def, cpp_ident, is_input
 from fibgen.codegen.templates import render
 from fibgen.compiler import ir
 from fibgen.compiler.pysyntax import PythonSyntaxError, parse_python
@@ -34,26 +34,26 @@ _ROW_NORMS = {
 }
 
 
-def _kernel_type(d: _Def, t: ir.DefTensor) -> str:
-    return "T" if t.dtype == d.dispatch.dtype else _C_TYPE[t.dtype]
+def _kernel_type(d: Def, t: ir.DefTensor) -> str:
+    return "T" if t.dtype == d.dispatch.dtype else C_TYPE[t.dtype]
 
 
-def _kernel_params(d: _Def) -> list[str]:
+def _kernel_params(d: Def) -> list[str]:
     params = []
     for t in d.tensors:
         if t.shape is None:
-            params.append(f"{_C_TYPE[t.dtype]} {_ident(t.name)}")
+            params.append(f"{C_TYPE[t.dtype]} {cpp_ident(t.name)}")
         else:
-            const = "const " if _is_input(d, t) else ""
-            params.append(f"{const}{_kernel_type(d, t)}* __restrict__ {_ident(t.name)}")
-    params += [f"int64_t {_axis_param(d, a)}" for a in d.var_axes]
+            const = "const " if is_input(d, t) else ""
+            params.append(f"{const}{_kernel_type(d, t)}* __restrict__ {cpp_ident(t.name)}")
+    params += [f"int64_t {axis_param(d, a)}" for a in d.var_axes]
     return params
 
 
-def _contract(d: _Def) -> list[str]:
+def _contract(d: Def) -> list[str]:
     lines = []
     for t in d.tensors:
-        role = "in " if _is_input(d, t) else "out"
+        role = "in " if is_input(d, t) else "out"
         shape = "scalar" if t.shape is None else f"[{', '.join(t.shape)}]"
         extra = " (optional: nullptr when absent)" if t.optional else ""
         lines.append(f"{role} {t.name}: {t.dtype}{shape}{extra}")
@@ -84,7 +84,7 @@ def _eps(reference: str | None) -> float | None:
     return None
 
 
-def _row_norm_body(d: _Def, family: ir.Family) -> str | None:
+def _row_norm_body(d: Def, family: ir.Family) -> str | None:
     """The naive body of a row normalization, or None when the definition is not one."""
     recipe = _ROW_NORMS.get(family.name)
     eps = _eps(d.defn.reference)
@@ -107,11 +107,11 @@ def _row_norm_body(d: _Def, family: ir.Family) -> str | None:
         or any(t.optional for t in inputs + outputs)
     ):
         return None
-    x = _ident(inputs[0].name)
+    x = cpp_ident(inputs[0].name)
     value = f"fibgen::to_float({x}[offset + i])"
     if recipe.residual:
-        value += f" + fibgen::to_float({_ident(inputs[1].name)}[offset + i])"
-    scale = f"fibgen::to_float({_ident(weight.name)}[i])"
+        value += f" + fibgen::to_float({cpp_ident(inputs[1].name)}[offset + i])"
+    scale = f"fibgen::to_float({cpp_ident(weight.name)}[i])"
     if recipe.weight_offset:
         scale = f"({recipe.weight_offset!r}f + {scale})"
     params = _kernel_params(d)
@@ -119,18 +119,18 @@ def _row_norm_body(d: _Def, family: ir.Family) -> str | None:
         "cuda_body_rmsnorm.j2",
         family=cppliteral.comment(family.name),
         eps=f"{eps!r}f",
-        width=_const_name(width),
-        rows=_axis_param(d, rows),
+        width=const_name(width),
+        rows=axis_param(d, rows),
         value=value,
         scale=scale,
-        output=_ident(outputs[0].name),
+        output=cpp_ident(outputs[0].name),
         kernel_params=",\n    ".join(params),
         launch_params=",\n    ".join(params + ["cudaStream_t stream"]),
         kernel_args=", ".join(p.rsplit(" ", 1)[1] for p in params),
     )
 
 
-def _kernel_header(d: _Def, family: ir.Family) -> str:
+def kernel_header(d: Def, family: ir.Family) -> str:
     body = _row_norm_body(d, family)
     summary = "naive kernel"
     if body is None:
@@ -144,7 +144,7 @@ def _kernel_header(d: _Def, family: ir.Family) -> str:
             launch_params=",\n    ".join(params + ["cudaStream_t stream"]),
         )
     constants = [
-        f"constexpr int64_t {_const_name(a)} = {v};  // const axis {cppliteral.comment(a)}"
+        f"constexpr int64_t {const_name(a)} = {v};  // const axis {cppliteral.comment(a)}"
         for a, v in d.consts.items()
     ]
     return render(

@@ -7,36 +7,36 @@ import re
 
 from fibgen.codegen.cuda import cppliteral
 from fibgen.codegen.cuda.view import (
-    _C_TYPE,
-    _HOST_SCALAR,
-    _SCALAR_TYPE,
+    C_TYPE,
+    HOST_SCALAR,
+    SCALAR_TYPE,
     CudaGenError,
-    _Def,
-    _ident,
-    _is_input,
+    Def,
+    cpp_ident,
+    is_input,
 )
 from fibgen.codegen.templates import render
 from fibgen.compiler import ir
 from fibgen.compiler.pysyntax import PythonSyntaxError, parse_python
 
 
-def _host_param(d: _Def, t: ir.DefTensor) -> str:
+def host_param(d: Def, t: ir.DefTensor) -> str:
     if t.shape is None:
-        return f"{_HOST_SCALAR.get(t.dtype, 'int64_t')} {_ident(t.name)}"
+        return f"{HOST_SCALAR.get(t.dtype, 'int64_t')} {cpp_ident(t.name)}"
     kind = "std::optional<at::Tensor>" if t.optional else "at::Tensor"
-    return f"const {kind}& {_ident(t.name)}"
+    return f"const {kind}& {cpp_ident(t.name)}"
 
 
-def _check_line(d: _Def, t: ir.DefTensor) -> str:
+def _check_line(d: Def, t: ir.DefTensor) -> str:
     dims = ", ".join(
         f"{{{cppliteral.string(a)}, {d.consts[a] if a in d.consts else 'fibgen::kVar'}}}"
         for a in t.shape or ()
     )
     name = cppliteral.string(t.name)
-    return f"check.tensor({name}, {_ident(t.name)}, {_SCALAR_TYPE[t.dtype]}, {{{dims}}});"
+    return f"check.tensor({name}, {cpp_ident(t.name)}, {SCALAR_TYPE[t.dtype]}, {{{dims}}});"
 
 
-def _axis_value(d: _Def, axis: str) -> str:
+def _axis_value(d: Def, axis: str) -> str:
     return str(d.consts[axis]) if axis in d.consts else f"check.axis({cppliteral.string(axis)})"
 
 
@@ -44,7 +44,7 @@ _CMP = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", 
 _BIN = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "/", ast.Mod: "%"}
 
 
-def _cpp_expr(d: _Def, node: ast.expr) -> str | None:
+def _cpp_expr(d: Def, node: ast.expr) -> str | None:
     """C++ for a constraint over axes alone (sizes are non-negative, so // is /); else None."""
     if isinstance(node, ast.Constant) and type(node.value) is int:
         # Wider than int64 would not compile as a C++ literal: leave it to Python.
@@ -64,7 +64,7 @@ def _cpp_expr(d: _Def, node: ast.expr) -> str | None:
     return None
 
 
-def _constraint_lines(d: _Def) -> list[str]:
+def _constraint_lines(d: Def) -> list[str]:
     lines = []
     for text in d.defn.constraints:
         try:
@@ -85,55 +85,55 @@ def _constraint_lines(d: _Def) -> list[str]:
     return lines
 
 
-def _pointer(d: _Def, t: ir.DefTensor) -> str:
-    ctype = _C_TYPE[t.dtype]
-    const = "const " if _is_input(d, t) else ""
-    name = _ident(t.name)
+def _pointer(d: Def, t: ir.DefTensor) -> str:
+    ctype = C_TYPE[t.dtype]
+    const = "const " if is_input(d, t) else ""
+    name = cpp_ident(t.name)
     if t.optional:
         return f"{name}.has_value() ? static_cast<{const}{ctype}*>({name}->data_ptr()) : nullptr"
     return f"static_cast<{const}{ctype}*>({name}.data_ptr())"
 
 
-def _launch_args(d: _Def) -> list[str]:
+def _launch_args(d: Def) -> list[str]:
     args = []
     for t in d.tensors:
         if t.shape is None:
-            args.append(f"static_cast<{_C_TYPE[t.dtype]}>({_ident(t.name)})")
+            args.append(f"static_cast<{C_TYPE[t.dtype]}>({cpp_ident(t.name)})")
         else:
             args.append(_pointer(d, t))
     args += [_axis_value(d, a) for a in d.var_axes]
     return args + ["stream"]
 
 
-def _requires_lines(d: _Def, family: ir.Family) -> list[str]:
+def _requires_lines(d: Def, family: ir.Family) -> list[str]:
     lines = []
     for req in family.requires:
         match = re.fullmatch(r"sm_?(\d+)a?", req)
         if match is None:
             raise CudaGenError(f"{d.name}: cannot read requirement {req!r} (write e.g. sm90)")
-        device = f"{_ident(d.dispatch.name)}.device()"
+        device = f"{cpp_ident(d.dispatch.name)}.device()"
         name = cppliteral.string(d.name)
         lines.append(f"fibgen::require_compute_capability({name}, {device}, {int(match[1])});")
     return lines
 
 
-def _allocation(d: _Def, t: ir.DefTensor) -> str:
+def _allocation(d: Def, t: ir.DefTensor) -> str:
     sizes = ", ".join(_axis_value(d, a) for a in t.shape or ())
     return (
-        f"at::Tensor {_ident(t.name)} = at::empty(std::vector<int64_t>{{{sizes}}}, "
-        f"options.dtype({_SCALAR_TYPE[t.dtype]}));"
+        f"at::Tensor {cpp_ident(t.name)} = at::empty(std::vector<int64_t>{{{sizes}}}, "
+        f"options.dtype({SCALAR_TYPE[t.dtype]}));"
     )
 
 
-def _launcher(d: _Def, family: ir.Family) -> str:
+def launcher_source(d: Def, family: ir.Family) -> str:
     inputs, outputs = d.defn.inputs, d.defn.outputs
-    input_params = [_host_param(d, t) for t in inputs]
-    dps_params = input_params + [_host_param(d, t) for t in outputs]
-    names_in = [_ident(t.name) for t in inputs]
-    names_all = names_in + [_ident(t.name) for t in outputs]
+    input_params = [host_param(d, t) for t in inputs]
+    dps_params = input_params + [host_param(d, t) for t in outputs]
+    names_in = [cpp_ident(t.name) for t in inputs]
+    names_all = names_in + [cpp_ident(t.name) for t in outputs]
     first_input = next((t for t in inputs if t.shape is not None and not t.optional), None)
     options = (
-        f"{_ident(first_input.name)}.options()"
+        f"{cpp_ident(first_input.name)}.options()"
         if first_input is not None
         else "at::TensorOptions().device(at::kCUDA)"
     )
@@ -152,20 +152,20 @@ def _launcher(d: _Def, family: ir.Family) -> str:
         dps_params_checker=",\n    ".join(["fibgen::Checker& check"] + dps_params),
         output_checks=[_check_line(d, t) for t in outputs if t.shape is not None],
         constraint_checks=_constraint_lines(d),
-        device=f"{_ident(d.dispatch.name)}.device()",
+        device=f"{cpp_ident(d.dispatch.name)}.device()",
         requires=_requires_lines(d, family),
-        dispatch=_ident(d.dispatch.name),
+        dispatch=cpp_ident(d.dispatch.name),
         cases=[
             {
-                "scalar": _SCALAR_TYPE[d.dispatch.dtype],
-                "ctype": _C_TYPE[d.dispatch.dtype],
+                "scalar": SCALAR_TYPE[d.dispatch.dtype],
+                "ctype": C_TYPE[d.dispatch.dtype],
                 "args": ",\n          ".join(_launch_args(d)),
             }
         ],
         dps_params=",\n    ".join(dps_params),
         check_inputs_args=", ".join(["check"] + names_in),
         dps_args_checker=", ".join(["check"] + names_all),
-        returns=_return_type(outputs),
+        returns=return_type(outputs),
         input_params=",\n    ".join(input_params),
         options=options,
         allocations=[_allocation(d, t) for t in outputs],
@@ -173,12 +173,12 @@ def _launcher(d: _Def, family: ir.Family) -> str:
     )
 
 
-def _return_type(outputs: tuple[ir.DefTensor, ...]) -> str:
+def return_type(outputs: tuple[ir.DefTensor, ...]) -> str:
     if len(outputs) == 1:
         return "at::Tensor"
     return f"std::tuple<{', '.join(['at::Tensor'] * len(outputs))}>"
 
 
 def _returned(outputs: tuple[ir.DefTensor, ...]) -> str:
-    names = [_ident(t.name) for t in outputs]
+    names = [cpp_ident(t.name) for t in outputs]
     return names[0] if len(names) == 1 else f"std::make_tuple({', '.join(names)})"

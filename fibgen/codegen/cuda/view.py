@@ -10,7 +10,7 @@ from fibgen.codegen.files import GenerateError
 from fibgen.compiler import ir
 from fibgen.format.models import name_problem
 
-_C_TYPE = {
+C_TYPE = {
     "float32": "float",
     "float16": "__half",
     "bfloat16": "__nv_bfloat16",
@@ -23,7 +23,7 @@ _C_TYPE = {
     "int8": "int8_t",
     "bool": "bool",
 }
-_SCALAR_TYPE = {
+SCALAR_TYPE = {
     "float32": "at::kFloat",
     "float16": "at::kHalf",
     "bfloat16": "at::kBFloat16",
@@ -37,7 +37,7 @@ _SCALAR_TYPE = {
     "bool": "at::kBool",
 }
 # Python scalars cross the binding as double, int64_t or bool; kernels take the declared type.
-_HOST_SCALAR = {"float32": "double", "float16": "double", "bfloat16": "double", "bool": "bool"}
+HOST_SCALAR = {"float32": "double", "float16": "double", "bfloat16": "double", "bool": "bool"}
 _CPP_KEYWORDS = frozenset(
     "alignas alignof and asm auto bool break case catch char class const constexpr continue "
     "default delete do double else enum explicit export extern false float for friend goto if "
@@ -52,7 +52,7 @@ class CudaGenError(GenerateError):
     """A definition the CUDA target cannot express; the message names it and the reason."""
 
 
-def _ident(name: str) -> str:
+def cpp_ident(name: str) -> str:
     """A C++ identifier for a tensor or axis name (keywords and locals get a trailing '_')."""
     ident = re.sub(r"[^A-Za-z0-9_]", "_", name) or "_"
     if ident[0].isdigit():
@@ -60,12 +60,12 @@ def _ident(name: str) -> str:
     return cppliteral.identifier(ident + "_" if ident in _CPP_KEYWORDS else ident)
 
 
-def _const_name(axis: str) -> str:
-    return _ident(axis).upper()
+def const_name(axis: str) -> str:
+    return cpp_ident(axis).upper()
 
 
 @dataclass(frozen=True)
-class _Def:
+class Def:
     """What every file of one definition is written from."""
 
     defn: ir.Definition
@@ -80,7 +80,7 @@ class _Def:
         return self.defn.name
 
 
-def _view(defn: ir.Definition) -> _Def:
+def definition_view(defn: ir.Definition) -> Def:
     # The name is a file name here (`#include "<name>.cuh"`, which no escape can make safe)
     # and a folder: the compiler has checked it; this is the guard of the target itself.
     problem = name_problem(defn.name)
@@ -92,14 +92,14 @@ def _view(defn: ir.Definition) -> _Def:
     required = [t for t in tensors if t.shape is not None and not t.optional]
     if not required:
         raise CudaGenError(f"{defn.name}: the CUDA target needs at least one required tensor")
-    return _Def(defn, f"fibgen_{_ident(defn.name)}", consts, var_axes, tensors, required[0])
+    return Def(defn, f"fibgen_{cpp_ident(defn.name)}", consts, var_axes, tensors, required[0])
 
 
-def _is_input(d: _Def, t: ir.DefTensor) -> bool:
+def is_input(d: Def, t: ir.DefTensor) -> bool:
     return t in d.defn.inputs
 
 
-def _axis_param(d: _Def, axis: str) -> str:
+def axis_param(d: Def, axis: str) -> str:
     # A var axis and a tensor of one name would clash as parameters: the axis gives way.
-    ident = _ident(axis)
-    return ident + "_size" if ident in {_ident(t.name) for t in d.tensors} else ident
+    ident = cpp_ident(axis)
+    return ident + "_size" if ident in {cpp_ident(t.name) for t in d.tensors} else ident

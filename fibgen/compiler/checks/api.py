@@ -6,17 +6,17 @@ from fibgen.compiler import ir, rules
 from fibgen.compiler.checks.common import (
     EXPR_BUILTINS,
     CheckerBase,
-    _did_you_mean,
-    _FamilyView,
-    _names_in,
-    _sub_span,
+    did_you_mean,
+    FamilyView,
+    names_in,
+    sub_span,
 )
 
 
 class ApiChecks(CheckerBase):
     """How a family reads its API's parameters and what it writes back."""
 
-    def _api(self, v: _FamilyView) -> None:
+    def _api(self, v: FamilyView) -> None:
         fam = v.family
         # Parameters, the keywords a `**` parameter carries, and names made by `let`.
         sc = rules.scope(fam, EXPR_BUILTINS)
@@ -62,7 +62,7 @@ class ApiChecks(CheckerBase):
                     self.err(
                         f"`plan.{src.param}` is not a parameter of `{fam.plan.path}`",
                         src.span,
-                        help=_did_you_mean(src.param, plan, "parameters"),
+                        help=did_you_mean(src.param, plan, "parameters"),
                     )
             elif api is None:
                 self.err(
@@ -74,7 +74,7 @@ class ApiChecks(CheckerBase):
                 self.err(
                     f"`{src.param}` is not a parameter of `{fam.api.path}`",
                     src.span,
-                    help=_did_you_mean(src.param, api, "parameters"),
+                    help=did_you_mean(src.param, api, "parameters"),
                 )
         self._tuple_reads(fam)
         for t in fam.outputs:
@@ -88,10 +88,10 @@ class ApiChecks(CheckerBase):
                 self.err(
                     f"write-back target `{t.target}` of `{t.name}` is not {where}",
                     t.span,
-                    help=_did_you_mean(t.target, targets, "names"),
+                    help=did_you_mean(t.target, targets, "names"),
                 )
 
-    def _effects(self, v: _FamilyView) -> None:
+    def _effects(self, v: FamilyView) -> None:
         fam = v.family
         # The API parameters outputs are written into, also through an input that reads one.
         reads = {t.name: t.source.param if t.source else t.name for t in fam.inputs}
@@ -110,7 +110,7 @@ class ApiChecks(CheckerBase):
                 self.err(
                     f"effect target `{e.target}` is not a parameter of `{fam.api.path}`",
                     e.target_span,
-                    help=_did_you_mean(e.target, params, "parameters"),
+                    help=did_you_mean(e.target, params, "parameters"),
                 )
             elif e.target in written:
                 self.err(
@@ -126,13 +126,13 @@ class ApiChecks(CheckerBase):
                 )
             seen.setdefault(e.target, e)
             known = set(v.inputs) | {"torch"}
-            for name, offset in _names_in(e.expr.text):
+            for name, offset in names_in(e.expr.text):
                 if name not in known:
                     self.err(
                         f"unknown name `{name}` in effect",
-                        _sub_span(e.expr.span, offset, len(name)),
+                        sub_span(e.expr.span, offset, len(name)),
                         help="an effect is computed from the definition's inputs (and `torch`); "
-                        + _did_you_mean(name, v.inputs, "inputs"),
+                        + did_you_mean(name, v.inputs, "inputs"),
                     )
 
     def _tuple_reads(self, fam: ir.Family) -> None:

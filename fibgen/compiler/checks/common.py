@@ -20,17 +20,17 @@ EXPR_BUILTINS = frozenset(
 )
 
 
-def _closest(name: str, candidates: Iterable[str]) -> str | None:
+def closest(name: str, candidates: Iterable[str]) -> str | None:
     match = difflib.get_close_matches(name, sorted(candidates), n=1, cutoff=0.6)
     return match[0] if match else None
 
 
-def _did_you_mean(name: str, candidates: Iterable[str], kind: str) -> str:
+def did_you_mean(name: str, candidates: Iterable[str], kind: str) -> str:
     # Sets have no stable order across runs; messages must be byte-identical.
     candidates = (
         list(candidates) if not isinstance(candidates, (set, frozenset)) else sorted(candidates)
     )
-    close = _closest(name, candidates)
+    close = closest(name, candidates)
     if close:
         return f"did you mean `{close}`?"
     if candidates:
@@ -38,12 +38,12 @@ def _did_you_mean(name: str, candidates: Iterable[str], kind: str) -> str:
     return f"no {kind} are declared"
 
 
-def _shown(text: str) -> str:
+def shown_text(text: str) -> str:
     """Text from the source as a message shows it: on one line, control characters escaped."""
     return text if text.isprintable() else repr(text)[1:-1]
 
 
-def _names_in(text: str) -> list[tuple[str, int]]:
+def names_in(text: str) -> list[tuple[str, int]]:
     """Free names in an expression with their column offsets (attribute names excluded)."""
     try:
         tree = parse_python(text, "eval")
@@ -52,7 +52,7 @@ def _names_in(text: str) -> list[tuple[str, int]]:
     return [(n.id, n.col_offset) for n in ast.walk(tree) if isinstance(n, ast.Name)]
 
 
-def _sub_span(span: ir.Span, offset: int, width: int) -> ir.Span:
+def sub_span(span: ir.Span, offset: int, width: int) -> ir.Span:
     col = span.column + offset
     return ir.Span(
         file=span.file, line=span.line, column=col, end_line=span.line, end_column=col + width
@@ -60,7 +60,7 @@ def _sub_span(span: ir.Span, offset: int, width: int) -> ir.Span:
 
 
 @dataclass
-class _FamilyView:
+class FamilyView:
     """Derived lookups for one family, computed once."""
 
     family: ir.Family

@@ -42,26 +42,26 @@ _CONSTANTS = {"pi": math.pi, "e": math.e, "tau": math.tau}
 
 
 class _Unparsable:
-    """What `_evaluate` gives for text that is not an expression (lowering reported it)."""
+    """What `evaluate_const` gives for text that is not an expression (lowering reported it)."""
 
 
-_UNPARSABLE = _Unparsable()
+UNPARSABLE = _Unparsable()
 
 
 class _ConstError(Exception):
     pass
 
 
-def _evaluate(text: str, names: dict) -> object:
+def evaluate_const(text: str, names: dict) -> object:
     """Evaluate a const expression over already-known values (Note [const arithmetic]).
 
-    Returns the value, `_UNPARSABLE`, or a `<reason>` string for an expression that has no
+    Returns the value, `UNPARSABLE`, or a `<reason>` string for an expression that has no
     value.
     """
     try:
         tree = parse_python(text, "eval")
     except PythonSyntaxError:
-        return _UNPARSABLE
+        return UNPARSABLE
     assert isinstance(tree, ast.Expression)
     try:
         return _eval_node(tree.body, names)

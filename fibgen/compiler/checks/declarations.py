@@ -8,11 +8,11 @@ import re
 from fibgen.compiler import ir
 from fibgen.compiler.checks.common import (
     CheckerBase,
-    _closest,
-    _did_you_mean,
-    _FamilyView,
-    _names_in,
-    _sub_span,
+    closest,
+    did_you_mean,
+    FamilyView,
+    names_in,
+    sub_span,
 )
 from fibgen.compiler.checks.names import module_name_problem
 from fibgen.format.expressions import (
@@ -37,7 +37,7 @@ def _hint_signatures() -> dict | None:
 class DeclarationChecks(CheckerBase):
     """Names declared once, shapes over declared axes, dtypes, generation hints, constraints."""
 
-    def _declarations(self, fam: ir.Family) -> _FamilyView:
+    def _declarations(self, fam: ir.Family) -> FamilyView:
         problem = module_name_problem(fam.name)
         if problem is not None:
             self.err(
@@ -129,9 +129,9 @@ class DeclarationChecks(CheckerBase):
                     node.span,
                     help="generated Python uses this name as a variable: choose another",
                 )
-        return _FamilyView(fam, axes, params, dtype_params, inputs, outputs)
+        return FamilyView(fam, axes, params, dtype_params, inputs, outputs)
 
-    def _tensors(self, v: _FamilyView) -> None:
+    def _tensors(self, v: FamilyView) -> None:
         for t in v.family.inputs + v.family.outputs:
             is_output = t.name in v.outputs and v.outputs[t.name] is t
             self._dtype(v, t)
@@ -140,7 +140,7 @@ class DeclarationChecks(CheckerBase):
                     self.err(
                         f"unknown axis `{dim}` in the shape of `{t.name}`",
                         t.dim_spans[i] if i < len(t.dim_spans) else t.span,
-                        help=_did_you_mean(dim, v.axes, "axes"),
+                        help=did_you_mean(dim, v.axes, "axes"),
                     )
             if is_output:
                 if t.gen is not None:
@@ -158,14 +158,14 @@ class DeclarationChecks(CheckerBase):
             if t.gen is not None:
                 self._hint(v, t)
 
-    def _dtype(self, v: _FamilyView, t: ir.Tensor) -> None:
+    def _dtype(self, v: FamilyView, t: ir.Tensor) -> None:
         ref = t.dtype
         if ref.kind == "from":
             if ref.name not in v.inputs:
                 self.err(
                     f"`dtype({ref.name})` names no input",
                     ref.span,
-                    help=_did_you_mean(ref.name, v.inputs, "inputs"),
+                    help=did_you_mean(ref.name, v.inputs, "inputs"),
                 )
             elif v.inputs[ref.name].dtype.kind == "from":
                 self.err(
@@ -174,7 +174,7 @@ class DeclarationChecks(CheckerBase):
                     help="copy from an input with a declared dtype",
                 )
         elif ref.name not in ir.DTYPES and ref.name not in v.dtype_params:
-            close = _closest(ref.name, list(ir.DTYPES) + list(v.dtype_params))
+            close = closest(ref.name, list(ir.DTYPES) + list(v.dtype_params))
             self.err(
                 f"unknown dtype `{ref.name}` for `{t.name}`",
                 ref.span,
@@ -182,7 +182,7 @@ class DeclarationChecks(CheckerBase):
                 + f"allowed dtypes: {', '.join(ir.DTYPES)}",
             )
 
-    def _hint(self, v: _FamilyView, t: ir.Tensor) -> None:
+    def _hint(self, v: FamilyView, t: ir.Tensor) -> None:
         hint = t.gen
         assert hint is not None
         known = self._expr_names(v)
@@ -191,12 +191,12 @@ class DeclarationChecks(CheckerBase):
             # is shown on the whole argument.
             if not self._in_language(expr, "a generation hint", whole=True):
                 continue
-            for name, offset in _names_in(expr.text):
+            for name, offset in names_in(expr.text):
                 if name not in known:
                     self.err(
                         f"unknown name `{name}` in the generation hint of `{t.name}`",
-                        _sub_span(expr.span, offset, len(name)),
-                        help=_did_you_mean(name, known - BUILTIN_NAMES, "names"),
+                        sub_span(expr.span, offset, len(name)),
+                        help=did_you_mean(name, known - BUILTIN_NAMES, "names"),
                     )
         table = _hint_signatures()
         if table is None:
@@ -206,7 +206,7 @@ class DeclarationChecks(CheckerBase):
             self.err(
                 f"unknown generation hint `{hint.kind}`",
                 hint.span,
-                help=_did_you_mean(hint.kind, sorted(table), "hints"),
+                help=did_you_mean(hint.kind, sorted(table), "hints"),
             )
             return
         positional = tuple(getattr(sig, "positional", ()))
@@ -243,7 +243,7 @@ class DeclarationChecks(CheckerBase):
                     help=f"write `{key}=NAME`, NAME an input of `{v.family.name}`",
                 )
 
-    def _expr_names(self, v: _FamilyView) -> set[str]:
+    def _expr_names(self, v: FamilyView) -> set[str]:
         return set(v.axes) | set(v.params) | set(v.inputs) | set(v.outputs) | BUILTIN_NAMES
 
     def _in_language(self, expr: ir.Expr, what: str, whole: bool = False) -> bool:
@@ -259,7 +259,7 @@ class DeclarationChecks(CheckerBase):
             return False
         return True
 
-    def _var_axes_bound(self, v: _FamilyView) -> None:
+    def _var_axes_bound(self, v: FamilyView) -> None:
         bound = {d for t in v.family.inputs for d in (t.shape or ())}
         for ax in v.family.axes:
             if isinstance(ax, ir.VarAxis) and ax.name not in bound:
@@ -270,7 +270,7 @@ class DeclarationChecks(CheckerBase):
                     "use it in an input's shape, or make it `const`",
                 )
 
-    def _constraints(self, v: _FamilyView) -> None:
+    def _constraints(self, v: FamilyView) -> None:
         known = self._expr_names(v)
         for c in v.family.constraints:
             if not self._in_language(c, "a constraint"):
@@ -280,7 +280,7 @@ class DeclarationChecks(CheckerBase):
                     self.err(
                         f"unknown name `{name}` in constraint",
                         _in_expr(c.span, line, column, len(name)),
-                        help=_did_you_mean(name, known - BUILTIN_NAMES, "names"),
+                        help=did_you_mean(name, known - BUILTIN_NAMES, "names"),
                     )
 
     def _requires(self, fam: ir.Family) -> None:
@@ -297,6 +297,6 @@ def _in_expr(span: ir.Span, line: int, column: int, width: int) -> ir.Span:
     """The span of a place in an expression, given at (line, column) of its text: a constraint
     over several lines keeps each continued line as the file has it, from column 1."""
     if line == 1:
-        return _sub_span(span, column - 1, width)
+        return sub_span(span, column - 1, width)
     at = span.line + line - 1
     return ir.Span(file=span.file, line=at, column=column, end_line=at, end_column=column + width)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fibgen.compiler import ir
-from fibgen.compiler.checks.common import CheckerBase, _did_you_mean
+from fibgen.compiler.checks.common import CheckerBase, did_you_mean
 from fibgen.compiler.checks.names import module_name_problem
 
 
@@ -41,7 +41,7 @@ class DispatchChecks(CheckerBase):
                     self.err(
                         f"unknown family `{name}` in dispatch `{group.name}`",
                         case.span,
-                        help=_did_you_mean(name, families, "families"),
+                        help=did_you_mean(name, families, "families"),
                     )
                     continue
                 if fam.api is None:
@@ -52,7 +52,7 @@ class DispatchChecks(CheckerBase):
                     self.err(
                         f"selector `{group.selector}` is not a parameter of `{fam.api.path}`",
                         group.span,
-                        help=_did_you_mean(group.selector, fam.api.param_names(), "parameters"),
+                        help=did_you_mean(group.selector, fam.api.param_names(), "parameters"),
                     )
         if len(apis) > 1:
             self.err(

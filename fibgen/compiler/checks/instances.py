@@ -8,12 +8,12 @@ from fibgen.compiler import ir
 from fibgen.compiler.checks.common import (
     EXPR_BUILTINS,
     CheckerBase,
-    _did_you_mean,
-    _FamilyView,
-    _names_in,
-    _shown,
+    did_you_mean,
+    FamilyView,
+    names_in,
+    shown_text,
 )
-from fibgen.compiler.checks.const_eval import _UNPARSABLE, INT64_MAX, _evaluate
+from fibgen.compiler.checks.const_eval import UNPARSABLE, INT64_MAX, evaluate_const
 from fibgen.compiler.checks.names import definition_name_problem
 from fibgen.compiler.printer import quote, value_text
 from fibgen.format.models import NAME_RULE, name_problem
@@ -24,7 +24,7 @@ _TEMPLATE_FIELD = re.compile(r"\{([^{}]*)\}")
 class InstanceChecks(CheckerBase):
     """Each instance's values, its definition and its name."""
 
-    def _name_template(self, v: _FamilyView) -> None:
+    def _name_template(self, v: FamilyView) -> None:
         fam = v.family
         if fam.name_template is None:
             return
@@ -34,9 +34,9 @@ class InstanceChecks(CheckerBase):
             key = m.group(1)
             if key not in allowed:
                 self.err(
-                    f"name template field `{{{_shown(key)}}}` is not an axis or parameter",
+                    f"name template field `{{{shown_text(key)}}}` is not an axis or parameter",
                     span,
-                    help=_did_you_mean(key, allowed, "names"),
+                    help=did_you_mean(key, allowed, "names"),
                 )
             elif key in v.axes and isinstance(v.axes[key], ir.VarAxis):
                 self.err(
@@ -49,7 +49,7 @@ class InstanceChecks(CheckerBase):
         problem = name_problem(literal)
         if problem is not None:
             self.err(
-                f"name template `{_shown(fam.name_template)}` gives unsafe definition names: "
+                f"name template `{shown_text(fam.name_template)}` gives unsafe definition names: "
                 f"the text {problem}",
                 span,
                 help=NAME_RULE,
@@ -66,7 +66,7 @@ class InstanceChecks(CheckerBase):
                 help=found[1],
             )
 
-    def _instances(self, v: _FamilyView, path: str, build: bool) -> list[ir.Definition]:
+    def _instances(self, v: FamilyView, path: str, build: bool) -> list[ir.Definition]:
         fam = v.family
         instances = fam.instances or (ir.Instance(values=(), span=fam.span),)
         key_of: dict[str, str] = {}
@@ -99,7 +99,7 @@ class InstanceChecks(CheckerBase):
                         f"`{a.key}` is not a const axis, parameter or dtype parameter of "
                         f"`{fam.name}`",
                         a.span,
-                        help=_did_you_mean(a.key, key_of, "keys"),
+                        help=did_you_mean(a.key, key_of, "keys"),
                     )
                     continue
                 if target in values:
@@ -154,7 +154,7 @@ class InstanceChecks(CheckerBase):
         return False
 
     def _dtype_choices(
-        self, v: _FamilyView, values: dict[str, ir.Assignment], inst: ir.Instance
+        self, v: FamilyView, values: dict[str, ir.Assignment], inst: ir.Instance
     ) -> list[dict[str, str]]:
         combos: list[dict[str, str]] = [{}]
         for dp in v.family.dtype_params:
@@ -174,7 +174,7 @@ class InstanceChecks(CheckerBase):
 
     def _definition(
         self,
-        v: _FamilyView,
+        v: FamilyView,
         inst: ir.Instance,
         index: int,
         values: dict[str, ir.Assignment],
@@ -204,7 +204,7 @@ class InstanceChecks(CheckerBase):
         problem = name_problem(name)
         if problem is not None:
             # From a value: the name template (or the family name) was checked on its own.
-            self.err(f"definition name `{_shown(name)}` {problem}", inst.span, help=NAME_RULE)
+            self.err(f"definition name `{shown_text(name)}` {problem}", inst.span, help=NAME_RULE)
             return None
         found = definition_name_problem(name)
         if found is not None:
@@ -262,7 +262,7 @@ class InstanceChecks(CheckerBase):
         )
 
     def _const_values(
-        self, v: _FamilyView, inst: ir.Instance, values: dict[str, ir.Assignment], params: dict
+        self, v: FamilyView, inst: ir.Instance, values: dict[str, ir.Assignment], params: dict
     ) -> dict[str, int] | None:
         consts: dict[str, int] = {}
         pending: list[ir.ConstAxis] = []
@@ -302,7 +302,7 @@ class InstanceChecks(CheckerBase):
             progressed = False
             for ax in list(pending):
                 assert ax.value is not None
-                names = {n for n, _ in _names_in(ax.value.text)} - EXPR_BUILTINS
+                names = {n for n, _ in names_in(ax.value.text)} - EXPR_BUILTINS
                 unknown = names - set(consts) - set(params) - {p.name for p in pending}
                 if unknown:
                     bad = sorted(unknown)[0]
@@ -313,8 +313,8 @@ class InstanceChecks(CheckerBase):
                     return None
                 if names & {p.name for p in pending}:
                     continue
-                value = _evaluate(ax.value.text, {**params, **consts})
-                if value is _UNPARSABLE:
+                value = evaluate_const(ax.value.text, {**params, **consts})
+                if value is UNPARSABLE:
                     return None  # lowering reported the syntax error in this expression
                 if isinstance(value, str):  # `<why>`: the expression has no value
                     self.err(
@@ -350,7 +350,7 @@ class InstanceChecks(CheckerBase):
         return consts if ok else None
 
     def _name(
-        self, v: _FamilyView, consts: dict[str, int], params: dict, dtypes: dict[str, str]
+        self, v: FamilyView, consts: dict[str, int], params: dict, dtypes: dict[str, str]
     ) -> str:
         fam = v.family
         if fam.name_template is not None:

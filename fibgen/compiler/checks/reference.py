@@ -5,14 +5,14 @@ from __future__ import annotations
 import ast
 
 from fibgen.compiler import ir
-from fibgen.compiler.checks.common import CheckerBase, _FamilyView
+from fibgen.compiler.checks.common import CheckerBase, FamilyView
 from fibgen.compiler.pysyntax import PythonSyntaxError, parse_python
 
 
 class ReferenceChecks(CheckerBase):
     """The reference parses and its `run` takes the inputs."""
 
-    def _reference(self, v: _FamilyView) -> None:
+    def _reference(self, v: FamilyView) -> None:
         fam = v.family
         if fam.reference is not None:
             self._reference_text(v, fam.reference, fam.reference_span)
@@ -20,7 +20,7 @@ class ReferenceChecks(CheckerBase):
             if inst.reference is not None:
                 self._reference_text(v, inst.reference, inst.reference_span)
 
-    def _reference_text(self, v: _FamilyView, text: str, span: ir.Span) -> None:
+    def _reference_text(self, v: FamilyView, text: str, span: ir.Span) -> None:
         try:
             module = parse_python(text)
         except PythonSyntaxError as exc:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from fibgen.compiler import ir
-from fibgen.compiler.checks.common import CheckerBase, _did_you_mean, _FamilyView
+from fibgen.compiler.checks.common import CheckerBase, did_you_mean, FamilyView
 
 
 class ReturnChecks(CheckerBase):
     """What a routed call returns, and that one API returns alike (Note [returns])."""
 
-    def _returns(self, v: _FamilyView) -> None:
+    def _returns(self, v: FamilyView) -> None:
         """`returns` names outputs, each once, that the API returns (Note [returns])."""
         fam = v.family
         r = fam.returns
@@ -42,7 +42,7 @@ class ReturnChecks(CheckerBase):
                     help=(
                         f"`{name}` is written by output `{writer.name}`: name the output"
                         if writer is not None
-                        else _did_you_mean(name, v.outputs, "outputs")
+                        else did_you_mean(name, v.outputs, "outputs")
                     ),
                 )
             elif _flag_of(fam, out) is not None:

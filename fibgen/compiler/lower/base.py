@@ -13,7 +13,7 @@ from fibgen.compiler.diagnostics import Diagnostic, error
 from fibgen.compiler.pysyntax import PythonSyntaxError, parse_python
 
 
-class _Stmt:
+class Stmt:
     """A family statement on its way into a Family: the field it sets and its value."""
 
     __slots__ = ("field", "value", "span", "keyword")

@@ -8,8 +8,8 @@ from lark import Token, v_args
 from lark.tree import Meta
 
 from fibgen.compiler import ir
-from fibgen.compiler.lower.base import LowerBase, _Stmt
-from fibgen.compiler.lower.text import _Brackets, _split_comment, _split_statements, _token
+from fibgen.compiler.lower.base import LowerBase, Stmt
+from fibgen.compiler.lower.text import Brackets, split_comment, split_statements, make_token
 from fibgen.compiler.pysyntax import PythonSyntaxError, literal_value
 
 
@@ -18,8 +18,8 @@ class BlockLowering(LowerBase):
     """Constraint and rule blocks, one statement per line or ';'."""
 
     # ------------------------------------------------------------------ constraints
-    def constraints_block(self, meta: Meta, c: list) -> _Stmt:
-        return _Stmt("constraints", self._constraints(c[0]), self._span(meta), "constraints")
+    def constraints_block(self, meta: Meta, c: list) -> Stmt:
+        return Stmt("constraints", self._constraints(c[0]), self._span(meta), "constraints")
 
     def _constraints(self, block: Token) -> tuple[ir.Expr, ...]:
         return tuple(self._expr(tok) for tok in self._block_lines(block))
@@ -33,11 +33,11 @@ class BlockLowering(LowerBase):
         out: list[Token] = []
         text = str(block)[1:-1]
         # An open statement: where it starts, its lines so far, and its open brackets.
-        pending: tuple[int, int, list[str], _Brackets] | None = None
+        pending: tuple[int, int, list[str], Brackets] | None = None
         for n, line in enumerate(text.split("\n")):
             lineno = block.line + n
             base = (block.column + 1) if n == 0 else 1
-            code, hash_at = _split_comment(line)
+            code, hash_at = split_comment(line)
             if hash_at is not None:
                 self.comments.append((lineno, base + hash_at, line[hash_at:].rstrip()))
             if pending is not None:
@@ -46,28 +46,28 @@ class BlockLowering(LowerBase):
                 if brackets.feed("\n" + parts[-1]) > 0:
                     continue
                 pending = None
-                out.append(_token("\n".join(parts), start_line, start_col))
+                out.append(make_token("\n".join(parts), start_line, start_col))
                 continue
             offset = 0
-            pieces = _split_statements(code)
+            pieces = split_statements(code)
             for i, piece in enumerate(pieces):
                 stripped = piece.strip()
                 if stripped:
                     col = base + offset + (len(piece) - len(piece.lstrip()))
-                    brackets = _Brackets()
+                    brackets = Brackets()
                     if i == len(pieces) - 1 and brackets.feed(stripped) > 0:
                         pending = (lineno, col, [stripped], brackets)
                     else:
-                        out.append(_token(stripped, lineno, col))
+                        out.append(make_token(stripped, lineno, col))
                 offset += len(piece) + 1
         if pending is not None:
-            out.append(_token("\n".join(pending[2]), pending[0], pending[1]))
+            out.append(make_token("\n".join(pending[2]), pending[0], pending[1]))
         return out
 
     # ------------------------------------------------------------------ rules
-    def rules_block(self, meta: Meta, c: list) -> _Stmt:
+    def rules_block(self, meta: Meta, c: list) -> Stmt:
         rules = tuple(r for r in map(self._rule, self._block_lines(c[0])) if r is not None)
-        return _Stmt("rules", rules, self._span(meta), "rules")
+        return Stmt("rules", rules, self._span(meta), "rules")
 
     def _rule(self, tok: Token) -> ir.Rule | None:
         text = str(tok)
@@ -85,7 +85,7 @@ class BlockLowering(LowerBase):
                 return None
             return ir.Require(expr=self._expr(tok), span=span)
         keyword, rest = m.group(1), m.group(2)
-        rest_tok = _token(rest, tok.line, tok.column + m.start(2))
+        rest_tok = make_token(rest, tok.line, tok.column + m.start(2))
         if keyword == "ignore":
             return self._ignore(rest_tok, span)
         if keyword in ("default", "let", "result"):
@@ -99,7 +99,9 @@ class BlockLowering(LowerBase):
                 )
                 return None
             name_span = self._at(rest_tok.line, rest_tok.column, len(target.group(1)))
-            expr_tok = _token(rest[target.end() :], rest_tok.line, rest_tok.column + target.end())
+            expr_tok = make_token(
+                rest[target.end() :], rest_tok.line, rest_tok.column + target.end()
+            )
             cls = {"default": ir.Default, "let": ir.Let, "result": ir.Result}[keyword]
             return cls(
                 target=target.group(1),

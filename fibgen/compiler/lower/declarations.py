@@ -9,7 +9,7 @@ from lark import Token, v_args
 from lark.tree import Meta
 
 from fibgen.compiler import ir
-from fibgen.compiler.lower.base import LowerBase, _Stmt
+from fibgen.compiler.lower.base import LowerBase, Stmt
 from fibgen.compiler.pysyntax import unparse
 
 
@@ -18,8 +18,8 @@ class DeclarationLowering(LowerBase):
     """Params, axes and tensors, with their sources, targets and generation hints."""
 
     # ------------------------------------------------------------------ params
-    def params_block(self, meta: Meta, c: list) -> _Stmt:
-        return _Stmt("params", tuple(c), self._span(meta), "params")
+    def params_block(self, meta: Meta, c: list) -> Stmt:
+        return Stmt("params", tuple(c), self._span(meta), "params")
 
     def param(self, meta: Meta, c: list) -> ir.Param:
         name, *rest = c
@@ -41,8 +41,8 @@ class DeclarationLowering(LowerBase):
         return _Abbrev(str(c[0]))
 
     # ------------------------------------------------------------------ axes
-    def axes_block(self, meta: Meta, c: list) -> _Stmt:
-        return _Stmt("axes", tuple(c), self._span(meta), "axes")
+    def axes_block(self, meta: Meta, c: list) -> Stmt:
+        return Stmt("axes", tuple(c), self._span(meta), "axes")
 
     def var_axis(self, meta: Meta, c: list) -> ir.VarAxis:
         name, *rest = c
@@ -68,11 +68,11 @@ class DeclarationLowering(LowerBase):
         return self._expr(c[0])
 
     # ------------------------------------------------------------------ tensors
-    def inputs_block(self, meta: Meta, c: list) -> _Stmt:
-        return _Stmt("inputs", tuple(c), self._span(meta), "inputs")
+    def inputs_block(self, meta: Meta, c: list) -> Stmt:
+        return Stmt("inputs", tuple(c), self._span(meta), "inputs")
 
-    def outputs_block(self, meta: Meta, c: list) -> _Stmt:
-        return _Stmt("outputs", tuple(c), self._span(meta), "outputs")
+    def outputs_block(self, meta: Meta, c: list) -> Stmt:
+        return Stmt("outputs", tuple(c), self._span(meta), "outputs")
 
     def tensor(self, meta: Meta, c: list) -> ir.Tensor:
         name, *rest = c

@@ -8,7 +8,7 @@ from lark import v_args
 from lark.tree import Meta
 
 from fibgen.compiler import ir
-from fibgen.compiler.lower.base import LowerBase, _Stmt
+from fibgen.compiler.lower.base import LowerBase, Stmt
 
 
 @v_args(meta=True)
@@ -16,8 +16,8 @@ class InstanceLowering(LowerBase):
     """Instances and their values, and the literals values are written with."""
 
     # ------------------------------------------------------------------ instances
-    def instances_block(self, meta: Meta, c: list) -> _Stmt:
-        return _Stmt("instances", tuple(c), self._span(meta), "instances")
+    def instances_block(self, meta: Meta, c: list) -> Stmt:
+        return Stmt("instances", tuple(c), self._span(meta), "instances")
 
     def instance(self, meta: Meta, c: list) -> ir.Instance:
         values = tuple(x for x in c if isinstance(x, ir.Assignment))
@@ -25,9 +25,9 @@ class InstanceLowering(LowerBase):
         desc = reference = None
         reference_span = ir.NO_SPAN
         for x in c:
-            if isinstance(x, _Stmt) and x.field == "reference":
+            if isinstance(x, Stmt) and x.field == "reference":
                 reference, reference_span = x.value, x.span
-            elif isinstance(x, _Stmt):
+            elif isinstance(x, Stmt):
                 tags = x.value
             elif isinstance(x, str):
                 desc = x

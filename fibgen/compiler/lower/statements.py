@@ -10,7 +10,7 @@ from lark import Token, v_args
 from lark.tree import Meta
 
 from fibgen.compiler import ir
-from fibgen.compiler.lower.base import LowerBase, _Stmt
+from fibgen.compiler.lower.base import LowerBase, Stmt
 from fibgen.compiler.lower.text import dedent_block
 from fibgen.compiler.pysyntax import PythonSyntaxError, literal_string
 from fibgen.format.tolerances import tolerance_problem
@@ -36,7 +36,7 @@ class FamilyLowering(LowerBase):
     def family(self, meta: Meta, children: list) -> ir.Family:
         name_tok, *stmts = children
         fields: dict[str, Any] = {}
-        seen: dict[str, _Stmt] = {}
+        seen: dict[str, Stmt] = {}
         for st in stmts:
             if st.field in ("dtype_params", "effects"):
                 # Several `dtype` statements declare several parameters; likewise `effect`.
@@ -83,34 +83,34 @@ class FamilyLowering(LowerBase):
         )
 
     # ------------------------------------------------------------------ family statements
-    def op_type_stmt(self, meta: Meta, c: list) -> _Stmt:
-        return _Stmt("op_type", str(c[0]), self._span(meta), "op_type")
+    def op_type_stmt(self, meta: Meta, c: list) -> Stmt:
+        return Stmt("op_type", str(c[0]), self._span(meta), "op_type")
 
-    def description_stmt(self, meta: Meta, c: list) -> _Stmt:
-        return _Stmt("description", c[0], self._span(meta), "description")
+    def description_stmt(self, meta: Meta, c: list) -> Stmt:
+        return Stmt("description", c[0], self._span(meta), "description")
 
-    def tags_stmt(self, meta: Meta, c: list) -> _Stmt:
-        return _Stmt("tags", c[0], self._span(meta), "tags")
+    def tags_stmt(self, meta: Meta, c: list) -> Stmt:
+        return Stmt("tags", c[0], self._span(meta), "tags")
 
-    def name_stmt(self, meta: Meta, c: list) -> _Stmt:
-        return _Stmt("name_template", c[0], self._span(meta), "name")
+    def name_stmt(self, meta: Meta, c: list) -> Stmt:
+        return Stmt("name_template", c[0], self._span(meta), "name")
 
-    def reference_stmt(self, meta: Meta, c: list) -> _Stmt:
-        return _Stmt("reference", c[0], self._span(meta), "reference")
+    def reference_stmt(self, meta: Meta, c: list) -> Stmt:
+        return Stmt("reference", c[0], self._span(meta), "reference")
 
-    def requires_stmt(self, meta: Meta, c: list) -> _Stmt:
-        return _Stmt("requires", tuple(str(t) for t in c), self._span(meta), "requires")
+    def requires_stmt(self, meta: Meta, c: list) -> Stmt:
+        return Stmt("requires", tuple(str(t) for t in c), self._span(meta), "requires")
 
-    def _signature(self, meta: Meta, c: list, keyword: str) -> _Stmt:
+    def _signature(self, meta: Meta, c: list, keyword: str) -> Stmt:
         path, params_tok = c
         span = self._span(meta)
         sig = ir.ApiSignature(path=str(path), params=self._params(params_tok), span=span)
-        return _Stmt(keyword, sig, span, keyword)
+        return Stmt(keyword, sig, span, keyword)
 
-    def api_stmt(self, meta: Meta, c: list) -> _Stmt:
+    def api_stmt(self, meta: Meta, c: list) -> Stmt:
         return self._signature(meta, c, "api")
 
-    def api_none_stmt(self, meta: Meta, c: list) -> _Stmt | None:
+    def api_none_stmt(self, meta: Meta, c: list) -> Stmt | None:
         word, reason = c
         span = self._span(meta)
         if str(word) != "none":
@@ -120,12 +120,12 @@ class FamilyLowering(LowerBase):
                 help='write `api pkg.mod.func(params...)`, or `api none "why"` for a family '
                 "that stands for no API",
             )
-        return _Stmt("no_api", reason, span, "api none")
+        return Stmt("no_api", reason, span, "api none")
 
-    def plan_stmt(self, meta: Meta, c: list) -> _Stmt:
+    def plan_stmt(self, meta: Meta, c: list) -> Stmt:
         return self._signature(meta, c, "plan")
 
-    def returns_stmt(self, meta: Meta, c: list) -> _Stmt:
+    def returns_stmt(self, meta: Meta, c: list) -> Stmt:
         span = self._span(meta)
         names = tuple(str(t) for t in c)
         spans = tuple(self._tok_span(t) for t in c)
@@ -142,9 +142,9 @@ class FamilyLowering(LowerBase):
                 )
             names, spans = (), ()
         value = ir.Returns(names=names, name_spans=spans, span=span)
-        return _Stmt("returns", value, span, "returns")
+        return Stmt("returns", value, span, "returns")
 
-    def effect_stmt(self, meta: Meta, c: list) -> _Stmt:
+    def effect_stmt(self, meta: Meta, c: list) -> Stmt:
         target, expr = c
         span = self._span(meta)
         effect = ir.Effect(
@@ -153,15 +153,15 @@ class FamilyLowering(LowerBase):
             expr=self._expr(expr),
             span=span,
         )
-        return _Stmt("effects", (effect,), span, "effect")
+        return Stmt("effects", (effect,), span, "effect")
 
-    def dtype_stmt(self, meta: Meta, c: list) -> _Stmt:
+    def dtype_stmt(self, meta: Meta, c: list) -> Stmt:
         name, *choices = c
         span = self._span(meta)
         value = ir.DtypeParam(name=str(name), choices=tuple(str(x) for x in choices), span=span)
-        return _Stmt("dtype_params", (value,), span, "dtype")
+        return Stmt("dtype_params", (value,), span, "dtype")
 
-    def tolerance_stmt(self, meta: Meta, c: list) -> _Stmt:
+    def tolerance_stmt(self, meta: Meta, c: list) -> Stmt:
         span = self._span(meta)
         call = self._call_args(c[0], "tolerance")
         values: dict[str, float] = {}
@@ -199,7 +199,7 @@ class FamilyLowering(LowerBase):
                     )
                     continue
                 values[kw.arg] = value
-        return _Stmt("tolerance", ir.Tolerance(span=span, **values), span, "tolerance")
+        return Stmt("tolerance", ir.Tolerance(span=span, **values), span, "tolerance")
 
     def tag_list(self, meta: Meta, c: list) -> tuple[str, ...]:
         return tuple(str(t) if isinstance(t, Token) and t.type == "TAG" else t for t in c)

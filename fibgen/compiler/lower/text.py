@@ -42,7 +42,7 @@ def _common_prefix(a: str, b: str) -> str:
     return a[:n]
 
 
-def _token(text: str, line: int, column: int) -> Token:
+def make_token(text: str, line: int, column: int) -> Token:
     first = text.split("\n")[0]
     return Token(
         "EXPR", text, line=line, column=column, end_line=line, end_column=column + len(first)
@@ -67,7 +67,7 @@ def _code_positions(line: str):
             yield i, ch
 
 
-def _split_comment(line: str) -> tuple[str, int | None]:
+def split_comment(line: str) -> tuple[str, int | None]:
     """Split a line at a '#' that is not inside a string literal."""
     for i, ch in _code_positions(line):
         if ch == "#":
@@ -75,7 +75,7 @@ def _split_comment(line: str) -> tuple[str, int | None]:
     return line, None
 
 
-class _Brackets:
+class Brackets:
     """The brackets open after the text fed so far, outside string literals.
 
     A statement continued over many lines is fed one line at a time, so that each line is
@@ -111,7 +111,7 @@ class _Brackets:
         return depth
 
 
-def _split_statements(code: str) -> list[str]:
+def split_statements(code: str) -> list[str]:
     """Split a line at the ';' that are outside string literals and brackets."""
     cuts, depth = [], 0
     for i, ch in _code_positions(code):

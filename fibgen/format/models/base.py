@@ -49,19 +49,19 @@ Binding = Literal["tvm-ffi", "torch"]
 NonEmptyStr = Annotated[str, StringConstraints(min_length=1)]
 
 
-def _check_name(value: str) -> str:
+def check_name(value: str) -> str:
     problem = name_problem(value)
     if problem is not None:
         raise ValueError(f"{value!r} {problem}; {NAME_RULE}")  # after the field's location
     return value
 
 
-def _raise_problems(problems: list[str]) -> None:
+def raise_problems(problems: list[str]) -> None:
     if problems:
         raise PydanticCustomError(
             PROBLEMS_ERROR_TYPE, "{summary}", {"summary": "; ".join(problems), "problems": problems}
         )
 
 
-class _Model(BaseModel):
+class Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -8,17 +8,17 @@ from typing import Annotated, Literal, Optional, Union
 from pydantic import Field, field_validator, model_validator
 
 from fibgen.format.expressions import HELP, ExpressionError, check_expression
-from fibgen.format.models.base import DType, NonEmptyStr, _check_name, _Model, _raise_problems
+from fibgen.format.models.base import DType, NonEmptyStr, check_name, Model, raise_problems
 
 
-class AxisVar(_Model):
+class AxisVar(Model):
     """An axis whose size is read from the input tensors at call time."""
 
     type: Literal["var"] = "var"
     description: Optional[str] = None
 
 
-class AxisConst(_Model):
+class AxisConst(Model):
     """An axis whose size is fixed by the definition."""
 
     type: Literal["const"] = "const"
@@ -29,7 +29,7 @@ class AxisConst(_Model):
 Axis = Annotated[Union[AxisVar, AxisConst], Field(discriminator="type")]
 
 
-class TensorSpec(_Model):
+class TensorSpec(Model):
     """One input or output: a shape over declared axes (None for a scalar) and a dtype."""
 
     shape: Optional[list[NonEmptyStr]]
@@ -44,7 +44,7 @@ class TensorSpec(_Model):
         return self.shape is None
 
 
-class Definition(_Model):
+class Definition(Model):
     """A kernel definition: axes, tensors, constraints and a Python reference."""
 
     # Field order is the canonical key order of a definition file (see jsonio).
@@ -61,7 +61,7 @@ class Definition(_Model):
     @field_validator("name", "op_type")
     @classmethod
     def _validate_name(cls, value: str) -> str:
-        return _check_name(value)
+        return check_name(value)
 
     @model_validator(mode="after")
     def _validate(self) -> Definition:
@@ -75,7 +75,7 @@ class Definition(_Model):
             + constraint_problems(self.constraints)
             + _axis_reference_problems(self)
         )
-        _raise_problems(problems)
+        raise_problems(problems)
         return self
 
     @property

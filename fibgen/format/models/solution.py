@@ -11,13 +11,13 @@ from fibgen.format.models.base import (
     Binding,
     Language,
     NonEmptyStr,
-    _check_name,
-    _Model,
-    _raise_problems,
+    check_name,
+    Model,
+    raise_problems,
 )
 
 
-class SourceFile(_Model):
+class SourceFile(Model):
     """One file of a solution, placed at ``path`` under the build directory."""
 
     path: NonEmptyStr
@@ -51,7 +51,7 @@ def source_path_problem(path: str) -> str | None:
     return None
 
 
-class BuildSpec(_Model):
+class BuildSpec(Model):
     """How to build and call a solution."""
 
     language: Language
@@ -88,7 +88,7 @@ class BuildSpec(_Model):
         return self.entry_point.split("::")[1]
 
 
-class Solution(_Model):
+class Solution(Model):
     """A concrete implementation of one definition."""
 
     name: NonEmptyStr
@@ -101,7 +101,7 @@ class Solution(_Model):
     @field_validator("name", "definition", "author")
     @classmethod
     def _validate_name(cls, value: str) -> str:
-        return _check_name(value)
+        return check_name(value)
 
     @model_validator(mode="after")
     def _validate_source_path_entry_point(self) -> Solution:
@@ -118,5 +118,5 @@ class Solution(_Model):
                 f"spec.entry_point: the entry file {entry_file!r} is not among the sources "
                 f"({listed})"
             )
-        _raise_problems(problems)
+        raise_problems(problems)
         return self

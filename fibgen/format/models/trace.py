@@ -7,20 +7,20 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from fibgen.format.models.base import NonEmptyStr, _check_name, _Model, _raise_problems
+from fibgen.format.models.base import NonEmptyStr, check_name, Model, raise_problems
 from fibgen.format.models.definition import Definition
 
 # ---------------------------------------------------------------------------------------
 # Workload
 
 
-class RandomInput(_Model):
+class RandomInput(Model):
     """An input filled with random values of the declared shape and dtype."""
 
     type: Literal["random"] = "random"
 
 
-class ScalarInput(_Model):
+class ScalarInput(Model):
     """A scalar input passed by value."""
 
     type: Literal["scalar"] = "scalar"
@@ -36,7 +36,7 @@ class ScalarInput(_Model):
         return value
 
 
-class SafetensorsInput(_Model):
+class SafetensorsInput(Model):
     """An input stored as one tensor of a safetensors file under the dataset root."""
 
     type: Literal["safetensors"] = "safetensors"
@@ -49,7 +49,7 @@ InputSpec = Annotated[
 ]
 
 
-class Workload(_Model):
+class Workload(Model):
     """Concrete values for the var axes of a definition and a source for each input."""
 
     uuid: NonEmptyStr
@@ -97,7 +97,7 @@ class EvaluationStatus(str, Enum):
     TIMEOUT = "TIMEOUT"
 
 
-class _MetricsModel(_Model):
+class _MetricsModel(Model):
     # flashinfer-bench writes inf/nan as the strings "Infinity", "-Infinity", "NaN";
     # pydantic reads those strings back as floats.
     model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
@@ -132,7 +132,7 @@ class Performance(_MetricsModel):
     e2e_routed: Optional[bool] = None
 
 
-class Environment(_Model):
+class Environment(Model):
     """Where an evaluation ran."""
 
     hardware: NonEmptyStr
@@ -167,11 +167,11 @@ class Evaluation(_MetricsModel):
             problems.append("performance: required when status is PASSED")
         if self.status is not EvaluationStatus.PASSED and self.performance is not None:
             problems.append(f"performance: only allowed when status is PASSED, not {status}")
-        _raise_problems(problems)
+        raise_problems(problems)
         return self
 
 
-class Trace(_Model):
+class Trace(Model):
     """One JSONL line: a workload, and optionally a solution's evaluation on it."""
 
     definition: NonEmptyStr
@@ -182,7 +182,7 @@ class Trace(_Model):
     @field_validator("definition", "solution")
     @classmethod
     def _validate_name(cls, value: Optional[str]) -> Optional[str]:
-        return None if value is None else _check_name(value)
+        return None if value is None else check_name(value)
 
     @property
     def is_workload_trace(self) -> bool:

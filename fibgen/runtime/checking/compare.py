@@ -375,7 +375,7 @@ def _draws_needed(probs: torch.Tensor, mask: torch.Tensor) -> int:
     return max(SAMPLING_MIN_DRAWS, min(SAMPLING_MAX_DRAWS, n))
 
 
-def _repeated(inputs: dict[str, Any], times: int) -> dict[str, Any]:
+def repeated_inputs(inputs: dict[str, Any], times: int) -> dict[str, Any]:
     if times == 1:
         return inputs
     out = {}
@@ -419,7 +419,7 @@ def _counts(
     done = 0
     while done < draws:
         times = min(per_call, draws - done)
-        samples = _samples(draw, _repeated(inputs, times), rows * times, vocab, slots)
+        samples = _samples(draw, repeated_inputs(inputs, times), rows * times, vocab, slots)
         counts += torch.bincount(
             torch.arange(rows * times) % rows * vocab + samples, minlength=rows * vocab
         )

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from fibgen.runtime.routing.state import _state
+from fibgen.runtime.routing.state import STATE
 from fibgen.runtime.routing.api import Api
 
 # The workspace a FlashInfer wrapper is constructed with (its own examples use 128 MiB).
@@ -54,11 +54,11 @@ def api_for(
     Where several packages know the name (two catalogues in one process), the newest whose
     inputs and dtypes are ``definition``'s (its JSON), when given.
     """
-    from fibgen.runtime.routing.registry import _import_packages
+    from fibgen.runtime.routing.registry import import_packages
 
-    _import_packages(packages, (name,), False)
-    with _state.lock:
-        found = [api for api in _state.apis if name in api.known_names]
+    import_packages(packages, (name,), False)
+    with STATE.lock:
+        found = [api for api in STATE.apis if name in api.known_names]
     if definition is not None:
         found = [api for api in found if _fits(api, definition)]
     return found[-1] if found else None
@@ -306,7 +306,7 @@ def build(
                 api, name, definition, api.plan_call, inputs, outputs, True, frozenset()
             )
             plan = _resolve(api.plan_path)
-            original_plan = _state.originals.get(api.plan_path, plan)
+            original_plan = STATE.originals.get(api.plan_path, plan)
             try:
                 original_plan(instance, *plan_args, **plan_kwargs)
             except Exception as exc:

@@ -18,9 +18,9 @@ import torch
 from fibgen.format.models import DTYPE_BYTES
 from fibgen.runtime.inputs.sizes import format_bytes
 from fibgen.runtime.inputs.specs import (
-    _INT_DTYPES,
+    INT_DTYPES,
     InputGenerationError,
-    _bare_name,
+    bare_name,
     torch_dtype,
 )
 
@@ -35,7 +35,7 @@ DEFAULT_MAX_LEN = 8
 _FP8_BITS = {"float8_e4m3fn": (0x9F, 0x20), "float8_e5m2": (0x8F, 0x30)}
 
 
-class _Fills:
+class Fills:
     """How a ``_Generator`` (a subclass) makes each input from its hint; making one may
     decide the axes its hint provides."""
 
@@ -47,7 +47,7 @@ class _Fills:
 
     def _tensor_arg(self, name: str, key: str) -> torch.Tensor | None:
         text = self.bound[name].get(key)
-        return None if text is None else self.values[_bare_name(text)]
+        return None if text is None else self.values[bare_name(text)]
 
     def _make(self, name: str) -> Any:
         _, dtype, shape_names, optional, hint = self.inputs[name]
@@ -91,7 +91,7 @@ class _Fills:
         self.nbytes += size
 
     def _make_scalar(self, name: str, dtype: str, kind: str | None) -> Any:
-        cast = bool if dtype == "bool" else int if dtype in _INT_DTYPES else float
+        cast = bool if dtype == "bool" else int if dtype in INT_DTYPES else float
         if kind == "value":
             return cast(self._arg(name, "value"))
         if kind == "range":
@@ -139,7 +139,7 @@ class _Fills:
         if kind is None:
             if dtype == "bool":
                 return torch.randint(0, 2, shape, generator=rng).bool()
-            if dtype in _INT_DTYPES:
+            if dtype in INT_DTYPES:
                 return torch.randint(0, 4, shape, generator=rng).to(torch_dtype(dtype))
             return self._finish(torch.randn(shape, generator=rng), dtype)
         if kind == "zeros":
@@ -153,7 +153,7 @@ class _Fills:
             return self._finish(torch.randn(shape, generator=rng) * std + mean, dtype)
         if kind == "range":
             lo, hi = self._arg(name, "lo"), self._arg(name, "hi")
-            if dtype in _INT_DTYPES:
+            if dtype in INT_DTYPES:
                 if int(hi) <= int(lo):
                     raise InputGenerationError(
                         f"{self.spec.name}: range({lo}, {hi}) for `{name}` is empty"
@@ -186,7 +186,7 @@ class _Fills:
         if length < 1:
             raise InputGenerationError(f"{self.spec.name}: indptr `{name}` needs length >= 1")
         n = length - 1
-        over = _bare_name(self.bound[name]["over"])
+        over = bare_name(self.bound[name]["over"])
         total_axis = self._first_axis(over)
         min_len = int(self._arg(name, "min_len", DEFAULT_MIN_LEN))
         max_len = int(self._arg(name, "max_len", max(DEFAULT_MAX_LEN, min_len)))
@@ -264,7 +264,7 @@ class _Fills:
         shape = tuple(self.axes[d] for d in shape_names)
         unique = bool(self._arg(name, "unique", False))
         row = shape[-1] if shape else 1
-        bare = _bare_name(self.bound[name]["below"])
+        bare = bare_name(self.bound[name]["below"])
         if bare in self.kinds and bare not in self.axes:
             self.axes[bare] = max(self._default_axis(bare), row if unique else 1)
         below = int(self._arg(name, "below"))

@@ -10,9 +10,9 @@ import torch
 
 from fibgen.format.expressions import BUILTIN_NAMES, EvaluationError, ExpressionError, evaluate
 from fibgen.format.hints import DEFAULT_VAR_AXIS, HINT_SIGNATURES, bind_hint
-from fibgen.runtime.inputs.fills import _Fills
+from fibgen.runtime.inputs.fills import Fills
 from fibgen.runtime.inputs.sizes import available_memory
-from fibgen.runtime.inputs.specs import InputGenerationError, InputSpec, _bare_name, _names
+from fibgen.runtime.inputs.specs import InputGenerationError, InputSpec, bare_name, names
 
 # Hint and constraint expressions are not Python: they are evaluated by the interpreter of
 # the checked language (Note [checked expressions] in fibgen/format/expressions.py).
@@ -27,9 +27,9 @@ def _show(value: Any) -> str:
     return repr(value)
 
 
-class _Generator(_Fills):
+class Generator(Fills):
     """Makes one definition's inputs: derives the var axes, orders the inputs, checks the
-    constraints; ``_Fills`` makes each input."""
+    constraints; ``Fills`` makes each input."""
 
     def __init__(self, spec: InputSpec, given: dict[str, int], seed: int) -> None:
         self.spec = spec
@@ -65,7 +65,7 @@ class _Generator(_Fills):
     # -- environment ------------------------------------------------------------------
 
     def _mentions_inputs(self, text: str) -> bool:
-        return bool(_names(text) & set(self.inputs))
+        return bool(names(text) & set(self.inputs))
 
     def _env(self) -> dict[str, Any]:
         env: dict[str, Any] = dict(self.spec.params)
@@ -82,7 +82,7 @@ class _Generator(_Fills):
         )
 
     def _check_names(self, text: str, where: str) -> None:
-        for name in _names(text):
+        for name in names(text):
             if not (
                 name in self.kinds
                 or name in self.inputs
@@ -105,7 +105,7 @@ class _Generator(_Fills):
     # -- axis derivation ----------------------------------------------------------------
 
     def _unknown_axes(self, text: str) -> set[str]:
-        return {n for n in _names(text) if n in self.kinds and n not in self.axes}
+        return {n for n in names(text) if n in self.kinds and n not in self.axes}
 
     def _propagate(self) -> None:
         """Solve axis-only equalities with one unknown until nothing changes."""
@@ -156,9 +156,7 @@ class _Generator(_Fills):
     def _default_axis(self, axis: str) -> int:
         """The default value, raised to the smallest that satisfies axis-only inequalities."""
         relevant = [
-            c
-            for c in self.axis_constraints
-            if axis in _names(c) and self._unknown_axes(c) == {axis}
+            c for c in self.axis_constraints if axis in names(c) and self._unknown_axes(c) == {axis}
         ]
 
         def holds(x: int) -> bool:
@@ -203,11 +201,11 @@ class _Generator(_Fills):
             return set()
         b = self.bound[name]
         if hint[0] == "indptr":
-            return {self._first_axis(_bare_name(b["over"]) or b["over"])}
+            return {self._first_axis(bare_name(b["over"]) or b["over"])}
         if hint[0] == "last_page_len" and shape:
             return {shape[0]}
         if hint[0] == "indices":
-            bare = _bare_name(b["below"])
+            bare = bare_name(b["below"])
             if bare in self.kinds and self.kinds[bare] == "var":
                 return {bare}
         return set()
@@ -221,7 +219,7 @@ class _Generator(_Fills):
             sig = HINT_SIGNATURES[hint[0]]
             for key, text in self.bound[name].items():
                 if key in sig.tensor_params:
-                    ref = _bare_name(text)
+                    ref = bare_name(text)
                     if ref is None:
                         raise InputGenerationError(
                             f"{self.spec.name}: `{key}` of hint `{hint[0]}` on `{name}` must "
@@ -234,7 +232,7 @@ class _Generator(_Fills):
                     texts.append(text)
         needs = set()
         for text in texts:
-            for n in _names(text):
+            for n in names(text):
                 if n in provided:
                     continue
                 if n in self.inputs and n not in self.values:
@@ -301,7 +299,7 @@ class _Generator(_Fills):
                         parts.append(f"{side_text} = {_show(self._eval(side_text, 'constraint'))}")
             else:
                 env = self._env()
-                parts = [f"{n} = {_show(env[n])}" for n in sorted(_names(text)) if n in env]
+                parts = [f"{n} = {_show(env[n])}" for n in sorted(names(text)) if n in env]
             raise InputGenerationError(
                 f"{self.spec.name}: constraint `{text}` does not hold: {', '.join(parts)}"
             )

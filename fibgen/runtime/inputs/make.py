@@ -27,9 +27,9 @@ from typing import Any
 import torch
 
 from fibgen.format.hints import DEFAULT_VAR_AXIS
-from fibgen.runtime.inputs.generator import _Generator
+from fibgen.runtime.inputs.generator import Generator
 from fibgen.runtime.inputs.sizes import (
-    _check_device_memory,
+    check_device_memory,
     available_memory,
     estimate_nbytes,
     format_bytes,
@@ -68,10 +68,10 @@ def generate_inputs_with_axes(
     spec: InputSpec, axes: dict[str, int] | None = None, *, device: Any = "cpu", seed: int = 0
 ) -> tuple[dict[str, Any], dict[str, int]]:
     """Like ``generate_inputs``, also returning every axis value (given, const and derived)."""
-    gen = _Generator(spec, dict(axes or {}), seed)
+    gen = Generator(spec, dict(axes or {}), seed)
     values = gen.run()
     dev = torch.device(device)
     if dev.type != "cpu":
-        _check_device_memory(spec, values, dev)
+        check_device_memory(spec, values, dev)
         values = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in values.items()}
     return values, dict(gen.axes)

@@ -58,7 +58,7 @@ def format_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def _check_device_memory(spec: InputSpec, values: dict[str, Any], device: torch.device) -> None:
+def check_device_memory(spec: InputSpec, values: dict[str, Any], device: torch.device) -> None:
     """Refuse inputs that the device has no room for (Note [input sizes])."""
     if device.type != "cuda":
         return

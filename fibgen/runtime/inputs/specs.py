@@ -20,7 +20,7 @@ from fibgen.format.hints import HintError, check_hint, parse_hint_text
 Hint = tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]
 
 _FLOAT_DTYPES = {"float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float4_e2m1"}
-_INT_DTYPES = {"int64", "int32", "int16", "int8"}
+INT_DTYPES = {"int64", "int32", "int16", "int8"}
 
 _TORCH_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -163,10 +163,10 @@ class InputSpec:
         )
 
 
-def _names(text: str) -> set[str]:
+def names(text: str) -> set[str]:
     return {n.id for n in ast.walk(ast.parse(text, mode="eval")) if isinstance(n, ast.Name)}
 
 
-def _bare_name(text: str) -> str | None:
+def bare_name(text: str) -> str | None:
     node = ast.parse(text, mode="eval").body
     return node.id if isinstance(node, ast.Name) else None

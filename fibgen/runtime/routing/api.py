@@ -14,8 +14,8 @@ from fibgen.runtime.routing import patching
 from fibgen.runtime.checking import result_check
 from fibgen.runtime.solutions import loading as solutions
 from fibgen.runtime.routing.state import (
-    _DISCARD,
-    _UNSET,
+    DISCARD,
+    UNSET,
     DISPATCH_CODES,
     DPS,
     INPLACE,
@@ -23,12 +23,12 @@ from fibgen.runtime.routing.state import (
     OUTCOMES,
     RETURNS,
     SERVING,
-    _state,
-    _warn_once,
+    STATE,
+    warn_once,
     nested,
 )
 from fibgen.runtime.errors import SolutionError
-from fibgen.runtime.routing.fallbacks import Fallbacks, _no_fallback
+from fibgen.runtime.routing.fallbacks import Fallbacks, no_fallback
 from fibgen.runtime.routing.refusals import Refusals
 
 # Note [a refusal handed down the chain]
@@ -182,7 +182,7 @@ class Api(Fallbacks, Refusals):
         self.call_problem = call_problem
         # The check of a value-returning solution's output (Note [result check]).
         self.same = result_check.current()
-        self._original = _UNSET if original is None else original
+        self._original = UNSET if original is None else original
         self._fixed_original = original is not None
         self._outside: Callable[..., Any] | None = None
         self._tallies: dict[tuple[str, str | None], itertools.count] = {}
@@ -259,7 +259,7 @@ class Api(Fallbacks, Refusals):
     def _miss_tick(self, name: str | None) -> Callable[[], Any]:
         """Count a call with no candidate, or the refusal it was handed with."""
         own = self._tick("fallback_no_candidate", name)
-        if not any(a.then is self.function for a in _state.apis):
+        if not any(a.then is self.function for a in STATE.apis):
             # No family hands calls on to this one: a miss here is its own, and counting it
             # needs no look at what a handing family left (a thread-local read per call).
             return own
@@ -289,14 +289,14 @@ class Api(Fallbacks, Refusals):
             route = self.routes.get(key)
             if route is not None:
                 return route
-        with _state.lock:
+        with STATE.lock:
             route = self.routes.get(key)
             if route is not None:
                 return route
             name = self.name_of(key)
-            entry = _state.entries.get(name) if _state.on and name is not None else None
-            if not _state.on:
-                route = self._fallback_route(key, name, _DISCARD, "apply is off")
+            entry = STATE.entries.get(name) if STATE.on and name is not None else None
+            if not STATE.on:
+                route = self._fallback_route(key, name, DISCARD, "apply is off")
             elif entry is None:
                 why = "no solution is registered for it"
                 route = self._fallback_route(key, name, self._miss_tick(name), why)
@@ -307,8 +307,8 @@ class Api(Fallbacks, Refusals):
                 return self._fallback_route(key, name, tick, "it was first called during capture")
             else:
                 route = self._solution_route(key, name, entry)
-            if _state.tracer is not None:
-                route = _state.tracer(self, name, route)
+            if STATE.tracer is not None:
+                route = STATE.tracer(self, name, route)
             self.routes[key] = route
             return route
 
@@ -316,7 +316,7 @@ class Api(Fallbacks, Refusals):
         """The route of a nested call: the original API, else the reference; counted as
         ``nested``, never kept, never traced (Note [re-entry])."""
         name = self.name_of(key) if key is not None else None
-        with _state.lock:
+        with STATE.lock:
             tick = self._tick("nested", name)
         original = self.original()
         if original is not None:
@@ -326,7 +326,7 @@ class Api(Fallbacks, Refusals):
             values = () if self.values is None else self.values.get(name, self.defaults)
             return (RETURNS, reference, tick, values)
         why = "it was called from inside a routed call, and there is no original API to call"
-        return (ORIGINAL, _no_fallback(self.label, name, why), tick, None)
+        return (ORIGINAL, no_fallback(self.label, name, why), tick, None)
 
     def _solution_route(
         self, key: Any, name: str, entry: solutions.Entry
@@ -351,16 +351,16 @@ class Api(Fallbacks, Refusals):
             if name not in self.known_names and self.then is not None and exc.signature:
                 # A name this family's rule spells but a solution written for another family
                 # of the same API (another set of inputs): that family may serve it.
-                return (ORIGINAL, self.then, _DISCARD, None)
+                return (ORIGINAL, self.then, DISCARD, None)
             self._tick("error", name)()
-            if _state.strict:
+            if STATE.strict:
                 raise
-            _warn_once(
+            warn_once(
                 ("load", name, entry.label),
                 f"fibgen: {exc}; calls of {name} fall back",
             )
-            return self._fallback_route(key, name, _DISCARD, "its solution failed to load")
-        _state.matched.add(name)
+            return self._fallback_route(key, name, DISCARD, "its solution failed to load")
+        STATE.matched.add(name)
         kind = (INPLACE if self.inplace and loaded.inplace else DPS) if loaded.dps else RETURNS
         if kind == RETURNS:
             result_check.start()  # its outputs are checked on every call: natively, once built
@@ -375,12 +375,12 @@ class Api(Fallbacks, Refusals):
         kind, fn, tick, values = route
 
         def passed() -> None:
-            with _state.lock:
+            with STATE.lock:
                 if self.routes.get(key) is probed_route:
                     self.routes[key] = route
 
         def failed(changes: list[str]) -> SolutionError:
-            with _state.lock:
+            with STATE.lock:
                 if key in self.routes:  # not during capture, where routes are not kept
                     why = f"{loaded.label} changed its inputs"
                     self.routes[key] = self._fallback_route(
@@ -400,7 +400,7 @@ class Api(Fallbacks, Refusals):
 
     def _load(self, name: str, entry: solutions.Entry) -> solutions.Loaded:
         cache_key = (name, self.inputs, self.outputs)
-        loaded = _state.loaded.get(cache_key)
+        loaded = STATE.loaded.get(cache_key)
         if loaded is None:
             try:
                 # Inputs without a declared tensor are values; where the API declares no
@@ -410,9 +410,9 @@ class Api(Fallbacks, Refusals):
                     scalars = frozenset(i for i in self.inputs if i not in self.tensors)
                 loaded = solutions.load(entry, self.inputs, self.outputs, scalars)
             except SolutionError:
-                _state.matched.add(name)
+                STATE.matched.add(name)
                 raise
-            _state.loaded[cache_key] = loaded
+            STATE.loaded[cache_key] = loaded
         return loaded
 
     def call_definition(
@@ -427,17 +427,17 @@ class Api(Fallbacks, Refusals):
         if self.by_name:
             key = name
         else:
-            key = next((k for k, n in self.known.items() if n == name), _UNSET)
-            if key is _UNSET:
+            key = next((k for k, n in self.known.items() if n == name), UNSET)
+            if key is UNSET:
                 raise LookupError(f"{self.label} routes no definition named {name!r}")
         route = self.routes.get(key)
         if route is None or SERVING.n:
             route = self.resolve(key)
         kind, fn, tick, _ = route
         if kind == ORIGINAL:
-            if tick is _DISCARD and _state.on:
+            if tick is DISCARD and STATE.on:
                 # Handed to the next family of the API, which would count it; count it here.
-                with _state.lock:
+                with STATE.lock:
                     tick = self._tick("fallback_no_candidate", name)
             fn = self._reference_or_fail(key, name)
             kind = RETURNS
@@ -476,10 +476,10 @@ class Api(Fallbacks, Refusals):
     def _turn_off(self) -> None:
         self.routes.clear()
         self._resolved.clear()
-        if _state.tracer is not None:
+        if STATE.tracer is not None:
             self.direct = None
         else:
-            self.direct = self._first_direct if self._original is _UNSET else self._original
+            self.direct = self._first_direct if self._original is UNSET else self._original
 
     def counts(self) -> dict[str, int]:
         """Calls per outcome since apply was last enabled."""
@@ -511,8 +511,8 @@ DISPATCH_CODES.add(Api.call_definition.__code__)
 
 
 def _use_native_check(same: Callable[..., bool]) -> None:
-    with _state.lock:
-        for api in _state.apis:
+    with STATE.lock:
+        for api in STATE.apis:
             api.same = same
 
 

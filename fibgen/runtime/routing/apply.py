@@ -68,7 +68,7 @@ from fibgen.runtime.routing.state import (  # noqa: F401
     RETURNS,
     SERVING,
 )
-from fibgen.runtime.routing.state import _state
+from fibgen.runtime.routing.state import STATE
 from fibgen.runtime.errors import ApplyConfigError
 from fibgen.runtime.routing.handwritten import apply  # noqa: F401
 
@@ -79,7 +79,7 @@ from fibgen.runtime.routing.registry import (
     register_api,
     register_package,
 )  # noqa: F401
-from fibgen.runtime.routing.registry import _check_callables, _import_packages, _repatch
+from fibgen.runtime.routing.registry import check_callables, import_packages, repatch
 from fibgen.runtime.routing.api import Api, is_capturing  # noqa: F401
 
 
@@ -119,20 +119,20 @@ def enable_apply(
         raise ApplyConfigError("a selection config needs a dataset folder that holds traces/")
     else:
         entries = solutions.collect(solutions_or_path)
-    _import_packages(packages, entries, patch)
-    _check_callables(entries)
+    import_packages(packages, entries, patch)
+    check_callables(entries)
     if isinstance(solutions_or_path, Mapping):
         _warn_unknown_names(entries)
-    with _state.lock:
-        _state.entries = entries
-        _state.loaded = {}
-        _state.matched = set()
-        _state.on = True
-        _state.strict = bool(strict)
-        _state.patching = patch
-        for api in _state.apis:
+    with STATE.lock:
+        STATE.entries = entries
+        STATE.loaded = {}
+        STATE.matched = set()
+        STATE.on = True
+        STATE.strict = bool(strict)
+        STATE.patching = patch
+        for api in STATE.apis:
             api._turn_on()
-        _repatch()
+        repatch()
     return Applied()
 
 
@@ -155,11 +155,11 @@ def _warn_unknown_names(entries: Mapping[str, Any]) -> None:
 
     if handwritten.resolvers:
         return
-    with _state.lock:
+    with STATE.lock:
         known = set(handwritten.routed_names)
-        for api in _state.apis:
+        for api in STATE.apis:
             known |= api.known_names
-        for _, definitions in _state.packages.values():
+        for _, definitions in STATE.packages.values():
             known.update(definitions)
     unknown = [name for name in entries if name not in known]
     if not unknown:
@@ -201,17 +201,17 @@ def strict_from_env() -> bool:
 
 def disable_apply() -> None:
     """Stop routing and restore patched APIs; warn about solutions that never matched."""
-    with _state.lock:
-        was_on = _state.on
-        _state.on = False
-        _state.strict = False
+    with STATE.lock:
+        was_on = STATE.on
+        STATE.on = False
+        STATE.strict = False
         # Tracing with patching keeps the APIs patched; they call the originals again.
-        _repatch()
-        for api in _state.apis:
+        repatch()
+        for api in STATE.apis:
             api._turn_off()
-        unmatched = sorted(set(_state.entries) - _state.matched)
-        _state.entries = {}
-        _state.loaded = {}
+        unmatched = sorted(set(STATE.entries) - STATE.matched)
+        STATE.entries = {}
+        STATE.loaded = {}
     if was_on and unmatched:
         warnings.warn(
             f"fibgen: {len(unmatched)} registered definition(s) never matched a call: "
@@ -235,14 +235,14 @@ def set_tracer(
     route it could wrap (Note [missed calls] in fibgen/runtime/tracing/tracer.py).
     """
     if tracer is not None and patch:
-        _import_packages(None, (), True)
-    with _state.lock:
-        _state.tracer = tracer
-        _state.trace_missed = missed if tracer is not None else None
-        _state.trace_patching = tracer is not None and patch
-        _repatch()
-        for api in _state.apis:
-            if _state.on:
+        import_packages(None, (), True)
+    with STATE.lock:
+        STATE.tracer = tracer
+        STATE.trace_missed = missed if tracer is not None else None
+        STATE.trace_patching = tracer is not None and patch
+        repatch()
+        for api in STATE.apis:
+            if STATE.on:
                 api.routes.clear()
             else:
                 api._turn_off()
@@ -250,7 +250,7 @@ def set_tracer(
 
 def is_enabled() -> bool:
     """Whether apply is on."""
-    return _state.on
+    return STATE.on
 
 
 def stats() -> dict[str, dict[str, Any]]:
@@ -259,8 +259,8 @@ def stats() -> dict[str, dict[str, Any]]:
     An API with refused calls also has ``rules``: the calls per failed rule.
     """
     out: dict[str, dict[str, Any]] = {}
-    with _state.lock:
-        for api in _state.apis:
+    with STATE.lock:
+        for api in STATE.apis:
             counts = api.counts()
             if not any(counts.values()):
                 continue

@@ -6,27 +6,27 @@ from collections.abc import Callable
 from typing import Any
 
 from fibgen.runtime.routing import patching
-from fibgen.runtime.routing.state import _DISCARD, _UNSET, ORIGINAL, RETURNS, _state
+from fibgen.runtime.routing.state import DISCARD, UNSET, ORIGINAL, RETURNS, STATE
 from fibgen.runtime.errors import FallbackError
 
 
-def _compile_reference(text: str, name: str) -> Callable[..., Any]:
-    run = _state.references.get(text)
+def compile_reference(text: str, name: str) -> Callable[..., Any]:
+    run = STATE.references.get(text)
     if run is None:
         namespace: dict[str, Any] = {"__name__": f"fibgen_reference_{name}"}
         exec(compile(text, f"<reference of {name}>", "exec"), namespace)
-        run = _state.references[text] = namespace["run"]
+        run = STATE.references[text] = namespace["run"]
     return run
 
 
-def _no_fallback(label: str, name: str | None, why: str) -> Callable[..., Any]:
+def no_fallback(label: str, name: str | None, why: str) -> Callable[..., Any]:
     def fail(*args: Any, **kwargs: Any) -> Any:
         raise LookupError(f"{label}: no solution for {name or 'this call'} and {why}")
 
     return fail
 
 
-def _unservable(label: str, name: str | None, why: str) -> Callable[..., Any]:
+def unservable(label: str, name: str | None, why: str) -> Callable[..., Any]:
     def fail(*args: Any, **kwargs: Any) -> Any:
         raise FallbackError(f"{label}: {name or 'this call'} cannot be served: {why}")
 
@@ -47,11 +47,11 @@ class Fallbacks:
 
     def original(self) -> Callable[..., Any] | None:
         """The API this dispatcher stands for, as it was before patching; None without one."""
-        if self._original is _UNSET:
+        if self._original is UNSET:
             if self.path is None:
                 self._original = None
-            elif self.path in _state.originals:
-                self._original = _state.originals[self.path]
+            elif self.path in STATE.originals:
+                self._original = STATE.originals[self.path]
             else:
                 self._original = patching.original(self.path)
             if self._original is not None:
@@ -60,8 +60,8 @@ class Fallbacks:
 
     def _first_direct(self, *args: Any, **kwargs: Any) -> Any:
         original = self.original()
-        with _state.lock:
-            if not _state.on and _state.tracer is None:
+        with STATE.lock:
+            if not STATE.on and STATE.tracer is None:
                 self.direct = original
         if original is None:
             return self.function(*args, **kwargs)
@@ -74,7 +74,7 @@ class Fallbacks:
             return None
         # A name no instance declares: its parameters come from the key, else the defaults.
         values = dict(self.param_defaults)
-        if key is not _UNSET and self.params:
+        if key is not UNSET and self.params:
             fields = key if isinstance(key, tuple) else (key,)
             values.update((f, v) for f, v in zip(self.key_fields, fields) if f in self.params)
         if any(p not in values for p in self.params):
@@ -84,7 +84,7 @@ class Fallbacks:
 
     def _reference(self, key: Any, name: str | None) -> Callable[..., Any] | None:
         text = self._reference_text(key, name)
-        return None if text is None else _compile_reference(text, name or self.label)
+        return None if text is None else compile_reference(text, name or self.label)
 
     def _fallback_route(
         self,
@@ -100,8 +100,8 @@ class Fallbacks:
             # The next family counts the call, as a hit or as its own fallback; a rule that
             # refused a registered solution goes with it (Note [a refusal handed down the chain]).
             then = self._hand_on(tick) if refused else self.then
-            return (ORIGINAL, then, _DISCARD, None)
-        if _state.on and _state.strict:
+            return (ORIGINAL, then, DISCARD, None)
+        if STATE.on and STATE.strict:
             return (ORIGINAL, _strict_failure(self.label, name, why), tick, None)
         original = self.original()
         if original is not None:
@@ -112,10 +112,10 @@ class Fallbacks:
             values = () if self.values is None else self.values.get(name, self.defaults)
             return (RETURNS, reference, tick, values)
         why = "no original API or reference to fall back to"
-        return (ORIGINAL, _no_fallback(self.label, name, why), tick, None)
+        return (ORIGINAL, no_fallback(self.label, name, why), tick, None)
 
     def _reference_or_fail(self, key: Any, name: str) -> Callable[..., Any]:
         reference = self._reference(key, name)
         if reference is None:
-            return _no_fallback(self.label, name, "no reference to fall back to")
+            return no_fallback(self.label, name, "no reference to fall back to")
         return reference

@@ -7,8 +7,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fibgen.runtime.solutions import loading as solutions
-from fibgen.runtime.routing.state import DISPATCH_CODES, SERVING, _state, _warn_once
-from fibgen.runtime.routing.fallbacks import _compile_reference
+from fibgen.runtime.routing.state import DISPATCH_CODES, SERVING, STATE, warn_once
+from fibgen.runtime.routing.fallbacks import compile_reference
 from fibgen.runtime.routing.registry import register_api
 
 _handwritten: dict[tuple[Callable[..., Any], Any], Callable[..., Any]] = {}
@@ -97,8 +97,8 @@ def apply(
 
             def run_reference(*call_args: Any, **call_kwargs: Any) -> Any:
                 name = target if isinstance(target, str) else target(*call_args, **call_kwargs)
-                with _state.lock:
-                    roots = sorted({e.root for e in _state.entries.values() if e.root}, key=str)
+                with STATE.lock:
+                    roots = sorted({e.root for e in STATE.entries.values() if e.root}, key=str)
                 definition = None
                 for root in [*roots, None]:
                     definition = solutions.find_definition(name, root)
@@ -117,11 +117,11 @@ def apply(
                 key = (name, definition["reference"])
                 run = references.get(key)
                 if run is None:
-                    reference = _compile_reference(definition["reference"], name)
+                    reference = compile_reference(definition["reference"], name)
                     run = references[key] = solutions.either_style(
                         reference, definition, False, f"the reference of {name!r}"
                     )
-                _warn_once(
+                warn_once(
                     ("reference fallback", name),
                     f"fibgen: apply({name!r}) without a fallback: calls no solution serves "
                     "run the definition's reference (slow)",
@@ -133,7 +133,7 @@ def apply(
             run_reference.__module__ = "fibgen.runtime"
             run_reference.__qualname__ = f"apply({getattr(target, '__qualname__', target)!r})"
             fallback = _reference_fallbacks.setdefault(target, run_reference)
-    with _state.lock:
+    with STATE.lock:
         routed = _handwritten.get((fallback, target))
         if routed is None:
             routed = _handwritten[(fallback, target)] = _route_handwritten(fallback, target)

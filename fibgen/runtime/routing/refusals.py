@@ -9,9 +9,9 @@ from typing import Any
 import torch
 
 from fibgen.runtime.solutions import loading as solutions
-from fibgen.runtime.routing.state import _DISCARD, ORIGINAL, SERVING, _state, _warn_once, nested
+from fibgen.runtime.routing.state import DISCARD, ORIGINAL, SERVING, STATE, warn_once, nested
 from fibgen.runtime.errors import Decline, FallbackError, SolutionError
-from fibgen.runtime.routing.fallbacks import _no_fallback, _unservable
+from fibgen.runtime.routing.fallbacks import no_fallback, unservable
 
 # Rule indices of checks that are not rules of the family (Note [the dispatch contract]).
 _UNEVALUABLE = -2  # a rule raised while it was checked
@@ -51,18 +51,18 @@ class Refusals:
             # A call from inside a routed call goes to the original API (Note [re-entry]).
             kind, fn, tick, _ = self.nested_route(key)
             tick()
-            return (kind, fn, _DISCARD)
+            return (kind, fn, DISCARD)
         rule = self.rule_text(index)
         name = None if key is None else self.name_of(key)
         if self.then is not None:
-            if name is None or name not in _state.entries:
-                return (ORIGINAL, self.then, _DISCARD)
+            if name is None or name not in STATE.entries:
+                return (ORIGINAL, self.then, DISCARD)
             # This family had a solution for the call: its rule is the reason, unless a later
             # family routes it (Note [a refusal handed down the chain]).
-            with _state.lock:
+            with STATE.lock:
                 tick = self._guard_tick(rule)
-            return (ORIGINAL, self._hand_on(tick), _DISCARD)
-        missed = _state.trace_missed
+            return (ORIGINAL, self._hand_on(tick), DISCARD)
+        missed = STATE.trace_missed
         if missed is not None:
             # Not a route tracing wraps: it is told, and counts it (Note [missed calls]).
             # What the call fails, worked out only for the first one, which is said.
@@ -70,19 +70,19 @@ class Refusals:
                 return self._describe_failure(rule, args, kwargs)
 
             missed(self, "unknown" if key is None else "refused", name, why)
-        if _state.on:
-            with _state.lock:
+        if STATE.on:
+            with STATE.lock:
                 self._guard_tick(rule)()
-            if _state.strict:
+            if STATE.strict:
                 raise FallbackError(
                     f"{self.label}: {name or 'the call'} is not routed: "
                     f"{self._describe_failure(rule, args, kwargs)} (strict)"
                 )
-        kind, fn, _, _ = self._fallback_route(key, name, _DISCARD, rule)
+        kind, fn, _, _ = self._fallback_route(key, name, DISCARD, rule)
         if key is None and kind != ORIGINAL:
             # Without a key the reference cannot run in the dispatcher's place.
             why = "its key could not be read and there is no original API to fall back to"
-            return (ORIGINAL, _no_fallback(self.label, name, why), _DISCARD)
+            return (ORIGINAL, no_fallback(self.label, name, why), DISCARD)
         if kind != ORIGINAL:
             # The reference computes the definition, which a call that fails its rules is not
             # (another eps, another dtype): running it would be a silent wrong result.
@@ -90,8 +90,8 @@ class Refusals:
                 f"{self._describe_failure(rule, args, kwargs)}, and there is no original API "
                 "to run it (the definition's reference computes something else)"
             )
-            return (ORIGINAL, _unservable(self.label, name, why), _DISCARD)
-        return (kind, fn, _DISCARD)
+            return (ORIGINAL, unservable(self.label, name, why), DISCARD)
+        return (kind, fn, DISCARD)
 
     def _describe_failure(self, rule: str, args: tuple[Any, ...], kwargs: dict) -> str:
         if rule == "unevaluable":
@@ -171,7 +171,7 @@ class Refusals:
         name, label, _ = resolved
         if isinstance(exc, Decline):
             self._count("fallback_declined", "declined_hit", name)
-            if _state.strict:
+            if STATE.strict:
                 raise FallbackError(
                     f"{self.label}: {label} declined a call of {name!r}: {exc} (strict)"
                 ) from exc
@@ -188,15 +188,15 @@ class Refusals:
                     label,
                 )
             )
-            if _state.strict:
+            if STATE.strict:
                 if error is exc:
                     raise
                 raise error from exc
-            _warn_once(("run", name, label), f"fibgen: {error}; such calls fall back")
+            warn_once(("run", name, label), f"fibgen: {error}; such calls fall back")
             why = f"{label} failed"
         # Not the next family: the key is this family's. The API itself, else the reference.
-        kind, fallback, _, _ = self._fallback_route(key, name, _DISCARD, why, next_family=False)
-        return (kind, fallback, _DISCARD)
+        kind, fallback, _, _ = self._fallback_route(key, name, DISCARD, why, next_family=False)
+        return (kind, fallback, DISCARD)
 
     def bad_result(self, key: Any, output: str | None, got: Any, want: Any = None) -> None:
         """Raise the SolutionError of an output that is not what the definition declares;
@@ -225,7 +225,7 @@ class Refusals:
         )
 
     def _count(self, outcome: str, hit_correction: str, name: str) -> None:
-        with _state.lock:
+        with STATE.lock:
             self._tick(outcome, name)()
             self._tick(hit_correction, name)()
 
@@ -243,15 +243,15 @@ class Refusals:
             return fn(*args, **kwargs)
         if self.then is not None:
             return self.then(*args, **kwargs)
-        missed = _state.trace_missed
+        missed = STATE.trace_missed
         if missed is not None:
             # Not a route tracing wraps: it is told, and counts it (Note [missed calls]).
             missed(self, self._unplanned(args, kwargs) or "unknown", None, None)
-        if _state.on:
+        if STATE.on:
             rule = self._unplanned(args, kwargs)
-            with _state.lock:
+            with STATE.lock:
                 (self._miss_tick(None) if rule is None else self._guard_tick(rule))()
-            if _state.strict:
+            if STATE.strict:
                 why = _UNPLANNED.get(rule, "it matches no definition")
                 raise FallbackError(f"{self.label}: the call is not routed: {why} (strict)")
         original = self.original()

@@ -9,7 +9,7 @@ from typing import Any
 
 from fibgen.runtime.routing import patching
 from fibgen.runtime.solutions import loading as solutions
-from fibgen.runtime.routing.state import _UNSET, _state, _warn_once
+from fibgen.runtime.routing.state import UNSET, STATE, warn_once
 from fibgen.runtime.errors import ApplyConfigError
 from fibgen.runtime.routing.api import Api
 
@@ -32,56 +32,56 @@ def _patch(api: Api, taken: set[str]) -> None:
         if problem is not None:
             _warn_unpatched(api, problem)
             return
-    found = patching.patch(api.path, api.function, _state.patches)
+    found = patching.patch(api.path, api.function, STATE.patches)
     if found is None:
         return
-    _state.originals[api.path] = api._original = found
+    STATE.originals[api.path] = api._original = found
     patching.adopt_defaults(api.function, found)
     if api.plan_path is not None:
         hooks = [
             (a.plans, a.capture)
-            for a in _state.apis
+            for a in STATE.apis
             if a.plan_path == api.plan_path and a.capture is not None and a.plans is not None
         ]
-        found = patching.patch_plan(api.plan_path, hooks, _state.patches)
+        found = patching.patch_plan(api.plan_path, hooks, STATE.patches)
         if found is not None:
-            _state.originals[api.plan_path] = found
+            STATE.originals[api.plan_path] = found
 
 
 def _warn_unpatched(api: Api, problem: str) -> None:
     # Every family of the path goes unrouted (the variant families of a wrapper, the families
     # of a dispatch group), so every definition of theirs is named: an integrator looks for
     # the one they registered.
-    names = sorted({n for a in _state.apis if a.path == api.path for n in a.known_names})
+    names = sorted({n for a in STATE.apis if a.path == api.path for n in a.known_names})
     definitions = f"definitions {', '.join(names)}" if names else f"{api.label}"
-    _warn_once(
+    warn_once(
         ("unpatched", api.path, problem),
         f"fibgen: {problem}; it is left unpatched, so {definitions} are not routed",
     )
 
 
 def _patching_wanted() -> bool:
-    return (_state.on and _state.patching) or (_state.tracer is not None and _state.trace_patching)
+    return (STATE.on and STATE.patching) or (STATE.tracer is not None and STATE.trace_patching)
 
 
-def _repatch() -> None:
+def repatch() -> None:
     """Restore every patched API, then patch again if apply or tracing wants it (under lock).
 
     Plans seen so far are forgotten: between the two, a ``plan()`` could run unseen, and a
     ``run()`` after a plan fibgen did not see is never routed.
     """
-    patching.restore(_state.patches)
+    patching.restore(STATE.patches)
     # What stands at each path now is the original: something may have replaced it since.
-    _state.originals.clear()
-    for api in _state.apis:
+    STATE.originals.clear()
+    for api in STATE.apis:
         if not api._fixed_original:
-            api._original = _UNSET
+            api._original = UNSET
         if api.plans is not None:
             api.plans.clear()
     if _patching_wanted():
         taken: set[str] = set()
-        idle = set() if _state.tracer is not None or _state.strict else _idle_paths()
-        for api in reversed(_state.apis):
+        idle = set() if STATE.tracer is not None or STATE.strict else _idle_paths()
+        for api in reversed(STATE.apis):
             if api.path not in idle:
                 _patch(api, taken)
 
@@ -100,9 +100,9 @@ def _idle_paths() -> set[str]:
     knows (a name rule may spell it for a path: those paths all stay patched). Tracing
     patches every path, and so does strict mode, where a call nothing serves must raise.
     """
-    names = set(_state.entries) if _state.on else set()
+    names = set(STATE.entries) if STATE.on else set()
     known: dict[str, set[str]] = {}
-    for api in _state.apis:
+    for api in STATE.apis:
         if api.path is not None:
             known.setdefault(api.path, set()).update(api.known_names)
     if names - set().union(*known.values()):
@@ -129,7 +129,7 @@ def _link_packages(path: str) -> None:
     imported again under the same package (a rebuilt one) replaces its older registration
     within that package and is not chained to it.
     """
-    mine = [a for a in _state.apis if a.path == path]
+    mine = [a for a in STATE.apis if a.path == path]
     by_package: dict[str, list[Api]] = {}
     for api in mine:
         api.then = api.own_then
@@ -153,22 +153,22 @@ def _link_packages(path: str) -> None:
 def register_api(label: str, function: Callable[..., Any], **options: Any) -> Api:
     """Register a dispatcher (called by generated modules at import); see ``Api``."""
     api = Api(label, function, **options)
-    with _state.lock:
-        _state.apis.append(api)
+    with STATE.lock:
+        STATE.apis.append(api)
         if api.path is not None:
             _link_packages(api.path)
-        if _state.on:
+        if STATE.on:
             api._turn_on()
         else:
             api._turn_off()
         if _patching_wanted():
-            if api.path in _state.originals and (api.plan_path is not None or api.patch):
+            if api.path in STATE.originals and (api.plan_path is not None or api.patch):
                 # Another family of the same wrapper is patched: its plan hooks this one too.
                 # Or another package's dispatcher of the API is: the newest stands in front
                 # of the chain (Note [packages of one API]).
-                _repatch()
+                repatch()
             else:
-                _patch(api, {p.path for p in _state.apis[:-1] if p.patch and p.path})
+                _patch(api, {p.path for p in STATE.apis[:-1] if p.patch and p.path})
     return api
 
 
@@ -176,25 +176,25 @@ def register_package(
     package: str, apis: Mapping[str, str], definitions: Mapping[str, str] | None = None
 ) -> None:
     """Record a package of generated dispatchers: API path → module, definition → module."""
-    with _state.lock:
-        _state.packages[package] = (dict(apis), dict(definitions or {}))
+    with STATE.lock:
+        STATE.packages[package] = (dict(apis), dict(definitions or {}))
 
 
-def _import_packages(packages: Iterable[str] | None, names: Iterable[str], patch: bool) -> None:
+def import_packages(packages: Iterable[str] | None, names: Iterable[str], patch: bool) -> None:
     # Dispatchers are imported here so that they can be patched in, and so that callables
     # registered for their definitions are checked now rather than on their first call.
     wanted = (
         list(packages)
         if packages is not None
-        else [*DEFAULT_PACKAGES, *env_packages(), *_state.packages]
+        else [*DEFAULT_PACKAGES, *env_packages(), *STATE.packages]
     )
     for package in dict.fromkeys(wanted):
-        if package not in _state.packages:
+        if package not in STATE.packages:
             try:
                 importlib.import_module(package)
             except ImportError:
                 continue
-        apis, definitions = _state.packages.get(package, ({}, {}))
+        apis, definitions = STATE.packages.get(package, ({}, {}))
         modules = {definitions[n] for n in names if n in definitions}
         if patch:
             # Only dispatchers whose API can be reached.
@@ -211,11 +211,11 @@ def env_packages() -> list[str]:
     return [p.strip() for p in os.environ.get("FIBGEN_PACKAGES", "").split(",") if p.strip()]
 
 
-def _check_callables(entries: Mapping[str, solutions.Entry]) -> None:
+def check_callables(entries: Mapping[str, solutions.Entry]) -> None:
     # A name known to several registered packages with different tensors (two catalogues in
     # one process) cannot be checked here; the check then happens when a call routes to it.
     tensors: dict[str, set[tuple[tuple[str, ...], tuple[str, ...]]]] = {}
-    for a in _state.apis:
+    for a in STATE.apis:
         for n in a.known_names:
             tensors.setdefault(n, set()).add((a.inputs, a.outputs))
     for name, entry in entries.items():

@@ -95,9 +95,9 @@ def nested() -> bool:
     return False
 
 
-_UNSET: Any = object()
+UNSET: Any = object()
 # Ticked by routes taken while apply is off: nothing is counted then.
-_DISCARD = itertools.count().__next__
+DISCARD = itertools.count().__next__
 
 
 class _State:
@@ -130,12 +130,12 @@ class _State:
         self.trace_patching = False  # whether tracing patches APIs (apply off or not)
 
 
-_state = _State()
+STATE = _State()
 
 
-def _warn_once(key: Any, message: str) -> None:
-    with _state.lock:
-        if key in _state.warned:
+def warn_once(key: Any, message: str) -> None:
+    with STATE.lock:
+        if key in STATE.warned:
             return
-        _state.warned.add(key)
+        STATE.warned.add(key)
     warnings.warn(message, RuntimeWarning, stacklevel=3)

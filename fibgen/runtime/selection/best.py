@@ -57,9 +57,9 @@ from typing import Any
 
 from fibgen.runtime.selection import hardware
 from fibgen.runtime.solutions import loading as solutions
-from fibgen.runtime.selection.entries import _entry, _keyed
-from fibgen.runtime.selection.policy import Policy, _policy, normalize_config
-from fibgen.runtime.selection.table import ORIGINAL, _build, _inputs, build_table
+from fibgen.runtime.selection.entries import entry_of, keyed_entry
+from fibgen.runtime.selection.policy import Policy, policy_of, normalize_config
+from fibgen.runtime.selection.table import ORIGINAL, build_ranking, trace_inputs, build_table
 
 __all__ = ["ORIGINAL", "Policy", "build_table", "entries", "load_table", "normalize_config"]
 
@@ -91,7 +91,7 @@ def load_table(root: str | os.PathLike[str], config: Any = None) -> tuple[dict, 
     current; (table, from_cache)."""
     root = Path(root).resolve()
     config = normalize_config(config)
-    inputs = _inputs(root)
+    inputs = trace_inputs(root)
     where = hardware.here()
     digest = _digest(root, inputs, config, where)
     cache = _cache_file(root)
@@ -101,7 +101,7 @@ def load_table(root: str | os.PathLike[str], config: Any = None) -> tuple[dict, 
             return cached["table"], True
     except (OSError, ValueError):
         pass
-    table = _build(root, inputs, config, where)
+    table = build_ranking(root, inputs, config, where)
     _write_cache(cache, {"digest": digest, "table": table})
     return table, False
 
@@ -235,12 +235,12 @@ def entries(root: str | os.PathLike[str], config: Any = None) -> dict[str, solut
         warnings.warn(message, RuntimeWarning, stacklevel=3)
     out: dict[str, solutions.Entry] = {}
     for name, info in table["definitions"].items():
-        policy = _policy(config, name)
+        policy = policy_of(config, name)
         if "keyed" in info:
-            out[name] = _keyed(root, name, info, policy)
+            out[name] = keyed_entry(root, name, info, policy)
             continue
         best = info["ranking"][0]
-        entry = _entry(root, name, best, info["solutions"][best])
+        entry = entry_of(root, name, best, info["solutions"][best])
         if policy.prebuild:
             # Imported now (materialized and in sys.modules): the first call only binds it.
             solutions.load(entry, (), ())

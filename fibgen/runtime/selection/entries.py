@@ -30,7 +30,7 @@ class _LazySolution:
         return getattr(self._model, attr)
 
 
-def _entry(root: Path, name: str, solution: str, relpath: str) -> solutions.Entry:
+def entry_of(root: Path, name: str, solution: str, relpath: str) -> solutions.Entry:
     path = root / relpath
     return solutions.Entry(
         name, f"solution {solution!r} ({path})", solution=_LazySolution(path), root=root
@@ -59,7 +59,7 @@ def _log_distance(a: list[int], b: list[int]) -> float:
     return sum(abs(math.log2(max(x, 1) / max(y, 1))) for x, y in zip(a, b))
 
 
-def _keyed(root: Path, name: str, info: dict, policy: Policy) -> solutions.Entry:
+def keyed_entry(root: Path, name: str, info: dict, policy: Policy) -> solutions.Entry:
     keyed = info["keyed"]
     inputs, outputs = tuple(keyed["inputs"]), tuple(keyed["outputs"])
     loaded: dict[str, solutions.Loaded] = {}
@@ -67,7 +67,7 @@ def _keyed(root: Path, name: str, info: dict, policy: Policy) -> solutions.Entry
     def load(solution: str) -> solutions.Loaded:
         found = loaded.get(solution)
         if found is None:
-            entry = _entry(root, name, solution, info["solutions"][solution])
+            entry = entry_of(root, name, solution, info["solutions"][solution])
             found = loaded[solution] = solutions.load(entry, inputs, outputs)
         return found
 

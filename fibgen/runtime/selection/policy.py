@@ -92,5 +92,5 @@ def normalize_config(config: Mapping[str, Any] | Policy | None) -> dict[str, Pol
     return out
 
 
-def _policy(config: dict[str, Policy], name: str) -> Policy:
+def policy_of(config: dict[str, Policy], name: str) -> Policy:
     return config.get(name) or config["*"]

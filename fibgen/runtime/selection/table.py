@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fibgen.runtime.selection import hardware
-from fibgen.runtime.selection.policy import Policy, _policy, normalize_config
+from fibgen.runtime.selection.policy import Policy, policy_of, normalize_config
 from fibgen.runtime.solutions.loading import BUILT_LANGUAGES, IMPORTED_LANGUAGES
 
 
@@ -35,7 +35,7 @@ def _scan(base: str, suffix: str, out: list[tuple[str, int, int]]) -> None:
                 out.append((entry.path, st.st_size, st.st_mtime_ns))
 
 
-def _inputs(root: Path) -> dict[str, list[tuple[str, int, int]]]:
+def trace_inputs(root: Path) -> dict[str, list[tuple[str, int, int]]]:
     found: dict[str, list[tuple[str, int, int]]] = {}
     for kind, suffix in (("traces", ".jsonl"), ("solutions", ".json"), ("definitions", ".json")):
         files: list[tuple[str, int, int]] = []
@@ -161,7 +161,7 @@ def build_table(
     (default: this process's)."""
     root = Path(root).resolve()
     where = hardware.here() if where is None else where
-    return _build(root, _inputs(root), normalize_config(config), where)
+    return build_ranking(root, trace_inputs(root), normalize_config(config), where)
 
 
 def _read_json(path: str | Path) -> Any:
@@ -385,7 +385,7 @@ def _judge(
             continue
         key = tuple(axes[a] for a in order)
         record = stats.setdefault(name, {}).setdefault(group, {}).setdefault(solution, _Record())
-        policy = _policy(config, name)
+        policy = policy_of(config, name)
         if evaluation.get("status") != "PASSED":
             record.failed.add(key)
         elif not _meets(evaluation, policy):
@@ -445,7 +445,7 @@ def _keyed(
     keys: dict[tuple, str],
     trusted_keys: dict[tuple, str],
 ) -> tuple[dict | None, str]:
-    """What a keyed entry needs (``select_entries._keyed``), or None and why it cannot be."""
+    """What a keyed entry needs (``entries.keyed_entry``), or None and why it cannot be."""
     if definition is None:
         return None, "its definition is neither under definitions/ nor in fibgen's catalogue"
     bind = _bindings(definition)
@@ -475,7 +475,9 @@ def _keyed(
     }, ""
 
 
-def _build(root: Path, inputs: dict, config: dict[str, Policy], where: hardware.Here) -> dict:
+def build_ranking(
+    root: Path, inputs: dict, config: dict[str, Policy], where: hardware.Here
+) -> dict:
     latest, labels, evaluated, skipped = _read_traces(inputs, where)
     stats, axes_of, unkeyed = _judge(latest, config)
     paths, specs, unreadable = _solution_index(root, inputs)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from fibgen.runtime.routing.api import Api
 
 
-def _definition_file(api: Api, name: str) -> Path | None:
+def definition_file(api: Api, name: str) -> Path | None:
     """The JSON of definition ``name`` beside the dispatcher of ``api`` (Note [complete datasets])."""
     module_name = getattr(api.function, "__module__", "") or ""
     module = sys.modules.get(module_name)
@@ -77,7 +77,7 @@ def _contract(
     return tensors, {}
 
 
-def _input_check(api: Api, source: Path | None) -> Callable[[Sequence[Any]], str | None]:
+def input_check(api: Api, source: Path | None) -> Callable[[Sequence[Any]], str | None]:
     """The check of a call's input values against the definition (Note [checked records]):
     the reason of the first mismatch, or None."""
     from fibgen.runtime.inputs.make import torch_dtype

@@ -21,7 +21,7 @@ class TracingConfigError(ValueError):
     """A tracing option that cannot be used; the message says which and why."""
 
 
-def _dump_rule(dump: DumpPolicy) -> Callable[[str, torch.Tensor], bool] | None:
+def dump_rule_of(dump: DumpPolicy) -> Callable[[str, torch.Tensor], bool] | None:
     """Which tensors to dump: a predicate over (input name, tensor); None dumps nothing."""
     if isinstance(dump, str):
         if dump == "none":
@@ -40,7 +40,7 @@ def _dump_rule(dump: DumpPolicy) -> Callable[[str, torch.Tensor], bool] | None:
     return lambda name, t: name in names
 
 
-def _dedup_rule(dedup: DedupPolicy) -> Callable[[str, dict[str, Any], dict[str, Any]], bool]:
+def dedup_rule(dedup: DedupPolicy) -> Callable[[str, dict[str, Any], dict[str, Any]], bool]:
     """A predicate (definition, axes, inputs) → keep; it keeps state per definition."""
     seen: dict[tuple[str, Hashable], int] = {}
 
@@ -76,14 +76,14 @@ def _dedup_rule(dedup: DedupPolicy) -> Callable[[str, dict[str, Any], dict[str, 
     )
 
 
-def _parse_dump(text: str) -> DumpPolicy:
+def parse_dump(text: str) -> DumpPolicy:
     text = text.strip()
     if text in ("", "none", "all", "int"):
         return text or "none"
     return [n.strip() for n in text.split(",") if n.strip()]
 
 
-def _parse_dedup(text: str) -> DedupPolicy:
+def parse_dedup(text: str) -> DedupPolicy:
     text = text.strip()
     kind, _, count = text.partition(":")
     if count:

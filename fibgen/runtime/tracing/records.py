@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from fibgen.runtime.routing.api import Api
 
 
-class _Record:
+class PendingRecord:
     """One call waiting to be written: everything the writer needs, nothing live."""
 
     __slots__ = ("op_type", "definition", "axes", "inputs", "nbytes", "event")
@@ -43,7 +43,7 @@ class _Record:
         self.event = event  # a CUDA event that marks the copies done, or None
 
 
-class _Recorder:
+class Recorder:
     """The calling thread's side of a ``_Tracer`` (a base of it): record a call, or count it."""
 
     def record(self, api: Api, name: str, values: Sequence[Any]) -> None:
@@ -105,7 +105,7 @@ class _Recorder:
             event = self._copy(dumped, inputs, cuda)
         if not self.queue:
             self.wake.set()
-        self.queue.append(_Record(api.op_type, name, axes, inputs, nbytes, event))
+        self.queue.append(PendingRecord(api.op_type, name, axes, inputs, nbytes, event))
         next(self.recorded)
 
     def _copy(

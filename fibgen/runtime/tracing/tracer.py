@@ -77,18 +77,18 @@ import torch
 
 from fibgen.runtime.env import enable_from_env
 from fibgen.runtime.routing.apply import ORIGINAL, Api, set_tracer
-from fibgen.runtime.tracing.checks import _definition_file, _input_check
+from fibgen.runtime.tracing.checks import definition_file, input_check
 from fibgen.runtime.tracing.policies import (
     DedupPolicy,
     DumpPolicy,
     TracingConfigError,
-    _dedup_rule,
-    _dump_rule,
-    _parse_dedup,
-    _parse_dump,
+    dedup_rule,
+    dump_rule_of,
+    parse_dedup,
+    parse_dump,
 )
-from fibgen.runtime.tracing.records import _Record, _Recorder
-from fibgen.runtime.tracing.writer import _Writer
+from fibgen.runtime.tracing.records import PendingRecord, Recorder
+from fibgen.runtime.tracing.writer import Writer
 
 __all__ = [
     "TracingConfigError",
@@ -103,10 +103,10 @@ DEFAULT_MAX_PENDING_BYTES = 256 << 20
 DEFAULT_MAX_PENDING_RECORDS = 65536
 
 
-class _Tracer(_Recorder, _Writer):
+class _Tracer(Recorder, Writer):
     """The state of one enable_tracing: policies, the queue, the writer thread, counters.
 
-    ``_Recorder`` records calls on the calling thread; ``_Writer`` writes them on its own.
+    ``Recorder`` records calls on the calling thread; ``Writer`` writes them on its own.
     """
 
     def __init__(
@@ -124,7 +124,7 @@ class _Tracer(_Recorder, _Writer):
         self.filtering = filtering
         self.max_bytes = max_bytes
         self.max_records = max_records
-        self.queue: collections.deque[_Record] = collections.deque()
+        self.queue: collections.deque[PendingRecord] = collections.deque()
         # Reentrant: a signal handler that flushes may interrupt the thread holding it.
         self.lock = threading.RLock()
         self.write_lock = threading.RLock()
@@ -227,9 +227,9 @@ def _wrap(tracer: _Tracer) -> Callable[[Api, str | None, Any], Any]:
         if name is None or name not in api.known_names:
             return (kind, _uncounted(tracer, api, name, fn), tick, values)
         if name not in tracer.sources:
-            tracer.sources[name] = _definition_file(api, name)
+            tracer.sources[name] = definition_file(api, name)
         if name not in tracer.checks:
-            tracer.checks[name] = _input_check(api, tracer.sources[name])
+            tracer.checks[name] = input_check(api, tracer.sources[name])
         record = tracer.record
         if kind == ORIGINAL:
             to_inputs = api.trace_inputs
@@ -382,8 +382,8 @@ def enable_tracing(
     patches. Enabling again flushes and replaces the previous configuration.
     """
     global _tracer, _atexit_registered
-    dump_rule = _dump_rule(dump)
-    keep = _dedup_rule(dedup)
+    dump_rule = dump_rule_of(dump)
+    keep = dedup_rule(dedup)
     for option, value in (
         ("max_pending_bytes", max_pending_bytes),
         ("max_pending_records", max_pending_records),
@@ -495,8 +495,8 @@ def enable_from_environment() -> None:
     def enable(path: str) -> None:
         enable_tracing(
             path,
-            dump=_parse_dump(os.environ.get("FIBGEN_TRACE_DUMP", "none")),
-            dedup=_parse_dedup(os.environ.get("FIBGEN_TRACE_DEDUP", "all")),
+            dump=parse_dump(os.environ.get("FIBGEN_TRACE_DUMP", "none")),
+            dedup=parse_dedup(os.environ.get("FIBGEN_TRACE_DEDUP", "all")),
             # The environment switch is for programs that call FlashInfer, not fibgen.
             patch=True,
         )

@@ -11,14 +11,14 @@ from typing import Any
 
 import torch
 
-from fibgen.runtime.tracing.records import _Record
+from fibgen.runtime.tracing.records import PendingRecord
 
 # How long the writer sleeps when nobody wakes it: bounds the delay before a record is on disk.
 _WRITER_PERIOD_S = 0.05
 _INPUTS_JSON_CACHE = 4096
 
 
-class _Writer:
+class Writer:
     """The writer thread's side of a ``_Tracer`` (a base of it): records become files."""
 
     def start(self) -> None:
@@ -101,7 +101,7 @@ class _Writer:
         except (OSError, ValueError) as exc:
             self._warn_failure(f"cannot write the definition of {name}: {exc}")
 
-    def _serialize(self, record: _Record) -> str:
+    def _serialize(self, record: PendingRecord) -> str:
         """The workload line of a record, after saving its blob (so a line's blob exists)."""
         workload_uuid = str(uuid.uuid4())
         tensors = {n: v for n, (kind, v) in record.inputs.items() if kind == "tensor"}
@@ -135,7 +135,7 @@ class _Writer:
             '"evaluation":null}'
         )
 
-    def _failed(self, record: _Record, exc: Exception) -> None:
+    def _failed(self, record: PendingRecord, exc: Exception) -> None:
         next(self.failed)
         self._warn_failure(
             f"cannot write a workload of {record.definition}: {type(exc).__name__}: {exc}"

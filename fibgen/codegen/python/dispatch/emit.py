@@ -31,15 +31,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from fibgen.codegen.python.dispatch.functions import FunctionView, _Family
+from fibgen.codegen.python.dispatch.functions import FunctionView, Family
 from fibgen.codegen.python.dispatch.ops import OpView
 from fibgen.codegen.python.dispatch.plan import (
-    _TORCH_DTYPE,
+    TORCH_DTYPE,
     DispatchGenError,
-    _default,
-    _dtype_constant,
-    _forward,
-    _signature,
+    default_text,
+    dtype_constant,
+    forward_args,
+    signature_text,
 )
 from fibgen.codegen.python.dispatch.call import call_recipe
 from fibgen.codegen.python.dispatch.rules import module_names
@@ -72,7 +72,7 @@ _RUNTIME_NAMES = ("ORIGINAL", "RETURNS", "SERVING", "register_api")
 def _runtime_import(names: tuple[str, ...], signatures: Iterable[ir.ApiSignature | None]) -> str:
     """The runtime import line, with ApiDefault when a signature needs its placeholder."""
     params = [p for sig in signatures if sig is not None for p in sig.params]
-    if any(p.default is not None and _default(p.default) != p.default for p in params):
+    if any(p.default is not None and default_text(p.default) != p.default for p in params):
         names = names + ("ApiDefault",)
     return f"from fibgen.runtime.for_generated import {', '.join(sorted(names))}"
 
@@ -94,7 +94,7 @@ def _family_module(
     foreign: frozenset[str] = frozenset(),
     namespace: str = "fibgen",
 ) -> ModuleView:
-    view = _Family(family, definitions, label)
+    view = Family(family, definitions, label)
     rule = view.name_rule()
     fields, replaced = view.routable(view.key_fields(rule))
     if replaced:
@@ -106,7 +106,7 @@ def _family_module(
     tables = _dict_lines("_KNOWN", ((k, literal(n)) for k, n in view.known(fields)))
     if family.dtype_params:
         choices = sorted({c for d in family.dtype_params for c in d.choices})
-        parts = ((_TORCH_DTYPE[c], literal(ir.DTYPE_NAME_PART[c])) for c in choices)
+        parts = ((TORCH_DTYPE[c], literal(ir.DTYPE_NAME_PART[c])) for c in choices)
         tables += _dict_lines("_DTYPE_PARTS", parts)
     if rule is not None:
         functions.append(view.name_function(rule, fields))
@@ -248,7 +248,7 @@ def _family_module(
     ]
     functions.append(dispatcher)
     # Note [custom ops]: what torch.compile traces instead of the dispatcher.
-    ops = OpView(view, fields, plan, _forward(view.params), _signature(view.params))
+    ops = OpView(view, fields, plan, forward_args(view.params), signature_text(view.params))
     functions.append(FunctionView(*ops.compiled()))
     if ops.reason is None:
         functions += [FunctionView(*ops.impl()), FunctionView(*ops.fake())]
@@ -282,7 +282,7 @@ def _constants(family: ir.Family) -> list[str]:
         "or torch.compiler.is_compiling"
     )
     return ["_Tensor = torch.Tensor", compiling] + [
-        f"{_dtype_constant(n)} = {_TORCH_DTYPE[n]}" for n in names
+        f"{dtype_constant(n)} = {TORCH_DTYPE[n]}" for n in names
     ]
 
 
@@ -311,7 +311,7 @@ def _group_module(group: ir.DispatchGroup, families: dict[str, ir.Family]) -> Mo
             f"{group.span}: dispatch {group.name}: selector {group.selector} is not a parameter "
             f"of {api.path}"
         )
-    forward = _forward(api.params)
+    forward = forward_args(api.params)
     body = (
         "if _api.direct is not None:",
         f"    return _api.direct({forward})",
@@ -322,7 +322,7 @@ def _group_module(group: ir.DispatchGroup, families: dict[str, ir.Family]) -> Mo
     )
     dispatcher = FunctionView(
         group.name,
-        _signature(api.params),
+        signature_text(api.params),
         f"Route ``{api.path}`` by ``{group.selector}`` to its family's dispatcher.",
         body,
     )

@@ -5,8 +5,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from fibgen.codegen.python.dispatch.key import FamilyKey, _NameRule
-from fibgen.codegen.python.dispatch.plan import _dtype_constant, _forward, _signature, _tuple
+from fibgen.codegen.python.dispatch.key import FamilyKey, NameRule
+from fibgen.codegen.python.dispatch.plan import (
+    dtype_constant,
+    forward_args,
+    signature_text,
+    tuple_text,
+)
 from fibgen.codegen.python.dispatch.rules import RulePlan
 from fibgen.codegen.python.pyliteral import literal
 from fibgen.compiler import ir
@@ -22,7 +27,7 @@ class FunctionView:
     body: tuple[str, ...]
 
 
-class _Family(FamilyKey):
+class Family(FamilyKey):
     """Prints the functions of one family's dispatcher module from its plan and its key."""
 
     # -------------------------------------------------------------- dispatcher
@@ -38,7 +43,7 @@ class _Family(FamilyKey):
             return None
         dtype = self._dtype(o)
         if o.dtype.kind == "concrete" and o.dtype.name not in self.dtype_params:
-            dtype = _dtype_constant(o.dtype.name)
+            dtype = dtype_constant(o.dtype.name)
         required = [self.input_expr[t.name] for t in self.f.inputs if t.shape and not t.optional]
         # An input of the very same axes gives the expected shape in one comparison.
         same = next(
@@ -73,7 +78,7 @@ class _Family(FamilyKey):
 
     def dispatcher(self, fields: tuple[str, ...], plan: RulePlan) -> FunctionView:
         """The family's function: the body of Note [the dispatch contract]."""
-        forward = _forward(self.params)
+        forward = forward_args(self.params)
         body = [
             # Note [custom ops]: torch.compile traces the op, not the routing.
             "if _compiling():",
@@ -151,7 +156,7 @@ class _Family(FamilyKey):
         ]
         body += self._call_solution(fields, forward)
         body = self._cache_shapes(body)
-        return FunctionView(self.f.name, _signature(self.params), self._doc(), tuple(body))
+        return FunctionView(self.f.name, signature_text(self.params), self._doc(), tuple(body))
 
     def _cache_shapes(self, body: list[str]) -> list[str]:
         """Read each required input's shape once (Note [shape cache]).
@@ -338,7 +343,7 @@ class _Family(FamilyKey):
             # With nothing else returned, a call that asks for no flag returns None.
             rest = "_result" if always else "(_result or None)"
             body += [
-                f"_result = {_tuple(always)} + {extra}",
+                f"_result = {tuple_text(always)} + {extra}",
                 f"return _result[0] if len(_result) == 1 else {rest}",
             ]
         elif always:
@@ -348,7 +353,7 @@ class _Family(FamilyKey):
         return body
 
     # ------------------------------------------------------------------- hooks
-    def name_function(self, rule: _NameRule, fields: tuple[str, ...]) -> FunctionView:
+    def name_function(self, rule: NameRule, fields: tuple[str, ...]) -> FunctionView:
         """``_name(key)``: the rule applied to a key, for values no instance declares."""
         body = []
         if len(fields) == 1:
@@ -375,10 +380,10 @@ class _Family(FamilyKey):
         instance = self.params[0].name if self.f.plan is not None else None
         body = [f"_plan = _plans[{instance}]"] if instance is not None else []
         body += [statement for _, statement in plan.call_lets]
-        body.append(f"return {_tuple([self.input_expr[t.name] for t in self.f.inputs])}")
+        body.append(f"return {tuple_text([self.input_expr[t.name] for t in self.f.inputs])}")
         inputs = FunctionView(
             "_inputs",
-            _signature(self.params),
+            signature_text(self.params),
             "The definition's inputs of a call, in order.",
             tuple(body),
         )
@@ -425,15 +430,15 @@ class _Family(FamilyKey):
             word = "if" if i == 0 else "elif"
             body += [f"    {word} not ({check.condition}):", f"        _r = {check.index}"]
         body += [
-            f"    _plans[{instance}] = {_tuple(values + ['_r'])}",
+            f"    _plans[{instance}] = {tuple_text(values + ['_r'])}",
             "except Exception:",
             "    # A plan rule that cannot be evaluated: runs after this plan are not routed.",
-            f"    _plans[{instance}] = {_tuple(['None'] * len(values) + ['-2'])}",
+            f"    _plans[{instance}] = {tuple_text(['None'] * len(values) + ['-2'])}",
         ]
         path = self.f.plan.path
         return FunctionView(
             "_capture",
-            _signature(self.plan_params),
+            signature_text(self.plan_params),
             f"Keep what ``{path}`` received for this wrapper, and the first plan rule it fails.",
             tuple(body),
         )

@@ -6,12 +6,12 @@ import ast
 import string
 from dataclasses import dataclass
 
-from fibgen.codegen.python.dispatch.plan import _TORCH_DTYPE, FamilyPlan, _literal, _tuple
+from fibgen.codegen.python.dispatch.plan import TORCH_DTYPE, FamilyPlan, py_literal, tuple_text
 from fibgen.compiler import ir
 
 
 @dataclass(frozen=True)
-class _NameRule:
+class NameRule:
     """A format template over the key's names; dtype fields are spelled by their name part."""
 
     template: str
@@ -22,7 +22,7 @@ class FamilyKey(FamilyPlan):
     """The plan of one family's dispatcher, with the key it routes by and the name rule."""
 
     # ------------------------------------------------------------------ naming
-    def name_rules(self) -> list[_NameRule]:
+    def name_rules(self) -> list[NameRule]:
         """Candidate name rules, most likely first; the first that names every instance wins."""
         if self.f.name_template is not None:
             fields = tuple(
@@ -34,7 +34,7 @@ class FamilyKey(FamilyPlan):
             unknown = [f for f in fields if f not in declared]
             if unknown:
                 raise self.error(f"name template names unknown {', '.join(unknown)}")
-            return [_NameRule(self.f.name_template, fields)]
+            return [NameRule(self.f.name_template, fields)]
         escape = str.maketrans({"{": "{{", "}": "}}"})
         prefix = self.f.name.translate(escape)
         # As checks.definition_name spells them: named params, then named consts.
@@ -51,7 +51,7 @@ class FamilyKey(FamilyPlan):
         dtypes = [(f"_{{{d.name}}}", d.name) for d in self.f.dtype_params]
         orders = [parts + dtypes, dtypes + parts] if dtypes else [parts]
         return [
-            _NameRule(prefix + "".join(p for p, _ in order), tuple(n for _, n in order))
+            NameRule(prefix + "".join(p for p, _ in order), tuple(n for _, n in order))
             for order in orders
         ]
 
@@ -61,14 +61,14 @@ class FamilyKey(FamilyPlan):
         values.update(d.dtype_values)
         return values
 
-    def _spell(self, rule: _NameRule, values: dict[str, object]) -> str:
+    def _spell(self, rule: NameRule, values: dict[str, object]) -> str:
         spelled = {
             f: ir.DTYPE_NAME_PART[values[f]] if f in self.dtype_params else values[f]
             for f in rule.fields
         }
         return rule.template.format(**spelled)
 
-    def name_rule(self) -> _NameRule | None:
+    def name_rule(self) -> NameRule | None:
         """The rule that reproduces every instance's name; None when none does."""
         for rule in self.name_rules():
             try:
@@ -78,7 +78,7 @@ class FamilyKey(FamilyPlan):
                 continue
         return None
 
-    def key_fields(self, rule: _NameRule | None) -> tuple[str, ...]:
+    def key_fields(self, rule: NameRule | None) -> tuple[str, ...]:
         """What a call is routed by: the name's fields that are not pinned."""
         if rule is not None:
             fields = rule.fields
@@ -125,10 +125,10 @@ class FamilyKey(FamilyPlan):
 
     def _key_literal(self, fields: tuple[str, ...], values: dict[str, object]) -> str:
         items = [
-            _TORCH_DTYPE[str(values[f])] if f in self.dtype_params else _literal(values[f])
+            TORCH_DTYPE[str(values[f])] if f in self.dtype_params else py_literal(values[f])
             for f in fields
         ]
-        return items[0] if len(items) == 1 else _tuple(items)
+        return items[0] if len(items) == 1 else tuple_text(items)
 
     def known(self, fields: tuple[str, ...]) -> list[tuple[str, str]]:
         """(key literal, definition name) for every instance."""

@@ -11,7 +11,7 @@ from fibgen.codegen.python.pyliteral import literal
 from fibgen.compiler import ir
 
 # torch spells every format dtype by its own name except fp4, which it only has packed in pairs.
-_TORCH_DTYPE = {d: f"torch.{d}" for d in ir.DTYPES} | {"float4_e2m1": "torch.float4_e2m1fn_x2"}
+TORCH_DTYPE = {d: f"torch.{d}" for d in ir.DTYPES} | {"float4_e2m1": "torch.float4_e2m1fn_x2"}
 
 
 class DispatchGenError(GenerateError):
@@ -39,7 +39,7 @@ def _params_of(family: ir.Family) -> tuple[ir.ApiParam, ...]:
     return tuple(params)
 
 
-def _signature(params: Iterable[ir.ApiParam]) -> str:
+def signature_text(params: Iterable[ir.ApiParam]) -> str:
     parts: list[str] = []
     star = False
     for p in params:
@@ -52,11 +52,11 @@ def _signature(params: Iterable[ir.ApiParam]) -> str:
             if p.kind == "keyword_only" and not star:
                 parts.append("*")
                 star = True
-            parts.append(p.name if p.default is None else f"{p.name}={_default(p.default)}")
+            parts.append(p.name if p.default is None else f"{p.name}={default_text(p.default)}")
     return ", ".join(parts)
 
 
-def _default(text: str) -> str:
+def default_text(text: str) -> str:
     # A default that is not a literal (``ActivationType.Swiglu.value``) names something of the
     # API's module; the runtime puts in the real value once it finds the API.
     try:
@@ -66,7 +66,7 @@ def _default(text: str) -> str:
     return text
 
 
-def _forward(params: Iterable[ir.ApiParam]) -> str:
+def forward_args(params: Iterable[ir.ApiParam]) -> str:
     spell = {
         "positional": "{0}",
         "keyword_only": "{0}={0}",
@@ -81,11 +81,11 @@ def _forward(params: Iterable[ir.ApiParam]) -> str:
 # ---------------------------------------------------------------------------------------
 
 
-def _literal(value: object) -> str:
+def py_literal(value: object) -> str:
     return literal(value)
 
 
-def _tuple(items: list[str]) -> str:
+def tuple_text(items: list[str]) -> str:
     # No trailing comma beyond the one a 1-tuple needs: black would explode the tuple.
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
@@ -100,7 +100,7 @@ def _pinned_literal(axis: ir.ConstAxis) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def _dtype_constant(name: str) -> str:
+def dtype_constant(name: str) -> str:
     """A module-level name for a torch dtype: the hot path reads no attribute of torch."""
     return f"_{name.upper()}"
 
@@ -266,7 +266,7 @@ class FamilyPlan:
                     # Only a caller's buffer or a value-returning solution can serve this output.
                     return None
                 dims.append(carriers[0])
-        return _tuple(dims)
+        return tuple_text(dims)
 
     def alloc(self, o: ir.Tensor, fields: tuple[str, ...]) -> str:
         """An expression that allocates output ``o`` for a routed call.
@@ -315,7 +315,7 @@ class FamilyPlan:
         if ref.kind != "from" and ref.name in self.dtype_params:
             return f"_k_{ref.name}"
         if ref.kind == "concrete":
-            return _TORCH_DTYPE[ref.name]
+            return TORCH_DTYPE[ref.name]
         if ref.name not in self.input_expr:
             raise self.error(f"output {o.name} copies the dtype of {ref.name}, not an input")
         return f"{self.input_expr[ref.name]}.dtype"
@@ -440,7 +440,7 @@ class FamilyPlan:
         if ref.kind != "from" and ref.name in self.dtype_params:
             return f"_k_{ref.name}" if ref.name in fields else None
         if ref.kind == "concrete":
-            return _dtype_constant(ref.name)
+            return dtype_constant(ref.name)
         return f"{self.input_expr[ref.name]}.dtype" if ref.name in self.input_expr else None
 
     def rule_plan(self, fields: tuple[str, ...]) -> RulePlan:
