@@ -76,7 +76,7 @@ def _problems(text: str, build: bool) -> list[str]:
             if d.span is None or d.span.line < 1 or d.span.file != "f.fidef":
                 out.append(f"error without a position: {d.message}")
     elif build:
-        from fibgen.codegen.files import GenerateError
+        from fibgen.codegen.errors import GenerateError
 
         try:
             generate(result.module)

@@ -136,7 +136,7 @@ def test_workers_and_the_resource_tracker_die_with_the_runner(tmp_path, monkeypa
 _WATCHED = """
 import ctypes, sys, time
 
-from fibgen.bench.child import die_with_parent
+from fibgen.bench.lifetime import die_with_parent
 
 def no_prctl(*args, **kwargs):
     raise OSError("no prctl on this system")
@@ -181,7 +181,7 @@ def test_without_prctl_the_watchdog_ends_an_orphaned_worker():
 
 def test_a_worker_whose_runner_is_gone_before_it_starts_exits_at_once():
     # The runner may die while the worker imports torch, before it could ask for a signal.
-    code = "from fibgen.bench.child import die_with_parent; die_with_parent(1); print('ran on')"
+    code = "from fibgen.bench.lifetime import die_with_parent; die_with_parent(1); print('ran on')"
     result = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

@@ -322,7 +322,7 @@ def test_bad_package_name_is_a_command_line_error_and_writes_nothing(
 
 def test_the_library_refuses_the_same_package_names(project: Path):
     from fibgen.codegen import generate
-    from fibgen.codegen.files import GenerateError
+    from fibgen.codegen.errors import GenerateError
     from fibgen.compiler import compile_paths
 
     module = compile_paths([str(project / "defs")]).module

@@ -28,7 +28,7 @@ import flashinfer  # noqa: E402
 import fibgen.runtime as rt  # noqa: E402
 from fibgen.compiler import compile_paths  # noqa: E402
 from fibgen.runtime.routing import patching  # noqa: E402
-from fibgen.runtime.routing.apply import OUTCOMES  # noqa: E402
+from fibgen.runtime.routing.state import OUTCOMES  # noqa: E402
 
 from pathlib import Path  # noqa: E402
 

@@ -403,7 +403,7 @@ class _Echo:
 
 @pytest.mark.parametrize("name", ["a b", "class", "1x", "x-y", ""])
 def test_python_identifiers_are_checked(name):
-    from fibgen.codegen.files import GenerateError
+    from fibgen.codegen.errors import GenerateError
 
     with pytest.raises(GenerateError):
         pyliteral.identifier(name)

@@ -8,6 +8,7 @@ layer into another must be a dependency that the layer is allowed.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -171,6 +172,65 @@ def test_every_known_violation_still_happens():
 def test_the_rules_of_the_pipeline_are_the_table(layer, forbidden):
     # The rules of docs/architecture.md, said one by one, against ALLOWED above.
     assert not forbidden & ALLOWED[layer]
+
+
+def _circles() -> list[list[str]]:
+    """The import circles among fibgen's modules: each strongly connected set of two or more
+    modules of the graph of every import (function-level and type-only ones included, as
+    each is a dependency all the same), by Tarjan's algorithm."""
+    modules = _modules()
+    known = set(modules)
+    graph = {
+        m: sorted({i for i, _ in _imports(m, p, known) if i in known and i != m})
+        for m, p in modules.items()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            members = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                members.append(w)
+                if w == v:
+                    break
+            if len(members) > 1:
+                circles.append(sorted(members))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_no_import_circle():
+    circles = _circles()
+    assert not circles, "modules that import each other, directly or around a circle:\n" + (
+        "\n".join(" <-> ".join(c) for c in circles)
+    )
+
+
+def test_the_circle_check_finds_a_circle(monkeypatch):
+    # Two modules that import each other, one of them only for a type and inside a function.
+    fake = {"fibgen.a": "import fibgen.b\n", "fibgen.b": "def f():\n    from fibgen import a\n"}
+    paths = {name: Path(name) for name in fake}
+    monkeypatch.setattr(sys.modules[__name__], "_modules", lambda: paths)
+    monkeypatch.setattr(Path, "read_text", lambda self, encoding=None: fake[str(self)])
+    assert _circles() == [["fibgen.a", "fibgen.b"]]
 
 
 # The one module of fibgen that generated code imports (fibgen/runtime/for_generated.py).

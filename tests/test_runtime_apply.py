@@ -17,6 +17,7 @@ from fake_flashinfer.catalogue import generated_package
 
 # The module, not the function of the same name that fibgen.runtime exports.
 apply_module = importlib.import_module("fibgen.runtime.routing.apply")
+loading_module = importlib.import_module("fibgen.runtime.solutions.loading")
 # Where Api.resolve asks whether a CUDA graph is being captured.
 routing_module = importlib.import_module("fibgen.runtime.routing.api")
 
@@ -343,13 +344,13 @@ def test_stats_are_exact_under_threads():
         return hidden_states
 
     rt.enable_apply({"rmsnorm_h4096": solution})
-    original_load = apply_module.solutions.load
+    original_load = loading_module.load
 
     def counting_load(*args):
         loads.append(1)
         return original_load(*args)
 
-    apply_module.solutions.load = counting_load
+    loading_module.load = counting_load
     try:
         start = threading.Barrier(8)
 
@@ -367,7 +368,7 @@ def test_stats_are_exact_under_threads():
         for t in threads:
             t.join()
     finally:
-        apply_module.solutions.load = original_load
+        loading_module.load = original_load
     counts = rt.stats()[RMS]
     assert counts["hit"] == 40_000 and counts["fallback_no_candidate"] == 40_000
     assert len(loads) == 1

@@ -1,95 +1,14 @@
 """The entry point of a benchmark worker process: tie its life to the runner's, then work.
 
-It imports nothing heavy, so that the worker asks to die with its runner before it spends
-seconds importing torch (fibgen.bench.worker), a window in which a killed runner would
-otherwise leave it running.
+Until it has asked to die with its runner (fibgen/bench/lifetime.py) it imports nothing
+heavy; then it imports the worker and hands it the way to start a solution's own process.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-# Note [worker lifetime]
-# A worker must not outlive its runner: one left running a solution (a hang, a long timing
-# loop) holds a CPU or a GPU, and the multiprocessing resource tracker, which exits only when
-# every process that holds its pipe has exited, stays with it. A runner that exits normally
-# stops its workers, and one stopped by SIGTERM kills them first (worker_handle.py); but a
-# runner killed outright (SIGKILL, the OOM killer) can do nothing. So each worker, as it
-# starts:
-#
-# - asks Linux to send it SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG). The
-#   "parent" is the runner thread that started the worker; that thread stops its worker
-#   before it ends, so the signal comes only when the runner dies;
-# - checks that the parent is still the runner, since it may have died before the prctl;
-# - runs a thread that watches the parent's pid, for systems without prctl and in case the
-#   signal is lost: when the worker is re-parented, it exits.
-
-_PR_SET_PDEATHSIG = 1
-_WATCH_PERIOD_S = 0.25
-
-
-def die_with_parent(parent: int, also: int | None = None, watchdog: bool = True) -> None:
-    """Make this process end when process ``parent`` does (Note [worker lifetime]), and
-    when process ``also`` does, if given (a grandparent: watched only, no signal comes).
-    Without ``watchdog``, only the signal: for a process that forks, which must have no
-    other thread."""
-    import ctypes
-    import signal
-    import sys
-    import threading
-    import time
-
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        except (OSError, AttributeError):
-            pass  # the watchdog below still holds
-    if os.getppid() != parent:
-        os._exit(1)
-    if not watchdog:
-        return
-
-    def gone(pid: int) -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except OSError:  # there, and not ours to signal
-            return False
-        return False
-
-    def watch() -> None:
-        while os.getppid() == parent and not (also is not None and gone(also)):
-            time.sleep(_WATCH_PERIOD_S)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="fibgen-parent-watch", daemon=True).start()
-
-
-def ignore_ctrl_c() -> None:
-    """Leave SIGINT to the runner (Note [stopping bench] in runner.py): the first thing a
-    process of bench's does, before the seconds it spends importing torch."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def fork_server(device: str) -> Any:
-    """The multiprocessing context of the worker's fork server, which starts a process per
-    solution (Note [isolated solutions] in isolation.py), started if it is not."""
-    import multiprocessing
-    from multiprocessing import forkserver
-
-    if device.startswith("cpu"):
-        # As setup_device sets it (Note [CPU workers] in device.py), before the server
-        # imports Triton, whose interpreter switch is read then.
-        os.environ["TRITON_INTERPRET"] = "1"
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["fibgen.bench.fork_server"])
-    forkserver.ensure_running()
-    return context
+from fibgen.bench.lifetime import die_with_parent, fork_server, ignore_ctrl_c
 
 
 def main(conn: Any, device: str, parent: int) -> None:
@@ -99,29 +18,6 @@ def main(conn: Any, device: str, parent: int) -> None:
     # The fork server imports torch while this process does: where cores are free, its
     # start costs no time of its own.
     fork_server(device)
-    from fibgen.bench import worker
+    from fibgen.bench import isolation, worker
 
-    worker.main(conn, device)
-
-
-def solution_main(conn: Any, device: str, worker: int) -> None:
-    """Run one solution for the worker that judges it (Note [isolated solutions] in
-    isolation.py); end when that worker, or the fork server that started this process, does.
-
-    multiprocessing's fork server outlives every process it forked (each holds the write end
-    of a pipe the server reads, so the server sees no end of file while one lives), and a
-    process it forked gets its death signal only when the server dies: a solution that hangs
-    would keep both alive after the worker was killed. So this process lets go of that pipe,
-    and its watchdog also watches the worker itself.
-    """
-    from multiprocessing import forkserver
-
-    server = getattr(forkserver, "_forkserver", None)
-    fd = getattr(server, "_forkserver_alive_fd", None)
-    if isinstance(fd, int):
-        os.close(fd)
-        server._forkserver_alive_fd = None
-    die_with_parent(os.getppid(), also=worker)
-    from fibgen.bench import isolation
-
-    isolation.serve(conn, device)
+    worker.main(conn, device, isolation.SolutionProcess)

@@ -9,7 +9,7 @@ process that forks must have no other thread.
 
 import os
 
-from fibgen.bench.child import die_with_parent, ignore_ctrl_c
+from fibgen.bench.lifetime import die_with_parent, ignore_ctrl_c
 
 # multiprocessing's server ignores SIGINT only once its preload is imported: a Ctrl-C while
 # this module imports torch would end it with a traceback (Note [stopping bench]).

@@ -59,7 +59,7 @@ from fibgen.runtime.solutions import loading as _solutions  # noqa: F401
 
 # A new solution process is forked, then sets up its device (a CUDA context on a GPU): that
 # start is not charged to the solution's timeout (Note [worker start] in worker_handle.py).
-from fibgen.bench.worker_handle import START_TIMEOUT
+from fibgen.bench.lifetime import START_TIMEOUT, die_with_parent, fork_server
 
 # ---------------------------------------------------------------------------------------
 # The wire: what a solution process sends is JSON and raw bytes, never pickle
@@ -238,12 +238,10 @@ class SolutionProcess:
     """A fresh process that runs one solution for the judge (Note [isolated solutions])."""
 
     def __init__(self, device: torch.device) -> None:
-        from fibgen.bench import child
-
-        context = child.fork_server(str(device))
+        context = fork_server(str(device))
         parent, end = context.Pipe()
         self.process = context.Process(
-            target=child.solution_main, args=(end, str(device), os.getpid()), daemon=True
+            target=solution_main, args=(end, str(device), os.getpid()), daemon=True
         )
         try:
             self.process.start()
@@ -527,3 +525,24 @@ def serve(conn: Any, device: str) -> None:
         return
     except Exception as exc:
         _send(conn, {"kind": "error", "log": w.tail(w.format(exc))})
+
+
+def solution_main(conn: Any, device: str, worker: int) -> None:
+    """Run one solution for the worker that judges it (Note [isolated solutions] in
+    this module); end when that worker, or the fork server that started this process, does.
+
+    multiprocessing's fork server outlives every process it forked (each holds the write end
+    of a pipe the server reads, so the server sees no end of file while one lives), and a
+    process it forked gets its death signal only when the server dies: a solution that hangs
+    would keep both alive after the worker was killed. So this process lets go of that pipe,
+    and its watchdog also watches the worker itself.
+    """
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if isinstance(fd, int):
+        os.close(fd)
+        server._forkserver_alive_fd = None
+    die_with_parent(os.getppid(), also=worker)
+    serve(conn, device)

@@ -12,18 +12,45 @@ from collections import deque
 from dataclasses import dataclass, field
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fibgen.bench.planning import BenchOptions, Group
-from fibgen.bench.runner import PREPARE_TIMEOUTS, duration
+from fibgen.bench.runner import PREPARE_TIMEOUTS, BenchSummary, duration
 from fibgen.format.dataset import resolve_dataset_path
 from fibgen.runtime.checking.compare import SAMPLING_TIMEOUT_SCALE, is_sampling
 
-if TYPE_CHECKING:  # the summary a progress line shows; ray_runner imports this module
-    from fibgen.bench.ray_runner import RaySummary
-
 # How often the progress line and the watchdog look, at most, while nothing arrives.
 TICK_S = 1.0
+
+
+@dataclass
+class NodeStats:
+    """What one node did: its workers, the runs it finished, and for how long it worked."""
+
+    workers: int = 0
+    jobs: int = 0
+    runs: int = 0
+    first: float = math.nan
+    last: float = math.nan
+
+    def rate(self, now: float) -> float:
+        """Runs per second since the node got its first job."""
+        spent = now - self.first
+        return self.runs / spent if spent > 0 else 0.0
+
+
+@dataclass
+class RaySummary(BenchSummary):
+    """A BenchSummary and what the cluster did: per node; jobs sent again and workers lost;
+    seconds until the first worker was ready; each job's seconds on its node; and the
+    seconds the driver spent other than waiting (sending, recording, watching)."""
+
+    nodes: dict[str, NodeStats] = field(default_factory=dict)
+    retried: int = 0
+    lost: int = 0
+    startup_s: float = 0.0
+    job_s: list[float] = field(default_factory=list)
+    driver_s: float = 0.0
 
 
 @dataclass

@@ -29,7 +29,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +47,17 @@ from fibgen.bench.ray_cluster import (
     device_kind,
     import_ray,
 )
-from fibgen.bench.ray_jobs import TICK_S, deadline, Job, Progress, Shipper, Slot
-from fibgen.bench.runner import BenchSummary, prepare_dataset, record_group
+from fibgen.bench.ray_jobs import (
+    NodeStats,
+    RaySummary,
+    TICK_S,
+    deadline,
+    Job,
+    Progress,
+    Shipper,
+    Slot,
+)
+from fibgen.bench.runner import prepare_dataset, record_group
 from fibgen.format import FormatError, Trace
 
 __all__ = ["RAY_INSTALL", "RayMissing", "RayOptions", "RaySummary", "run_bench_ray"]
@@ -76,36 +85,6 @@ class RayOptions:
     address: str | None = None
     retries: int = 2
     workers: int | None = None
-
-
-@dataclass
-class NodeStats:
-    """What one node did: its workers, the runs it finished, and for how long it worked."""
-
-    workers: int = 0
-    jobs: int = 0
-    runs: int = 0
-    first: float = math.nan
-    last: float = math.nan
-
-    def rate(self, now: float) -> float:
-        """Runs per second since the node got its first job."""
-        spent = now - self.first
-        return self.runs / spent if spent > 0 else 0.0
-
-
-@dataclass
-class RaySummary(BenchSummary):
-    """A BenchSummary and what the cluster did: per node; jobs sent again and workers lost;
-    seconds until the first worker was ready; each job's seconds on its node; and the
-    seconds the driver spent other than waiting (sending, recording, watching)."""
-
-    nodes: dict[str, NodeStats] = field(default_factory=dict)
-    retried: int = 0
-    lost: int = 0
-    startup_s: float = 0.0
-    job_s: list[float] = field(default_factory=list)
-    driver_s: float = 0.0
 
 
 class _Driver:

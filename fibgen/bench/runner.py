@@ -54,8 +54,8 @@ from fibgen.bench.planning import (
     load_extras,
     plan,
 )
+from fibgen.bench.lifetime import START_TIMEOUT
 from fibgen.bench.worker_handle import (
-    START_TIMEOUT,
     Handle,
     stop_on_sigint,
     workers_die_on_sigterm,
@@ -461,7 +461,7 @@ def record_group(
 # the runner's exit another. So the runner alone takes it: its threads block SIGINT, so that
 # the main thread's handler gets it, and every process below the runner (workers, their fork
 # servers, solution processes) ignores it as the first thing it does, before it imports
-# torch (``child.ignore_ctrl_c``). A blocked signal does not carry over: spawn's new
+# torch (``lifetime.ignore_ctrl_c``). A blocked signal does not carry over: spawn's new
 # interpreter starts with none blocked, and multiprocessing's fork server sets its own
 # SIGINT handling only after its preload is imported. On the interrupt the runner kills its workers, drops the
 # workloads they were running (a half-run workload is no result), keeps what was appended

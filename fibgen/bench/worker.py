@@ -33,6 +33,7 @@ import math
 import os
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -187,11 +188,16 @@ def _empty_outputs(work: WorkloadInputs) -> dict[str, torch.Tensor]:
 class Worker:
     """The state of one worker process: its device and the current workload."""
 
-    def __init__(self, device: str) -> None:
+    def __init__(
+        self, device: str, solution_process: Callable[[torch.device], Any] | None = None
+    ) -> None:
         self.device = torch.device(device)
         setup_device(self.device)
         self.work: WorkloadInputs | None = None
         self.reference: Any = None
+        # What starts a solution's own process (isolation.SolutionProcess, given by the
+        # worker's entry, fibgen/bench/child.py); None where solutions run in this process.
+        self.solution_process = solution_process
 
     def prepare(
         self,
@@ -244,9 +250,9 @@ class Worker:
                 "result",
                 self.evaluate(solution, tolerance, warmup, repeat, flush, limit_s, origin),
             )
-        from fibgen.bench.isolation import SolutionProcess
-
-        process = SolutionProcess(self.device)
+        if self.solution_process is None:
+            raise RuntimeError("this worker cannot start a process per solution")
+        process = self.solution_process(self.device)
         try:
             return process.run(self, solution, (tolerance, warmup, repeat, flush), limit_s, origin)
         finally:
@@ -748,7 +754,7 @@ def _load_failure(exc: BaseException) -> str:
     return detail.rstrip("\n") + "\n" + message
 
 
-def main(conn: Any, device: str) -> None:
+def main(conn: Any, device: str, solution_process: Callable[[torch.device], Any]) -> None:
     """The worker's loop: answer requests until told to stop or the pipe closes.
 
     The runner starts it through ``fibgen.bench.child.main``, which first ties the
@@ -759,7 +765,7 @@ def main(conn: Any, device: str) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        worker: Worker | None = Worker(device)
+        worker: Worker | None = Worker(device, solution_process)
         broken = ""
     except Exception as exc:
         # Said in reply to every request, rather than a worker that dies with no reason.

@@ -12,14 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from fibgen.bench import child as entry
-
-# Note [worker start]
-# ~~~~~~~~~~~~~~~~~~~
-# A new worker imports torch and sets up its device before it can answer: seconds on an idle
-# machine, more than a minute on a busy one. That start is not charged to the first request's
-# timeout (which is a multiple of --timeout, meant for the work asked): the worker says
-# ("ready",) once started, and the handle waits for that under START_TIMEOUT of its own.
-START_TIMEOUT = 300.0
+from fibgen.bench.lifetime import START_TIMEOUT
 
 
 class Handle:

@@ -105,7 +105,7 @@ def _build(args: argparse.Namespace, digest: str | None) -> int:
     result = _compile(args.paths)
     if result.module is None:
         return EXIT_FAIL
-    from fibgen.codegen.files import GenerateError
+    from fibgen.codegen.errors import GenerateError
 
     try:
         files = generate(result.module, package=args.package)
@@ -149,7 +149,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         return EXIT_FAIL
     # What the build would refuse to generate is an error of the check too.
     from fibgen.codegen import DEFAULT_PACKAGE
-    from fibgen.codegen.files import GenerateError
+    from fibgen.codegen.errors import GenerateError
     from fibgen.codegen.python.dispatch.emit import plan_dispatch
 
     try:

@@ -14,16 +14,9 @@ import sys
 from typing import Any
 
 from fibgen.runtime import for_generated as _for_generated
-from fibgen.runtime.routing.apply import (
-    Applied,
-    apply,
-    disable_apply,
-    enable_apply,
-    is_enabled,
-    register_api,
-    register_package,
-    stats,
-)
+from fibgen.runtime.routing.apply import Applied, disable_apply, enable_apply, is_enabled, stats
+from fibgen.runtime.routing.handwritten import apply
+from fibgen.runtime.routing.registry import register_api, register_package
 from fibgen.runtime.env import enable_from_env
 from fibgen.runtime.errors import ApplyConfigError, Decline, FallbackError, SolutionError
 from fibgen.runtime.tracing.tracer import (

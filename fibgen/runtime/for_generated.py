@@ -16,13 +16,17 @@ decorator), and gives ``testing`` on first use.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fibgen.runtime.routing.apply import register_api
 from fibgen.runtime.routing.patching import ApiDefault
-from fibgen.runtime.routing.registry import register_package
+from fibgen.runtime.routing.registry import register_api, register_package
 from fibgen.runtime.routing.rulefns import kv_pair
 from fibgen.runtime.routing.state import DPS, INPLACE, ORIGINAL, RETURNS, SERVING
+
+if TYPE_CHECKING:
+    from fibgen.runtime.checking import testing
+    from fibgen.runtime.routing.ops import decode, fresh, pack
+    from fibgen.runtime.solutions.builders import build_extension
 
 # Names a dispatcher or test imports only where it needs them, loaded on first use: the
 # custom ops (torch.library), the extension builder and the test checks.

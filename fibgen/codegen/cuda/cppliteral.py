@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from fibgen.codegen.files import GenerateError
+from fibgen.codegen.errors import GenerateError
 
 _PLAIN = frozenset(chr(c) for c in range(0x20, 0x7F)) - {"\\", '"', "?"}
 _NAMED = {"\\": "\\\\", '"': '\\"', "?": "\\?", "\n": "\\n", "\t": "\\t"}

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 
 from fibgen.codegen.cuda import cppliteral
-from fibgen.codegen.files import GenerateError
+from fibgen.codegen.errors import GenerateError
 from fibgen.compiler import ir
 from fibgen.format.models import name_problem
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import keyword
 
-from fibgen.codegen.files import GenerateError
+from fibgen.codegen.errors import GenerateError
 
 
 def string(text: str) -> str:

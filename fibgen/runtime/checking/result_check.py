@@ -8,7 +8,7 @@ apply.py): a wrong output is never handed to the caller. Written in Python, the 
 four tensor attributes through torch's bindings (dtype, shape, and the device of the output
 and of an input), about 3,300 instructions, a third of a hit's overhead.
 ``same`` in ``_native.cpp`` makes the same checks on the C++ tensors; it is part of the
-extension module that holds launch replay's table (``replay.build_native``), and built like
+extension module that holds launch replay's table (``fibgen.runtime.launch.native.build_native``), and built like
 it: in the background, the first time a value-returning solution is routed, from the cache
 afterwards, and the dispatchers switch to it when it is ready (``Api.same``); until then,
 and where no compiler is at hand or ``FIBGEN_NATIVE=0`` is set, the Python check runs. Both
@@ -89,7 +89,7 @@ def wait() -> None:
 
 def build() -> Callable[..., bool]:
     """Build (or load from the cache) the native check in this thread; its ``same``."""
-    from fibgen.runtime.launch.replay import build_native
+    from fibgen.runtime.launch.native import build_native
 
     return build_native().same
 

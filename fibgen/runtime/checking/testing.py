@@ -31,7 +31,9 @@ from typing import Any
 import pytest
 import torch
 
-from fibgen.runtime.routing.apply import OUTCOMES, Api, disable_apply, enable_apply, stats
+from fibgen.runtime.routing.api import Api
+from fibgen.runtime.routing.apply import disable_apply, enable_apply, stats
+from fibgen.runtime.routing.state import OUTCOMES
 from fibgen.runtime.checking.compare import compare, compare_sampling, is_sampling
 from fibgen.runtime.inputs.make import (
     InputSpec,

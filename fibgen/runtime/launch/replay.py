@@ -53,12 +53,12 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.utils._python_dispatch
 
+from fibgen.runtime.launch.native import build_native
 from fibgen.runtime.launch import fast as launch
 
 _MAX_LAYOUTS = 4096
@@ -170,7 +170,7 @@ class Replayer:
     def _may_record(self) -> bool:
         """Not in capture (recording synchronizes), not past the table's size, not while
         launch hooks are set."""
-        from fibgen.runtime.routing.apply import is_capturing
+        from fibgen.runtime.launch.capture import is_capturing
 
         size = self.table.size() + len(self.pending) + len(self.never)
         return size < _MAX_LAYOUTS and not is_capturing() and not _hooks_set()
@@ -323,14 +323,6 @@ def wait_native() -> None:
     from fibgen.runtime.checking import result_check  # the same module, built from another thread
 
     result_check.wait()
-
-
-def build_native() -> Any:
-    """Build (or load from the cache) the runtime's extension module, in this thread: the C++
-    table, and the result check (Note [result check] in result_check.py)."""
-    from fibgen.runtime.solutions.builders import build_extension
-
-    return build_extension("native", [Path(__file__).with_name("_native.cpp")], cuda=False)
 
 
 def _build_native() -> None:

@@ -7,8 +7,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import torch
 
+from fibgen.runtime.launch.capture import is_capturing
 from fibgen.runtime.checking import input_check
 from fibgen.runtime.routing import patching
 from fibgen.runtime.checking import result_check
@@ -38,12 +38,6 @@ from fibgen.runtime.routing.refusals import Refusals
 # on with its rule's counter here, for the duration of that call only; a family that then
 # finds no candidate counts that rule instead of its own miss.
 _handed = threading.local()
-
-
-def is_capturing() -> bool:
-    """Whether the current CUDA stream is capturing a graph (False without CUDA)."""
-    # CPU-only torch raises inside is_current_stream_capturing, so ask about CUDA first.
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 class Api(Fallbacks, Refusals):

@@ -58,29 +58,10 @@ from typing import Any
 from fibgen.runtime.selection import best as select
 from fibgen.runtime.solutions import loading as solutions
 
-# The names of the dispatch contract, which generated modules import from here, and what
-# other modules of the runtime and tools reach through this one; the objects themselves.
-from fibgen.runtime.routing.state import (  # noqa: F401
-    DPS,
-    INPLACE,
-    ORIGINAL,
-    OUTCOMES,
-    RETURNS,
-    SERVING,
-)
-from fibgen.runtime.routing.state import STATE
 from fibgen.runtime.errors import ApplyConfigError
-from fibgen.runtime.routing.handwritten import apply  # noqa: F401
-
-# Generated modules import ApiDefault from here, with the other names of the contract.
-from fibgen.runtime.routing.patching import ApiDefault  # noqa: F401
-from fibgen.runtime.routing.registry import (
-    DEFAULT_PACKAGES,
-    register_api,
-    register_package,
-)  # noqa: F401
+from fibgen.runtime.routing.api import Api
 from fibgen.runtime.routing.registry import check_callables, import_packages, repatch
-from fibgen.runtime.routing.api import Api, is_capturing  # noqa: F401
+from fibgen.runtime.routing.state import OUTCOMES, STATE
 
 
 class Applied:

@@ -7,13 +7,14 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fibgen.runtime.routing import patching
 from fibgen.runtime.solutions import loading as solutions
 
-if TYPE_CHECKING:
-    from fibgen.runtime.routing.api import Api
+# The registered dispatchers' Api objects (fibgen/runtime/routing/api.py, which imports this
+# module and so is not imported here): what the state keeps and hands to its callbacks.
+Api = Any
 
 # Route kinds: how a dispatcher calls the callable of a route.
 ORIGINAL = 0  # with the API's own arguments: the original API, or what stands in for it

@@ -76,7 +76,9 @@ from typing import Any
 import torch
 
 from fibgen.runtime.env import enable_from_env
-from fibgen.runtime.routing.apply import ORIGINAL, Api, set_tracer
+from fibgen.runtime.routing.api import Api
+from fibgen.runtime.routing.apply import set_tracer
+from fibgen.runtime.routing.state import ORIGINAL
 from fibgen.runtime.tracing.checks import definition_file, input_check
 from fibgen.runtime.tracing.policies import (
     DedupPolicy,

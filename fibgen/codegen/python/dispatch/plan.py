@@ -6,7 +6,7 @@ import ast
 from collections.abc import Iterable
 
 from fibgen.codegen.python.dispatch.rules import RulePlan, RuleSpeller, captured_names, unparse
-from fibgen.codegen.files import GenerateError
+from fibgen.codegen.errors import GenerateError
 from fibgen.codegen.python.pyliteral import literal
 from fibgen.compiler import ir
 
