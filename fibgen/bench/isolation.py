@@ -51,15 +51,15 @@ import torch
 from fibgen.bench import eager as _eager  # noqa: F401
 from fibgen.bench import timing as _timing  # noqa: F401
 from fibgen.bench import worker as w
+
+# A new solution process is forked, then sets up its device (a CUDA context on a GPU): that
+# start is not charged to the solution's timeout (Note [worker start] in worker_handle.py).
+from fibgen.bench.lifetime import START_TIMEOUT, die_with_parent, fork_server
 from fibgen.format import models as _models  # noqa: F401
 from fibgen.runtime.checking import compare as _compare  # noqa: F401
 from fibgen.runtime.launch import fast as _launch  # noqa: F401
 from fibgen.runtime.launch import replay as _replay  # noqa: F401
 from fibgen.runtime.solutions import loading as _solutions  # noqa: F401
-
-# A new solution process is forked, then sets up its device (a CUDA context on a GPU): that
-# start is not charged to the solution's timeout (Note [worker start] in worker_handle.py).
-from fibgen.bench.lifetime import START_TIMEOUT, die_with_parent, fork_server
 
 # ---------------------------------------------------------------------------------------
 # The wire: what a solution process sends is JSON and raw bytes, never pickle

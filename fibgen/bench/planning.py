@@ -11,8 +11,8 @@ since its JSON was packed is listed to be packed (and run again).
 from __future__ import annotations
 
 import fnmatch
-import os
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 

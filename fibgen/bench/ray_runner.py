@@ -41,21 +41,21 @@ from fibgen.bench.ray_cluster import (
     RayMissing,
     check_nodes,
     connected_cluster,
+    device_kind,
     first_line,
+    import_ray,
     mismatch,
     resources_shown,
-    device_kind,
-    import_ray,
 )
 from fibgen.bench.ray_jobs import (
-    NodeStats,
-    RaySummary,
     TICK_S,
-    deadline,
     Job,
+    NodeStats,
     Progress,
+    RaySummary,
     Shipper,
     Slot,
+    deadline,
 )
 from fibgen.bench.runner import prepare_dataset, record_group
 from fibgen.format import FormatError, Trace

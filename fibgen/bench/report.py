@@ -83,7 +83,10 @@ def summarize(root: str | os.PathLike[str]) -> dict[str, Any]:
     def skip(exc: FormatError) -> None:
         # One damaged line (a run killed while writing it) must not hide every other trace.
         column = f" (column {exc.col})" if exc.col is not None else ""
-        warnings.warn(FormatWarning(exc.path, f"{exc.message}{column}; line skipped", exc.line))
+        warnings.warn(
+            FormatWarning(exc.path, f"{exc.message}{column}; line skipped", exc.line),
+            stacklevel=2,
+        )
 
     # The last trace of a solution on a workload supersedes earlier ones (a run after a fix),
     # on the same hardware only: a CPU run says nothing about the H100 figures.

@@ -43,18 +43,18 @@ from pathlib import Path
 
 from fibgen.bench import worker as w
 from fibgen.bench.claims import Claims
+from fibgen.bench.lifetime import START_TIMEOUT
 from fibgen.bench.planning import (
     BenchError,
     BenchOptions,
     DeviceError,
-    Plan,
     Group,
-    listing,
+    Plan,
     check_devices,
+    listing,
     load_extras,
     plan,
 )
-from fibgen.bench.lifetime import START_TIMEOUT
 from fibgen.bench.worker_handle import (
     Handle,
     stop_on_sigint,

@@ -107,9 +107,9 @@ class WorkloadInputs:
 def _make_inputs(
     definition: dict, workload: dict, root: str, hints: dict, seed: int, device: torch.device
 ) -> dict[str, Any]:
+    from fibgen.curation.workloads import materialize
     from fibgen.format.models import Workload
     from fibgen.runtime.inputs.make import InputSpec
-    from fibgen.curation.workloads import materialize
 
     spec = InputSpec.from_definition_json(definition, hints)
     return materialize(spec, Workload.model_validate(workload), root, device=device, seed=seed)
@@ -407,8 +407,8 @@ class Worker:
         """
         started = time.perf_counter()
         from fibgen.format.models import Solution
-        from fibgen.runtime.solutions import loading as solutions
         from fibgen.runtime.errors import SolutionError
+        from fibgen.runtime.solutions import loading as solutions
 
         work = self.work
         assert work is not None, "a workload is prepared before solutions run"

@@ -14,14 +14,14 @@ DEFAULT_PACKAGE = "fibgen_kernels"
 
 def generate(module: ir.Module, package: str = DEFAULT_PACKAGE) -> list[GeneratedFile]:
     """Run every emitter over the module; each returns its files, the writer writes them."""
-    from fibgen.codegen.python.bench_extras import emit_bench_extras
+    import warnings
+
     from fibgen.codegen.cuda.emit import emit_cuda
     from fibgen.codegen.definition_json import emit_definition_json
+    from fibgen.codegen.python.bench_extras import emit_bench_extras
     from fibgen.codegen.python.dispatch.emit import emit_python_dispatch
     from fibgen.codegen.python.reference import emit_reference_modules
     from fibgen.codegen.python.tests_target import emit_tests
-
-    import warnings
 
     with warnings.catch_warnings():
         # Emitters parse expressions the compiler has already parsed: Python's warnings about

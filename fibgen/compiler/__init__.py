@@ -6,7 +6,6 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from fibgen.compiler.diagnostics import Diagnostic, Sources, error, has_errors

@@ -51,8 +51,9 @@ def _internal(what: str) -> Diagnostic:
 
 def format_paths(paths: list[str], *, check: bool, out: TextIO, err: TextIO) -> int:
     """Format files in place (or, with check, report those that are not formatted)."""
-    from fibgen.fsutil import atomic_write
     from pathlib import Path
+
+    from fibgen.fsutil import atomic_write
 
     inputs, diags = discover(paths)
     sources = Sources()

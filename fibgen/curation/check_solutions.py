@@ -198,8 +198,8 @@ def _load(
     progress: Callable[[str], None] | None,
 ) -> str | None:
     """Import or build a solution as bench and apply do; why it failed, or None."""
-    from fibgen.runtime.solutions import loading as solutions
     from fibgen.runtime.errors import SolutionError
+    from fibgen.runtime.solutions import loading as solutions
 
     language = solution.spec.language
     if progress is not None:

@@ -32,7 +32,7 @@ from pathlib import Path
 from fibgen.curation.check_files import check_definitions, check_layout
 from fibgen.curation.check_solutions import check_solution_entries
 from fibgen.curation.check_traces import check_trace_files
-from fibgen.curation.check_workloads import unused_blobs, check_workload_files
+from fibgen.curation.check_workloads import check_workload_files, unused_blobs
 from fibgen.curation.findings import Report
 from fibgen.format import FormatError
 from fibgen.format.dataset import DATASET_FOLDERS

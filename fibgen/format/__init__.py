@@ -5,10 +5,10 @@ functions of ``fibgen.format.dataset`` when they are called.
 """
 
 from fibgen.format.dataset import (
+    Packed,
     append_traces,
     append_workloads,
     blob_path,
-    Packed,
     blob_relpath,
     dataset_files,
     definition_path,

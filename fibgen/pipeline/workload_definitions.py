@@ -63,8 +63,8 @@ def _from_fidef(name: str, path: str) -> Union[_Found, str, None]:
     if defn is None:
         return _unknown(name, sorted(by_name), path)
     # Found: what makes its inputs (torch) is imported only now.
-    from fibgen.codegen.python.bench_extras import emit_bench_extras
     from fibgen.codegen.definition_json import definition_dict
+    from fibgen.codegen.python.bench_extras import emit_bench_extras
     from fibgen.format import Definition
     from fibgen.runtime.inputs.make import InputSpec
 

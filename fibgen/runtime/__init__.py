@@ -14,14 +14,11 @@ import sys
 from typing import Any
 
 from fibgen.runtime import for_generated as _for_generated
+from fibgen.runtime.env import enable_from_env
+from fibgen.runtime.errors import ApplyConfigError, Decline, FallbackError, SolutionError
 from fibgen.runtime.routing.apply import Applied, disable_apply, enable_apply, is_enabled, stats
 from fibgen.runtime.routing.handwritten import apply
 from fibgen.runtime.routing.registry import register_api, register_package
-from fibgen.runtime.env import enable_from_env
-from fibgen.runtime.errors import ApplyConfigError, Decline, FallbackError, SolutionError
-from fibgen.runtime.tracing.tracer import (
-    enable_from_environment as _enable_tracing_from_environment,
-)
 from fibgen.runtime.tracing.tracer import (
     TracingConfigError,
     disable_tracing,
@@ -29,6 +26,9 @@ from fibgen.runtime.tracing.tracer import (
     flush_tracing,
     is_tracing,
     tracing_stats,
+)
+from fibgen.runtime.tracing.tracer import (
+    enable_from_environment as _enable_tracing_from_environment,
 )
 
 __all__ = [

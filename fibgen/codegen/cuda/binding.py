@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from fibgen.codegen.cuda import cppliteral
-from fibgen.codegen.python import pyliteral
 from fibgen.codegen.cuda.launcher import host_param, return_type
 from fibgen.codegen.cuda.view import Def
+from fibgen.codegen.python import pyliteral
 from fibgen.codegen.templates import render
 from fibgen.compiler import ir
 

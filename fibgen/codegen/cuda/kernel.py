@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from fibgen.codegen.cuda import cppliteral
-from fibgen.codegen.cuda.view import C_TYPE, axis_param, const_name, Def, cpp_ident, is_input
+from fibgen.codegen.cuda.view import C_TYPE, Def, axis_param, const_name, cpp_ident, is_input
 from fibgen.codegen.templates import render
 from fibgen.compiler import ir
 from fibgen.compiler.pysyntax import PythonSyntaxError, parse_python

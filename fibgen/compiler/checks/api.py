@@ -6,8 +6,8 @@ from fibgen.compiler import ir, rules
 from fibgen.compiler.checks.common import (
     EXPR_BUILTINS,
     CheckerBase,
-    did_you_mean,
     FamilyView,
+    did_you_mean,
     names_in,
     sub_span,
 )

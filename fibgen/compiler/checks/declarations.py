@@ -8,9 +8,9 @@ import re
 from fibgen.compiler import ir
 from fibgen.compiler.checks.common import (
     CheckerBase,
+    FamilyView,
     closest,
     did_you_mean,
-    FamilyView,
     names_in,
     sub_span,
 )

@@ -8,12 +8,12 @@ from fibgen.compiler import ir
 from fibgen.compiler.checks.common import (
     EXPR_BUILTINS,
     CheckerBase,
-    did_you_mean,
     FamilyView,
+    did_you_mean,
     names_in,
     shown_text,
 )
-from fibgen.compiler.checks.const_eval import UNPARSABLE, INT64_MAX, evaluate_const
+from fibgen.compiler.checks.const_eval import INT64_MAX, UNPARSABLE, evaluate_const
 from fibgen.compiler.checks.names import definition_name_problem
 from fibgen.compiler.printer import quote, value_text
 from fibgen.format.models import NAME_RULE, name_problem

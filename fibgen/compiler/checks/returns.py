@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fibgen.compiler import ir
-from fibgen.compiler.checks.common import CheckerBase, did_you_mean, FamilyView
+from fibgen.compiler.checks.common import CheckerBase, FamilyView, did_you_mean
 
 
 class ReturnChecks(CheckerBase):

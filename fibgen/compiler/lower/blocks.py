@@ -9,7 +9,7 @@ from lark.tree import Meta
 
 from fibgen.compiler import ir
 from fibgen.compiler.lower.base import LowerBase, Stmt
-from fibgen.compiler.lower.text import Brackets, split_comment, split_statements, make_token
+from fibgen.compiler.lower.text import Brackets, make_token, split_comment, split_statements
 from fibgen.compiler.pysyntax import PythonSyntaxError, literal_value
 
 

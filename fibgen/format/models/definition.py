@@ -8,7 +8,7 @@ from typing import Annotated, Literal, Optional, Union
 from pydantic import Field, field_validator, model_validator
 
 from fibgen.format.expressions import HELP, ExpressionError, check_expression
-from fibgen.format.models.base import DType, NonEmptyStr, check_name, Model, raise_problems
+from fibgen.format.models.base import DType, Model, NonEmptyStr, check_name, raise_problems
 
 
 class AxisVar(Model):

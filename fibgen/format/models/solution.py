@@ -10,9 +10,9 @@ from pydantic import Field, field_validator, model_validator
 from fibgen.format.models.base import (
     Binding,
     Language,
+    Model,
     NonEmptyStr,
     check_name,
-    Model,
     raise_problems,
 )
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from fibgen.format.models.base import NonEmptyStr, check_name, Model, raise_problems
+from fibgen.format.models.base import Model, NonEmptyStr, check_name, raise_problems
 from fibgen.format.models.definition import Definition
 
 # ---------------------------------------------------------------------------------------

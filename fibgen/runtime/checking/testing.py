@@ -31,9 +31,6 @@ from typing import Any
 import pytest
 import torch
 
-from fibgen.runtime.routing.api import Api
-from fibgen.runtime.routing.apply import disable_apply, enable_apply, stats
-from fibgen.runtime.routing.state import OUTCOMES
 from fibgen.runtime.checking.compare import compare, compare_sampling, is_sampling
 from fibgen.runtime.inputs.make import (
     InputSpec,
@@ -41,6 +38,9 @@ from fibgen.runtime.inputs.make import (
     generate_inputs_with_axes,
     torch_dtype,
 )
+from fibgen.runtime.routing.api import Api
+from fibgen.runtime.routing.apply import disable_apply, enable_apply, stats
+from fibgen.runtime.routing.state import OUTCOMES
 
 __all__ = [
     "MEMORY_BUDGET",

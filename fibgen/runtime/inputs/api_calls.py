@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
-from fibgen.runtime.routing.state import STATE
 from fibgen.runtime.routing.api import Api
+from fibgen.runtime.routing.state import STATE
 
 # The workspace a FlashInfer wrapper is constructed with (its own examples use 128 MiB).
 WORKSPACE_BYTES = 128 << 20
@@ -98,7 +98,7 @@ def _wrapper(plan_path: str, device: torch.device) -> Any:
     try:
         params = list(inspect.signature(cls.__init__).parameters.values())[1:]
     except (TypeError, ValueError) as exc:
-        raise CallUnavailable(f"cannot read the constructor of {cls.__qualname__}: {exc}")
+        raise CallUnavailable(f"cannot read the constructor of {cls.__qualname__}: {exc}") from exc
     args = []
     for i, p in enumerate(params):
         if p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):

@@ -277,7 +277,7 @@ class Generator(Fills):
                 )
             self.axes[axis] = self._default_axis(axis)
         self._propagate()
-        for name, kind, _ in self.spec.axes:
+        for name, _kind, _ in self.spec.axes:
             if name not in self.axes:
                 self.axes[name] = self._default_axis(name)
                 self._propagate()

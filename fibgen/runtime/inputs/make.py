@@ -29,8 +29,8 @@ import torch
 from fibgen.format.hints import DEFAULT_VAR_AXIS
 from fibgen.runtime.inputs.generator import Generator
 from fibgen.runtime.inputs.sizes import (
-    check_device_memory,
     available_memory,
+    check_device_memory,
     estimate_nbytes,
     format_bytes,
 )

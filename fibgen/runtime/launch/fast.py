@@ -327,7 +327,7 @@ _LAUNCHER_CALL = ["self", "gridX", "gridY", "gridZ", "stream", "function", "args
 def _direct_launcher(run: Any) -> Any:
     """The C launch function behind ``run``, where calling it directly is what ``run`` does."""
     launch = getattr(run, "launch", None)
-    call = getattr(type(run), "__call__", None)
+    call = getattr(type(run), "__call__", None)  # noqa: B004 (the class's function, compared below)
     if launch is None or call is None or type(run).__name__ != "CudaLauncher":
         return None
     try:

@@ -58,8 +58,8 @@ from typing import Any
 import torch
 import torch.utils._python_dispatch
 
-from fibgen.runtime.launch.native import build_native
 from fibgen.runtime.launch import fast as launch
+from fibgen.runtime.launch.native import build_native
 
 _MAX_LAYOUTS = 4096
 _MAX_VERIFY_BYTES = 256 << 20

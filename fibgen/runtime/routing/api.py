@@ -7,15 +7,14 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-
+from fibgen.runtime.checking import input_check, result_check
+from fibgen.runtime.errors import SolutionError
 from fibgen.runtime.launch.capture import is_capturing
-from fibgen.runtime.checking import input_check
 from fibgen.runtime.routing import patching
-from fibgen.runtime.checking import result_check
-from fibgen.runtime.solutions import loading as solutions
+from fibgen.runtime.routing.fallbacks import Fallbacks, no_fallback
+from fibgen.runtime.routing.refusals import Refusals
 from fibgen.runtime.routing.state import (
     DISCARD,
-    UNSET,
     DISPATCH_CODES,
     DPS,
     INPLACE,
@@ -24,12 +23,11 @@ from fibgen.runtime.routing.state import (
     RETURNS,
     SERVING,
     STATE,
-    warn_once,
+    UNSET,
     nested,
+    warn_once,
 )
-from fibgen.runtime.errors import SolutionError
-from fibgen.runtime.routing.fallbacks import Fallbacks, no_fallback
-from fibgen.runtime.routing.refusals import Refusals
+from fibgen.runtime.solutions import loading as solutions
 
 # Note [a refusal handed down the chain]
 # Families of one API form a chain: a call one family refuses goes to the next. When the

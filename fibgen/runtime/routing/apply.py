@@ -55,13 +55,12 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from fibgen.runtime.selection import best as select
-from fibgen.runtime.solutions import loading as solutions
-
 from fibgen.runtime.errors import ApplyConfigError
 from fibgen.runtime.routing.api import Api
 from fibgen.runtime.routing.registry import check_callables, import_packages, repatch
 from fibgen.runtime.routing.state import OUTCOMES, STATE
+from fibgen.runtime.selection import best as select
+from fibgen.runtime.solutions import loading as solutions
 
 
 class Applied:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from fibgen.runtime.routing import patching
-from fibgen.runtime.routing.state import DISCARD, UNSET, ORIGINAL, RETURNS, STATE
 from fibgen.runtime.errors import FallbackError
+from fibgen.runtime.routing import patching
+from fibgen.runtime.routing.state import DISCARD, ORIGINAL, RETURNS, STATE, UNSET
 
 
 def compile_reference(text: str, name: str) -> Callable[..., Any]:

@@ -6,10 +6,10 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from fibgen.runtime.solutions import loading as solutions
-from fibgen.runtime.routing.state import DISPATCH_CODES, SERVING, STATE, warn_once
 from fibgen.runtime.routing.fallbacks import compile_reference
 from fibgen.runtime.routing.registry import register_api
+from fibgen.runtime.routing.state import DISPATCH_CODES, SERVING, STATE, warn_once
+from fibgen.runtime.solutions import loading as solutions
 
 _handwritten: dict[tuple[Callable[..., Any], Any], Callable[..., Any]] = {}
 

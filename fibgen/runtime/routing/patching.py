@@ -44,7 +44,10 @@ def _locate(path: str) -> tuple[Any, str] | None:
         except ImportError:
             continue
         except Exception as exc:
-            warnings.warn(f"fibgen: cannot import {'.'.join(parts[:i])} to patch {path}: {exc}")
+            warnings.warn(
+                f"fibgen: cannot import {'.'.join(parts[:i])} to patch {path}: {exc}",
+                stacklevel=2,
+            )
             return None
         try:
             for part in parts[i:-1]:
@@ -73,7 +76,7 @@ def patch(path: str, wrapper: Callable[..., Any], done: list[Patch]) -> Callable
     if isinstance(owner, type):
         raw = owner.__dict__.get(attr)
         if isinstance(raw, classmethod):
-            warnings.warn(f"fibgen: {path} is a classmethod; it is not patched")
+            warnings.warn(f"fibgen: {path} is a classmethod; it is not patched", stacklevel=2)
             return None
         if isinstance(raw, staticmethod):
             new = staticmethod(wrapper)

@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
-from fibgen.runtime.solutions import loading as solutions
-from fibgen.runtime.routing.state import DISCARD, ORIGINAL, SERVING, STATE, warn_once, nested
 from fibgen.runtime.errors import Decline, FallbackError, SolutionError
 from fibgen.runtime.routing.fallbacks import no_fallback, unservable
+from fibgen.runtime.routing.state import DISCARD, ORIGINAL, SERVING, STATE, nested, warn_once
+from fibgen.runtime.solutions import loading as solutions
 
 # Rule indices of checks that are not rules of the family (Note [the dispatch contract]).
 _UNEVALUABLE = -2  # a rule raised while it was checked

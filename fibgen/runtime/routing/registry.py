@@ -7,11 +7,11 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from fibgen.runtime.routing import patching
-from fibgen.runtime.solutions import loading as solutions
-from fibgen.runtime.routing.state import UNSET, STATE, warn_once
 from fibgen.runtime.errors import ApplyConfigError
+from fibgen.runtime.routing import patching
 from fibgen.runtime.routing.api import Api
+from fibgen.runtime.routing.state import STATE, UNSET, warn_once
+from fibgen.runtime.solutions import loading as solutions
 
 # Packages of generated dispatchers that enable_apply looks for even when not imported yet.
 DEFAULT_PACKAGES = ("fibgen_kernels",)

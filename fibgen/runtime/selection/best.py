@@ -56,10 +56,10 @@ from pathlib import Path
 from typing import Any
 
 from fibgen.runtime.selection import hardware
-from fibgen.runtime.solutions import loading as solutions
 from fibgen.runtime.selection.entries import entry_of, keyed_entry
-from fibgen.runtime.selection.policy import Policy, policy_of, normalize_config
-from fibgen.runtime.selection.table import ORIGINAL, build_ranking, trace_inputs, build_table
+from fibgen.runtime.selection.policy import Policy, normalize_config, policy_of
+from fibgen.runtime.selection.table import ORIGINAL, build_ranking, build_table, trace_inputs
+from fibgen.runtime.solutions import loading as solutions
 
 __all__ = ["ORIGINAL", "Policy", "build_table", "entries", "load_table", "normalize_config"]
 

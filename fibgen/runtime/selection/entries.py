@@ -8,10 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fibgen.runtime.solutions import loading as solutions
 from fibgen.runtime.errors import Decline
 from fibgen.runtime.selection.policy import Policy
 from fibgen.runtime.selection.table import ORIGINAL
+from fibgen.runtime.solutions import loading as solutions
 
 
 class _LazySolution:

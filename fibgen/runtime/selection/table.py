@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fibgen.runtime.selection import hardware
-from fibgen.runtime.selection.policy import Policy, policy_of, normalize_config
+from fibgen.runtime.selection.policy import Policy, normalize_config, policy_of
 from fibgen.runtime.solutions.loading import BUILT_LANGUAGES, IMPORTED_LANGUAGES
 
 

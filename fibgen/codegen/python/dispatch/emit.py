@@ -31,7 +31,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from fibgen.codegen.python.dispatch.functions import FunctionView, Family
+from fibgen.codegen.files import GeneratedFile, build_label, with_python_header
+from fibgen.codegen.python.dispatch.call import call_recipe
+from fibgen.codegen.python.dispatch.functions import Family, FunctionView
 from fibgen.codegen.python.dispatch.ops import OpView
 from fibgen.codegen.python.dispatch.plan import (
     TORCH_DTYPE,
@@ -41,9 +43,7 @@ from fibgen.codegen.python.dispatch.plan import (
     forward_args,
     signature_text,
 )
-from fibgen.codegen.python.dispatch.call import call_recipe
 from fibgen.codegen.python.dispatch.rules import module_names
-from fibgen.codegen.files import GeneratedFile, build_label, with_python_header
 from fibgen.codegen.python.packages import CATALOGUE_PACKAGE, package_problem
 from fibgen.codegen.python.pyformat import format_python
 from fibgen.codegen.python.pyliteral import inline_dict, literal

@@ -5,8 +5,8 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterable
 
-from fibgen.codegen.python.dispatch.rules import RulePlan, RuleSpeller, captured_names, unparse
 from fibgen.codegen.errors import GenerateError
+from fibgen.codegen.python.dispatch.rules import RulePlan, RuleSpeller, captured_names, unparse
 from fibgen.codegen.python.pyliteral import literal
 from fibgen.compiler import ir
 

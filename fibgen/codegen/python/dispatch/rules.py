@@ -21,10 +21,10 @@ import tokenize
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from fibgen.codegen.python.pyliteral import literal, string
 from fibgen.compiler import ir, rules
 from fibgen.compiler.checks import EXPR_BUILTINS
 from fibgen.compiler.rules import RULE_HELPERS
-from fibgen.codegen.python.pyliteral import literal, string
 
 
 @dataclass
