@@ -500,3 +500,27 @@ def test_a_definition_name_the_checks_let_by_registers_as_a_torch_op(tmp_path):
     assert hasattr(torch.ops.names_kernels, "type_h4")
     assert hasattr(torch.ops.names_kernels, "match")
     assert torch.equal(module.match(torch.ones(2, 4)), torch.full((2, 4), 2.0))
+
+
+def test_comments_stay_with_their_own_parse_across_threads():
+    # The lexer's comment callback is shared by every parse; each parse_with_comments keeps
+    # only its own comments, whatever runs beside it.
+    import threading
+
+    from fibgen.compiler.parser import parse_with_comments
+
+    results: dict[int, list] = {}
+
+    def run(i: int) -> None:
+        text = f"# comment {i}\n" * 3
+        for _ in range(20):
+            _, _, comments = parse_with_comments(text, f"f{i}.fidef")
+            results.setdefault(i, []).append(sorted({c[2] for c in comments}))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(4):
+        assert results[i] == [[f"# comment {i}"]] * 20

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import json
 import re
 from functools import lru_cache
@@ -58,12 +59,18 @@ def _parser() -> lark.Lark:
 
 
 # Comments are ignored by the grammar but kept for `fibgen fmt`: the lexer hands each one to
-# this callback, and `parse_with_comments` takes the ones of its own run.
-_comments: list[lark.Token] = []
+# this callback, which adds it to the list of the `parse_with_comments` call in progress in
+# this thread or task (none for a plain `parse`), so that parses on several threads, or one
+# inside another, each keep their own.
+_comments: contextvars.ContextVar[list[lark.Token] | None] = contextvars.ContextVar(
+    "fibgen_parser_comments", default=None
+)
 
 
 def _collect_comment(token: lark.Token) -> lark.Token:
-    _comments.append(token)
+    collected = _comments.get()
+    if collected is not None:
+        collected.append(token)
     return token
 
 
@@ -217,10 +224,13 @@ def parse_with_comments(
     text: str, path: str
 ) -> tuple[lark.Tree | None, list[Diagnostic], list[tuple[int, int, str]]]:
     """Like `parse`, also returning comments as (line, column, text)."""
-    _comments.clear()
-    tree, diags = parse(text, path)
-    comments = [(t.line, t.column, str(t).rstrip()) for t in _comments]
-    _comments.clear()
+    collected: list[lark.Token] = []
+    reset = _comments.set(collected)
+    try:
+        tree, diags = parse(text, path)
+    finally:
+        _comments.reset(reset)
+    comments = [(t.line, t.column, str(t).rstrip()) for t in collected]
     return tree, diags, comments
 
 

@@ -409,6 +409,8 @@ def _plan(launches: list, values: tuple) -> tuple | str:
     for launcher, grid, launch_stream, head, args, tail, pointers in launches:
         if launch_stream != stream:
             return "it launched on another stream"
+        if len(grid) != 3:  # the fast launch records (x, y, z); the C++ table takes three
+            return f"a launch's grid has {len(grid)} dimensions, not 3"
         args = list(args)
         for position in pointers:
             index = addresses.get(args[position])

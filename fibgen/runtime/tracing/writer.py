@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from fibgen.format.dataset.blobs import save_blob
 from fibgen.runtime.tracing.records import PendingRecord
 
 # How long the writer sleeps when nobody wakes it: bounds the delay before a record is on disk.
@@ -108,7 +109,7 @@ class Writer:
         if tensors:
             if record.event is not None:
                 record.event.synchronize()
-            relpath = _save_blob(
+            relpath = save_blob(
                 self.root, record.op_type, record.definition, workload_uuid, tensors
             )
             inputs = _inputs_json(record.inputs, relpath)
@@ -140,30 +141,6 @@ class Writer:
         self._warn_failure(
             f"cannot write a workload of {record.definition}: {type(exc).__name__}: {exc}"
         )
-
-
-def _save_blob(
-    root: Path, op_type: str, definition: str, workload_uuid: str, tensors: dict[str, Any]
-) -> str:
-    """Write a record's blob; return its path relative to the dataset root."""
-    from safetensors.torch import save
-
-    from fibgen.format.dataset import blob_relpath
-
-    relpath = blob_relpath(op_type, definition, workload_uuid)
-    path = _inside(root, root / relpath)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # A new name per record, renamed into place: a reader never sees half a blob. No fsync:
-    # losing recent records to a power cut is acceptable, a writer that lags is not.
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_bytes(save({n: t.contiguous() for n, t in tensors.items()}))
-        os.replace(tmp, path)
-    except BaseException:
-        # A failed write (a full disk) leaves nothing in the dataset: the record is counted.
-        tmp.unlink(missing_ok=True)
-        raise
-    return relpath
 
 
 def _inputs_json(inputs: Mapping[str, tuple[str, Any]], relpath: str | None) -> str:
