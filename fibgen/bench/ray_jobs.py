@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import sys
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fibgen.bench.planning import BenchOptions, Group
+from fibgen.bench.progress import ProgressLine
 from fibgen.bench.runner import PREPARE_TIMEOUTS, BenchSummary, duration
 from fibgen.format.dataset import resolve_dataset_path
 from fibgen.runtime.checking.compare import SAMPLING_TIMEOUT_SCALE, is_sampling
@@ -162,44 +161,30 @@ class Progress:
     """One line on stderr: jobs and runs done, failures, retries, runs per second per node."""
 
     def __init__(self, jobs: list[Job], enabled: bool) -> None:
-        self.enabled = enabled
+        self.line = ProgressLine(enabled, tty_interval=TICK_S)
         self.total_jobs = len(jobs)
         self.total_runs = sum(j.runs for j in jobs)
         self.jobs = self.runs = 0
-        self.start = time.monotonic()
-        self.tty = sys.stderr.isatty()
-        self.last = 0.0
-        self.shown = ""
 
     def show(self, summary: RaySummary, workers: int, final: bool = False) -> None:
-        if not self.enabled:
+        now = self.line.due(final)
+        if now is None:
             return
-        now = time.monotonic()
-        if not final and now - self.last < (TICK_S if self.tty else 5.0):
-            return
-        self.last = now
         failed = summary.failed + len(summary.problems)
         nodes = sorted(summary.nodes.items())
         rates = [f"{name} {stats.rate(now):.1f}/s" for name, stats in nodes[:4]]
         if len(nodes) > 4:
             rest = [stats.rate(now) for _, stats in nodes[4:]]
             rates.append(f"{len(rest)} more {min(rest):.1f}-{max(rest):.1f}/s")
-        elapsed = now - self.start
+        elapsed = now - self.line.start
         left = self.total_runs - self.runs
         eta = elapsed / self.runs * left if self.runs else math.nan
-        line = (
+        self.line.show(
             f"bench: jobs {self.jobs}/{self.total_jobs}, runs {self.runs}/{self.total_runs}, "
             f"{failed} failed, {summary.retried} retried; {workers} worker(s) on "
             f"{len(nodes)} node(s): {', '.join(rates) or 'starting'}; ETA {duration(eta)}"
         )
-        if not self.tty and line == self.shown:
-            return  # a log gets a line when something changed
-        sys.stderr.write(("\r\x1b[K" + line) if self.tty else line + "\n")
-        sys.stderr.flush()
-        self.shown = line
 
     def close(self) -> None:
         """End the line on a terminal (also when the run is interrupted)."""
-        if self.enabled and self.tty and self.shown:
-            sys.stderr.write("\n")
-            self.shown = ""
+        self.line.close()

@@ -32,9 +32,7 @@ import math
 import os
 import queue
 import signal
-import sys
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -55,6 +53,7 @@ from fibgen.bench.planning import (
     load_extras,
     plan,
 )
+from fibgen.bench.progress import ProgressLine
 from fibgen.bench.worker_handle import (
     Handle,
     stop_on_sigint,
@@ -141,19 +140,16 @@ class BenchSummary:
 
 
 class _Progress:
-    """A one-line progress report on stderr: definitions, workloads, runs and ETA."""
+    """The progress of a run: definitions, workloads, runs and ETA, on one line."""
 
     def __init__(self, groups: list[Group], enabled: bool) -> None:
-        self.enabled = enabled
+        self.line = ProgressLine(enabled)
         self.total_runs = sum(len(g.solutions) for g in groups)
         self.total_defs = len({g.definition.name for g in groups})
         self.total_workloads = len(groups)
         self.runs = self.workloads = 0
         self.defs_done: Counter = Counter(g.definition.name for g in groups)
-        self.start = time.monotonic()
         self.lock = threading.Lock()
-        self.tty = sys.stderr.isatty()
-        self.last = 0.0
 
     def begin(self) -> None:
         """The first line, before any work: what there is to do."""
@@ -162,11 +158,8 @@ class _Progress:
 
     def note(self, text: str) -> None:
         """A line of its own (a build starting), above the progress line."""
-        if not self.enabled:
-            return
         with self.lock:
-            sys.stderr.write(("\r\x1b[K" if self.tty else "") + text + "\n")
-            sys.stderr.flush()
+            self.line.note(text)
             self._show(text, final=True)
 
     def tick(self, group: Group, runs: int, workload_done: bool) -> None:
@@ -178,26 +171,20 @@ class _Progress:
             self._show(group.definition.name)
 
     def _show(self, current: str, final: bool = False) -> None:
-        if not self.enabled:
+        now = self.line.due(final)
+        if now is None:
             return
-        now = time.monotonic()
-        if not final and not self.tty and now - self.last < 5.0:
-            return
-        self.last = now
-        elapsed = now - self.start
+        elapsed = now - self.line.start
         eta = elapsed / self.runs * (self.total_runs - self.runs) if self.runs else math.nan
         defs = sum(1 for v in self.defs_done.values() if v == 0)
-        line = (
+        self.line.show(
             f"bench: definitions {defs}/{self.total_defs}, workloads "
             f"{self.workloads}/{self.total_workloads}, runs {self.runs}/{self.total_runs}, "
             f"ETA {duration(eta)} ({current})"
         )
-        sys.stderr.write(("\r\x1b[K" + line) if self.tty else line + "\n")
-        sys.stderr.flush()
 
     def close(self) -> None:
-        if self.enabled and self.tty:
-            sys.stderr.write("\n")
+        self.line.close()
 
 
 def duration(seconds: float) -> str:
