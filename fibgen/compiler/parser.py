@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from functools import lru_cache
+from typing import TYPE_CHECKING, cast
 
 import lark
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
@@ -12,6 +13,9 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 from fibgen.compiler.diagnostics import Diagnostic, error
 from fibgen.compiler.ir import Span
 from fibgen.paths import grammars_dir
+
+if TYPE_CHECKING:
+    from fibgen.compiler.lower.text import PosToken
 
 # How terminals are called in messages.
 _TERMINAL_WORDS = {
@@ -59,11 +63,11 @@ def _parser() -> lark.Lark:
 
 # Comments are ignored by the grammar but kept for `fibgen fmt`: the lexer hands each one to
 # this callback, and `parse_with_comments` takes the ones of its own run.
-_comments: list[lark.Token] = []
+_comments: list[PosToken] = []
 
 
 def _collect_comment(token: lark.Token) -> lark.Token:
-    _comments.append(token)
+    _comments.append(cast("PosToken", token))  # a lexed token: its position is set
     return token
 
 
@@ -139,10 +143,9 @@ def _to_diagnostic(exc: UnexpectedInput, path: str, text: str) -> Diagnostic:
                 _span(path, line, column),
                 help="the file ends before this block's matching '}'",
             )
-    if (
-        isinstance(exc, UnexpectedCharacters)
-        and text[exc.pos_in_stream : exc.pos_in_stream + 1] in "\"'"
-    ):
+    # Where the lexer stopped: set on every UnexpectedCharacters.
+    pos = exc.pos_in_stream or 0
+    if isinstance(exc, UnexpectedCharacters) and text[pos : pos + 1] in "\"'":
         return error(
             "unterminated string",
             _span(path, exc.line, exc.column),
@@ -162,7 +165,7 @@ def _to_diagnostic(exc: UnexpectedInput, path: str, text: str) -> Diagnostic:
         message = f"expected {_describe_expected(exc.accepts or exc.expected)}, found {_found(tok)}"
     elif isinstance(exc, UnexpectedCharacters):
         line, column, width = exc.line, exc.column, 1
-        char = text[exc.pos_in_stream] if exc.pos_in_stream < len(text) else ""
+        char = text[pos] if pos < len(text) else ""
         message = f"unexpected character {char!r}"
     else:  # UnexpectedEOF
         line, column, width = _end_position(text)
