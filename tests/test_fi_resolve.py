@@ -150,6 +150,24 @@ def test_what_flashinfer_says_less_precisely_still_pairs_and_is_said():
     assert "input `x` is a scalar in FlashInfer's JSON and a tensor in the other" in why
 
 
+def test_a_scalar_paired_by_name_with_a_tensor_is_said_on_either_side():
+    # A scalar and a rank-1 tensor of one name agree; FlashInfer's tensor against the
+    # definition's scalar once raised TypeError comparing their ranks.
+    axes = {"n": {"type": "var"}}
+    tensor = {"top_p": {"shape": ["n"], "dtype": "float32"}}
+    scalar = {"top_p": {"shape": None, "dtype": "float32"}}
+    r = resolve(definition("fi", tensor, {}, axes), [definition("cat", scalar, {}, axes)])
+    assert r.kind == "resolved", r.describe()
+    assert "input `top_p` is a scalar in the definition and a tensor in the other" in (
+        r.differences
+    )
+    r = resolve(definition("fi", scalar, {}, axes), [definition("cat", tensor, {}, axes)])
+    assert r.kind == "resolved", r.describe()
+    assert "input `top_p` is a scalar in FlashInfer's JSON and a tensor in the other" in (
+        r.differences
+    )
+
+
 def test_no_candidates_and_no_entry_point_are_said():
     r = resolve(traced(24576), [])
     assert r.differences == (

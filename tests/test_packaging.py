@@ -252,5 +252,8 @@ def test_the_test_extra_holds_what_the_tests_need_and_ci_installs_it():
     test = _names(_pyproject()["project"]["optional-dependencies"]["test"])
     # matplotlib: the plot is tested, not skipped (FIBGEN_REQUIRE_OPTIONAL=1 in CI);
     # setuptools: the wheel above is built without build isolation; ray: `bench --ray`.
-    assert {"pytest", "hypothesis", "matplotlib", "setuptools", "ray"} <= test
-    assert "-e '.[test]'" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    # mypy: CI type-checks fibgen/ after installing it.
+    assert {"pytest", "hypothesis", "matplotlib", "setuptools", "ray", "mypy"} <= test
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "-e '.[test]'" in ci
+    assert ci.index("-e '.[test]'") < ci.index("python -m mypy") < ci.index("python -m pytest")

@@ -103,7 +103,8 @@ class Claims:
     def claim(self, definition: str, workload: str, solutions: list[Any]) -> tuple[list, Counter]:
         """Claim the runs of one workload: (the solutions this bench is to run, the runs
         another live bench claimed, counted by who it is)."""
-        mine, theirs = [], Counter()
+        mine: list = []
+        theirs: Counter = Counter()
         owners: dict[str, str | None] = {}
         with self._lock():
             for solution in solutions:

@@ -12,7 +12,7 @@ __all__ = ["setup_device"]
 
 
 def library_versions() -> dict[str, str]:
-    libs = {"torch": torch.__version__}
+    libs: dict[str, str] = {"torch": str(torch.__version__)}
     try:
         import triton
 

@@ -305,7 +305,7 @@ def run_group(
     # started (Note [isolated solutions] in isolation.py): the runner's wait also covers that
     # start, and is the bound for a worker that no longer answers.
     wait = limit + START_TIMEOUT + 30 if options.isolate else limit
-    traces = []
+    traces: list[tuple[Solution, dict]] = []
     for solution in group.solutions:
         if note is not None and solution.spec.language in BUILT_LANGUAGES:
             from fibgen.runtime.solutions.builders import is_built
@@ -433,6 +433,7 @@ def record_group(
         )
         return False
     for trace in traces:
+        assert trace.evaluation is not None  # each was made with its evaluation
         summary.statuses[trace.evaluation.status.value] += 1
         if on_trace is not None:
             on_trace(trace)

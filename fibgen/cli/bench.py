@@ -136,7 +136,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         _eprint(f"error: {problem}")
         return EXIT_FAIL
     from fibgen.bench import ray_runner
-    from fibgen.bench.runner import BenchError, BenchOptions, DeviceError, check_devices, run_bench
+    from fibgen.bench.runner import (
+        BenchError,
+        BenchOptions,
+        BenchSummary,
+        DeviceError,
+        check_devices,
+        run_bench,
+    )
     from fibgen.format import FormatError
 
     # On a cluster the devices are the cluster's: without --devices, its GPUs if it has any.
@@ -164,6 +171,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         seed=args.seed,
         flush=args.flush,
     )
+    summary: BenchSummary
     try:
         if args.ray:
             ray = ray_runner.RayOptions(address=args.ray, retries=args.retries)

@@ -209,13 +209,14 @@ def _list_entry_points(module) -> int:
         except TemplateUnavailable:
             op_types = "?"
         status = entry.status
+        unroutable = entry.unroutable  # set when the status is "both" or "unroutable"
         if status in ("routed", "both"):
             n = len(entry.definitions)
             what = f"routed: {route_text(entry.routes)} ({n} definition{'s' if n != 1 else ''})"
-            if status == "both":
-                what += f"; ALSO declared unroutable at {entry.unroutable.span}"
-        elif status == "unroutable":
-            what = f"unroutable: {entry.unroutable.reason}"
+            if status == "both" and unroutable is not None:
+                what += f"; ALSO declared unroutable at {unroutable.span}"
+        elif status == "unroutable" and unroutable is not None:
+            what = f"unroutable: {unroutable.reason}"
         else:
             what = "NOT YET COVERED: neither routed nor declared unroutable"
         rows.append((entry.api.path, op_types, what))

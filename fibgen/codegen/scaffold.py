@@ -17,10 +17,11 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:  # the CLI imports this module to list languages; the IR loads on use
     from fibgen.compiler import ir
+    from fibgen.format.models.base import Binding, Language
 
 LANGUAGES = ("python", "triton", "cuda")
 ENTRY_SYMBOL = "run"
@@ -111,6 +112,7 @@ def _eps(reference: str | None) -> float:
             isinstance(node, ast.Assign)
             and [getattr(t, "id", None) for t in node.targets] == ["EPS"]
             and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, (int, float))
         ):
             return float(node.value.value)
     return 1e-6
@@ -189,7 +191,7 @@ def _python_sources(defn: ir.Definition, name: str, dps: bool, language: str) ->
     return {_ENTRY_FILES[language]: render(template[language], **context)}
 
 
-def _cuda_sources(defn: ir.Definition, family: ir.Family, dps: bool) -> tuple[dict, str, str]:
+def _cuda_sources(defn: ir.Definition, family: ir.Family, dps: bool) -> tuple[dict, str, Binding]:
     """The CUDA target's scaffold: (sources, entry file, binding)."""
     try:
         from fibgen.codegen.cuda.emit import BINDING, ENTRY_FILE, CudaGenError, scaffold_sources
@@ -241,7 +243,7 @@ def scaffold_solution(
     module, where = _compile(definitions)
     defn, family = find_definition(module, definition, where)
 
-    binding = None
+    binding: Binding | None = None
     if language == "cuda":
         sources, entry_file, binding = _cuda_sources(defn, family, dps)
     else:
@@ -254,7 +256,7 @@ def scaffold_solution(
         author=author,
         description=f"Scaffold of a {language} solution for {defn.name}.",
         spec=BuildSpec(
-            language=language,
+            language=cast("Language", language),  # one of LANGUAGES, checked above
             target_hardware=["cuda"] if language == "cuda" else ["cuda", "cpu"],
             entry_point=f"{entry_file}::{ENTRY_SYMBOL}",
             destination_passing_style=dps,

@@ -13,9 +13,11 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
+from typing import TypeVar
 
 from fibgen.compiler import ir
 
+_T = TypeVar("_T")
 _ABBREV = re.compile(r"^[A-Za-z][A-Za-z0-9]*?[A-Za-z]$|^[A-Za-z]$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -136,7 +138,7 @@ def _common_prefix(lists: list[list[str]]) -> list[str]:
     return prefix
 
 
-def _most_common(values: list) -> object:
+def _most_common(values: list[_T]) -> _T | None:
     counts = Counter(values)
     value, count = counts.most_common(1)[0]
     return value if count > 1 or len(values) == 1 else None

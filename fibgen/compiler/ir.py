@@ -181,9 +181,12 @@ class Tensor(Node):
 # ---------------------------------------------------------------------------------------
 
 
+ParamKind = Literal["positional", "keyword_only", "var_positional", "var_keyword"]
+
+
 class ApiParam(Node):
     name: str
-    kind: Literal["positional", "keyword_only", "var_positional", "var_keyword"]
+    kind: ParamKind
     default: str | None = None  # Python source of the default, None when required
 
 

@@ -6,6 +6,7 @@ import contextvars
 import json
 import re
 from functools import lru_cache
+from typing import TYPE_CHECKING, cast
 
 import lark
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
@@ -13,6 +14,9 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 from fibgen.compiler.diagnostics import Diagnostic, error
 from fibgen.compiler.ir import Span
 from fibgen.paths import grammars_dir
+
+if TYPE_CHECKING:
+    from fibgen.compiler.lower.text import PosToken
 
 # How terminals are called in messages.
 _TERMINAL_WORDS = {
@@ -62,7 +66,7 @@ def _parser() -> lark.Lark:
 # this callback, which adds it to the list of the `parse_with_comments` call in progress in
 # this thread or task (none for a plain `parse`), so that parses on several threads, or one
 # inside another, each keep their own.
-_comments: contextvars.ContextVar[list[lark.Token] | None] = contextvars.ContextVar(
+_comments: contextvars.ContextVar[list[PosToken] | None] = contextvars.ContextVar(
     "fibgen_parser_comments", default=None
 )
 
@@ -70,7 +74,7 @@ _comments: contextvars.ContextVar[list[lark.Token] | None] = contextvars.Context
 def _collect_comment(token: lark.Token) -> lark.Token:
     collected = _comments.get()
     if collected is not None:
-        collected.append(token)
+        collected.append(cast("PosToken", token))  # a lexed token: its position is set
     return token
 
 
@@ -146,10 +150,9 @@ def _to_diagnostic(exc: UnexpectedInput, path: str, text: str) -> Diagnostic:
                 _span(path, line, column),
                 help="the file ends before this block's matching '}'",
             )
-    if (
-        isinstance(exc, UnexpectedCharacters)
-        and text[exc.pos_in_stream : exc.pos_in_stream + 1] in "\"'"
-    ):
+    # Where the lexer stopped: set on every UnexpectedCharacters.
+    pos = exc.pos_in_stream or 0
+    if isinstance(exc, UnexpectedCharacters) and text[pos : pos + 1] in "\"'":
         return error(
             "unterminated string",
             _span(path, exc.line, exc.column),
@@ -169,7 +172,7 @@ def _to_diagnostic(exc: UnexpectedInput, path: str, text: str) -> Diagnostic:
         message = f"expected {_describe_expected(exc.accepts or exc.expected)}, found {_found(tok)}"
     elif isinstance(exc, UnexpectedCharacters):
         line, column, width = exc.line, exc.column, 1
-        char = text[exc.pos_in_stream] if exc.pos_in_stream < len(text) else ""
+        char = text[pos] if pos < len(text) else ""
         message = f"unexpected character {char!r}"
     else:  # UnexpectedEOF
         line, column, width = _end_position(text)
@@ -224,7 +227,7 @@ def parse_with_comments(
     text: str, path: str
 ) -> tuple[lark.Tree | None, list[Diagnostic], list[tuple[int, int, str]]]:
     """Like `parse`, also returning comments as (line, column, text)."""
-    collected: list[lark.Token] = []
+    collected: list[PosToken] = []
     reset = _comments.set(collected)
     try:
         tree, diags = parse(text, path)

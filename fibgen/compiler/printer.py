@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fibgen.compiler import ir
@@ -175,8 +176,8 @@ def _anchors(sf: ir.SourceFile) -> list[tuple[int, int]]:
             fam.outputs,
             fam.instances,
         ):
-            for node in seq:
-                add(node)
+            for item in seq:
+                add(item)
         if fam.reference_span.line > 0:
             found.append((fam.reference_span.line, fam.reference_span.column))
     for group in sf.dispatches:
@@ -396,7 +397,9 @@ def _align(rows: list[list[str]]) -> list[str]:
     return out
 
 
-def print_file(sf: ir.SourceFile, comments: list[tuple[int, int, str]] = (), text: str = "") -> str:
+def print_file(
+    sf: ir.SourceFile, comments: Sequence[tuple[int, int, str]] = (), text: str = ""
+) -> str:
     """Canonical text of one parsed file, with its comments."""
     assigned = _assign_comments(list(comments), text, _anchors(sf))
     return Printer(assigned).file(sf)

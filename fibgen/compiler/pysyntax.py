@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import warnings
+from typing import Literal, Protocol, cast, overload
 
 
 class PythonSyntaxError(Exception):
@@ -30,7 +31,11 @@ class PythonSyntaxError(Exception):
 MAX_DEPTH = 100
 
 
-def parse_python(text: str, mode: str = "exec") -> ast.AST:
+@overload
+def parse_python(text: str, mode: Literal["eval"]) -> ast.Expression: ...
+@overload
+def parse_python(text: str, mode: Literal["exec"] = "exec") -> ast.Module: ...
+def parse_python(text: str, mode: Literal["exec", "eval"] = "exec") -> ast.mod:
     """``ast.parse(text, mode=mode)``; every failure is a PythonSyntaxError."""
     try:
         with warnings.catch_warnings():
@@ -53,13 +58,18 @@ def parse_python(text: str, mode: str = "exec") -> ast.AST:
     return tree
 
 
-def _deepest(tree: ast.AST) -> ast.expr | ast.stmt | None:
+class _Positioned(Protocol):
+    lineno: int
+    col_offset: int
+
+
+def _deepest(tree: ast.AST) -> _Positioned | None:
     """The first node found below MAX_DEPTH levels, or None (an iterative walk)."""
     stack = [(tree, 1)]
     while stack:
         node, depth = stack.pop()
         if depth > MAX_DEPTH and hasattr(node, "lineno"):
-            return node
+            return cast(_Positioned, node)  # a node with a line has a column too
         stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
     return None
 

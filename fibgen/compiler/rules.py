@@ -129,7 +129,7 @@ def refs(text: str, sc: Scope) -> list[Ref]:
     return sorted(found, key=lambda r: (r.line, r.column))
 
 
-def _ref(kind: RefKind, name: str, node: ast.AST) -> Ref:
+def _ref(kind: RefKind, name: str, node: ast.expr) -> Ref:
     end = getattr(node, "end_col_offset", None)
     start = node.col_offset
     width = (end - start) if end is not None and node.end_lineno == node.lineno else len(name)

@@ -86,9 +86,9 @@ def check_solution_entries(
         why = _not_loadable_here(solution) if load and name in definitions else None
         if load and name in definitions and why is None and not problems:
             # Loading says whatever a missing tool makes of it, once, as an error.
-            problem = _load(path, solution, definitions[name][1], progress)
-            if problem:
-                report.add("error", path, problem, name)
+            load_problem = _load(path, solution, definitions[name][1], progress)
+            if load_problem:
+                report.add("error", path, load_problem, name)
             continue
         for note in _tool_problems(solution):
             report.add("warning", path, note, name)
@@ -222,6 +222,7 @@ def _load(
         finally:
             # What the load said (Triton's interpreter turned on, a solution's own warning)
             # goes where the progress goes: the report is about the dataset.
-            for w in caught or ():
-                progress(f"validate: {str(w.message).removeprefix('fibgen: ')}")
+            for w in caught or ():  # recorded only with a progress
+                if progress is not None:
+                    progress(f"validate: {str(w.message).removeprefix('fibgen: ')}")
     return None

@@ -58,19 +58,21 @@ def check_workload_files(
             for input_name, spec in workload.inputs.items():
                 if spec.type != "safetensors":
                     continue
-                problem = _blob_problem(report.root, spec, defn, workload, input_name, headers)
+                blob_problem = _blob_problem(report.root, spec, defn, workload, input_name, headers)
                 try:
                     blobs.add(resolve_dataset_path(report.root, spec.path).resolve())
                 except ValueError:
                     pass
-                if problem == _ABSENT:
+                if blob_problem == _ABSENT:
                     entry = absent.get(name)
                     if entry is None:
                         entry = absent[name] = [0, set(), f"{path}:{lineno}: {spec.path}"]
                     entry[0] += 1
                     entry[1].add(workload.uuid)
-                elif problem:
-                    report.add_line("error", path, lineno, f"input {input_name!r}: {problem}", name)
+                elif blob_problem:
+                    report.add_line(
+                        "error", path, lineno, f"input {input_name!r}: {blob_problem}", name
+                    )
     for name, (inputs, uuids, first) in sorted(absent.items()):
         report.add(
             "error",

@@ -146,11 +146,12 @@ def _load_tensor(
     name: str,
     dtype: str,
     shape: tuple[str, ...] | None,
-    known: Mapping[str, int],
+    known: Mapping[str, int | None],
     root: str | os.PathLike[str] | None,
     device: Any,
 ) -> torch.Tensor:
     source = workload.inputs[name]
+    assert isinstance(source, SafetensorsInput)  # the caller's case
     if root is None:
         raise WorkloadError(
             f"{_where(spec, workload, name)}: stored in {source.path}; pass the dataset root"

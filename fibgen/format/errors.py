@@ -8,8 +8,8 @@ with JSON spellings (``null``, ``true``) and, for unknown keys, the keys that ar
 from __future__ import annotations
 
 import json
+import os
 import typing
-from pathlib import Path
 from typing import Any, Union
 
 from fibgen.format.schema_walk import allowed_keys_at, strip_union_tags
@@ -27,7 +27,7 @@ class FormatError(ValueError):
 
     def __init__(
         self,
-        path: Union[str, Path],
+        path: Union[str, "os.PathLike[str]"],
         message: str,
         line: int | None = None,
         col: int | None = None,
@@ -59,7 +59,9 @@ class NotJSONError(FormatError):
 class FormatWarning(UserWarning):
     """A dataset file that loads, with something ignored: ``path:line: message``."""
 
-    def __init__(self, path: Union[str, Path], message: str, line: int | None = None) -> None:
+    def __init__(
+        self, path: Union[str, "os.PathLike[str]"], message: str, line: int | None = None
+    ) -> None:
         self.path = str(path)
         self.message = message
         self.line = line

@@ -35,7 +35,7 @@ import math
 import operator
 import warnings
 from functools import lru_cache
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 # What an expression may call, and with how many arguments (None: one or more). Those of
 # MATH_FUNCTIONS may also be written `math.sqrt(...)`.
@@ -175,7 +175,7 @@ def _checked(text: str, what: str) -> ast.expr:
     # Every node is checked and the problem that comes first in the text is reported: in
     # `len.__self__.__import__('os')` that is `.__self__`, not the call around it.
     found: list[tuple[int, int, int, str]] = []
-    stack: list[tuple[ast.AST, int]] = [(tree.body, 1)]
+    stack: list[tuple[ast.expr, int]] = [(tree.body, 1)]
     while stack:
         node, depth = stack.pop()
         if depth > MAX_DEPTH:
@@ -198,9 +198,9 @@ def _layout(text: str) -> tuple[list[str], int, int]:
     return text.split("\n"), lead.count("\n"), len(lead) - (lead.rfind("\n") + 1)
 
 
-def _where(node: ast.AST, lines: list[str], shift_line: int, shift_col: int) -> tuple:
+def _where(node: ast.expr, lines: list[str], shift_line: int, shift_col: int) -> tuple:
     """(line, column, width) of a node in the text; of its name, for an attribute."""
-    focus = node.func if isinstance(node, ast.Call) else node  # type: ignore[attr-defined]
+    focus = node.func if isinstance(node, ast.Call) else node
     if not isinstance(focus, ast.Attribute):
         focus = node
     line = focus.lineno + shift_line
@@ -208,6 +208,7 @@ def _where(node: ast.AST, lines: list[str], shift_line: int, shift_col: int) -> 
     end_shift = shift_col if focus.end_lineno == 1 else 0
     column = _column(lines, line, focus.col_offset + shift)
     if focus.end_lineno == focus.lineno:
+        assert focus.end_col_offset is not None  # ast.parse sets every node's end
         end = _column(lines, line, focus.end_col_offset + end_shift)
     else:
         end = len(lines[line - 1]) + 1
@@ -225,7 +226,7 @@ def _column(lines: list[str], line: int, col_offset: int) -> int:
     return len(text.encode("utf-8")[:col_offset].decode("utf-8", errors="ignore")) + 1
 
 
-def _children(node: ast.AST) -> list[ast.AST]:
+def _children(node: ast.AST) -> list[ast.expr]:
     """What is checked below a node: its expressions (a call's function is checked with it,
     a subscript's tuple of indices is no tuple of the language)."""
     if isinstance(node, ast.Call):
@@ -243,8 +244,8 @@ def _children(node: ast.AST) -> list[ast.AST]:
     return [c for c in ast.iter_child_nodes(node) if isinstance(c, ast.expr)]
 
 
-def _walk(tree: ast.expr):
-    stack: list[ast.AST] = [tree]
+def _walk(tree: ast.expr) -> Iterator[ast.expr]:
+    stack: list[ast.expr] = [tree]
     while stack:
         node = stack.pop()
         yield node
@@ -338,7 +339,7 @@ def _call_problem(node: ast.Call, what: str) -> str | None:
 def evaluate(
     text: str,
     env: Mapping[str, Any],
-    arrays: tuple[type, ...] = (),
+    arrays: tuple[type[Any], ...] = (),
     what: str = "a constraint",
 ) -> Any:
     """The value of a checked expression over ``env`` (names to values).
@@ -359,7 +360,7 @@ def evaluate(
 class _Evaluator:
     """Walks a checked tree over one environment (Note [checked expressions])."""
 
-    def __init__(self, env: Mapping[str, Any], arrays: tuple[type, ...]) -> None:
+    def __init__(self, env: Mapping[str, Any], arrays: tuple[type[Any], ...]) -> None:
         self.env = env
         self.arrays = arrays
 
@@ -401,7 +402,9 @@ class _Evaluator:
                 raise EvaluationError(f"{_kind(container)} cannot be subscripted")
             index = node.slice
             if isinstance(index, ast.Tuple):
-                return container[tuple(self._index(e) for e in index.elts)]
+                # An array's; a tuple value raises TypeError, which `evaluate` reports.
+                key: Any = tuple(self._index(e) for e in index.elts)
+                return container[key]
             return container[self._index(index)]
         if isinstance(node, ast.Attribute):
             if _is_math(node.value):

@@ -286,7 +286,13 @@ class _Comparison:
                 self.differences.append(f"{word} `{c.name}` has no FlashInfer counterpart")
 
     def _note_pair(self, f: _Tensor, c: _Tensor, word: str) -> None:
-        if f.shape is None:
+        if f.shape is None or c.shape is None:
+            # A scalar paired by name with a tensor of rank 0 or 1: agreeing, said.
+            if f.shape is not None or c.shape is not None:
+                where = "FlashInfer's JSON" if f.shape is None else "the definition"
+                self.differences.append(
+                    f"{word} `{f.name}` is a scalar in {where} and a tensor in the other"
+                )
             return
         fi_axes = self.fi.get("axes") or {}
         if f.dtype == "unknown":

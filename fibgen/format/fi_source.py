@@ -186,10 +186,12 @@ def module_table(source: str, module: str, is_package: bool) -> dict[str, Any]:
 
 
 def _str_list(node: ast.expr) -> list[str] | None:
-    if isinstance(node, (ast.List, ast.Tuple)) and all(
-        isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts
-    ):
-        return [e.value for e in node.elts]
+    if isinstance(node, (ast.List, ast.Tuple)):
+        found = [
+            e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)
+        ]
+        if len(found) == len(node.elts):
+            return found
     return None
 
 
@@ -199,7 +201,12 @@ def _str_map(node: ast.expr) -> dict[str, str] | None:
         return None
     found: dict[str, str] = {}
     for key, value in zip(node.keys, node.values):
-        if not all(isinstance(x, ast.Constant) and isinstance(x.value, str) for x in (key, value)):
+        if not (
+            isinstance(key, ast.Constant)
+            and isinstance(key.value, str)
+            and isinstance(value, ast.Constant)
+            and isinstance(value.value, str)
+        ):
             return None
         found[key.value] = value.value
     return found

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -37,7 +38,7 @@ from fibgen.format.models import (
 from fibgen.format.schema_walk import strip_unknown_keys
 
 M = TypeVar("M", bound=BaseModel)
-PathLike = Union[str, Path]
+PathLike = Union[str, "os.PathLike[str]"]
 
 # The most common key order in the dataset (69 of 156 definition files).
 DEFINITION_KEY_ORDER: tuple[str, ...] = (

@@ -15,12 +15,14 @@ TOLERANCE_KEYS = ("atol", "rtol", "matched")
 
 def tolerance_problem(key: str, value: object) -> tuple[str, str] | None:
     """What is wrong with one tolerance (``key`` one of TOLERANCE_KEYS), and what to write."""
-    if type(value) not in (int, float) or not math.isfinite(value):
+    # Exactly int or float: not bool, nor a subclass such as numpy's float64.
+    number = value if type(value) in (int, float) else None
+    if not isinstance(number, (int, float)) or not math.isfinite(number):
         return "is not a finite number", "write a number such as 1e-2"
-    if key in ("atol", "rtol") and value < 0:
+    if key in ("atol", "rtol") and number < 0:
         error = "absolute" if key == "atol" else "relative"
         return "is negative", f"{key} is the {error} error an element may have: 0 or more"
-    if key == "matched" and not 0 < value <= 1:
+    if key == "matched" and not 0 < number <= 1:
         return (
             "is not in (0, 1]",
             "matched is the share of elements that must pass: 1 for all of them, 0.99 for 99%; "

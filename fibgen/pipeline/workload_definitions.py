@@ -29,8 +29,8 @@ def definition_for_workloads(name: str, definitions: str | None) -> Union[_Found
     fibgen's built-in catalogue.
     """
     if definitions is None:
-        found: Union[_Found, str, None] = _from_builtin(name)
-    elif not os.path.exists(definitions):
+        return _from_builtin(name)
+    if not os.path.exists(definitions):
         return f"error: no such file or directory: {definitions}"
     else:
         found = _from_fidef(name, definitions)
@@ -71,7 +71,7 @@ def _from_fidef(name: str, path: str) -> Union[_Found, str, None]:
     family = next(f for f in result.module.families() if f.name == defn.family)
     model = Definition.model_validate(definition_dict(defn))
     sidecar = f"definitions/{defn.op_type}/{defn.name}.fibgen"
-    extras = next(
+    extras: dict = next(
         (json.loads(f.text) for f in emit_bench_extras(result.module) if f.path == sidecar), {}
     )
     return InputSpec.from_ir(defn, family), defn.op_type, model, extras

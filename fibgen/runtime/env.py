@@ -12,7 +12,7 @@ def enable_from_env(
     path_var: str,
     needs: str,
     what: str,
-    enable: Callable[[str], None],
+    enable: Callable[[str], object],
     errors: tuple[type[Exception], ...],
 ) -> None:
     """Call ``enable(path)`` when ``flag_var=1``; on a bad setting warn and leave it off.

@@ -15,6 +15,8 @@ of each definition that ``cuda_view.py`` makes.
 
 from __future__ import annotations
 
+from typing import Final
+
 from fibgen.codegen.cuda.binding import binding_source, python_module
 from fibgen.codegen.cuda.kernel import kernel_header
 from fibgen.codegen.cuda.launcher import launcher_source
@@ -25,7 +27,7 @@ from fibgen.codegen.templates import render
 from fibgen.compiler import ir
 
 # The binding every generated and scaffolded CUDA source is written for (see the README).
-BINDING = "torch"
+BINDING: Final = "torch"
 # The file of a cuda scaffold that exports the entry symbol.
 ENTRY_FILE = "binding.cpp"
 

@@ -36,7 +36,7 @@ def package_problem(name: str) -> str | None:
         return "is not a Python identifier (letters, digits and '_', not starting with a digit)"
     if keyword.iskeyword(name):
         return "is a Python keyword"
-    stdlib = getattr(sys, "stdlib_module_names", frozenset())  # Python 3.10+
+    stdlib: frozenset[str] = getattr(sys, "stdlib_module_names", frozenset())  # Python 3.10+
     if name in _TAKEN or name in stdlib or name in sys.builtin_module_names:
         return f"would hide the module `{name}` that Python or the generated code imports"
     return None

@@ -24,6 +24,9 @@ class ApiChecks(CheckerBase):
         plan = (
             set(sc.plan) | {n[5:] for n in sc.lets if n.startswith("plan.")} if fam.plan else None
         )
+        # Set exactly when `api` and `plan` are.
+        api_path = fam.api.path if fam.api else None
+        plan_path = fam.plan.path if fam.plan else None
         for sig in (fam.api, fam.plan):
             if sig is None:
                 continue
@@ -45,7 +48,7 @@ class ApiChecks(CheckerBase):
             if src is None:
                 if api is not None and t.name not in api and not (plan and t.name in plan):
                     self.err(
-                        f"input `{t.name}` is not a parameter of `{fam.api.path}`",
+                        f"input `{t.name}` is not a parameter of `{api_path}`",
                         t.span,
                         help="read it from a parameter with `<- PARAM`, "
                         f"one of: {', '.join(sorted(api))}",
@@ -60,7 +63,7 @@ class ApiChecks(CheckerBase):
                     )
                 elif src.param not in plan:
                     self.err(
-                        f"`plan.{src.param}` is not a parameter of `{fam.plan.path}`",
+                        f"`plan.{src.param}` is not a parameter of `{plan_path}`",
                         src.span,
                         help=did_you_mean(src.param, plan, "parameters"),
                     )
@@ -72,7 +75,7 @@ class ApiChecks(CheckerBase):
                 )
             elif src.param not in api:
                 self.err(
-                    f"`{src.param}` is not a parameter of `{fam.api.path}`",
+                    f"`{src.param}` is not a parameter of `{api_path}`",
                     src.span,
                     help=did_you_mean(src.param, api, "parameters"),
                 )
@@ -84,7 +87,7 @@ class ApiChecks(CheckerBase):
             # tuple parameter, say) is written in place.
             targets = (api or set()) | set(v.inputs)
             if t.target not in targets:
-                where = f"a parameter of `{fam.api.path}` or an input" if api else "an input"
+                where = f"a parameter of `{api_path}` or an input" if api else "an input"
                 self.err(
                     f"write-back target `{t.target}` of `{t.name}` is not {where}",
                     t.span,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ast
+import enum
 import math
 import operator
+from typing import Any, Callable, Final, Literal
 
 from fibgen.compiler.pysyntax import PythonSyntaxError, parse_python
 
@@ -15,7 +17,7 @@ from fibgen.compiler.pysyntax import PythonSyntaxError, parse_python
 # `factorial(10**9)`); a value out of range is a diagnostic.
 INT64_MAX = 2**63 - 1
 _BOUND = 2**64
-_BINARY = {
+_BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
     ast.Mult: operator.mul,
@@ -24,8 +26,11 @@ _BINARY = {
     ast.Mod: operator.mod,
     ast.Pow: operator.pow,
 }
-_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-_FUNCTIONS = {
+_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {
+    ast.UAdd: operator.pos,
+    ast.USub: operator.neg,
+}
+_FUNCTIONS: dict[str | None, Callable[..., Any]] = {
     "min": min,
     "max": max,
     "abs": abs,
@@ -41,18 +46,21 @@ _FUNCTIONS = {
 _CONSTANTS = {"pi": math.pi, "e": math.e, "tau": math.tau}
 
 
-class _Unparsable:
-    """What `evaluate_const` gives for text that is not an expression (lowering reported it)."""
+class _Unparsable(enum.Enum):
+    """What `evaluate_const` gives for text that is not an expression (lowering reported it).
+    A one-member enum, so that `is UNPARSABLE` narrows the result's type."""
+
+    UNPARSABLE = "unparsable"
 
 
-UNPARSABLE = _Unparsable()
+UNPARSABLE: Final = _Unparsable.UNPARSABLE
 
 
 class _ConstError(Exception):
     pass
 
 
-def evaluate_const(text: str, names: dict) -> object:
+def evaluate_const(text: str, names: dict) -> int | float | str | Literal[_Unparsable.UNPARSABLE]:
     """Evaluate a const expression over already-known values (Note [const arithmetic]).
 
     Returns the value, `UNPARSABLE`, or a `<reason>` string for an expression that has no
@@ -73,7 +81,7 @@ def evaluate_const(text: str, names: dict) -> object:
         return f"<{type(exc).__name__}: {exc}>"
 
 
-def _eval_node(node: ast.expr, names: dict) -> object:
+def _eval_node(node: ast.expr, names: dict) -> int | float:
     if isinstance(node, ast.Constant):
         if type(node.value) not in (int, float):
             raise _ConstError(f"{node.value!r} is not a number")
@@ -108,7 +116,7 @@ def _eval_node(node: ast.expr, names: dict) -> object:
     raise _ConstError(f"`{type(node).__name__}` is not allowed in a const")
 
 
-def _bounded(value: object) -> object:
+def _bounded(value: object) -> int | float:
     if type(value) is bool or not isinstance(value, (int, float)):
         raise _ConstError(f"{value!r} is not a number")
     if isinstance(value, float) and not math.isfinite(value):

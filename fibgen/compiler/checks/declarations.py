@@ -105,11 +105,12 @@ class DeclarationChecks(CheckerBase):
                     help=f"the first is at {outputs[t.name].span}",
                 )
             elif t.name in inputs:
+                source = inputs[t.name].source
                 self.err(
                     f"`{t.name}` is both an input and an output",
                     t.span,
                     help="give the output its own name; an in-place kernel writes back "
-                    f"with `-> {inputs[t.name].source.param if inputs[t.name].source else t.name}`",
+                    f"with `-> {source.param if source else t.name}`",
                 )
             outputs[t.name] = t
         for name in list(inputs) + list(outputs):
@@ -120,7 +121,10 @@ class DeclarationChecks(CheckerBase):
                     help="constraints refer to both by name, so they must differ",
                 )
         # These names become parameters and variables of generated Python.
-        named = [("an axis", a) for a in fam.axes] + [("a parameter", p) for p in fam.params]
+        named: list[tuple[str, ir.VarAxis | ir.ConstAxis | ir.Param | ir.Tensor]] = [
+            ("an axis", a) for a in fam.axes
+        ]
+        named += [("a parameter", p) for p in fam.params]
         named += [("an input", t) for t in fam.inputs] + [("an output", t) for t in fam.outputs]
         for what, node in named:
             if keyword.iskeyword(node.name):

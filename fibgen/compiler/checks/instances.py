@@ -106,11 +106,11 @@ class InstanceChecks(CheckerBase):
                     ok = False
                     self.err(f"`{target}` is given twice in this instance", a.span)
                     continue
-                ax = v.axes.get(target)
-                if isinstance(ax, ir.ConstAxis) and ax.value is not None:
+                axis = v.axes.get(target)
+                if isinstance(axis, ir.ConstAxis) and axis.value is not None:
                     ok = False
                     self.err(
-                        f"`{target}` is pinned to `{ax.value.text}` and cannot be set per "
+                        f"`{target}` is pinned to `{axis.value.text}` and cannot be set per "
                         "instance",
                         a.span,
                         help="remove it from the instance",
@@ -313,32 +313,32 @@ class InstanceChecks(CheckerBase):
                     return None
                 if names & {p.name for p in pending}:
                     continue
-                value = evaluate_const(ax.value.text, {**params, **consts})
-                if value is UNPARSABLE:
+                result = evaluate_const(ax.value.text, {**params, **consts})
+                if result is UNPARSABLE:
                     return None  # lowering reported the syntax error in this expression
-                if isinstance(value, str):  # `<why>`: the expression has no value
+                if isinstance(result, str):  # `<why>`: the expression has no value
                     self.err(
-                        f"`{ax.name} = {ax.value.text}` has no value: {value[1:-1]}",
+                        f"`{ax.name} = {ax.value.text}` has no value: {result[1:-1]}",
                         ax.value.span,
                     )
                     return None
-                if (isinstance(value, float) and not value.is_integer()) or value < 0:
+                if (isinstance(result, float) and not result.is_integer()) or result < 0:
                     self.err(
-                        f"`{ax.name} = {ax.value.text}` gives {value!r}, not a "
+                        f"`{ax.name} = {ax.value.text}` gives {result!r}, not a "
                         "non-negative integer",
                         ax.value.span,
-                        help="use `//` for integer division" if isinstance(value, float) else None,
+                        help="use `//` for integer division" if isinstance(result, float) else None,
                     )
                     return None
-                if value > INT64_MAX:
+                if result > INT64_MAX:
                     self.err(
-                        f"`{ax.name} = {ax.value.text}` gives {int(value)}, which does not fit "
+                        f"`{ax.name} = {ax.value.text}` gives {int(result)}, which does not fit "
                         "in 64 bits",
                         ax.value.span,
                         help=f"a size is at most {INT64_MAX}",
                     )
                     return None
-                consts[ax.name] = int(value)
+                consts[ax.name] = int(result)
                 pending.remove(ax)
                 progressed = True
             if not progressed:

@@ -74,13 +74,13 @@ class ReturnChecks(CheckerBase):
                     rule.target_span,
                     help=f"name `{rule.target}` in `returns` at {r.span}, or remove the rule",
                 )
-            elif _written_input(fam, out) is not None:
+            elif (written := _written_input(fam, out)) is not None:
                 self.err(
                     f"`result {rule.target}` cannot change what is returned for "
                     f"`{rule.target}`",
                     rule.target_span,
                     help=f"`{rule.target}` is written into input "
-                    f"`{_written_input(fam, out).name}`, and `returns` gives the caller's own "
+                    f"`{written.name}`, and `returns` gives the caller's own "
                     "tensor, as the API does; remove the rule",
                 )
 
@@ -92,12 +92,13 @@ class ReturnChecks(CheckerBase):
                 by_api.setdefault(fam.api.path, []).append(fam)
         for path, fams in by_api.items():
             first = next((f for f in fams if f.returns is not None), None)
-            if first is None:
+            if first is None or first.returns is None:
                 continue
             want = _count_values(len(first.returns.names))
             for fam in fams:
                 if fam is first:
                     continue
+                assert fam.api is not None  # grouped by its api
                 if fam.returns is None:
                     self.err(
                         f"family `{fam.name}` has no `returns`, but `{first.name}`, which stands "

@@ -222,7 +222,7 @@ class RuleChecker:
         prefix, _, name = rule.target.rpartition(".")
         sig = self.fam.plan if prefix == "plan" else self.fam.api
         star = None if sig is None else next((p for p in sig.params if p.name == name), None)
-        if star is None or star.kind != "var_keyword":
+        if sig is None or star is None or star.kind != "var_keyword":
             self.err(
                 f"`keywords {rule.target}`: `{rule.target}` is not a `**` parameter",
                 rule.target_span,

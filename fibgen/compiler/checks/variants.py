@@ -94,8 +94,9 @@ def _number(node: ast.expr) -> float | None:
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         value = _number(node.operand)
         return None if value is None else -value
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value
+    const = node.value if isinstance(node, ast.Constant) else None
+    if isinstance(const, (int, float)) and not isinstance(const, bool):
+        return const
     return None
 
 

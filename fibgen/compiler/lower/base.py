@@ -5,11 +5,12 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from lark import Token, Transformer
+from lark import Transformer
 from lark.tree import Meta
 
 from fibgen.compiler import ir
 from fibgen.compiler.diagnostics import Diagnostic, error
+from fibgen.compiler.lower.text import PosToken
 from fibgen.compiler.pysyntax import PythonSyntaxError, parse_python
 
 
@@ -46,7 +47,7 @@ class LowerBase(Transformer):
             end_column=meta.end_column,
         )
 
-    def _tok_span(self, tok: Token) -> ir.Span:
+    def _tok_span(self, tok: PosToken) -> ir.Span:
         return ir.Span(
             file=self.path,
             line=tok.line,
@@ -78,7 +79,7 @@ class LowerBase(Transformer):
             return False
         return True
 
-    def _expr(self, tok: Token) -> ir.Expr:
+    def _expr(self, tok: PosToken) -> ir.Expr:
         text = str(tok).strip()
         span = self._tok_span(tok)
         span = span.model_copy(update={"end_column": span.column + len(text)})
@@ -86,7 +87,7 @@ class LowerBase(Transformer):
             parse_python(text, "eval")
         except PythonSyntaxError as exc:
             line, col = span.line, span.column + max(0, (exc.offset or 1) - 1)
-            if (exc.lineno or 1) > 1:  # a statement over several lines
+            if exc.lineno is not None and exc.lineno > 1:  # a statement over several lines
                 line, col = span.line + exc.lineno - 1, max(1, exc.offset or 1)
             self._error(
                 f"not a Python expression: {exc.msg}",
@@ -95,7 +96,7 @@ class LowerBase(Transformer):
             )
         return ir.Expr(text=text, span=span)
 
-    def _call_args(self, tok: Token, what: str) -> ast.Call | None:
+    def _call_args(self, tok: PosToken, what: str) -> ast.Call | None:
         text = str(tok)
         try:
             node = parse_python("f" + text, "eval").body
@@ -106,14 +107,14 @@ class LowerBase(Transformer):
         assert isinstance(node, ast.Call)
         return node
 
-    def _arg_span(self, tok: Token, node: ast.AST) -> ir.Span:
+    def _arg_span(self, tok: PosToken, node: ast.expr | ast.keyword) -> ir.Span:
         # Offsets inside the parenthesized text, shifted by the 'f' prefix used to parse it.
         line = tok.line + node.lineno - 1
         col = (tok.column + node.col_offset - 1) if node.lineno == 1 else node.col_offset + 1
         end = col + max(1, (node.end_col_offset or node.col_offset + 1) - node.col_offset)
         return self._at(line, col, end - col)
 
-    def _params(self, tok: Token) -> tuple[ir.ApiParam, ...]:
+    def _params(self, tok: PosToken) -> tuple[ir.ApiParam, ...]:
         text = str(tok)
         source = f"def f{text}: pass"
         try:
@@ -142,7 +143,7 @@ class LowerBase(Transformer):
         return tuple(out)
 
     def _param(
-        self, tok: Token, source: str, arg: ast.arg, kind: str, default: ast.expr | None
+        self, tok: PosToken, source: str, arg: ast.arg, kind: ir.ParamKind, default: ast.expr | None
     ) -> ir.ApiParam:
         col = tok.column + arg.col_offset - 5  # 'def f' prefix
         span = self._at(tok.line, col, len(arg.arg))
@@ -153,7 +154,7 @@ class LowerBase(Transformer):
             span=span,
         )
 
-    def _int(self, tok: Token) -> int:
+    def _int(self, tok: PosToken) -> int:
         text = str(tok)
         if len(text) > _MAX_DIGITS:
             # Python's int() refuses over 4,300 digits; no size or index comes near this.

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import re
+from typing import cast
 
 from lark import Token, v_args
 from lark.tree import Meta
 
 from fibgen.compiler import ir
 from fibgen.compiler.lower.base import LowerBase, Stmt
-from fibgen.compiler.lower.text import Brackets, make_token, split_comment, split_statements
+from fibgen.compiler.lower.text import (
+    Brackets,
+    PosToken,
+    make_token,
+    split_comment,
+    split_statements,
+)
 from fibgen.compiler.pysyntax import PythonSyntaxError, literal_value
 
 
@@ -21,16 +28,16 @@ class BlockLowering(LowerBase):
     def constraints_block(self, meta: Meta, c: list) -> Stmt:
         return Stmt("constraints", self._constraints(c[0]), self._span(meta), "constraints")
 
-    def _constraints(self, block: Token) -> tuple[ir.Expr, ...]:
+    def _constraints(self, block: PosToken) -> tuple[ir.Expr, ...]:
         return tuple(self._expr(tok) for tok in self._block_lines(block))
 
-    def _block_lines(self, block: Token) -> list[Token]:
+    def _block_lines(self, block: PosToken) -> list[PosToken]:
         """The statements of a `{ ... }` block token: one per line or per ';'.
 
         Comments are cut off here and kept for `fibgen fmt`. A statement whose brackets are
         still open at the end of a line goes on over the next lines.
         """
-        out: list[Token] = []
+        out: list[PosToken] = []
         text = str(block)[1:-1]
         # An open statement: where it starts, its lines so far, and its open brackets.
         pending: tuple[int, int, list[str], Brackets] | None = None
@@ -69,7 +76,7 @@ class BlockLowering(LowerBase):
         rules = tuple(r for r in map(self._rule, self._block_lines(c[0])) if r is not None)
         return Stmt("rules", rules, self._span(meta), "rules")
 
-    def _rule(self, tok: Token) -> ir.Rule | None:
+    def _rule(self, tok: PosToken) -> ir.Rule | None:
         text = str(tok)
         span = self._at(tok.line, tok.column, len(text.split("\n")[0]))
         m = _RULE_KEYWORD.match(text)
@@ -118,13 +125,16 @@ class BlockLowering(LowerBase):
                 help="write `keywords plan.kwargs = pkg.Class._impl(window_left=-1, ...)`",
             )
             return None
-        params_tok = Token(
-            "PARAMS",
-            found.group(3),
-            line=rest_tok.line,
-            column=rest_tok.column + found.start(3),
-            end_line=rest_tok.line,
-            end_column=rest_tok.column + found.end(3),
+        params_tok = cast(
+            PosToken,
+            Token(
+                "PARAMS",
+                found.group(3),
+                line=rest_tok.line,
+                column=rest_tok.column + found.start(3),
+                end_line=rest_tok.line,
+                end_column=rest_tok.column + found.end(3),
+            ),
         )
         return ir.Keywords(
             target=found.group(1),
@@ -134,24 +144,26 @@ class BlockLowering(LowerBase):
             span=span,
         )
 
-    def _ignore(self, tok: Token, span: ir.Span) -> ir.Ignore | None:
+    def _ignore(self, tok: PosToken, span: ir.Span) -> ir.Ignore | None:
         text = str(tok)
         quote_at = text.find('"')
         names_text = text if quote_at < 0 else text[:quote_at]
-        reason = None
+        reason: str | None = None
         if quote_at >= 0:
             where = self._at(tok.line, tok.column + quote_at, len(text) - quote_at)
+            value: object
             try:
-                reason = literal_value(text[quote_at:].strip())
+                value = literal_value(text[quote_at:].strip())
             except PythonSyntaxError:
-                reason = None
-            if not isinstance(reason, str):
+                value = None
+            if not isinstance(value, str):
                 self._error(
                     "the reason of `ignore` must be one string",
                     where,
                     help='write `ignore enable_pdl "a launch option"`',
                 )
                 return None
+            reason = value
             if not self._encodable(reason, "the reason of `ignore`", where):
                 return None
         names: list[str] = []

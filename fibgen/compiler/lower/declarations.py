@@ -10,6 +10,7 @@ from lark.tree import Meta
 
 from fibgen.compiler import ir
 from fibgen.compiler.lower.base import LowerBase, Stmt
+from fibgen.compiler.lower.text import PosToken
 from fibgen.compiler.pysyntax import unparse
 
 
@@ -143,7 +144,7 @@ class DeclarationLowering(LowerBase):
         )
         return ir.GenHint(kind=str(kind), args=args, kwargs=kwargs, span=span)
 
-    def _hint_expr(self, tok: Token, node: ast.expr) -> ir.Expr:
+    def _hint_expr(self, tok: PosToken, node: ast.expr) -> ir.Expr:
         span = self._arg_span(tok, node)
         text = unparse(node)
         if text is None:

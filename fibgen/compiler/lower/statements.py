@@ -11,7 +11,7 @@ from lark.tree import Meta
 
 from fibgen.compiler import ir
 from fibgen.compiler.lower.base import LowerBase, Stmt
-from fibgen.compiler.lower.text import dedent_block
+from fibgen.compiler.lower.text import PosToken, dedent_block
 from fibgen.compiler.pysyntax import PythonSyntaxError, literal_string
 from fibgen.format.tolerances import tolerance_problem
 
@@ -232,7 +232,7 @@ class FamilyLowering(LowerBase):
             return ""
         return value if self._encodable(value, "the string", self._tok_span(tok)) else ""
 
-    def _char_span(self, tok: Token, index: int) -> ir.Span:
+    def _char_span(self, tok: PosToken, index: int) -> ir.Span:
         """The span of the character at ``index`` of a token's text."""
         before = str(tok)[:index]
         line = tok.line + before.count("\n")
@@ -281,6 +281,6 @@ class _Dotted(str):
         return self
 
 
-def _written(tok: Token, node: ast.expr) -> str:
+def _written(tok: PosToken, node: ast.expr) -> str:
     """An argument of a parenthesized token as the file spells it (`-1e-3`, not `-0.001`)."""
     return ast.get_source_segment("f" + str(tok), node) or ast.unparse(node)

@@ -3,8 +3,23 @@
 from __future__ import annotations
 
 import textwrap
+from typing import TYPE_CHECKING, cast
 
 from lark import Token
+
+if TYPE_CHECKING:
+
+    class PosToken(Token):
+        """A token of the parsed text, or one made by ``make_token``: its position is known
+        (lark types it as optional, for tokens made without one)."""
+
+        line: int
+        column: int
+        end_line: int
+        end_column: int
+
+else:
+    PosToken = Token
 
 
 def dedent_block(body: str) -> str:
@@ -42,11 +57,12 @@ def _common_prefix(a: str, b: str) -> str:
     return a[:n]
 
 
-def make_token(text: str, line: int, column: int) -> Token:
+def make_token(text: str, line: int, column: int) -> PosToken:
     first = text.split("\n")[0]
-    return Token(
+    token = Token(
         "EXPR", text, line=line, column=column, end_line=line, end_column=column + len(first)
     )
+    return cast(PosToken, token)
 
 
 def _code_positions(line: str):

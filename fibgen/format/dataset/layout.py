@@ -27,7 +27,7 @@ from typing import Union
 from fibgen.format.errors import FormatError
 from fibgen.fsutil import PathRefused, confined, regular_file
 
-PathLike = Union[str, Path]
+PathLike = Union[str, "os.PathLike[str]"]
 
 # ---------------------------------------------------------------------------------------
 # Paths

@@ -446,18 +446,18 @@ def compare_sampling(
     started = _clock()
     flat = _target(inputs)
     slots = flat is None
-    if slots:
+    if flat is None:
         # Judged slot by slot (Note [judging samplers]): one call tells how many there are.
         vocab = _vocabulary(inputs)
         rows = torch.as_tensor(reference(inputs)).numel()
     else:
         rows, vocab = flat.shape
-    params = {k: inputs[k] for k in ("top_k", "top_p", "min_p") if k in inputs}
+    params: dict[str, Any] = {k: inputs[k] for k in ("top_k", "top_p", "min_p") if k in inputs}
     params = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in params.items()}
     method = "none" if slots else _thresholding(definition["name"])
     per_call = max(1, min(SAMPLING_ROWS // rows, SAMPLING_BATCH_BYTES // max(1, rows * vocab * 4)))
     draws = min(max_draws, SAMPLING_MIN_DRAWS)
-    if slots:
+    if flat is None:
         target = _counts(reference, inputs, rows, vocab, draws, per_call, slots)
         flat = target.double() / draws
     mask = sampling_mask(flat, method, params)
@@ -471,6 +471,7 @@ def compare_sampling(
 
     def out_of_time(what: str, elapsed: float) -> SamplingResult:
         # What the full count would take, at the speed of the draws made so far.
+        assert budget_s is not None  # called only when a budget ran out
         inf = float("inf")
         return SamplingResult(
             False,

@@ -26,7 +26,7 @@ import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 import torch
@@ -72,6 +72,14 @@ class Entry:
     params: dict[str, Any] = field(default_factory=dict)
 
 
+class Tolerance(TypedDict, total=False):
+    """A family's tolerance, as ``compare`` takes it."""
+
+    atol: float
+    rtol: float
+    matched: float
+
+
 @dataclass(frozen=True)
 class Case:
     """One definition at one set of var-axis values, with everything its checks need."""
@@ -81,7 +89,7 @@ class Case:
     dispatch_module: str
     dispatch_path: Path  # the folder holding the dispatch package
     hints: dict[str, str]
-    tolerance: dict[str, float]
+    tolerance: Tolerance
     axes: dict[str, int]
     params: dict[str, Any]
     repo_root: Path | None
@@ -96,7 +104,7 @@ def cases(
     package: str,
     family: str,
     hints: dict[str, str],
-    tolerance: dict[str, float],
+    tolerance: Tolerance,
     entries: tuple[Entry, ...],
 ) -> list[Case]:
     """Expand a generated table into cases, paths resolved against the test file."""
@@ -112,7 +120,7 @@ def cases(
                     dispatch_module=f"{package}.{family}",
                     dispatch_path=here.parent / "python",
                     hints=dict(hints),
-                    tolerance=dict(tolerance),
+                    tolerance=tolerance.copy(),
                     axes=dict(axes),
                     params=dict(entry.params),
                     repo_root=root,

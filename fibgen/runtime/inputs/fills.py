@@ -11,7 +11,7 @@ the high exponent bits are fixed so that every value is a normal number of magni
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -19,7 +19,9 @@ from fibgen.format.models import DTYPE_BYTES
 from fibgen.runtime.inputs.sizes import format_bytes
 from fibgen.runtime.inputs.specs import (
     INT_DTYPES,
+    Hint,
     InputGenerationError,
+    InputSpec,
     bare_name,
     torch_dtype,
 )
@@ -39,6 +41,23 @@ class Fills:
     """How a ``_Generator`` (a subclass) makes each input from its hint; making one may
     decide the axes its hint provides."""
 
+    # Set by the subclass's __init__.
+    spec: InputSpec
+    rng: torch.Generator
+    kinds: dict[str, str]
+    axes: dict[str, int]
+    inputs: dict[str, tuple[str, str, tuple[str, ...] | None, bool, Hint | None]]
+    values: dict[str, Any]
+    bound: dict[str, dict]
+    nbytes: int
+    memory: int | None
+
+    if TYPE_CHECKING:
+        # Defined by the subclass.
+        def _eval(self, text: str, where: str, env: dict[str, Any] | None = None) -> Any: ...
+        def _default_axis(self, axis: str) -> int: ...
+        def _first_axis(self, tensor: str) -> str: ...
+
     def _arg(self, name: str, key: str, default: Any = None) -> Any:
         text = self.bound[name].get(key)
         if text is None:
@@ -47,7 +66,7 @@ class Fills:
 
     def _tensor_arg(self, name: str, key: str) -> torch.Tensor | None:
         text = self.bound[name].get(key)
-        return None if text is None else self.values[bare_name(text)]
+        return None if text is None else self.values[bare_name(text) or text]
 
     def _make(self, name: str) -> Any:
         _, dtype, shape_names, optional, hint = self.inputs[name]
@@ -186,7 +205,7 @@ class Fills:
         if length < 1:
             raise InputGenerationError(f"{self.spec.name}: indptr `{name}` needs length >= 1")
         n = length - 1
-        over = bare_name(self.bound[name]["over"])
+        over = bare_name(self.bound[name]["over"]) or self.bound[name]["over"]
         total_axis = self._first_axis(over)
         min_len = int(self._arg(name, "min_len", DEFAULT_MIN_LEN))
         max_len = int(self._arg(name, "max_len", max(DEFAULT_MAX_LEN, min_len)))
@@ -227,6 +246,7 @@ class Fills:
 
     def _make_last_page_len(self, name: str, dtype: str, shape_names: tuple) -> torch.Tensor:
         indptr = self._tensor_arg(name, "indptr")
+        assert indptr is not None  # a required argument of the hint
         pages = (indptr[1:] - indptr[:-1]).tolist()
         n = len(pages)
         page_size = int(self._arg(name, "page_size"))

@@ -4,7 +4,7 @@ they leave open, and the constraints they must meet."""
 from __future__ import annotations
 
 import ast
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -35,7 +35,9 @@ class Generator(Fills):
         self.spec = spec
         self.rng = torch.Generator(device="cpu").manual_seed(seed)
         self.kinds = {n: k for n, k, _ in spec.axes}
-        self.axes: dict[str, int] = {n: int(v) for n, k, v in spec.axes if k == "const"}
+        self.axes: dict[str, int] = {
+            n: int(cast(int, v)) for n, k, v in spec.axes if k == "const"  # const: has a value
+        }
         for name, value in given.items():
             if name not in self.kinds:
                 raise InputGenerationError(
@@ -183,7 +185,7 @@ class Generator(Fills):
 
     # -- hint bookkeeping ---------------------------------------------------------------
 
-    def _first_axis(self, tensor: str) -> str | None:
+    def _first_axis(self, tensor: str) -> str:
         if tensor in self.kinds:
             return tensor  # `over=total_q`: an axis directly
         inp = self.inputs.get(tensor)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -73,7 +73,8 @@ def check_device_memory(spec: InputSpec, values: dict[str, Any], device: torch.d
 
 def estimate_nbytes(spec: InputSpec, axes: dict[str, int] | None = None) -> int:
     """Rough size of the inputs in bytes; var axes not given count as ``DEFAULT_VAR_AXIS``."""
-    known = {n: v for n, k, v in spec.axes if k == "const"}
+    # A const axis carries its value.
+    known = {n: cast(int, v) for n, k, v in spec.axes if k == "const"}
     known.update(axes or {})
     total = 0
     for _, dtype, shape, _, _ in spec.inputs:

@@ -302,7 +302,7 @@ class _Entry:
         direct = _direct_launcher(run)
         if direct is not None:
             self.launch = direct
-            self.head = (
+            self.head: tuple[Any, ...] = (
                 kernel.function,
                 run.launch_cooperative_grid,
                 run.launch_pdl,
@@ -439,8 +439,10 @@ class FastRun:
         import torch
 
         active = self.driver.active
-        self.device = getattr(torch._C, "_cuda_getDevice", None) or active.get_current_device
-        self.stream = active.get_current_stream
+        # The driver's calls take the place of these two methods on this instance.
+        current = getattr(torch._C, "_cuda_getDevice", None) or active.get_current_device
+        self.device = current  # type: ignore[method-assign]
+        self.stream = active.get_current_stream  # type: ignore[method-assign]
         return self.device()
 
     def stream(self, device: int) -> int:

@@ -32,7 +32,6 @@ def _route_handwritten(
     routes = api.routes
     resolver = target if callable(target) else None
 
-    @functools.wraps(fallback)
     def routed(*args: Any, **kwargs: Any) -> Any:
         key = resolver(*args, **kwargs) if resolver is not None else target
         route = routes.get(key)
@@ -51,7 +50,7 @@ def _route_handwritten(
             _serving.n -= 1
 
     DISPATCH_CODES.add(routed.__code__)
-    return routed
+    return functools.wraps(fallback)(routed)
 
 
 # Note [apply without a fallback]

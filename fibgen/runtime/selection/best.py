@@ -53,7 +53,7 @@ import tempfile
 import warnings
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from fibgen.runtime.selection import hardware
 from fibgen.runtime.selection.entries import entry_of, keyed_entry
@@ -248,6 +248,6 @@ def entries(root: str | os.PathLike[str], config: Any = None) -> dict[str, solut
     return out
 
 
-def is_traced_dataset(target: Any) -> bool:
+def is_traced_dataset(target: Any) -> TypeGuard[str | os.PathLike[str]]:
     """Whether ``enable_apply``'s argument is a dataset folder with benchmark traces."""
     return isinstance(target, (str, os.PathLike)) and os.path.isdir(os.path.join(target, "traces"))

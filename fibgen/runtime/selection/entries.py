@@ -80,7 +80,8 @@ def keyed_entry(root: Path, name: str, info: dict, policy: Policy) -> solutions.
     trusted = [t for t in keyed["trusted"] if t[1] != ORIGINAL]  # [values, solution] per key
     # The keyed entry is destination-passing when any of its choices is: value-returning
     # choices then copy into the buffers, so no choice needs outputs allocated for it.
-    chosen = ({s for _, s in keyed["keys"]} | {s for _, s in trusted} | {best}) - {None, ORIGINAL}
+    named = {s for _, s in keyed["keys"]} | {s for _, s in trusted} | {best}
+    chosen = {s for s in named if s is not None and s != ORIGINAL}
     dps = keyed["dps"]
 
     def adapt(fn: Callable[..., Any], fn_dps: bool) -> Callable[..., Any]:
@@ -172,7 +173,7 @@ def keyed_entry(root: Path, name: str, info: dict, policy: Policy) -> solutions.
         f"        fn = miss(key)\n"
         f"    return fn({call_args})\n"
     )
-    namespace = {"choices": choices, "miss": miss}
+    namespace: dict[str, Any] = {"choices": choices, "miss": miss}
     exec(compile(source, f"<keyed selection of {name}>", "exec"), namespace)
     label = f"keyed selection of {len(chosen)} solutions for {name!r} from {root}/traces"
     # ``root`` and ``dps``: hand-written apply finds the definition in the dataset, to call

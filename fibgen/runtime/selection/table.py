@@ -8,7 +8,7 @@ import math
 import os
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from fibgen.runtime.selection import hardware
 from fibgen.runtime.selection.policy import Policy, normalize_config, policy_of
@@ -194,7 +194,7 @@ def _solution_index(
     return paths, specs, unreadable
 
 
-def _is_definition(data: Any) -> bool:
+def _is_definition(data: Any) -> TypeGuard[dict[str, Any]]:
     """Whether JSON has what a keyed entry reads of a definition."""
     return (
         isinstance(data, dict)
@@ -353,7 +353,7 @@ def _read_traces(
             if parsed is None:
                 skipped += 1
                 continue
-            if parsed == "workload":
+            if isinstance(parsed, str):  # "workload"
                 continue
             name, uuid, solution, axes, evaluation = parsed
             evaluated += 1
@@ -664,7 +664,14 @@ def _unused(
 ) -> dict[str, Any]:
     """What the table could not use, counted by reason, for the warning at enable; and the
     partial solutions it routes to some keys only."""
-    failed, tolerance, untraced, other, not_here, partial, keyless = [], [], [], [], [], [], []
+    # Labels of the solution files, by reason.
+    failed: list[str] = []
+    tolerance: list[str] = []
+    untraced: list[str] = []
+    other: list[str] = []
+    not_here: list[str] = []
+    partial: list[str] = []
+    keyless: list[str] = []
     for d, by in sorted(paths.items()):
         groups = stats.get(d, {})
         for s in sorted(by):

@@ -42,7 +42,8 @@ _DONE = "BUILT"  # written last: a folder without it is an interrupted build
 # Lines of compiler output kept in a BuildError; the first errors are the ones that matter.
 _MAX_LOG_LINES = 60
 
-_loaded: dict[str, ModuleType] = {}
+# Built modules by digest: Python extension modules (torch binding) or tvm-ffi modules.
+_loaded: dict[str, Any] = {}
 _loaded_lock = threading.Lock()
 # Builds that failed to compile in this process, by digest: the compiler's output. torch's
 # loader, asked again for a module of the same name and sources, skips the build and fails

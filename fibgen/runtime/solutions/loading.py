@@ -319,7 +319,7 @@ def materialize(solution: Any) -> tuple[Path, str]:
 
 
 # Entry modules of solutions whose Triton kernels fibgen accelerated, with their count.
-_ACCELERATED: dict[str, int] = {}
+_ACCELERATED: dict[str | None, int] = {}
 
 TRITON_INSTALL = "pip install 'fibgen[triton]'"
 
@@ -341,8 +341,8 @@ def _import_solution(entry: Entry) -> Callable[..., Any]:
             from fibgen.runtime.solutions.builders import build_solution
 
             origin = entry.origin
-            folder = str(Path(origin.json).parent) if origin and origin.folder else None
-            return build_solution(solution, sources_at=folder)[0]
+            sources_at = str(Path(origin.json).parent) if origin and origin.folder else None
+            return build_solution(solution, sources_at=sources_at)[0]
         if spec.language not in IMPORTED_LANGUAGES:
             raise ValueError(
                 f"language {spec.language!r} has no builder; this runtime imports "
@@ -516,7 +516,11 @@ class _SolutionFinder:
         if known is None:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
-        if spec is None or type(spec.loader) is not importlib.machinery.SourceFileLoader:
+        if (
+            spec is None
+            or spec.origin is None
+            or type(spec.loader) is not importlib.machinery.SourceFileLoader
+        ):
             return spec
         folder, origin = known
         source = os.path.relpath(os.path.abspath(spec.origin), folder)
@@ -652,9 +656,9 @@ def find_definition(name: str, root: Path | None = None) -> dict | None:
     if found is None:
         from fibgen.paths import builtin_definition_file
 
-        path = builtin_definition_file(name)
-        if path is not None:
-            found = json.loads(path.read_text(encoding="utf-8"))
+        builtin = builtin_definition_file(name)
+        if builtin is not None:
+            found = json.loads(builtin.read_text(encoding="utf-8"))
     _definitions[key] = found
     return found
 

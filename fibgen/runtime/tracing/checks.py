@@ -106,7 +106,7 @@ def input_check(api: Api, source: Path | None) -> Callable[[Sequence[Any]], str 
         )
         for name, _, shape in tensors
     )
-    empty = [None] * len(slots)
+    empty: list[int | None] = [None] * len(slots)
     tensor = torch.Tensor
 
     def why(values: Sequence[Any]) -> str:

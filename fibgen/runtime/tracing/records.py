@@ -10,8 +10,11 @@ filters out are counted apart from drops.
 
 from __future__ import annotations
 
+import collections
+import itertools
+import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,6 +49,28 @@ class PendingRecord:
 class Recorder:
     """The calling thread's side of a ``_Tracer`` (a base of it): record a call, or count it."""
 
+    # Set by ``_Tracer.__init__``.
+    checks: dict[str, Callable[[Sequence[Any]], str | None]]
+    dump: Callable[[str, torch.Tensor], bool] | None
+    keep: Callable[[str, dict[str, Any], dict[str, Any]], bool]
+    filtering: bool
+    max_bytes: int
+    max_records: int
+    queue: collections.deque[PendingRecord]
+    lock: threading.RLock
+    pending_bytes: int
+    wake: threading.Event
+    warned: set[str]
+    recorded: itertools.count
+    dropped: itertools.count
+    filtered: itertools.count
+    mismatched: itertools.count
+    capturing: itertools.count
+
+    if TYPE_CHECKING:
+        # Defined by ``_Tracer``.
+        def _warn_once(self, key: str, message: str) -> None: ...
+
     def record(self, api: Api, name: str, values: Sequence[Any]) -> None:
         """Queue one call's workload (or count it as mismatched, filtered or dropped)."""
         check = self.checks.get(name)
@@ -59,6 +84,8 @@ class Recorder:
                     "are not recorded, and tracing_stats()['mismatched'] counts them",
                 )
                 return
+        # Only a generated dispatcher's calls are traced, and it sets both.
+        assert api.trace_axes is not None and api.op_type is not None
         axes = api.trace_axes(*values)
         if self.filtering:
             with self.lock:

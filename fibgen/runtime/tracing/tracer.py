@@ -287,7 +287,7 @@ def _missed(tracer: _Tracer) -> Callable[[Api, str | None, str | None, Any], Non
 
 
 # Why a run() is not routed (Note [plan state]), as tracing_stats() counts it.
-_PLAN_REASONS = {"plan:unseen": "unplanned", "plan:changed": "plan_changed"}
+_PLAN_REASONS: dict[str | None, str] = {"plan:unseen": "unplanned", "plan:changed": "plan_changed"}
 
 
 def _missed_call(tracer: _Tracer, api: Api, reason: str, name: str | None, detail: Any) -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import collections
+import itertools
 import json
 import os
+import threading
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,6 +24,26 @@ _INPUTS_JSON_CACHE = 4096
 
 class Writer:
     """The writer thread's side of a ``_Tracer`` (a base of it): records become files."""
+
+    # Set by ``_Tracer.__init__``.
+    root: Path
+    thread: threading.Thread
+    stopping: bool
+    wake: threading.Event
+    queue: collections.deque[PendingRecord]
+    lock: threading.RLock
+    pending_bytes: int
+    written: int
+    failed: itertools.count
+    sources: dict[str, Path | None]
+    present: set[str] | None
+    inputs_json: dict[tuple[str, tuple[tuple[str, Any], ...]], str]
+
+    if TYPE_CHECKING:
+        # Defined by ``_Tracer``.
+        def drain(self) -> None: ...
+        def _warn_once(self, key: str, message: str) -> None: ...
+        def _warn_failure(self, message: str) -> None: ...
 
     def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -106,6 +129,7 @@ class Writer:
         """The workload line of a record, after saving its blob (so a line's blob exists)."""
         workload_uuid = str(uuid.uuid4())
         tensors = {n: v for n, (kind, v) in record.inputs.items() if kind == "tensor"}
+        inputs: str | None
         if tensors:
             if record.event is not None:
                 record.event.synchronize()
@@ -116,6 +140,7 @@ class Writer:
         else:
             # Calls of one definition mostly repeat their inputs' kinds and scalars: the
             # writer keeps pace with fast callers by reusing their JSON text.
+            key: tuple[str, tuple[tuple[str, Any], ...]] | None
             key = (record.definition, tuple(record.inputs.items()))
             try:
                 inputs = self.inputs_json.get(key)

@@ -87,8 +87,8 @@ class _Recipe:
             elif isinstance(op, ast.In) and isinstance(right, (ast.Tuple, ast.List)):
                 # A value the rule allows; None last, since an API may take None to mean
                 # "required" (``q_data_type=None`` of the MLA wrapper's plan).
-                allowed = [self._allowed(e) for e in right.elts]
-                allowed = [a for a in allowed if a is not None]
+                candidates = [self._allowed(e) for e in right.elts]
+                allowed = [a for a in candidates if a is not None]
                 allowed.sort(key=lambda a: a == ("literal", None))
                 if allowed:
                     found[name] = allowed[0]

@@ -300,6 +300,7 @@ def _group_module(group: ir.DispatchGroup, families: dict[str, ir.Family]) -> Mo
         members.append((case, families[case.family]))
     first = members[0][1]
     api = first.api
+    assert api is not None  # the compiler's dispatch check: each case's family has an api
     for _, family in members[1:]:
         if family.api != api:
             raise DispatchGenError(
@@ -444,13 +445,16 @@ def plan_dispatch(module: ir.Module, package: str) -> tuple[dict[str, ModuleView
             "fibgen" if package == CATALOGUE_PACKAGE else package,
         )
         if name in heads:
+            assert family.api is not None  # chains are of families with an api
             claim(family.api.path, name)
         by_definition.update((d.name, name) for d in definitions[name])
     for group in sorted(module.dispatches(), key=lambda g: g.name):
         if group.name in views:
             raise DispatchGenError(f"{group.span}: dispatch {group.name}: a family has that name")
         views[group.name] = _group_module(group, families)
-        claim(families[group.cases[0].family].api.path, group.name)
+        group_api = families[group.cases[0].family].api
+        assert group_api is not None  # checked by _group_module
+        claim(group_api.path, group.name)
     # The package index gathers every file: an aggregate, whose source is left empty.
     views["__init__"] = _package_module(apis, by_definition)
     sources["__init__"] = ""

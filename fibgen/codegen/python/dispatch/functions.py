@@ -435,6 +435,7 @@ class Family(FamilyKey):
             "    # A plan rule that cannot be evaluated: runs after this plan are not routed.",
             f"    _plans[{instance}] = {tuple_text(['None'] * len(values) + ['-2'])}",
         ]
+        assert self.f.plan is not None  # only a family with a plan captures
         path = self.f.plan.path
         return FunctionView(
             "_capture",

@@ -63,7 +63,7 @@ class FamilyKey(FamilyPlan):
 
     def _spell(self, rule: NameRule, values: dict[str, object]) -> str:
         spelled = {
-            f: ir.DTYPE_NAME_PART[values[f]] if f in self.dtype_params else values[f]
+            f: ir.DTYPE_NAME_PART[str(values[f])] if f in self.dtype_params else values[f]
             for f in rule.fields
         }
         return rule.template.format(**spelled)
@@ -90,9 +90,7 @@ class FamilyKey(FamilyPlan):
         return tuple(
             f
             for f in fields
-            if not (
-                f in self.axes and isinstance(self.axes[f], ir.ConstAxis) and self.axes[f].value
-            )
+            if not (f in self.axes and isinstance(ax := self.axes[f], ir.ConstAxis) and ax.value)
         )
 
     def routable(self, fields: tuple[str, ...]) -> tuple[tuple[str, ...], bool]:

@@ -172,9 +172,8 @@ class OpView:
     def compiled(self) -> tuple[str, str, str, tuple[str, ...]]:
         doc = "The dispatcher as torch.compile traces it: one custom op (Note [custom ops])."
         if self.reason is not None:
-            body = (f"return _api.outside()({self.forward})",)
             doc = f"Under torch.compile: the dispatcher, run eagerly ({self.reason})."
-            return ("_compiled", self.signature, doc, body)
+            return ("_compiled", self.signature, doc, (f"return _api.outside()({self.forward})",))
         # Traced, not caught: an argument that is not a tensor is rejected before its shape
         # is read for the key, and the dtypes and ranks after (a dtype may be in the key).
         tensors = [

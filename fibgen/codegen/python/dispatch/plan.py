@@ -254,8 +254,8 @@ class FamilyPlan:
                 dims.append(f"_k_{axis}")
             elif pinned is not None:
                 dims.append(str(pinned))
-            elif self._scaled_field(axis, fields) is not None:
-                dims.append(self._scaled_field(axis, fields))
+            elif (scaled := self._scaled_field(axis, fields)) is not None:
+                dims.append(scaled)
             else:
                 carriers = [
                     f"{expr}.shape[{t.shape.index(axis) - len(t.shape)}]"
@@ -357,7 +357,7 @@ class FamilyPlan:
             (o, f"_o_{o.name}")
             for o in self.f.outputs
             if self._flag(o) is None
-            and not (self.targets[o.name] is not None and self.targets[o.name][0] == "inplace")
+            and not ((target := self.targets[o.name]) is not None and target[0] == "inplace")
         ]
 
     def _caller_tensor(self, o: ir.Tensor) -> str:
@@ -383,9 +383,9 @@ class FamilyPlan:
         named = set(self.f.returns.names) if self.f.returns is not None else set()
         # FlashInfer's convention: ``return_lse=True`` adds lse to the result.
         flagged = [
-            (f"_o_{o.name}", self._flag(o))
+            (f"_o_{o.name}", flag)
             for o in self.f.outputs
-            if self._flag(o) is not None and o.name not in named
+            if (flag := self._flag(o)) is not None and o.name not in named
         ]
         return always, flagged
 
