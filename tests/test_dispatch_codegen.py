@@ -217,3 +217,19 @@ def test_an_output_a_flag_asks_for_still_follows_returns():
     source = _source_of(text.replace("returns output, new_state", "returns none"), "attend")
     assert "_result = () + ((_o_lse,) if return_lse else ())" in source
     assert "return _result[0] if len(_result) == 1 else (_result or None)\n" in source
+
+
+def test_generated_result_codes_are_the_runtimes():
+    # Note [result codes]: the generator writes the codes as numbers named in a comment; the
+    # runtime reads the same numbers back when it counts a refusal.
+    from fibgen.codegen.python.dispatch import functions
+    from fibgen.runtime.routing import refusals
+
+    def number(code: str) -> int:
+        value, name = code.split("  # ")
+        return int(value)
+
+    assert number(functions.UNEVALUABLE) == refusals._UNEVALUABLE
+    assert number(functions.NO_KEY) == refusals._NO_KEY
+    assert number(functions.PASSED) == -1 and functions.IF_PASSED.startswith("if _r == -1:")
+    assert refusals.Refusals.rule_text(None, refusals._NO_KEY) == "key"  # type: ignore[arg-type]

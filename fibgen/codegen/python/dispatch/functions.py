@@ -27,6 +27,18 @@ class FunctionView:
     body: tuple[str, ...]
 
 
+# Note [result codes]
+# A dispatcher keeps in `_r` the index of the rule a call fails, or one of these codes, which
+# the runtime reads back (fibgen/runtime/routing/refusals.py). Each is written in the
+# generated code as its number and its name in a comment: a name looked up there would cost
+# the hit path a global load per use.
+PASSED = "-1  # PASSED"  # every rule holds
+UNEVALUABLE = "-2  # UNEVALUABLE"  # a rule raised while it was checked
+NO_KEY = "-3  # NO_KEY"  # the key, or a `let` before it, could not be computed
+IF_PASSED = "if _r == -1:  # PASSED"
+IF_NOT_PASSED = "if _r != -1:  # not PASSED"
+
+
 class Family(FamilyKey):
     """Prints the functions of one family's dispatcher module from its plan and its key."""
 
@@ -96,10 +108,10 @@ class Family(FamilyKey):
         # The lets the key needs, then the key: a call they fail on is a call not routed.
         readers = {f: self._reader(f) for f in fields}
         early, late = _split_lets(plan.call_lets, list(readers.values()))
-        body += ["_r = -3", "try:"]
+        body += [f"_r = {NO_KEY}", "try:"]
         body += _let_lines(early, "    ")
         if early:
-            body.append("    _r = -3")
+            body.append(f"    _r = {NO_KEY}")
         for f in fields:
             body.append(f"    _k_{f} = {readers[f]}")
         if not fields:
@@ -126,16 +138,16 @@ class Family(FamilyKey):
             "    _tick()",
             f"    return _fn({forward})",
         ]
-        body.append("_r = _plan[-1]" if self.f.plan is not None else "_r = -1")
+        body.append("_r = _plan[-1]" if self.f.plan is not None else f"_r = {PASSED}")
         if plan.call_checks or late:
             # The other lets, then every check; a let that raises is refused by its own rule.
             indent = "    " if self.f.plan is not None else ""
             if self.f.plan is not None:
-                body.append("if _r == -1:")
+                body.append(IF_PASSED)
             body.append(f"{indent}try:")
             body += _let_lines(late, indent + "    ")
             if late:
-                body.append(f"{indent}    _r = -1")
+                body.append(f"{indent}    _r = {PASSED}")
             for i, check in enumerate(plan.call_checks):
                 word = "if" if i == 0 else "elif"
                 body += [
@@ -144,11 +156,11 @@ class Family(FamilyKey):
                 ]
             body += [f"{indent}except Exception:"]
             if late:
-                body += [f"{indent}    if _r == -1:", f"{indent}        _r = -2"]
+                body += [f"{indent}    {IF_PASSED}", f"{indent}        _r = {UNEVALUABLE}"]
             else:
-                body.append(f"{indent}    _r = -2")
+                body.append(f"{indent}    _r = {UNEVALUABLE}")
         body += [
-            "if _r != -1:",
+            IF_NOT_PASSED,
             f"    _kind, _fn, _tick = _api.refuse(_key, _r, {forward})",
             "    if _kind == ORIGINAL:",
             f"        return _fn({forward})",
@@ -425,7 +437,7 @@ class Family(FamilyKey):
         values = [expr for _, expr in plan.captured]
         body = ["try:"]
         body += [f"    {line}" for line in plan.capture_lets]
-        body.append("    _r = -1")
+        body.append(f"    _r = {PASSED}")
         for i, check in enumerate(plan.capture_checks):
             word = "if" if i == 0 else "elif"
             body += [f"    {word} not ({check.condition}):", f"        _r = {check.index}"]
