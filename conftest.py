@@ -2,6 +2,7 @@
 
 import os
 
+import pytest
 import torch
 
 # Without a GPU, Triton kernels run under Triton's interpreter. The choice is made when a
@@ -39,6 +40,31 @@ _LONG_FIRST = (
 )
 
 
+# The generated tests of these families stay in the fast lane (`pytest -m "not slow"`): a norm,
+# a rope, an attention, a GEMM and a sampler, a few seconds together. Those of every other
+# family are marked slow here, as their files are generated and say nothing of speed.
+_FAST_GENERATED = (
+    "gemma_rmsnorm",
+    "apply_rope_with_cos_sin_cache",
+    "single_decode",
+    "bmm_bf16",
+    "sampling_from_probs",
+)
+_GENERATED_TESTS = "generated/tests/"
+
+
+def _generated_and_slow(path: str) -> bool:
+    """Whether ``path``, relative to the checkout, is a generated test file marked slow."""
+    return path.startswith(_GENERATED_TESTS) and path not in {
+        f"{_GENERATED_TESTS}test_{family}.py" for family in _FAST_GENERATED
+    }
+
+
+# First, so that the marks are there when `-m` deselects.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items):
     rank = {path: i for i, path in enumerate(_LONG_FIRST)}
+    for item in items:
+        if _generated_and_slow(item.nodeid.split("::", 1)[0]):
+            item.add_marker(pytest.mark.slow)
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))

@@ -108,6 +108,7 @@ def test_devices_are_checked_against_the_machine_first(
 # Verdicts, timings and packing
 
 
+@pytest.mark.slow
 def test_a_run_with_failures_says_so_in_its_last_line(tmp_path, capsys):
     root = make_dataset(tmp_path / "ds", ["good_returns", "wrong_numbers"], sizes=(3, 5))
     code, out, _ = _bench(capsys, str(root), "--devices", "cpu", "--quiet", "--repeat", "3")
@@ -208,6 +209,7 @@ def test_cpu_timings_are_medians_of_many_calls_with_their_spread(tmp_path, monke
         assert performance["speedup_factor"] == 1.0
 
 
+@pytest.mark.slow
 def test_an_edited_solution_folder_is_run_as_it_is_and_packed(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
     root = make_dataset(tmp_path / "ds", [], sizes=(3,))
@@ -269,6 +271,7 @@ def test_a_definition_without_sidecar_takes_the_catalogues_when_its_contract_is_
 # Samplers are judged by their distribution
 
 
+@pytest.mark.slow
 def test_a_sampler_is_judged_by_its_distribution(tmp_path, monkeypatch):
     monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
     root = make_sampling_dataset(tmp_path / "ds")
@@ -319,6 +322,7 @@ def run(probs, top_k):
 """
 
 
+@pytest.mark.slow
 def test_a_sampler_not_judged_in_time_is_a_timeout_that_says_what_to_change(tmp_path, monkeypatch):
     monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
     root = make_sampling_dataset(tmp_path / "ds")

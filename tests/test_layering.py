@@ -173,6 +173,7 @@ def test_the_rules_of_the_pipeline_are_the_table(layer, forbidden):
     assert not forbidden & ALLOWED[layer]
 
 
+@pytest.mark.slow
 def test_generated_python_imports_only_the_runtime():
     generated = REPO / "generated"
     bad = []
