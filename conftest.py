@@ -1,6 +1,8 @@
 """Session-wide test settings for tests/ and generated/tests/."""
 
 import os
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -68,3 +70,27 @@ def pytest_collection_modifyitems(session, config, items):
         if _generated_and_slow(item.nodeid.split("::", 1)[0]):
             item.add_marker(pytest.mark.slow)
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
+_ROOT = Path(__file__).resolve().parent
+# A test file slow as a whole says so first in its module-level marks.
+_SLOW_FILE = re.compile(r"^pytestmark = (\[\s*)?pytest\.mark\.slow\b", re.M)
+
+
+def pytest_ignore_collect(collection_path, config):
+    # Under `-m "not slow"` a file slow as a whole would only be imported for all of its tests
+    # to be deselected. Not importing it saves each worker seconds (test_flashinfer_apply.py
+    # compiles the whole catalogue to parametrize its tests; others import torch._dynamo).
+    if " ".join(config.getoption("markexpr").split()) != "not slow":
+        return None
+    if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    try:
+        path = collection_path.resolve().relative_to(_ROOT).as_posix()
+    except ValueError:
+        return None
+    if _generated_and_slow(path):
+        return True
+    if _SLOW_FILE.search(collection_path.read_text(encoding="utf-8")):
+        return True
+    return None
