@@ -1,7 +1,10 @@
 """Session-wide test settings for tests/ and generated/tests/."""
 
 import os
+import re
+from pathlib import Path
 
+import pytest
 import torch
 
 # Without a GPU, Triton kernels run under Triton's interpreter. The choice is made when a
@@ -39,6 +42,55 @@ _LONG_FIRST = (
 )
 
 
+# The generated tests of these families stay in the fast lane (`pytest -m "not slow"`): a norm,
+# a rope, an attention, a GEMM and a sampler, a few seconds together. Those of every other
+# family are marked slow here, as their files are generated and say nothing of speed.
+_FAST_GENERATED = (
+    "gemma_rmsnorm",
+    "apply_rope_with_cos_sin_cache",
+    "single_decode",
+    "bmm_bf16",
+    "sampling_from_probs",
+)
+_GENERATED_TESTS = "generated/tests/"
+
+
+def _generated_and_slow(path: str) -> bool:
+    """Whether ``path``, relative to the checkout, is a generated test file marked slow."""
+    return path.startswith(_GENERATED_TESTS) and path not in {
+        f"{_GENERATED_TESTS}test_{family}.py" for family in _FAST_GENERATED
+    }
+
+
+# First, so that the marks are there when `-m` deselects.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items):
     rank = {path: i for i, path in enumerate(_LONG_FIRST)}
+    for item in items:
+        if _generated_and_slow(item.nodeid.split("::", 1)[0]):
+            item.add_marker(pytest.mark.slow)
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
+_ROOT = Path(__file__).resolve().parent
+# A test file slow as a whole says so first in its module-level marks.
+_SLOW_FILE = re.compile(r"^pytestmark = (\[\s*)?pytest\.mark\.slow\b", re.M)
+
+
+def pytest_ignore_collect(collection_path, config):
+    # Under `-m "not slow"` a file slow as a whole would only be imported for all of its tests
+    # to be deselected. Not importing it saves each worker seconds (test_flashinfer_apply.py
+    # compiles the whole catalogue to parametrize its tests; others import torch._dynamo).
+    if " ".join(config.getoption("markexpr").split()) != "not slow":
+        return None
+    if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    try:
+        path = collection_path.resolve().relative_to(_ROOT).as_posix()
+    except ValueError:
+        return None
+    if _generated_and_slow(path):
+        return True
+    if _SLOW_FILE.search(collection_path.read_text(encoding="utf-8")):
+        return True
+    return None

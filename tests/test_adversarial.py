@@ -23,6 +23,8 @@ from fibgen.runtime.selection.hardware import device_name
 
 CORPUS = Path(__file__).resolve().parent / "adversarial"
 CASES = sorted(p.name for p in CORPUS.iterdir() if (p / "case.json").is_file())
+# The cases whose command starts bench's workers: seconds each.
+RUN_BENCH = {"item10_blob_symlinked_out_of_the_dataset", "item11_solution_returns_none"}
 
 
 def _fibgen(argv: list[str]) -> tuple[int, str, str]:
@@ -85,7 +87,9 @@ def test_every_handled_item_of_issue_14_has_a_case():
     assert {0, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18} <= items
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=pytest.mark.slow) if c in RUN_BENCH else c for c in CASES]
+)
 def test_case(case: str, tmp_path: Path):
     got, spec = run_case(case, tmp_path)
     assert got == (CORPUS / case / "expected").read_text(encoding="utf-8")

@@ -14,6 +14,9 @@ from fibgen.format import Solution, write_solution
 
 from _bench_dataset import DEFINITION, make_dataset
 
+# Slow as a whole: each case in a process of its own.
+pytestmark = pytest.mark.slow
+
 NAME = DEFINITION["name"]
 
 DPS = "def run(x, w, y):\n    y.copy_(x * w)\n"

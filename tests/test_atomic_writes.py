@@ -67,6 +67,7 @@ def source(tmp_path) -> Path:
     return src
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kill_at", [1, 30, 0])
 def test_a_build_killed_mid_write_is_cleaned_by_the_next(tmp_path, source, kill_at):
     out = tmp_path / "out"
@@ -161,6 +162,7 @@ def test_a_rewritten_file_keeps_its_mode(tmp_path, umask):
     assert executable.stat().st_mode & 0o7777 == 0o755
 
 
+@pytest.mark.slow
 def test_import_and_workloads_write_with_the_umasks_mode(tmp_path, umask):
     umask(0o022)
     defn = REPO / "generated/definitions/rmsnorm/rmsnorm_h128.json"

@@ -49,6 +49,7 @@ def _traces(root):
     return [json.loads(line) for line in lines]
 
 
+@pytest.mark.slow
 def test_every_status_comes_out_and_good_solutions_are_timed(benched):
     root, summary = benched
     traces = _traces(root)
@@ -75,6 +76,7 @@ def test_every_status_comes_out_and_good_solutions_are_timed(benched):
     assert "[3, 63]" in logs["wrong_shape"] or "[17, 63]" in logs["wrong_shape"]
 
 
+@pytest.mark.slow
 def test_logs_name_the_solutions_own_files_not_the_build_cache(benched):
     # A Solution JSON's sources are named as "<json>: <source path>", with the line; the
     # copy under the cache that was imported is nowhere (Note [source names]).
@@ -92,6 +94,7 @@ def test_logs_name_the_solutions_own_files_not_the_build_cache(benched):
     assert [s for s, log in logs.items() if cache in log] == []
 
 
+@pytest.mark.slow
 def test_a_bench_leaves_nothing_in_the_dataset_but_its_files(benched):
     # No lock files beside the traces (Note [lock files] in fibgen/fsutil.py), no temp files.
     root, _ = benched
@@ -99,6 +102,7 @@ def test_a_bench_leaves_nothing_in_the_dataset_but_its_files(benched):
     assert foreign_files(root) == []
 
 
+@pytest.mark.slow
 def test_traces_load_with_the_format_and_flashinfer_bench(benched):
     root, _ = benched
     from fibgen.format import load_traces
@@ -112,6 +116,7 @@ def test_traces_load_with_the_format_and_flashinfer_bench(benched):
     assert passed and all(t.evaluation.performance.latency_ms > 0 for t in passed)
 
 
+@pytest.mark.slow
 def test_a_timeout_says_what_to_change(benched):
     root, _ = benched
     logs = {t["evaluation"]["log"] for t in _traces(root) if t["solution"] == "hangs"}
@@ -121,12 +126,14 @@ def test_a_timeout_says_what_to_change(benched):
     }
 
 
+@pytest.mark.slow
 def test_resume_skips_what_is_traced(benched, tmp_path):
     root, _ = benched
     summary = run_bench(root, BenchOptions(resume=True, timeout=4), progress=False)
     assert summary.traces == 0 and summary.skipped == 2 * len(EXPECTED)
 
 
+@pytest.mark.slow
 def test_report_text_md_json(benched, tmp_path):
     root, _ = benched
     summary = summarize(root)
@@ -176,6 +183,7 @@ def test_a_report_holds_its_figures_not_the_traces(tmp_path):
         assert table["solutions"]["aborts"]["statuses"] == {"RUNTIME_ERROR": 2}
 
 
+@pytest.mark.slow
 def test_report_and_bench_cli(benched, tmp_path, capsys):
     root, _ = benched
     assert main(["report", str(root), "--format", "md"]) == 0
@@ -231,6 +239,7 @@ def test_timer_takes_the_flush_and_refuses_an_unknown_one():
         time_callable(lambda: None, "cpu", warmup=1, repeat=1, flush="cold")
 
 
+@pytest.mark.slow
 def test_plot_draws_speedups_on_a_log_axis(benched, tmp_path):
     require_module("matplotlib", "matplotlib is not installed (pip install 'fibgen[plot]')")
     root, _ = benched
@@ -242,6 +251,7 @@ def test_plot_draws_speedups_on_a_log_axis(benched, tmp_path):
     assert [ax.get_yscale() for ax in figure(summarize(root)).axes] == ["log"]
 
 
+@pytest.mark.slow
 def test_plot_without_matplotlib_says_how_to_install_it(benched, tmp_path, monkeypatch):
     root, _ = benched
     from fibgen.bench.report import plot

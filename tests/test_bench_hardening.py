@@ -16,6 +16,9 @@ from fibgen.cli import main
 from fibgen.format import Workload, write_workloads
 from fibgen.format.dataset import resolve_dataset_path
 
+# Slow as a whole: bench workers on damaged datasets.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(autouse=True)
 def _cache(tmp_path, monkeypatch):

@@ -17,6 +17,9 @@ from fibgen.bench.runner import BenchOptions, run_bench
 from fibgen.format import Definition, Solution, Workload, write_definition, write_solution
 from fibgen.format import write_workloads
 
+# Slow as a whole: bench workers, each starting solution processes.
+pytestmark = pytest.mark.slow
+
 OPTIONS = BenchOptions(timeout=30, warmup=1, repeat=3)
 
 # Correct itself, but at import makes `.double()` a no-op for whatever runs after it in its

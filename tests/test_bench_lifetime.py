@@ -21,7 +21,11 @@ from _bench_dataset import make_dataset
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+# Slow as a whole: starts and kills benches and waits for their processes.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc"),
+]
 
 
 def _stat(pid: int) -> list[str] | None:

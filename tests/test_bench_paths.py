@@ -108,6 +108,7 @@ def test_devices_are_checked_against_the_machine_first(
 # Verdicts, timings and packing
 
 
+@pytest.mark.slow
 def test_a_run_with_failures_says_so_in_its_last_line(tmp_path, capsys):
     root = make_dataset(tmp_path / "ds", ["good_returns", "wrong_numbers"], sizes=(3, 5))
     code, out, _ = _bench(capsys, str(root), "--devices", "cpu", "--quiet", "--repeat", "3")
@@ -120,11 +121,55 @@ def test_a_run_with_failures_says_so_in_its_last_line(tmp_path, capsys):
     assert code == 0 and out.splitlines()[-1] == "bench: all 2 run(s) PASSED"
 
 
+class _FakeCPU:
+    """A CPU on which every timed call takes ``call_ms``: its clock moves only when one is
+    made, so bench's figures are exact, however busy the machine running the tests is."""
+
+    def __init__(self, call_ms: float) -> None:
+        self.now_ns = 0
+        self.call_ns = round(call_ms * 1e6)
+
+    def clock(self) -> int:
+        return self.now_ns
+
+    def charged(self, fn):
+        """``fn``, run as it is, each call charged ``call_ms`` on this CPU's clock."""
+
+        def call():
+            result = fn()
+            self.now_ns += self.call_ns
+            return result
+
+        return call
+
+
+class _WorkerHere:
+    """The runner's handle on a worker that runs in this process, where the fake clock is."""
+
+    process = object()  # never gone
+
+    def __init__(self, device: str) -> None:
+        from fibgen.bench.worker import Worker
+
+        self.worker = Worker(device)
+
+    def ask(self, request: tuple, timeout: float) -> tuple:
+        kind, *args = request
+        return self.worker.prepare(*args) if kind == "workload" else self.worker.run(*args)
+
+    def stop(self) -> None:
+        pass
+
+    close = signal_kill = stop
+
+
 def test_cpu_timings_are_medians_of_many_calls_with_their_spread(tmp_path, monkeypatch):
+    from fibgen.bench import runner, timing, worker
+
     monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
-    root = make_dataset(tmp_path / "ds", [], sizes=(34, 2048))
+    root = make_dataset(tmp_path / "ds", [], sizes=(3, 34))
     # A solution that is the reference itself: reference and solution are timed alike, so
-    # its speedup is about 1 at every size (it was 248x and 1086x with a 5-call reference).
+    # its speedup is 1 at every size (it was 248x and 1086x with a 5-call reference).
     from fibgen.format import Solution, write_solution
 
     write_solution(
@@ -138,19 +183,33 @@ def test_cpu_timings_are_medians_of_many_calls_with_their_spread(tmp_path, monke
         ),
         "scale",
     )
-    summary = run_bench(root, BenchOptions(devices=("cpu",)), progress=False)
-    assert summary.statuses == {"PASSED": 2}
+    # Timed on a fake CPU where every call takes 10 ms, by a worker in this process (and the
+    # solution not isolated), so that what is compared below is exact, not measured.
+    cpu = _FakeCPU(call_ms=10.0)
+    measure = timing.measure
+    monkeypatch.setattr(timing, "_clock", cpu.clock)
+    monkeypatch.setattr(
+        timing, "measure", lambda fn, device, **kw: measure(cpu.charged(fn), device, **kw)
+    )
+    monkeypatch.setattr(runner, "_Handle", _WorkerHere)
+    monkeypatch.setattr(worker, "setup_device", lambda device: None)  # this process's threads
+    summary = run_bench(root, BenchOptions(devices=("cpu",), isolate=False), progress=False)
+    assert summary.statuses == {"PASSED": 2}, summary
     (path,) = summary.trace_files
     for trace in map(json.loads, path.read_text().splitlines()):
         evaluation = trace["evaluation"]
         log = evaluation["log"]
-        assert log.startswith("timing: median ") and "; reference: median " in log
+        assert log.startswith("timing: median 10 ms ") and "; reference: median 10 ms " in log
         timings = log.split(";")[:2]  # the solution's and the reference's; then e2e notes
         samples = [int(part.split(" samples")[0].rsplit(" ", 1)[1]) for part in timings]
-        assert all(n >= 30 for n in samples), log
-        assert 1 / 3 < evaluation["performance"]["speedup_factor"] < 3, log
+        # Calls of 10 ms would fill TARGET_MS with 10 samples: both take the floor of 30.
+        assert samples == [timing.CPU_MIN_REPEAT] * 2, log
+        performance = evaluation["performance"]
+        assert performance["latency_ms"] == performance["reference_latency_ms"] == 10.0
+        assert performance["speedup_factor"] == 1.0
 
 
+@pytest.mark.slow
 def test_an_edited_solution_folder_is_run_as_it_is_and_packed(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
     root = make_dataset(tmp_path / "ds", [], sizes=(3,))
@@ -212,6 +271,7 @@ def test_a_definition_without_sidecar_takes_the_catalogues_when_its_contract_is_
 # Samplers are judged by their distribution
 
 
+@pytest.mark.slow
 def test_a_sampler_is_judged_by_its_distribution(tmp_path, monkeypatch):
     monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
     root = make_sampling_dataset(tmp_path / "ds")
@@ -262,6 +322,7 @@ def run(probs, top_k):
 """
 
 
+@pytest.mark.slow
 def test_a_sampler_not_judged_in_time_is_a_timeout_that_says_what_to_change(tmp_path, monkeypatch):
     monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
     root = make_sampling_dataset(tmp_path / "ds")

@@ -163,6 +163,7 @@ def test_the_claims_of_a_killed_bench_whose_child_holds_its_lock_are_taken_over(
         os.kill(child, signal.SIGKILL)  # it holds the lock still: the case of this test
 
 
+@pytest.mark.slow
 def test_bench_skips_the_runs_another_bench_is_running_and_says_so(tmp_path, capsys):
     root = make_dataset(tmp_path / "ds", ["good_returns", "good_dps"], sizes=(3, 5))
     other = Claims(root)

@@ -25,6 +25,9 @@ from fibgen.format.dataset import save_blob, write_solution
 from _bench_dataset import DEFINITION, make_dataset, solution
 from _shared import require_module
 
+# Slow as a whole: starts a local Ray cluster.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 TRACES = Path("traces") / "scale" / "scale_h64.jsonl"
 # A generous timeout: on a loaded machine a fresh solution process can take seconds to start,

@@ -7,11 +7,16 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from fibgen.bench.runner import BenchOptions, run_bench
 from fibgen.cli import main
 from fibgen.format import Workload, write_workloads
 
 from _shared import require_module
+
+# Slow as a whole: bench workers running Triton solutions under the interpreter.
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
 

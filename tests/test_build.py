@@ -191,6 +191,7 @@ def test_list_shows_name_op_type_and_location(project: Path):
     assert out.splitlines()[0].split() == ["rmsnorm_h2048", "rmsnorm", "defs/norm.fidef:18"]
 
 
+@pytest.mark.slow
 def test_list_without_a_folder_lists_the_built_in_catalogue_from_anywhere(tmp_path: Path):
     # Outside a checkout there is no ./definitions: the catalogue installed with fibgen is it.
     code, out, err = cli("list", cwd=tmp_path)
@@ -220,6 +221,7 @@ def test_fmt_refuses_files_with_errors(project: Path):
     assert (project / "defs" / "norm.fidef").read_text() == bad
 
 
+@pytest.mark.slow
 def test_catalogue_is_formatted_and_generated_is_current():
     code, _, err = cli("fmt", "--check", "definitions", cwd=ROOT)
     assert code == 0, err
@@ -247,6 +249,7 @@ def test_the_committed_manifest_records_the_current_generator():
     )
 
 
+@pytest.mark.slow
 def test_catalogue_builds_without_warnings():
     code, _, err = cli("check", "definitions", cwd=ROOT)
     assert code == 0
@@ -277,6 +280,7 @@ def test_import_refuses_to_overwrite_and_bad_json(tmp_path: Path):
     assert not (tmp_path / "out2").exists()
 
 
+@pytest.mark.slow
 def test_import_rebuilds_the_whole_dataset(tmp_path: Path):
     """Acceptance: import then build reproduces all 156 definitions semantically."""
     if not DATASET_DIR.is_dir():
@@ -396,11 +400,13 @@ def assert_black_clean(out: Path) -> int:
     return checked
 
 
+@pytest.mark.slow
 def test_generated_python_is_black_formatted():
     """Emitters write most of black's format themselves; black must find nothing to change."""
     assert assert_black_clean(ROOT / "generated") > 100
 
 
+@pytest.mark.slow
 def test_generated_definitions_are_what_the_format_model_writes():
     """Each generated definition loads with the format's model and re-dumps to the same bytes."""
     from fibgen.format.jsonio import dump_definition, load_definition

@@ -32,10 +32,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 from fake_kernels import rmsnorm  # noqa: E402  (generated above)
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("c++") is None and shutil.which("g++") is None,
-    reason="building cpp solutions needs a C++ compiler (c++ or g++) on PATH",
-)
+# Slow as a whole: compiles C++ solutions.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        shutil.which("c++") is None and shutil.which("g++") is None,
+        reason="building cpp solutions needs a C++ compiler (c++ or g++) on PATH",
+    ),
+]
 
 NAME = "rmsnorm_h4096"
 

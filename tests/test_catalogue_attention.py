@@ -51,7 +51,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # compute-capability query, which refuses a CPU device.
 ON_CPU = "FlashInfer requires GPUs|device must be a cuda device"
 FLASHINFER_ON_CPU = (RuntimeError, ValueError)
-pytestmark = pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning")
+# Slow as a whole: attention calls through the real FlashInfer's API, and their references.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning"),
+]
 
 
 @functools.cache

@@ -35,7 +35,11 @@ from fibgen.compiler import compile_paths  # noqa: E402
 from fibgen.runtime.routing import patching  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning")
+# Slow as a whole: hundreds of calls through the real FlashInfer's API.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning"),
+]
 
 
 @functools.cache

@@ -37,7 +37,11 @@ from fibgen.compiler import compile_paths
 from fibgen.runtime.routing import patching
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning")
+# Slow as a whole: GEMM calls through the real FlashInfer's API.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning"),
+]
 
 
 @functools.cache

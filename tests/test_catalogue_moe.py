@@ -28,7 +28,11 @@ from test_catalogue_gemm import (
     _route,
 )
 
-pytestmark = pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning")
+# Slow as a whole: MoE calls through the real FlashInfer's API.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning"),
+]
 
 # ---------------------------------------------------------------------------------------
 # cutlass_fused_moe

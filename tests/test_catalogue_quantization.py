@@ -93,6 +93,7 @@ def _swizzled_128x4(scales: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [2880, 4096])
 def test_mxfp8_calls_are_routed_and_return_flashinfers_layouts(k):
     name = f"mxfp8_quantize_k{k}"
@@ -188,6 +189,7 @@ def _unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
     return torch.where(nibbles >= 8, -values, values)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [2880, 4096])
 def test_mxfp4_calls_are_routed_and_return_flashinfers_layouts(k):
     name = f"mxfp4_quantize_k{k}"
@@ -272,6 +274,7 @@ def test_mxfp4_reference_is_flashinfers_template_where_their_roundings_agree():
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_nvfp4_kv_calls_are_routed_and_return_uint8_bytes():
     name, seen = "nvfp4_kv_quantize_k128", []
     x, gs = _bf16(40, 128), torch.tensor([0.5])

@@ -23,6 +23,9 @@ import pytest
 
 from _shared import DATASET_DIR, require_shared
 
+# Slow as a whole: every reference of the catalogue run beside the dataset's.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 CATALOGUE = sorted((ROOT / "definitions").glob("*.fidef"))
 # Inputs plus the dataset reference's float32 working copies (see _nbytes); above this a CPU

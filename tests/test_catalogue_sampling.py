@@ -41,7 +41,11 @@ from pathlib import Path  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 # What FlashInfer raises here: its JIT's architecture check, or its device checks.
 FLASHINFER_ON_CPU = (RuntimeError, ValueError)
-pytestmark = pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning")
+# Slow as a whole: sampling calls through the real FlashInfer's API, judged by their draws.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning"),
+]
 
 
 @functools.cache

@@ -37,7 +37,11 @@ from fibgen.runtime.routing import patching  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ("ssm_gdn.fidef", "ssm_linear.fidef", "ssm_kda.fidef", "mhc.fidef", "gdn.fidef")
-pytestmark = pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning")
+# Slow as a whole: state-space calls through the real FlashInfer's API.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning"),
+]
 
 
 @functools.cache

@@ -51,6 +51,7 @@ def fibgen(*args: str, cwd: Path, python: tuple[str, ...] = ()) -> subprocess.Co
 # ---------------------------------------------------------------------------- the command
 
 
+@pytest.mark.slow
 def test_version_and_python_m_fibgen(tmp_path):
     expected = f"fibgen {version('fibgen')}\n"
     assert cli("--version") == (0, expected, "")
@@ -93,6 +94,7 @@ NO_TORCH = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", NO_TORCH, ids=" ".join)
 def test_command_line_mistakes_are_answered_before_torch_is_imported(argv, tmp_path):
     proc = fibgen(*argv, cwd=tmp_path, python=("-X", "importtime"))

@@ -257,6 +257,7 @@ def test_the_cases_cover_every_command_and_keep_to_the_rule():
     assert {code for _, code in CASES} == {INPUT, USAGE}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, code", CASES, ids=[_id(argv) for argv, _ in CASES])
 def test_wrong_input_gets_a_message_and_the_exit_code_of_the_rule(argv, code, results):
     proc, unchanged = results[_id(argv)]

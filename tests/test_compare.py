@@ -194,6 +194,7 @@ def _softmax_sampler(inputs: dict) -> torch.Tensor:
     return torch.multinomial(torch.softmax(inputs["logits"], -1), 1).squeeze(-1)
 
 
+@pytest.mark.slow
 def test_a_sampler_from_logits_draws_from_their_softmax():
     from fibgen.runtime.checking.compare import compare_sampling
 
@@ -207,6 +208,7 @@ def test_a_sampler_from_logits_draws_from_their_softmax():
     assert not greedy.ok and greedy.reason.startswith("total variation distance")
 
 
+@pytest.mark.slow
 def test_a_min_p_sampler_draws_only_above_its_threshold():
     from fibgen.runtime.checking.compare import compare_sampling
 
@@ -248,6 +250,7 @@ def _chain(inputs: dict, accept_all: bool = False) -> torch.Tensor:
     return out
 
 
+@pytest.mark.slow
 def test_a_sampler_of_several_positions_is_judged_position_by_position():
     from fibgen.runtime.checking.compare import compare_sampling
 

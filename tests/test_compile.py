@@ -16,6 +16,9 @@ import torch
 
 from _shared import require_module
 
+# Slow as a whole: torch.compile.
+pytestmark = pytest.mark.slow
+
 require_module("flashinfer", "flashinfer-python 0.7.2.post1 is not installed (see .ci/run)")
 
 import _flashinfer_cpu as cpu  # noqa: E402

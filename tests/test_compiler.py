@@ -275,6 +275,7 @@ def test_reference_text_survives_fmt_exactly():
     assert reference_of(once) == ref
 
 
+@pytest.mark.slow
 def test_list_apis_names_the_api_of_every_definition_or_why_it_has_none(capsys):
     from fibgen.cli import main
 
@@ -456,6 +457,7 @@ def test_names_that_generated_code_cannot_carry_are_diagnostics(source, message)
     assert message in [d.message for d in result.diagnostics][0]
 
 
+@pytest.mark.slow
 def test_the_names_a_dispatcher_module_defines_are_reserved_for_families():
     # Note [generated names]: every name a generated module imports or the package defines.
     import ast

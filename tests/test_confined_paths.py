@@ -128,6 +128,7 @@ def _folder_with_link(tmp_path: Path, target: Path) -> tuple[Path, Path]:
     return root, folder
 
 
+@pytest.mark.slow
 def test_pack_refuses_a_file_that_links_out_of_the_dataset(tmp_path, capsys):
     secret = tmp_path / "id_rsa"
     secret.write_text("-----BEGIN PRIVATE KEY-----\n")
@@ -141,6 +142,7 @@ def test_pack_refuses_a_file_that_links_out_of_the_dataset(tmp_path, capsys):
     assert "PRIVATE KEY" not in before
 
 
+@pytest.mark.slow
 def test_pack_follows_a_link_that_stays_inside_the_dataset(tmp_path):
     root, folder = _folder_with_link(tmp_path, Path("../../../../src/helper.py"))
     (root / "solutions" / "src").mkdir()
@@ -149,6 +151,7 @@ def test_pack_follows_a_link_that_stays_inside_the_dataset(tmp_path):
     assert {s.path: s.content for s in packed.solution.sources}["key.pem"] == "HELP = 1\n"
 
 
+@pytest.mark.slow
 def test_a_standalone_solution_folder_is_its_own_root(tmp_path, capsys):
     secret = tmp_path / "id_rsa"
     secret.write_text("private\n")
@@ -179,6 +182,7 @@ def test_a_standalone_solution_folder_is_its_own_root(tmp_path, capsys):
     assert "outside the solution folder" in str(caught.value)
 
 
+@pytest.mark.slow
 def test_bench_refuses_a_solution_folder_with_a_link_out(tmp_path, capsys):
     secret = tmp_path / "id_rsa"
     secret.write_text("private\n")

@@ -11,6 +11,9 @@ import pytest
 from fibgen.codegen.cuda.emit import ENTRY_FILE, CudaGenError, emit_cuda, scaffold_sources
 from fibgen.compiler import compile_paths, compile_sources
 
+# Slow as a whole: compiles the CUDA target's C++.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 NAME = "rmsnorm_h4096"
 

@@ -5,8 +5,12 @@ import importlib.util
 import subprocess
 import sys
 
+import pytest
 import torch
 from pathlib import Path
+
+# Slow as a whole: runs the demo in a process of its own.
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 

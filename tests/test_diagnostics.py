@@ -56,6 +56,7 @@ def test_fixture(case: str):
     assert "Traceback" not in stderr
 
 
+@pytest.mark.slow
 def test_every_case_reports_a_position():
     for case in CASES:
         _, stderr = run_check(case)

@@ -126,6 +126,7 @@ def test_every_code_block_of_the_readme_says_its_language():
         assert any(" ".join(argv).startswith(start) for _, argv in commands), start
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("body", SHELL_BLOCKS)
 def test_the_readme_shell_commands_run_on_a_cpu_in_a_folder_of_ones_own(body, tmp_path):
     """What the README tells a user to type works as written, in an empty folder (with a
@@ -173,6 +174,7 @@ def _lines_but_space_runs(text: str) -> list[str]:
     return [re.sub(r" +", " ", line) for line in text.splitlines()]
 
 
+@pytest.mark.slow
 def test_the_readme_fidef_example_is_in_canonical_form(tmp_path):
     (text,) = [body for language, body in _fences(README) if language == "fidef"]
     source = tmp_path / "example.fidef"

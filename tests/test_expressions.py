@@ -267,6 +267,7 @@ def _holds_on_declared_shapes(spec: InputSpec) -> None:
         assert evaluate(text, env, (torch.Tensor,)) is True, (spec.name, text)
 
 
+@pytest.mark.slow
 def test_every_constraint_and_hint_of_the_catalogue_holds():
     from fibgen.compiler import compile_paths
 
@@ -288,6 +289,7 @@ def test_every_constraint_and_hint_of_the_catalogue_holds():
     assert made >= 100
 
 
+@pytest.mark.slow
 def test_every_constraint_of_the_dataset_loads_and_holds():
     root = require_shared("flashinfer-trace", "definitions")
     extras = _catalogue_extras()

@@ -282,6 +282,7 @@ def routed():
     return routable, routable.Catalogue(result.module), traced_apis(), generated
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", _routed_paths())
 def test_flashinfer_trace_of_a_routed_call_lands_on_its_definition(path, routed):
     routable, catalogue, apis, generated = routed
@@ -394,6 +395,7 @@ def _call_of(definition, family, function, catalogue) -> dict:
     return bound.arguments
 
 
+@pytest.mark.slow
 def test_flashinfer_trace_of_every_instance_of_a_routed_function_lands_on_it(routed):
     routable, catalogue, apis, generated = routed
     checked, problems = 0, []

@@ -18,6 +18,9 @@ from fibgen.cli import main
 
 from _shared import require_flashinfer_bench, require_module
 
+# Slow as a whole: a dataset through validate, bench (its workers), report and apply.
+pytestmark = pytest.mark.slow
+
 NAME = "gather_rows_r16_h64"
 
 REFERENCE = "import torch\n\ndef run(table, idx):\n    return table[idx.long()]\n"

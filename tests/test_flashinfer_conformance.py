@@ -41,7 +41,8 @@ WRAPPERS = {
     "flashinfer.decode.single_decode_with_kv_cache": "single_decode_h32_kv8_d128",
     "flashinfer.prefill.single_prefill_with_kv_cache": "single_prefill_h32_kv8_d128",
 }
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+# Slow as a whole: the conformance suite's calls through the real FlashInfer.
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
 
 @functools.cache

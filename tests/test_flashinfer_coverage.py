@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 from _shared import require_module
 
+# Slow as a whole: reads every entry point FlashInfer traces from its source.
+pytestmark = pytest.mark.slow
+
 require_module("flashinfer", "flashinfer-python 0.7.2.post1 is not installed (see .ci/run)")
 
 from fibgen.compiler import compile_paths  # noqa: E402

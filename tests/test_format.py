@@ -146,6 +146,7 @@ def test_dataset_has_156_definitions_and_26_workload_files() -> None:
     assert len(load_workloads(root)) == 26
 
 
+@pytest.mark.slow
 def test_every_dataset_definition_round_trips() -> None:
     for path in _dataset_definition_files():
         source = json.loads(path.read_text(encoding="utf-8"))
@@ -167,6 +168,7 @@ def test_optional_tensor_extension_is_kept() -> None:
     assert '"optional": true' in dump_definition(defs[name])
 
 
+@pytest.mark.slow
 def test_every_dataset_workload_loads_and_matches_its_definition() -> None:
     root = require_shared("flashinfer-trace")
     defs = load_definitions(root)
@@ -761,6 +763,7 @@ def _definitions(draw: st.DrawFn) -> Definition:
     )
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(_definitions())
 def test_dump_parse_round_trip_property(defn: Definition) -> None:

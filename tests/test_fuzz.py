@@ -62,6 +62,7 @@ def assert_check_and_fmt_hold(text: str) -> None:
     assert not [d for d in diags if d.message.startswith("internal error")], text
 
 
+@pytest.mark.slow
 @FUZZ
 @given(mutated_source())
 def test_check_and_fmt_give_a_result_or_positioned_diagnostics(text: str):
@@ -275,6 +276,7 @@ def test_fmt_is_a_fixed_point_after_one_run(case: str, tmp_path):
     assert once.count("#") == FMT_CASES[case].count("#")  # no comment lost
 
 
+@pytest.mark.slow
 def test_fmt_twice_on_every_catalogue_file_is_fmt_once():
     for path in sorted((ROOT / "definitions").glob("*.fidef")):
         text = path.read_text(encoding="utf-8")
@@ -340,6 +342,7 @@ def mutated_json(draw) -> str:
     return text
 
 
+@pytest.mark.slow
 @settings(
     max_examples=250,
     derandomize=True,

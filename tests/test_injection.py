@@ -286,6 +286,7 @@ def test_cpp_files_hold_the_payloads_only_in_comments_and_literals(built):
         assert "#include <cstdlib>" not in code, path
 
 
+@pytest.mark.slow
 def test_generated_tests_pass(built):
     root, marker, expect = built
     result = subprocess.run(

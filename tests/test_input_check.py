@@ -55,6 +55,7 @@ def test_a_solution_that_writes_an_input_is_caught_once_and_its_calls_fall_back(
     assert counts["hit"] == 0 and counts["error"] == 2
 
 
+@pytest.mark.slow
 def test_strict_mode_raises_with_the_inputs_written_back():
     x, w = _inputs()
     x0 = x.clone()
@@ -114,6 +115,7 @@ def test_the_check_can_be_turned_off(monkeypatch):
         assert rt.stats()[RMS]["hit"] == 1
 
 
+@pytest.mark.slow
 def test_with_tracing_on_a_failing_route_still_falls_back(tmp_path):
     # Tracing wraps the routes it records; a solution's error must still fall back.
     def broken(hidden_states, weight):

@@ -61,6 +61,7 @@ def test_available_memory_is_the_hosts_and_the_address_space_limit():
     assert limit == resource.RLIM_INFINITY or free <= limit
 
 
+@pytest.mark.slow
 def test_bench_refuses_a_workload_too_large_for_the_machine_in_one_line(
     tmp_path, capsys, monkeypatch
 ):

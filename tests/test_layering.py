@@ -237,6 +237,7 @@ def test_the_circle_check_finds_a_circle(monkeypatch):
 FOR_GENERATED = "fibgen.runtime.for_generated"
 
 
+@pytest.mark.slow
 def test_generated_python_imports_only_the_runtimes_fixed_module():
     generated = REPO / "generated"
     bad = []

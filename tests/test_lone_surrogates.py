@@ -51,6 +51,7 @@ def test_the_reader_names_the_field_a_string_of_a_list_or_a_key_included():
     assert parse_json('{"a": "\\ud83d\\ude00"}') == {"a": "\U0001f600"}
 
 
+@pytest.mark.slow
 def test_pack_bench_validate_and_workloads_refuse_a_solution_alike(tmp_path, capsys):
     root = tmp_path / "ds"
     assert (

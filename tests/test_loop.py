@@ -29,6 +29,9 @@ import torch
 
 from _shared import foreign_files, require_module
 
+# Slow as a whole: trace, bench, report and apply end to end, in processes of their own.
+pytestmark = pytest.mark.slow
+
 flashinfer = require_module("flashinfer", "the loop runs the real FlashInfer's APIs")
 import flashinfer.activation  # noqa: E402
 import flashinfer.decode  # noqa: E402

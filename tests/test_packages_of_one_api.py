@@ -13,6 +13,9 @@ import pytest
 
 from fibgen.cli import main
 
+# Slow as a whole: builds packages and runs them in processes of their own.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 
 FIDEF = """\

@@ -20,6 +20,9 @@ import pytest
 
 from _shared import require_flashinfer_bench
 
+# Slow as a whole: builds the wheel and installs it in a fresh environment.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = re.search(r'^version = "(.+)"$', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
 

@@ -52,6 +52,7 @@ def test_a_solution_that_calls_the_api_it_serves_reaches_the_original_once():
     assert torch.equal(y, ORIGINAL_RMSNORM(x, w))
 
 
+@pytest.mark.slow
 def test_strict_mode_sends_nested_calls_to_the_original_too():
     x, w = torch.randn(2, 4096), torch.randn(4096)
     with rt.enable_apply({"rmsnorm_h4096": wrapper_baseline}, strict=True):
@@ -160,6 +161,7 @@ def test_another_threads_calls_are_routed_while_one_thread_serves():
     assert torch.equal(results["a"], x * 2) and torch.equal(results["b"], x * 2)
 
 
+@pytest.mark.slow
 def test_a_nested_call_under_torch_compile():
     x, w = torch.randn(4, 4096), torch.randn(4096)
 
@@ -175,6 +177,7 @@ def test_a_nested_call_under_torch_compile():
     assert torch.equal(y, ORIGINAL_RMSNORM(x, w) + 1)
 
 
+@pytest.mark.slow
 def test_tracing_records_the_outer_call_only(tmp_path):
     from fibgen.runtime.tracing.tracer import disable_tracing, enable_tracing, tracing_stats
 

@@ -124,6 +124,7 @@ def test_a_dispatcher_on_the_native_check_serves_or_falls_back_as_on_python(on_n
         assert not torch.equal(got, x * 2)
 
 
+@pytest.mark.slow
 def test_a_value_returning_hit_builds_the_check_in_the_background_and_switches_to_it(
     tmp_path, native
 ):

@@ -89,6 +89,7 @@ def test_miss_falls_back_to_the_original():
     assert rt.stats()[RMS]["fallback_no_candidate"] == 2
 
 
+@pytest.mark.slow
 def test_name_rule_reaches_a_solution_for_an_undeclared_size(monkeypatch):
     _no_handwritten_routes(monkeypatch)
     x, w = torch.randn(2, 8), torch.randn(8)
@@ -189,6 +190,7 @@ def test_plan_inputs_are_captured_per_instance_and_used_at_run():
     assert rt.stats()[label]["rules"] == {"plan:unseen": 1}
 
 
+@pytest.mark.slow
 def test_plan_state_is_weakly_held():
     wrapper, indptr, indices, _, _ = _decode_inputs()
     with rt.enable_apply({}, strict=True):  # strict: patched with nothing to route
@@ -228,6 +230,7 @@ def test_failing_solution_falls_back_and_warns_once():
     }
 
 
+@pytest.mark.slow
 def test_strict_error_names_definition_and_solution():
     def broken(hidden_states, weight):
         raise RuntimeError("kernel exploded")
@@ -335,6 +338,7 @@ def test_family_without_api_falls_back_to_its_reference():
     assert rt.stats()["fake_kernels.add_bias"]["hit"] == 1
 
 
+@pytest.mark.slow
 def test_stats_are_exact_under_threads():
     x, w = torch.randn(1, 4096), torch.randn(4096)
     x2, w2 = torch.randn(1, 2048), torch.randn(2048)
@@ -374,6 +378,7 @@ def test_stats_are_exact_under_threads():
     assert len(loads) == 1
 
 
+@pytest.mark.slow
 def test_decorator_and_function_form_for_hand_written_code():
     @rt.apply("my_op_v1")
     def my_op(a, b):
@@ -484,6 +489,7 @@ def test_declining_solution_hands_the_call_to_the_original():
     assert (counts["hit"], counts["fallback_declined"], counts["error"]) == (1, 1, 0)
 
 
+@pytest.mark.slow
 def test_declining_without_an_original_runs_the_reference_as_a_miss_does():
     def picky(x, bias):
         raise rt.Decline("never")
@@ -636,6 +642,7 @@ def test_without_an_original_a_call_its_rules_refuse_raises_instead_of_running_t
     assert counts["rules"] == {"eps": 1}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "make, got",
     [

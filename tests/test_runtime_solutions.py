@@ -79,6 +79,7 @@ def test_destination_passing_json_with_a_relative_import(tmp_path):
         assert torch.equal(rmsnorm.rmsnorm(x, w), x + 1)
 
 
+@pytest.mark.slow
 def test_wrong_arity_is_a_strict_error_naming_the_expected_parameters(tmp_path):
     solution = _solution("rmsnorm_h4096", "bad", {"main.py": "def run(x):\n    return x\n"})
     with rt.enable_apply({"rmsnorm_h4096": str(_write(tmp_path, solution))}, strict=True):
@@ -90,6 +91,7 @@ def test_wrong_arity_is_a_strict_error_naming_the_expected_parameters(tmp_path):
     assert rt.stats()["fake_flashinfer.norm.rmsnorm"]["error"] == 1
 
 
+@pytest.mark.slow
 def test_missing_entry_symbol_is_a_strict_error(tmp_path):
     solution = _solution("rmsnorm_h4096", "nosym", {"main.py": "def other():\n    pass\n"})
     with rt.enable_apply({"rmsnorm_h4096": str(_write(tmp_path, solution))}, strict=True):
@@ -138,6 +140,7 @@ print(rt.is_enabled(), torch.equal(rmsnorm.rmsnorm(x, torch.randn(4096)), x * 2)
 """
 
 
+@pytest.mark.slow
 def test_environment_enables_apply_at_import(tmp_path):
     _write(tmp_path, _solution("rmsnorm_h4096", "double", {"main.py": DOUBLING}))
     env = {"FIBGEN_APPLY": "1", "FIBGEN_APPLY_PATH": str(tmp_path)}
@@ -146,6 +149,7 @@ def test_environment_enables_apply_at_import(tmp_path):
     assert done.stdout.split() == ["True", "True"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "env, expected",
     [
@@ -179,6 +183,7 @@ print(bad, sorted(added - set(sys.stdlib_module_names) - {"fibgen", "fake_kernel
 """
 
 
+@pytest.mark.slow
 def test_runtime_and_generated_modules_import_without_compiler_lark_jinja_or_pydantic():
     done = _python(LAYERING, {})
     assert done.returncode == 0, done.stderr
@@ -236,6 +241,7 @@ def _triton_apply(tmp_path, prelude: str = "", base: dict | None = None, **env: 
     return json.loads(proc.stdout)
 
 
+@pytest.mark.slow
 def test_a_triton_solution_applied_without_a_gpu_runs_under_the_interpreter(tmp_path):
     result = _triton_apply(tmp_path)
     assert result["counts"]["hit"] == 1 and result["counts"]["error"] == 0, result
@@ -244,6 +250,7 @@ def test_a_triton_solution_applied_without_a_gpu_runs_under_the_interpreter(tmp_
     assert "runs under Triton's interpreter, slowly (TRITON_INTERPRET=1; set " in message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "prelude, env, why",
     [
@@ -279,6 +286,7 @@ assert "triton" not in sys.modules, "loading a Python solution imported Triton"
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "source",
     [
@@ -298,6 +306,7 @@ def test_a_triton_solution_runs_after_a_python_one_was_loaded(tmp_path, source):
     assert result["diff"] < 0.05
 
 
+@pytest.mark.slow
 def test_without_triton_a_triton_solution_says_how_to_install_it_and_nothing_else(tmp_path):
     from _shared import without_modules
 

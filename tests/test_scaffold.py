@@ -46,6 +46,7 @@ def _run_generated_test(built: Path, solutions: Path, definition: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "language, dps", [("triton", True), ("triton", False), ("python", True), ("python", False)]
 )
@@ -74,6 +75,7 @@ def test_fresh_scaffold_passes_its_generated_test(built, tmp_path, language, dps
     _run_generated_test(built, solutions, "rmsnorm_h4096")
 
 
+@pytest.mark.slow
 def test_triton_scaffold_without_a_kernel_says_so(tmp_path):
     result = scaffold_solution(
         "fused_add_rmsnorm_h4096",
@@ -87,6 +89,7 @@ def test_triton_scaffold_without_a_kernel_says_so(tmp_path):
     assert "def run(hidden_states, residual, weight, output):" in text
 
 
+@pytest.mark.slow
 def test_cli_writes_and_refuses_to_overwrite(tmp_path, capsys):
     args = ["scaffold-solution", "rmsnorm_h128", "--language", "python", "--author", "me"]
     args += ["-o", str(tmp_path), "--definitions", DEFINITIONS, "--name", "mine"]
@@ -109,6 +112,7 @@ def test_cli_writes_and_refuses_to_overwrite(tmp_path, capsys):
     assert sorted(p.name for p in folder.parent.iterdir()) == ["mine"]  # no leftovers
 
 
+@pytest.mark.slow
 def test_a_dataset_root_as_output_is_refused_with_its_solutions_folder(tmp_path, capsys):
     # Written into the dataset's root, the solution would be where neither bench nor apply
     # looks; the message names the folder they read.
@@ -125,6 +129,7 @@ def test_a_dataset_root_as_output_is_refused_with_its_solutions_folder(tmp_path,
     assert main([*args, "--definitions", DEFINITIONS]) == 0
 
 
+@pytest.mark.slow
 def test_unknown_definition_lists_the_closest_names(tmp_path, capsys):
     args = ["scaffold-solution", "rmsnorm_h4069", "--language", "python"]
     assert main([*args, "-o", str(tmp_path), "--definitions", DEFINITIONS]) == 1
@@ -151,6 +156,7 @@ def test_bad_arguments_are_clean_errors(tmp_path, kwargs, message):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_cuda_scaffold_lists_every_source(tmp_path):
     pytest.importorskip("fibgen.codegen.cuda.emit").scaffold_sources  # the CUDA target's entry
     result = scaffold_solution(
@@ -165,6 +171,7 @@ def test_cuda_scaffold_lists_every_source(tmp_path):
     assert entry_file in on_disk and symbol == "run"
 
 
+@pytest.mark.slow
 def test_pack_writes_an_edited_folder_into_its_json(tmp_path, capsys):
     result = scaffold_solution(
         "rmsnorm_h128", language="python", author="me", output=tmp_path, definitions=DEFINITIONS
@@ -198,6 +205,7 @@ def test_pack_refuses_what_is_not_a_solution_folder(tmp_path, capsys, make, mess
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_pack_fills_a_json_whose_sources_are_empty(tmp_path, capsys):
     """Filling `sources` is pack's job: an empty list (or none) in a folder is not an error."""
     result = scaffold_solution(
@@ -229,6 +237,7 @@ def test_compile_errors_of_definitions_are_not_prefixed_twice(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_a_dataset_as_definitions_scaffolds_what_the_catalogue_does(tmp_path, capsys):
     """`workloads --definitions DATASET` takes a dataset; so does scaffold-solution."""
     dataset = tmp_path / "ds"

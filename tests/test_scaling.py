@@ -37,6 +37,7 @@ def _calls(text: str) -> int:
     return pstats.Stats(profiler).total_calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "build, n, ok",
     [

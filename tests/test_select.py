@@ -185,6 +185,7 @@ def _call(n: int) -> float:
     return float(scale(x=x, w=torch.ones(64))[0, 0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "policy, expected",
     [
@@ -229,6 +230,7 @@ def test_fallback_on_miss_hands_untraced_keys_to_the_original(dataset):
     assert (counts["hit"], counts["fallback_declined"]) == (2, 3)
 
 
+@pytest.mark.slow
 def test_enabling_builds_nothing_until_called(dataset, tmp_path):
     # Damage a solution that is chosen: enabling still succeeds, the first call reports it.
     path = next((dataset / "solutions").rglob("broken_fast.json"))
@@ -293,6 +295,7 @@ def test_every_policy_field_is_type_and_range_checked_with_its_key_named(dataset
     assert Policy(atol=0, rtol=1, prebuild=0).atol == 0
 
 
+@pytest.mark.slow
 def test_select_imports_no_pydantic_or_compiler():
     import subprocess
     import sys
@@ -305,6 +308,7 @@ def test_select_imports_no_pydantic_or_compiler():
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})
 
 
+@pytest.mark.slow
 def test_solution_folders_and_flashinfer_bench_trace_depths_are_routed(tmp_path, monkeypatch):
     # A scaffold's folder (<def>/<name>/<name>.json beside its sources) and traces where
     # flashinfer-bench writes them (traces/<op_type>/<def>.jsonl, a merge's traces/<def>.jsonl).
@@ -472,6 +476,7 @@ def test_another_gpu_is_ranked_on_gpu_traces_and_the_warning_says_so(mixed):
     assert "scale_h64 (NVIDIA H100)" in message
 
 
+@pytest.mark.slow
 def test_enable_apply_on_this_cpu_routes_to_what_runs_here_and_says_why_not_the_rest(
     mixed, monkeypatch
 ):
@@ -509,6 +514,7 @@ def test_target_hardware_counts_unless_the_solution_was_measured_here(tmp_path, 
     assert table["unused"]["not_here"] == ["scale_h64/gpu_only: its target_hardware is cuda"]
 
 
+@pytest.mark.slow
 def test_solutions_for_definitions_nobody_has_are_said_at_enable(dataset):
     from fibgen.format import write_solution
 
@@ -627,6 +633,7 @@ def test_per_key_choices_are_flashinfer_benchs_but_where_a_key_also_failed(tmp_p
     assert theirs.def_best[name] == "small_fast" and info["ranking"] == ["steady"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("on_miss", ["best", "nearest"])
 def test_a_partial_solution_never_serves_a_key_it_was_not_seen_to_pass(
     tmp_path, monkeypatch, on_miss
@@ -648,6 +655,7 @@ def test_a_partial_solution_never_serves_a_key_it_was_not_seen_to_pass(
         disable_apply()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("on_miss", ["best", "nearest", "fallback"])
 def test_with_no_trusted_solution_a_miss_falls_back(tmp_path, monkeypatch, on_miss):
     monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
@@ -728,6 +736,7 @@ def _raw_dataset(root, lines: list[str]):
     return root
 
 
+@pytest.mark.slow
 def test_non_finite_errors_read_in_either_spelling(tmp_path, monkeypatch):
     monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
     lines = [
@@ -759,6 +768,7 @@ def test_non_finite_errors_read_in_either_spelling(tmp_path, monkeypatch):
     assert info["ranking"] == ["small_fast", "steady"] and "keyed" not in info
 
 
+@pytest.mark.slow
 def test_lines_that_are_not_traces_are_skipped_and_counted(tmp_path, monkeypatch):
     monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
     good = json.loads(_raw_line("steady", 3, "PASSED", 1e-3, 1e-3))
@@ -859,6 +869,7 @@ def steady_only(tmp_path, monkeypatch):
     disable_apply()
 
 
+@pytest.mark.slow
 def test_a_key_where_the_apis_own_function_is_faster_goes_to_it(steady_only):
     # At n=3 the API's own call costs 1.5 against steady's 2.0 (e2e): that key stays on the
     # API; at n=17 steady wins by more (5.0 against 8.0).
@@ -899,6 +910,7 @@ def test_a_definition_no_solution_beats_the_api_on_is_not_routed_and_said(steady
         assert entries(steady_only) == {}
 
 
+@pytest.mark.slow
 def test_a_miss_goes_to_the_api_where_the_best_loses_to_it_overall(steady_only):
     # steady wins n=17 by a little (5.0 against 5.5) and loses n=3 by a lot (2.0 against
     # 0.5): across its traces it is slower, so an untraced key goes to the API.

@@ -50,6 +50,7 @@ def test_one_file_per_family_with_header_and_table(built):
     assert paths == sorted(f"tests/test_{f.name}.py" for f in module.families())
 
 
+@pytest.mark.slow
 def test_batch_axis_is_one_that_input_generation_does_not_derive():
     module = compile_paths([str(ROOT / "definitions")]).module
     families = {f.name: f for f in module.families()}
@@ -66,6 +67,7 @@ def test_hints_and_axis_sets_in_the_table(built):
     assert cases[0].hints["kv_indptr"] == "indptr(over=kv_indices)"
 
 
+@pytest.mark.slow
 def test_generated_file_passes(built):
     env = {"FIBGEN_SOLUTIONS": str(built / "no-solutions")}
     proc = subprocess.run(
@@ -167,6 +169,7 @@ def test_solutions_are_held_to_the_reference(built, tmp_path, monkeypatch, sourc
     assert str(path) in str(info.value) or "s'" in str(info.value)
 
 
+@pytest.mark.slow
 def test_runtime_helper_imports_no_compiler():
     code = (
         "import sys\n"

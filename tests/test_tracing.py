@@ -112,6 +112,7 @@ def test_dump_all_stores_a_snapshot_of_each_tensor(tmp_path):
     assert torch.equal(blob["hidden_states"], expected) and torch.equal(blob["weight"], w)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "dump, stored",
     [
@@ -142,6 +143,7 @@ def test_dump_policies_on_a_plan_run_api(tmp_path, dump, stored):
         assert torch.equal(blob["kv_indptr"], indptr)
 
 
+@pytest.mark.slow
 def test_solution_routes_are_traced_too(tmp_path):
     seen = []
 
@@ -272,6 +274,7 @@ def test_past_the_cap_records_are_dropped_counted_and_warned_once(tmp_path, opti
     assert _records(tmp_path, "rmsnorm_h4096") == []
 
 
+@pytest.mark.slow
 def test_flashinfer_bench_loads_the_records(tmp_path):
     fib = require_flashinfer_bench()
     from fibgen.codegen.definition_json import definition_dict
@@ -311,6 +314,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("previous", ["default", "custom"])
 def test_sigterm_flushes_every_record(tmp_path, previous):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), *sys.path]))
@@ -350,6 +354,7 @@ def _import_runtime(env: dict[str, str]) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_environment_enables_tracing_or_warns(tmp_path):
     ok = _import_runtime({"FIBGEN_TRACE": "1", "FIBGEN_DATASET_PATH": str(tmp_path)})
     assert ok.stdout.strip() == "True", ok.stderr
@@ -380,6 +385,7 @@ def test_records_are_plain_json_lines(tmp_path):
     }
 
 
+@pytest.mark.slow
 def test_patching_traces_calls_that_bypass_fibgen(tmp_path):
     original = fake_flashinfer.norm.rmsnorm
     x, w = torch.randn(2, 4096), torch.randn(4096)
@@ -423,6 +429,7 @@ def rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
 """
 
 
+@pytest.mark.slow
 def test_environment_switch_traces_a_program_that_calls_flashinfer(tmp_path):
     # A stand-in `flashinfer` package, reached by the catalogue's generated dispatchers.
     package = tmp_path / "site" / "flashinfer"
@@ -625,6 +632,7 @@ def test_runs_of_a_wrapper_planned_before_tracing_are_counted_and_said_once(tmp_
     assert len(_records(tmp_path, "gqa_paged_decode_h4_kv2_d8_ps1")) == 1
 
 
+@pytest.mark.slow
 def test_tracing_leaves_nothing_in_the_dataset_but_its_files(tmp_path, monkeypatch):
     # Workloads, blobs, definitions and their sidecars, and nothing else: also where a blob
     # could not be put in place (a full disk), whose record is counted as failed.
@@ -655,6 +663,7 @@ def test_tracing_leaves_nothing_in_the_dataset_but_its_files(tmp_path, monkeypat
     assert foreign_files(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_calls_apply_refuses_are_counted_not_recorded(tmp_path):
     # Routed to the original API because they fail a rule of their definition: they are not
     # workloads of it (Note [missed calls]).

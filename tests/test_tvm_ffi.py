@@ -25,10 +25,14 @@ from _shared import require_module
 
 require_module("tvm_ffi", "apache-tvm-ffi is not installed (pip install apache-tvm-ffi)")
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("c++") is None and shutil.which("g++") is None,
-    reason="building cpp solutions needs a C++ compiler (c++ or g++) on PATH",
-)
+# Slow as a whole: compiles tvm-ffi C++ solutions.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        shutil.which("c++") is None and shutil.which("g++") is None,
+        reason="building cpp solutions needs a C++ compiler (c++ or g++) on PATH",
+    ),
+]
 
 # y = x * w over float32[n, 64] and float32[64], destination-passing: flashinfer-bench's form.
 SCALE_CPP = r"""

@@ -203,6 +203,7 @@ def test_load_without_a_gpu_warns_about_a_cuda_solution_instead_of_failing(
     assert 'set TVM_FFI_CUDA_ARCH_LIST (e.g. "9.0" for an H100)' in line
 
 
+@pytest.mark.slow
 def test_the_real_dataset_has_only_its_missing_blobs_to_report():
     # The flashinfer-trace dataset as published here has no blob/ folder: every schema,
     # layout and reference check passes, and the missing blobs are one error per definition.
@@ -362,6 +363,7 @@ def _validate_process(tmp_path, root: Path, env: dict | None = None, *args: str)
     )
 
 
+@pytest.mark.slow
 def test_load_runs_a_triton_solution_after_a_python_one_as_bench_does(tmp_path, capsys):
     # Loading the Python solution first must not import Triton with its interpreter off:
     # on a CPU every Triton solution after it would then fail to load.
@@ -389,6 +391,7 @@ def test_load_runs_a_triton_solution_after_a_python_one_as_bench_does(tmp_path, 
     assert "runs under Triton's interpreter" in lines[3] and len(lines) == 4
 
 
+@pytest.mark.slow
 def test_load_without_triton_says_how_to_install_it_and_nothing_else(tmp_path, capsys):
     from _shared import without_modules
 

@@ -37,6 +37,7 @@ def test_every_workload_file_of_the_real_dataset_loads(dataset):
             assert workload_problems(definitions[path.stem], workload) == []
 
 
+@pytest.mark.slow
 def test_random_workloads_of_the_dataset_materialize(dataset):
     definitions = load_definitions(dataset)
     for name in ("rmsnorm_h128", "gemm_n128_k2048"):
@@ -85,6 +86,7 @@ def _run(capsys, *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+@pytest.mark.slow
 def test_cli_writes_the_cross_product_with_index_blobs(tmp_path, capsys):
     code, out, err = _run(
         capsys,
@@ -147,6 +149,7 @@ def test_cli_reads_definitions_of_a_dataset(tmp_path, capsys, dataset):
     assert all(s.type == "random" for w in workloads for s in w.inputs.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, code, message",
     [
@@ -221,6 +224,7 @@ def test_default_definitions_are_the_builtin_catalogue(tmp_path, capsys, monkeyp
     assert "did you mean `rmsnorm_h4096`" in err
 
 
+@pytest.mark.slow
 def test_a_fidef_source_writes_its_sidecar_too(tmp_path, capsys):
     code, _, err = _run(
         capsys, "top_k_sampling_from_probs_v128256", "--axes", "batch_size=2", "-o",

@@ -65,6 +65,10 @@ DEFAULT_FLUSH: Flush = "read"
 
 _flush_buffers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
+# The clock CPU calls are timed with, in nanoseconds; tests put a fake one here, which only
+# their calls advance (as in eager.py).
+_clock: Callable[[], int] = time.perf_counter_ns
+
 
 def check_flush(flush: str) -> None:
     """Raise ValueError unless ``flush`` is one of ``FLUSHES``."""
@@ -134,7 +138,7 @@ def cpu_samples(
     With ``repeat`` given, exactly that many single calls are timed after ``warmup``
     untimed ones; otherwise Note [CPU timing] decides.
     """
-    clock = time.perf_counter_ns
+    clock = _clock
     warmup = max(1, warmup) if repeat is not None else max(CPU_MIN_WARMUP, warmup)
     start = clock()
     for _ in range(warmup):
