@@ -13,7 +13,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# The native result check (Note [result check] in fibgen/runtime/result_check.py) is built in
+# The native result check (Note [result check] in fibgen/runtime/checking/result_check.py) is built in
 # the background on the first value-returning hit of a process. Tests that point
 # FIBGEN_CACHE_DIR at a temporary folder would each build it again; its own tests build it.
 os.environ.setdefault("FIBGEN_NATIVE", "0")
