@@ -191,7 +191,7 @@ def test_cpu_timings_are_medians_of_many_calls_with_their_spread(tmp_path, monke
     monkeypatch.setattr(
         timing, "measure", lambda fn, device, **kw: measure(cpu.charged(fn), device, **kw)
     )
-    monkeypatch.setattr(runner, "_Handle", _WorkerHere)
+    monkeypatch.setattr(runner, "Handle", _WorkerHere)
     monkeypatch.setattr(worker, "setup_device", lambda device: None)  # this process's threads
     summary = run_bench(root, BenchOptions(devices=("cpu",), isolate=False), progress=False)
     assert summary.statuses == {"PASSED": 2}, summary

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fibgen.format.dataset.blobs import save_blob
 from fibgen.runtime.tracing.records import PendingRecord
 
 # How long the writer sleeps when nobody wakes it: bounds the delay before a record is on disk.
@@ -133,6 +132,10 @@ class Writer:
         if tensors:
             if record.event is not None:
                 record.event.synchronize()
+            # Here rather than at import: the dataset's models (pydantic) stay out of a
+            # serving process that only routes.
+            from fibgen.format.dataset.blobs import save_blob
+
             relpath = save_blob(
                 self.root, record.op_type, record.definition, workload_uuid, tensors
             )
