@@ -77,11 +77,23 @@ _ROOT = Path(__file__).resolve().parent
 _SLOW_FILE = re.compile(r"^pytestmark = (\[\s*)?pytest\.mark\.slow\b", re.M)
 
 
+def _fast_lane(config) -> bool:
+    return " ".join(config.getoption("markexpr").split()) == "not slow"
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook
+def pytest_xdist_auto_num_workers(config):
+    # The fast lane runs in one process: its tests take less CPU than each worker spends
+    # starting (torch, FlashInfer, collection), so a second worker made it slower on two busy
+    # cores. None leaves the count to xdist.
+    return 0 if _fast_lane(config) else None
+
+
 def pytest_ignore_collect(collection_path, config):
     # Under `-m "not slow"` a file slow as a whole would only be imported for all of its tests
-    # to be deselected. Not importing it saves each worker seconds (test_flashinfer_apply.py
-    # compiles the whole catalogue to parametrize its tests; others import torch._dynamo).
-    if " ".join(config.getoption("markexpr").split()) != "not slow":
+    # to be deselected. Not importing it saves seconds (test_flashinfer_apply.py compiles the
+    # whole catalogue to parametrize its tests; others import torch._dynamo).
+    if not _fast_lane(config):
         return None
     if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
         return None
