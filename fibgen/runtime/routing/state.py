@@ -12,9 +12,10 @@ from typing import Any
 from fibgen.runtime.routing import patching
 from fibgen.runtime.solutions import loading as solutions
 
-# The registered dispatchers' Api objects (fibgen/runtime/routing/api.py, which imports this
-# module and so is not imported here): what the state keeps and hands to its callbacks.
-Api = Any
+# A registered dispatcher's Api object, as the state keeps it and hands it to its callbacks:
+# not the class itself (fibgen/runtime/routing/api.py imports this module, so this module
+# does not import it), a stand-in that says what the values are.
+RegisteredApi = Any
 
 # Route kinds: how a dispatcher calls the callable of a route.
 ORIGINAL = 0  # with the API's own arguments: the original API, or what stands in for it
@@ -112,7 +113,7 @@ class _State:
         self.entries: dict[str, solutions.Entry] = {}
         self.loaded: dict[tuple[str, tuple[str, ...], tuple[str, ...]], solutions.Loaded] = {}
         self.matched: set[str] = set()
-        self.apis: list[Api] = []
+        self.apis: list[RegisteredApi] = []
         self.packages: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
         self.patches: list[patching.Patch] = []
         # API path → the callable that was there before patching, kept after restoring, so
@@ -124,10 +125,12 @@ class _State:
         self.warned: set[Any] = set()
         # While tracing is on: wraps each route as it is resolved (Note [tracing hooks] in
         # fibgen/runtime/tracing/tracer.py); every call then takes the routed path.
-        self.tracer: Callable[[Api, str | None, Any], Any] | None = None
+        self.tracer: Callable[[RegisteredApi, str | None, Any], Any] | None = None
         # While tracing is on: told of each call a dispatcher does not hand to a wrapped route:
         # (api, reason, definition name or None, what failed), Note [missed calls] there.
-        self.trace_missed: Callable[[Api, str | None, str | None, Any], None] | None = None
+        self.trace_missed: Callable[[RegisteredApi, str | None, str | None, Any], None] | None = (
+            None
+        )
         self.trace_patching = False  # whether tracing patches APIs (apply off or not)
 
 
