@@ -229,7 +229,9 @@ def test_generated_result_codes_are_the_runtimes():
         value, name = code.split("  # ")
         return int(value)
 
-    assert number(functions.UNEVALUABLE) == refusals._UNEVALUABLE
-    assert number(functions.NO_KEY) == refusals._NO_KEY
+    assert number(functions.UNEVALUABLE) == refusals.UNEVALUABLE
+    assert number(functions.NO_KEY) == refusals.NO_KEY
     assert number(functions.PASSED) == -1 and functions.IF_PASSED.startswith("if _r == -1:")
-    assert refusals.Refusals.rule_text(None, refusals._NO_KEY) == "key"  # type: ignore[arg-type]
+    assert refusals.rule_text(("eps",), refusals.NO_KEY) == "key"
+    assert refusals.rule_text(("eps",), refusals.UNEVALUABLE) == "unevaluable"
+    assert refusals.rule_text(("eps",), 0) == "eps"

@@ -4,7 +4,6 @@ a dispatcher on the native check falls back on a wrong output as it does on the 
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
@@ -23,7 +22,8 @@ generated_package()
 
 from fake_kernels import rmsnorm  # noqa: E402  (generated just above)
 
-routing = importlib.import_module("fibgen.runtime.routing.api")
+from fibgen.runtime.routing.state import STATE  # noqa: E402
+
 pytestmark = pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning")
 
 
@@ -93,9 +93,9 @@ def test_the_native_check_refuses_a_wrong_call_with_a_type_error(native):
 @pytest.fixture
 def on_native(native):
     """Every dispatcher on the native check, as after a background build; then back."""
-    routing._use_native_check(native)
+    STATE.use_native_check(native)
     yield native
-    routing._use_native_check(result_check.same_python)
+    STATE.use_native_check(result_check.same_python)
 
 
 @pytest.mark.parametrize(

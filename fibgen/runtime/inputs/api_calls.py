@@ -56,7 +56,7 @@ def api_for(
     """
     from fibgen.runtime.routing.registry import import_packages
 
-    import_packages(packages, (name,), False)
+    import_packages(STATE, packages, (name,), False)
     with STATE.lock:
         found = [api for api in STATE.apis if name in api.known_names]
     if definition is not None:

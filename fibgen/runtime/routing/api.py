@@ -7,12 +7,17 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from fibgen.runtime import counters
 from fibgen.runtime.checking import input_check, result_check
-from fibgen.runtime.errors import SolutionError
+from fibgen.runtime.errors import Decline, FallbackError, SolutionError
 from fibgen.runtime.launch.capture import is_capturing
-from fibgen.runtime.routing import patching
-from fibgen.runtime.routing.fallbacks import Fallbacks, no_fallback
-from fibgen.runtime.routing.refusals import Refusals
+from fibgen.runtime.routing import patching, refusals
+from fibgen.runtime.routing.fallbacks import (
+    compile_reference,
+    no_fallback,
+    strict_failure,
+    unservable,
+)
 from fibgen.runtime.routing.state import (
     DISCARD,
     DISPATCH_CODES,
@@ -22,10 +27,9 @@ from fibgen.runtime.routing.state import (
     OUTCOMES,
     RETURNS,
     SERVING,
-    STATE,
     UNSET,
+    ApplyState,
     nested,
-    warn_once,
 )
 from fibgen.runtime.solutions import loading as solutions
 
@@ -38,13 +42,23 @@ from fibgen.runtime.solutions import loading as solutions
 _handed = threading.local()
 
 
-class Api(Fallbacks, Refusals):
+# A route: (kind, the callable, the tick that counts its calls, the definition's values).
+Route = tuple[int, Callable[..., Any], Callable[[], Any], Any]
+# What refuse and failed return: a route without values.
+Detour = tuple[int, Callable[..., Any], Callable[[], Any]]
+
+
+class Api:
     """What one dispatcher routes through: its routes, counters, rules and fallback.
 
-    Its fallbacks are in ``Fallbacks``, its refused and failed calls in ``Refusals``.
+    It keeps the apply state it was registered in (Note [apply state] in
+    fibgen/runtime/routing/state.py). The sections below: torch.compile and custom ops; the
+    slow path that resolves a key to a route; where a call no solution serves goes; calls
+    refused by a rule or failed by their solution; on and off, and the counters.
     """
 
     __slots__ = (
+        "state",
         "direct",
         "routes",
         "plans",
@@ -94,6 +108,7 @@ class Api(Fallbacks, Refusals):
         label: str,
         function: Callable[..., Any],
         *,
+        state: ApplyState,
         path: str | None = None,
         plan_path: str | None = None,
         capture: Callable[..., Any] | None = None,
@@ -125,6 +140,7 @@ class Api(Fallbacks, Refusals):
         call_params: Mapping[str, Mapping[str, Any]] | None = None,
         call_problem: str | None = None,
     ) -> None:
+        self.state = state
         self.direct: Callable[..., Any] | None = None
         code = getattr(function, "__code__", None)
         if code is not None:
@@ -138,7 +154,7 @@ class Api(Fallbacks, Refusals):
         # ``own_then`` is the one its package named; the registry may link the last family of
         # a package to another package's families of the API (Note [packages of one API]).
         self.then = self.own_then = then
-        self.routes: dict[Any, tuple[int, Callable[..., Any], Callable[[], int], Any]] = {}
+        self.routes: dict[Any, Route] = {}
         self.label = label
         self.function = function
         self.path = path
@@ -156,7 +172,9 @@ class Api(Fallbacks, Refusals):
         self.family_reference = family_reference
         self.rules = rules
         self.tensors = dict(tensors or {})
-        self.values = None if values is None else dict(values)
+        self.values: dict[str, tuple[Any, ...] | None] | None = (
+            None if values is None else dict(values)
+        )
         self.defaults = defaults
         self.params = params
         self.param_defaults = dict(param_defaults or {})
@@ -227,7 +245,14 @@ class Api(Fallbacks, Refusals):
             return None
         return name
 
-    def _tick(self, outcome: str, name: str | None) -> Callable[[], int]:
+    def _values_of(self, name: str | None) -> tuple[Any, ...] | None:
+        """The values of the family's parameters for definition ``name``: () for a family
+        without parameters, None where the name has none."""
+        if self.values is None:
+            return ()
+        return self.defaults if name is None else self.values.get(name, self.defaults)
+
+    def _tick(self, outcome: str, name: str | None) -> Callable[[], Any]:
         counter = self._tallies.get((outcome, name))
         if counter is None:
             counter = self._tallies[(outcome, name)] = itertools.count()
@@ -251,7 +276,7 @@ class Api(Fallbacks, Refusals):
     def _miss_tick(self, name: str | None) -> Callable[[], Any]:
         """Count a call with no candidate, or the refusal it was handed with."""
         own = self._tick("fallback_no_candidate", name)
-        if not any(a.then is self.function for a in STATE.apis):
+        if not any(a.then is self.function for a in self.state.apis):
             # No family hands calls on to this one: a miss here is its own, and counting it
             # needs no look at what a handing family left (a thread-local read per call).
             return own
@@ -262,7 +287,7 @@ class Api(Fallbacks, Refusals):
 
         return tick
 
-    def _guard_tick(self, rule: str) -> Callable[[], int]:
+    def _guard_tick(self, rule: str) -> Callable[[], Any]:
         count_guard = self._tick("fallback_guard", None)
         count_rule = self._tick("rule", rule)
 
@@ -272,7 +297,7 @@ class Api(Fallbacks, Refusals):
 
         return tick
 
-    def resolve(self, key: Any) -> tuple[int, Callable[..., Any], Callable[[], int], Any]:
+    def resolve(self, key: Any) -> Route:
         """Decide the route of a key seen for the first time (the slow path), or of a call
         made while a routed call is in progress (Note [re-entry])."""
         if SERVING.n:
@@ -281,13 +306,13 @@ class Api(Fallbacks, Refusals):
             route = self.routes.get(key)
             if route is not None:
                 return route
-        with STATE.lock:
+        with self.state.lock:
             route = self.routes.get(key)
             if route is not None:
                 return route
             name = self.name_of(key)
-            entry = STATE.entries.get(name) if STATE.on and name is not None else None
-            if not STATE.on:
+            entry = self.state.entries.get(name) if self.state.on and name is not None else None
+            if not self.state.on:
                 route = self._fallback_route(key, name, DISCARD, "apply is off")
             elif entry is None:
                 why = "no solution is registered for it"
@@ -298,31 +323,30 @@ class Api(Fallbacks, Refusals):
                 tick = self._tick("fallback_unwarmed_in_capture", name)
                 return self._fallback_route(key, name, tick, "it was first called during capture")
             else:
+                assert name is not None  # an entry is looked up by name
                 route = self._solution_route(key, name, entry)
-            if STATE.tracer is not None:
-                route = STATE.tracer(self, name, route)
+            if self.state.tracer is not None:
+                route = self.state.tracer(self, name, route)
             self.routes[key] = route
             return route
 
-    def nested_route(self, key: Any) -> tuple[int, Callable[..., Any], Callable[[], int], Any]:
+    def nested_route(self, key: Any) -> Route:
         """The route of a nested call: the original API, else the reference; counted as
         ``nested``, never kept, never traced (Note [re-entry])."""
         name = self.name_of(key) if key is not None else None
-        with STATE.lock:
+        with self.state.lock:
             tick = self._tick("nested", name)
         original = self.original()
         if original is not None:
             return (ORIGINAL, original, tick, None)
         reference = self._reference(key, name) if key is not None else None
         if reference is not None:
-            values = () if self.values is None else self.values.get(name, self.defaults)
+            values = self._values_of(name)
             return (RETURNS, reference, tick, values)
         why = "it was called from inside a routed call, and there is no original API to call"
         return (ORIGINAL, no_fallback(self.label, name, why), tick, None)
 
-    def _solution_route(
-        self, key: Any, name: str, entry: solutions.Entry
-    ) -> tuple[int, Callable[..., Any], Callable[[], int], Any]:
+    def _solution_route(self, key: Any, name: str, entry: solutions.Entry) -> Route:
         values: Any = ()
         if self.values is not None:
             values = self.values.get(name, self.defaults)
@@ -345,14 +369,14 @@ class Api(Fallbacks, Refusals):
                 # of the same API (another set of inputs): that family may serve it.
                 return (ORIGINAL, self.then, DISCARD, None)
             self._tick("error", name)()
-            if STATE.strict:
+            if self.state.strict:
                 raise
-            warn_once(
+            self.state.warn_once(
                 ("load", name, entry.label),
                 f"fibgen: {exc}; calls of {name} fall back",
             )
             return self._fallback_route(key, name, DISCARD, "its solution failed to load")
-        STATE.matched.add(name)
+        self.state.matched.add(name)
         kind = (INPLACE if self.inplace and loaded.inplace else DPS) if loaded.dps else RETURNS
         if kind == RETURNS:
             result_check.start()  # its outputs are checked on every call: natively, once built
@@ -367,12 +391,12 @@ class Api(Fallbacks, Refusals):
         kind, fn, tick, values = route
 
         def passed() -> None:
-            with STATE.lock:
+            with self.state.lock:
                 if self.routes.get(key) is probed_route:
                     self.routes[key] = route
 
         def failed(changes: list[str]) -> SolutionError:
-            with STATE.lock:
+            with self.state.lock:
                 if key in self.routes:  # not during capture, where routes are not kept
                     why = f"{loaded.label} changed its inputs"
                     self.routes[key] = self._fallback_route(
@@ -392,7 +416,7 @@ class Api(Fallbacks, Refusals):
 
     def _load(self, name: str, entry: solutions.Entry) -> solutions.Loaded:
         cache_key = (name, self.inputs, self.outputs)
-        loaded = STATE.loaded.get(cache_key)
+        loaded = self.state.loaded.get(cache_key)
         if loaded is None:
             try:
                 # Inputs without a declared tensor are values; where the API declares no
@@ -402,9 +426,9 @@ class Api(Fallbacks, Refusals):
                     scalars = frozenset(i for i in self.inputs if i not in self.tensors)
                 loaded = solutions.load(entry, self.inputs, self.outputs, scalars)
             except SolutionError:
-                STATE.matched.add(name)
+                self.state.matched.add(name)
                 raise
-            STATE.loaded[cache_key] = loaded
+            self.state.loaded[cache_key] = loaded
         return loaded
 
     def call_definition(
@@ -427,9 +451,9 @@ class Api(Fallbacks, Refusals):
             route = self.resolve(key)
         kind, fn, tick, _ = route
         if kind == ORIGINAL:
-            if tick is DISCARD and STATE.on:
+            if tick is DISCARD and self.state.on:
                 # Handed to the next family of the API, which would count it; count it here.
-                with STATE.lock:
+                with self.state.lock:
                     tick = self._tick("fallback_no_candidate", name)
             fn = self._reference_or_fail(key, name)
             kind = RETURNS
@@ -441,6 +465,7 @@ class Api(Fallbacks, Refusals):
         try:
             if kind == RETURNS:
                 return fn(**inputs)
+            assert outputs is not None  # checked above
             fn(**inputs, **outputs)
         except Exception as exc:
             self.failed(key, fn, exc)
@@ -448,6 +473,7 @@ class Api(Fallbacks, Refusals):
             return self._reference_or_fail(key, name)(**inputs)
         finally:
             _serving.n -= 1
+        assert outputs is not None
         values = tuple(outputs[o] for o in self.outputs)
         return values[0] if len(values) == 1 else values
 
@@ -457,6 +483,249 @@ class Api(Fallbacks, Refusals):
             f"{self.label}: cannot allocate output {output!r}: its shape is not readable from "
             "the call; pass its buffer, or register a value-returning solution"
         )
+
+    # ----------------------------------------------------------------- fallbacks
+    def original(self) -> Callable[..., Any] | None:
+        """The API this dispatcher stands for, as it was before patching; None without one."""
+        if self._original is UNSET:
+            if self.path is None:
+                self._original = None
+            elif self.path in self.state.originals:
+                self._original = self.state.originals[self.path]
+            else:
+                self._original = patching.original(self.path)
+            if self._original is not None:
+                patching.adopt_defaults(self.function, self._original)
+        return self._original
+
+    def _first_direct(self, *args: Any, **kwargs: Any) -> Any:
+        original = self.original()
+        with self.state.lock:
+            if not self.state.on and self.state.tracer is None:
+                self.direct = original
+        if original is None:
+            return self.function(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    def _reference_text(self, key: Any, name: str | None) -> str | None:
+        if name is not None and name in self.known_names:
+            return self.references.get(name) or self.family_reference
+        if self.family_reference is None:
+            return None
+        # A name no instance declares: its parameters come from the key, else the defaults.
+        values = dict(self.param_defaults)
+        if key is not UNSET and self.params:
+            fields = key if isinstance(key, tuple) else (key,)
+            values.update((f, v) for f, v in zip(self.key_fields, fields) if f in self.params)
+        if any(p not in values for p in self.params):
+            return None
+        prelude = "".join(f"{p} = {values[p]!r}\n" for p in self.params)
+        return prelude + self.family_reference
+
+    def _reference(self, key: Any, name: str | None) -> Callable[..., Any] | None:
+        text = self._reference_text(key, name)
+        if text is None:
+            return None
+        return compile_reference(text, name or self.label, self.state.references)
+
+    def _fallback_route(
+        self,
+        key: Any,
+        name: str | None,
+        tick: Callable[[], Any],
+        why: str,
+        *,
+        next_family: bool = True,
+        refused: bool = False,
+    ) -> Route:
+        """Where a call no solution serves goes: the next family, the original API, the
+        reference; in strict mode, an error saying ``why``."""
+        if self.then is not None and next_family:
+            # The next family counts the call, as a hit or as its own fallback; a rule that
+            # refused a registered solution goes with it (Note [a refusal handed down the chain]).
+            then = self._hand_on(tick) if refused else self.then
+            return (ORIGINAL, then, DISCARD, None)
+        if self.state.on and self.state.strict:
+            return (ORIGINAL, strict_failure(self.label, name, why), tick, None)
+        original = self.original()
+        if original is not None:
+            return (ORIGINAL, original, tick, None)
+        reference = self._reference(key, name)
+        if reference is not None:
+            # With the name's values, so that the call's rules are checked against them.
+            values = self._values_of(name)
+            return (RETURNS, reference, tick, values)
+        why = "no original API or reference to fall back to"
+        return (ORIGINAL, no_fallback(self.label, name, why), tick, None)
+
+    def _reference_or_fail(self, key: Any, name: str) -> Callable[..., Any]:
+        reference = self._reference(key, name)
+        if reference is None:
+            return no_fallback(self.label, name, "no reference to fall back to")
+        return reference
+
+    # ------------------------------------------------------ refused and failed calls
+    def rule_text(self, index: int) -> str:
+        """How a failed check is called in stats and messages."""
+        return refusals.rule_text(self.rules, index)
+
+    def refuse(self, key: Any, index: int, *args: Any, **kwargs: Any) -> Detour:
+        """A call fails a check: count it, and give the route to take instead.
+
+        The next family of the API gets the call first (it counts it); strict mode raises.
+        """
+        if SERVING.n and self.original() is not None and nested():
+            # A call from inside a routed call goes to the original API (Note [re-entry]).
+            kind, fn, tick, _ = self.nested_route(key)
+            tick()
+            return (kind, fn, DISCARD)
+        state = self.state
+        rule = self.rule_text(index)
+        name = None if key is None else self.name_of(key)
+        if self.then is not None:
+            if name is None or name not in state.entries:
+                return (ORIGINAL, self.then, DISCARD)
+            # This family had a solution for the call: its rule is the reason, unless a later
+            # family routes it (Note [a refusal handed down the chain]).
+            with state.lock:
+                tick = self._guard_tick(rule)
+            return (ORIGINAL, self._hand_on(tick), DISCARD)
+        missed = state.trace_missed
+        if missed is not None:
+            # Not a route tracing wraps: it is told, and counts it (Note [missed calls]).
+            # What the call fails, worked out only for the first one, which is said.
+            def why() -> str:
+                return self._describe_failure(rule, args, kwargs)
+
+            missed(self, "unknown" if key is None else "refused", name, why)
+        if state.on:
+            with state.lock:
+                self._guard_tick(rule)()
+            if state.strict:
+                raise FallbackError(
+                    f"{self.label}: {name or 'the call'} is not routed: "
+                    f"{self._describe_failure(rule, args, kwargs)} (strict)"
+                )
+        kind, fn, _, _ = self._fallback_route(key, name, DISCARD, rule)
+        if key is None and kind != ORIGINAL:
+            # Without a key the reference cannot run in the dispatcher's place.
+            why_not = "its key could not be read and there is no original API to fall back to"
+            return (ORIGINAL, no_fallback(self.label, name, why_not), DISCARD)
+        if kind != ORIGINAL:
+            # The reference computes the definition, which a call that fails its rules is not
+            # (another eps, another dtype): running it would be a silent wrong result.
+            why_not = (
+                f"{self._describe_failure(rule, args, kwargs)}, and there is no original API "
+                "to run it (the definition's reference computes something else)"
+            )
+            return (ORIGINAL, unservable(self.label, name, why_not), DISCARD)
+        return (kind, fn, DISCARD)
+
+    def _describe_failure(self, rule: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+        return refusals.describe_failure(
+            rule, self.function, self.inputs, self.tensors, self.trace_inputs, args, kwargs
+        )
+
+    def failed(
+        self, key: Any, fn: Callable[..., Any], exc: BaseException, *args: Any, **kwargs: Any
+    ) -> Detour:
+        """Handle an exception of a route, from the dispatcher's except block.
+
+        A fallback's exception is re-raised unchanged. A solution's is counted, as an error
+        or, for a ``Decline``, as declined; the route of the fallback is returned, except in
+        strict mode, where a SolutionError (or, for a ``Decline``, a FallbackError) is raised.
+        """
+        resolved = self._resolved.get(key)
+        # A route's function may wrap the solution's (the first-call input check, tracing).
+        while resolved is not None and fn is not resolved[2] and hasattr(fn, "__wrapped__"):
+            fn = fn.__wrapped__
+        if resolved is None or resolved[2] is not fn:
+            # Called from an except block: a bare raise re-raises the exception it handles.
+            raise
+        name, label, _ = resolved
+        strict = self.state.strict
+        if isinstance(exc, Decline):
+            self._count("fallback_declined", "declined_hit", name)
+            if strict:
+                raise FallbackError(
+                    f"{self.label}: {label} declined a call of {name!r}: {exc} (strict)"
+                ) from exc
+            why = f"{label} declined it"
+        else:
+            self._count("error", "failed_hit", name)
+            error = (
+                exc
+                if isinstance(exc, SolutionError)
+                else SolutionError(
+                    f"{label} for definition {name!r} raised {type(exc).__name__}: {exc}"
+                    f"{solutions.place(exc)}",
+                    name,
+                    label,
+                )
+            )
+            if strict:
+                if error is exc:
+                    raise
+                raise error from exc
+            self.state.warn_once(("run", name, label), f"fibgen: {error}; such calls fall back")
+            why = f"{label} failed"
+        # Not the next family: the key is this family's. The API itself, else the reference.
+        kind, fallback, _, _ = self._fallback_route(key, name, DISCARD, why, next_family=False)
+        return (kind, fallback, DISCARD)
+
+    def bad_result(self, key: Any, output: str | None, got: Any, want: Any = None) -> None:
+        """Raise the SolutionError of an output that is not what the definition declares;
+        ``want`` is what the call expects of it: (dtype, shape or None, device or None)."""
+        name, label, _ = self._resolved.get(key, (self.name_of(key), "the solution", None))
+        message = refusals.bad_result_message(label, name, self.outputs, output, got, want)
+        raise SolutionError(message, name or "?", label)
+
+    def _count(self, outcome: str, hit_correction: str, name: str) -> None:
+        with self.state.lock:
+            self._tick(outcome, name)()
+            self._tick(hit_correction, name)()
+
+    def miss(self, *args: Any, **kwargs: Any) -> Any:
+        """Fall back for a call that cannot be routed at all (unplanned, unknown selector).
+
+        A run of a wrapper whose plan fibgen did not see, or whose state changed since
+        (Note [plan state] in ``fibgen/runtime/routing/patching.py``), is counted as a guard
+        fallback under ``plan:unseen`` or ``plan:changed``.
+        """
+        if SERVING.n and self.original() is not None and nested():
+            # A call from inside a routed call goes to the original API (Note [re-entry]).
+            kind, fn, tick, _ = self.nested_route(None)
+            tick()
+            return fn(*args, **kwargs)
+        if self.then is not None:
+            return self.then(*args, **kwargs)
+        state = self.state
+        missed = state.trace_missed
+        if missed is not None:
+            # Not a route tracing wraps: it is told, and counts it (Note [missed calls]).
+            missed(self, self._unplanned(args, kwargs) or "unknown", None, None)
+        if state.on:
+            rule = self._unplanned(args, kwargs)
+            with state.lock:
+                (self._miss_tick(None) if rule is None else self._guard_tick(rule))()
+            if state.strict:
+                why = refusals.UNPLANNED.get(rule or "", "it matches no definition")
+                raise FallbackError(f"{self.label}: the call is not routed: {why} (strict)")
+        original = self.original()
+        if original is None:
+            why = "no original API to fall back to (for a plan/run API, call plan() first)"
+            raise LookupError(f"{self.label}: this call matches no definition and {why}")
+        return original(*args, **kwargs)
+
+    def _unplanned(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
+        """The rule a run without a usable plan is counted under; None for other misses."""
+        if self.plans is None:
+            return None
+        instance = args[0] if args else kwargs.get("self")
+        try:
+            return self.plans.state(instance)
+        except TypeError:  # an instance that cannot be weakly referenced
+            return "plan:unseen"
 
     # --------------------------------------------------------------- on and off
     def _turn_on(self) -> None:
@@ -468,7 +737,7 @@ class Api(Fallbacks, Refusals):
     def _turn_off(self) -> None:
         self.routes.clear()
         self._resolved.clear()
-        if STATE.tracer is not None:
+        if self.state.tracer is not None:
             self.direct = None
         else:
             self.direct = self._first_direct if self._original is UNSET else self._original
@@ -478,7 +747,7 @@ class Api(Fallbacks, Refusals):
         totals = dict.fromkeys(OUTCOMES + ("failed_hit", "declined_hit"), 0)
         for (outcome, _), counter in list(self._tallies.items()):
             if outcome in totals:
-                totals[outcome] += _read(counter)
+                totals[outcome] += counters.read(counter)
         # A hit is a call a solution served: not one it raised on or handed back.
         totals["hit"] -= totals.pop("failed_hit") + totals.pop("declined_hit")
         return totals
@@ -488,24 +757,10 @@ class Api(Fallbacks, Refusals):
         out: dict[str, int] = {}
         for (outcome, rule), counter in list(self._tallies.items()):
             if outcome == "rule" and rule is not None:
-                n = _read(counter)
+                n = counters.read(counter)
                 if n:
                     out[rule] = out.get(rule, 0) + n
         return out
 
 
-def _read(counter: itertools.count) -> int:
-    # repr is "count(N)": reading it does not advance the counter.
-    return int(repr(counter)[6:-1])
-
-
 DISPATCH_CODES.add(Api.call_definition.__code__)
-
-
-def _use_native_check(same: Callable[..., bool]) -> None:
-    with STATE.lock:
-        for api in STATE.apis:
-            api.same = same
-
-
-result_check.on_ready(_use_native_check)

@@ -1,10 +1,12 @@
 """Apply: route live calls to registered solutions by definition name; turn it on and off.
 
-This module holds enable_apply, disable_apply, set_tracer and stats, and is what generated
-dispatchers import the names of the contract below from. The parts: ``routing`` (the Api
-object and the slow path), ``fallbacks`` and ``refusals`` (calls not served), ``registry``
-(dispatchers, packages and the APIs patched to reach them), ``handwritten`` (the ``apply``
-decorator) and ``apply_state`` (route kinds, outcomes, the state all of them share).
+This module holds enable_apply, disable_apply, set_tracer and stats, and the contract below
+that generated dispatchers follow (they import its names from ``fibgen.runtime.for_generated``).
+The parts: ``api`` (the Api object: the slow path that resolves a key, fallbacks, refused and
+failed calls, counters), ``fallbacks`` and ``refusals`` (the callables and messages of calls
+not served), ``registry`` (dispatchers, packages and the APIs patched to reach them),
+``handwritten`` (the ``apply`` decorator) and ``state`` (route kinds, outcomes, and the state
+all of them share: this module's functions act on the process's, Note [apply state] there).
 
 Note [the dispatch contract]
 A generated dispatcher module calls ``register_api`` once, at the end of its import, and
@@ -99,8 +101,8 @@ def enable_apply(
         raise ApplyConfigError("a selection config needs a dataset folder that holds traces/")
     else:
         entries = solutions.collect(solutions_or_path)
-    import_packages(packages, entries, patch)
-    check_callables(entries)
+    import_packages(STATE, packages, entries, patch)
+    check_callables(STATE, entries)
     if isinstance(solutions_or_path, Mapping):
         _warn_unknown_names(entries)
     with STATE.lock:
@@ -112,7 +114,7 @@ def enable_apply(
         STATE.patching = patch
         for api in STATE.apis:
             api._turn_on()
-        repatch()
+        repatch(STATE)
     return Applied()
 
 
@@ -186,7 +188,7 @@ def disable_apply() -> None:
         STATE.on = False
         STATE.strict = False
         # Tracing with patching keeps the APIs patched; they call the originals again.
-        repatch()
+        repatch(STATE)
         for api in STATE.apis:
             api._turn_off()
         unmatched = sorted(set(STATE.entries) - STATE.matched)
@@ -215,12 +217,12 @@ def set_tracer(
     route it could wrap (Note [missed calls] in fibgen/runtime/tracing/tracer.py).
     """
     if tracer is not None and patch:
-        import_packages(None, (), True)
+        import_packages(STATE, None, (), True)
     with STATE.lock:
         STATE.tracer = tracer
         STATE.trace_missed = missed if tracer is not None else None
         STATE.trace_patching = tracer is not None and patch
-        repatch()
+        repatch(STATE)
         for api in STATE.apis:
             if STATE.on:
                 api.routes.clear()

@@ -8,7 +8,7 @@ from typing import Any
 
 from fibgen.runtime.routing.fallbacks import compile_reference
 from fibgen.runtime.routing.registry import register_api
-from fibgen.runtime.routing.state import DISPATCH_CODES, SERVING, STATE, warn_once
+from fibgen.runtime.routing.state import DISPATCH_CODES, SERVING, STATE
 from fibgen.runtime.solutions import loading as solutions
 
 _handwritten: dict[tuple[Callable[..., Any], Any], Callable[..., Any]] = {}
@@ -116,11 +116,11 @@ def apply(
                 key = (name, definition["reference"])
                 run = references.get(key)
                 if run is None:
-                    reference = compile_reference(definition["reference"], name)
+                    reference = compile_reference(definition["reference"], name, STATE.references)
                     run = references[key] = solutions.either_style(
                         reference, definition, False, f"the reference of {name!r}"
                     )
-                warn_once(
+                STATE.warn_once(
                     ("reference fallback", name),
                     f"fibgen: apply({name!r}) without a fallback: calls no solution serves "
                     "run the definition's reference (slow)",

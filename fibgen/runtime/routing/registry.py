@@ -1,4 +1,9 @@
-"""The registry of dispatchers and their packages, and the APIs patched to reach them."""
+"""The registry of dispatchers and their packages, and the APIs patched to reach them.
+
+Each function takes the apply state it works on (Note [apply state] in
+fibgen/runtime/routing/state.py), except ``register_api`` and ``register_package``, which
+generated modules call at import: they register in the process's, unless given another.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +15,14 @@ from typing import Any
 from fibgen.runtime.errors import ApplyConfigError
 from fibgen.runtime.routing import patching
 from fibgen.runtime.routing.api import Api
-from fibgen.runtime.routing.state import STATE, UNSET, warn_once
+from fibgen.runtime.routing.state import STATE, UNSET, ApplyState
 from fibgen.runtime.solutions import loading as solutions
 
 # Packages of generated dispatchers that enable_apply looks for even when not imported yet.
 DEFAULT_PACKAGES = ("fibgen_kernels",)
 
 
-def _patch(api: Api, taken: set[str]) -> None:
+def _patch(state: ApplyState, api: Api, taken: set[str]) -> None:
     # ``taken``: paths already patched in this enable. The latest registered dispatcher of a
     # path wins (a regenerated module), so callers walk the registry newest first.
     if not api.patch or api.path is None or api.path in taken:
@@ -25,68 +30,68 @@ def _patch(api: Api, taken: set[str]) -> None:
     taken.add(api.path)
     problem = patching.mismatch(api.path, api.function)
     if problem is not None:
-        _warn_unpatched(api, problem)
+        _warn_unpatched(state, api, problem)
         return
     if api.plan_path is not None and api.capture is not None:
         problem = patching.mismatch(api.plan_path, api.capture)
         if problem is not None:
-            _warn_unpatched(api, problem)
+            _warn_unpatched(state, api, problem)
             return
-    found = patching.patch(api.path, api.function, STATE.patches)
+    found = patching.patch(api.path, api.function, state.patches)
     if found is None:
         return
-    STATE.originals[api.path] = api._original = found
+    state.originals[api.path] = api._original = found
     patching.adopt_defaults(api.function, found)
     if api.plan_path is not None:
         hooks = [
             (a.plans, a.capture)
-            for a in STATE.apis
+            for a in state.apis
             if a.plan_path == api.plan_path and a.capture is not None and a.plans is not None
         ]
-        found = patching.patch_plan(api.plan_path, hooks, STATE.patches)
+        found = patching.patch_plan(api.plan_path, hooks, state.patches)
         if found is not None:
-            STATE.originals[api.plan_path] = found
+            state.originals[api.plan_path] = found
 
 
-def _warn_unpatched(api: Api, problem: str) -> None:
+def _warn_unpatched(state: ApplyState, api: Api, problem: str) -> None:
     # Every family of the path goes unrouted (the variant families of a wrapper, the families
     # of a dispatch group), so every definition of theirs is named: an integrator looks for
     # the one they registered.
-    names = sorted({n for a in STATE.apis if a.path == api.path for n in a.known_names})
+    names = sorted({n for a in state.apis if a.path == api.path for n in a.known_names})
     definitions = f"definitions {', '.join(names)}" if names else f"{api.label}"
-    warn_once(
+    state.warn_once(
         ("unpatched", api.path, problem),
         f"fibgen: {problem}; it is left unpatched, so {definitions} are not routed",
     )
 
 
-def _patching_wanted() -> bool:
-    return (STATE.on and STATE.patching) or (STATE.tracer is not None and STATE.trace_patching)
+def _patching_wanted(state: ApplyState) -> bool:
+    return (state.on and state.patching) or (state.tracer is not None and state.trace_patching)
 
 
-def repatch() -> None:
+def repatch(state: ApplyState) -> None:
     """Restore every patched API, then patch again if apply or tracing wants it (under lock).
 
     Plans seen so far are forgotten: between the two, a ``plan()`` could run unseen, and a
     ``run()`` after a plan fibgen did not see is never routed.
     """
-    patching.restore(STATE.patches)
+    patching.restore(state.patches)
     # What stands at each path now is the original: something may have replaced it since.
-    STATE.originals.clear()
-    for api in STATE.apis:
+    state.originals.clear()
+    for api in state.apis:
         if not api._fixed_original:
             api._original = UNSET
         if api.plans is not None:
             api.plans.clear()
-    if _patching_wanted():
+    if _patching_wanted(state):
         taken: set[str] = set()
-        idle = set() if STATE.tracer is not None or STATE.strict else _idle_paths()
-        for api in reversed(STATE.apis):
+        idle = set() if state.tracer is not None or state.strict else _idle_paths(state)
+        for api in reversed(state.apis):
             if api.path not in idle:
-                _patch(api, taken)
+                _patch(state, api, taken)
 
 
-def _idle_paths() -> set[str]:
+def _idle_paths(state: ApplyState) -> set[str]:
     """API paths none of whose definitions has a solution: left unpatched, so their calls
     reach FlashInfer at no cost (Note [idle paths]).
 
@@ -100,9 +105,9 @@ def _idle_paths() -> set[str]:
     knows (a name rule may spell it for a path: those paths all stay patched). Tracing
     patches every path, and so does strict mode, where a call nothing serves must raise.
     """
-    names = set(STATE.entries) if STATE.on else set()
+    names = set(state.entries) if state.on else set()
     known: dict[str, set[str]] = {}
-    for api in STATE.apis:
+    for api in state.apis:
         if api.path is not None:
             known.setdefault(api.path, set()).update(api.known_names)
     if names - set().union(*known.values()):
@@ -114,7 +119,7 @@ def _package_of(api: Api) -> str:
     return getattr(api.function, "__module__", "").partition(".")[0]
 
 
-def _link_packages(path: str) -> None:
+def _link_packages(state: ApplyState, path: str) -> None:
     """Chain the packages whose dispatchers stand for ``path``, newest first (under lock).
 
     Note [packages of one API]
@@ -129,7 +134,7 @@ def _link_packages(path: str) -> None:
     imported again under the same package (a rebuilt one) replaces its older registration
     within that package and is not chained to it.
     """
-    mine = [a for a in STATE.apis if a.path == path]
+    mine = [a for a in state.apis if a.path == path]
     by_package: dict[str, list[Api]] = {}
     for api in mine:
         api.then = api.own_then
@@ -150,51 +155,61 @@ def _link_packages(path: str) -> None:
         last.then = first.function
 
 
-def register_api(label: str, function: Callable[..., Any], **options: Any) -> Api:
+def register_api(
+    label: str, function: Callable[..., Any], *, state: ApplyState | None = None, **options: Any
+) -> Api:
     """Register a dispatcher (called by generated modules at import); see ``Api``."""
-    api = Api(label, function, **options)
-    with STATE.lock:
-        STATE.apis.append(api)
+    state = STATE if state is None else state
+    api = Api(label, function, state=state, **options)
+    with state.lock:
+        state.apis.append(api)
         if api.path is not None:
-            _link_packages(api.path)
-        if STATE.on:
+            _link_packages(state, api.path)
+        if state.on:
             api._turn_on()
         else:
             api._turn_off()
-        if _patching_wanted():
-            if api.path in STATE.originals and (api.plan_path is not None or api.patch):
+        if _patching_wanted(state):
+            if api.path in state.originals and (api.plan_path is not None or api.patch):
                 # Another family of the same wrapper is patched: its plan hooks this one too.
                 # Or another package's dispatcher of the API is: the newest stands in front
                 # of the chain (Note [packages of one API]).
-                repatch()
+                repatch(state)
             else:
-                _patch(api, {p.path for p in STATE.apis[:-1] if p.patch and p.path})
+                _patch(state, api, {p.path for p in state.apis[:-1] if p.patch and p.path})
     return api
 
 
 def register_package(
-    package: str, apis: Mapping[str, str], definitions: Mapping[str, str] | None = None
+    package: str,
+    apis: Mapping[str, str],
+    definitions: Mapping[str, str] | None = None,
+    *,
+    state: ApplyState | None = None,
 ) -> None:
     """Record a package of generated dispatchers: API path → module, definition → module."""
-    with STATE.lock:
-        STATE.packages[package] = (dict(apis), dict(definitions or {}))
+    state = STATE if state is None else state
+    with state.lock:
+        state.packages[package] = (dict(apis), dict(definitions or {}))
 
 
-def import_packages(packages: Iterable[str] | None, names: Iterable[str], patch: bool) -> None:
+def import_packages(
+    state: ApplyState, packages: Iterable[str] | None, names: Iterable[str], patch: bool
+) -> None:
     # Dispatchers are imported here so that they can be patched in, and so that callables
     # registered for their definitions are checked now rather than on their first call.
     wanted = (
         list(packages)
         if packages is not None
-        else [*DEFAULT_PACKAGES, *env_packages(), *STATE.packages]
+        else [*DEFAULT_PACKAGES, *env_packages(), *state.packages]
     )
     for package in dict.fromkeys(wanted):
-        if package not in STATE.packages:
+        if package not in state.packages:
             try:
                 importlib.import_module(package)
             except ImportError:
                 continue
-        apis, definitions = STATE.packages.get(package, ({}, {}))
+        apis, definitions = state.packages.get(package, ({}, {}))
         modules = {definitions[n] for n in names if n in definitions}
         if patch:
             # Only dispatchers whose API can be reached.
@@ -211,11 +226,11 @@ def env_packages() -> list[str]:
     return [p.strip() for p in os.environ.get("FIBGEN_PACKAGES", "").split(",") if p.strip()]
 
 
-def check_callables(entries: Mapping[str, solutions.Entry]) -> None:
+def check_callables(state: ApplyState, entries: Mapping[str, solutions.Entry]) -> None:
     # A name known to several registered packages with different tensors (two catalogues in
     # one process) cannot be checked here; the check then happens when a call routes to it.
     tensors: dict[str, set[tuple[tuple[str, ...], tuple[str, ...]]]] = {}
-    for a in STATE.apis:
+    for a in state.apis:
         for n in a.known_names:
             tensors.setdefault(n, set()).add((a.inputs, a.outputs))
     for name, entry in entries.items():

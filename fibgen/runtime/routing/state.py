@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from fibgen.runtime.checking import result_check
 from fibgen.runtime.routing import patching
 from fibgen.runtime.solutions import loading as solutions
 
@@ -102,8 +103,18 @@ UNSET: Any = object()
 DISCARD = itertools.count().__next__
 
 
-class _State:
-    """Everything enable_apply and disable_apply change, guarded by ``lock``."""
+class ApplyState:
+    """Everything enable_apply and disable_apply change, guarded by ``lock``.
+
+    Note [apply state]
+    The process has one, ``STATE`` below: the public functions (enable_apply, disable_apply,
+    set_tracer, stats, register_api, the ``apply`` decorator) act on it, since generated
+    modules register their dispatchers at import, before anyone could hand them a state.
+    Everything under them is given the state it works on: an ``Api`` keeps the one it was
+    registered in (``Api.state``), and the registry's functions take it as their first
+    argument. A test may build its own, register dispatchers in it and turn it on and off
+    without touching the process's.
+    """
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
@@ -119,6 +130,7 @@ class _State:
         # API path → the callable that was there before patching, kept after restoring, so
         # that every dispatcher of a path (a dispatch group's families too) falls back to it.
         self.originals: dict[str, Callable[..., Any]] = {}
+        # Reference source → its compiled ``run``.
         self.references: dict[str, Callable[..., Any]] = {}
         # Paths left unpatched, and (definition, solution) pairs whose failure was reported:
         # each is warned about once per process.
@@ -132,14 +144,23 @@ class _State:
             None
         )
         self.trace_patching = False  # whether tracing patches APIs (apply off or not)
+        # Value-returning routes check their outputs natively once that check is built.
+        result_check.on_ready(self.use_native_check)
+
+    def warn_once(self, key: Any, message: str) -> None:
+        """Warn with ``message`` the first time ``key`` is seen."""
+        with self.lock:
+            if key in self.warned:
+                return
+            self.warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+    def use_native_check(self, same: Callable[..., bool]) -> None:
+        """Check value-returning outputs with ``same`` in every registered dispatcher."""
+        with self.lock:
+            for api in self.apis:
+                api.same = same
 
 
-STATE = _State()
-
-
-def warn_once(key: Any, message: str) -> None:
-    with STATE.lock:
-        if key in STATE.warned:
-            return
-        STATE.warned.add(key)
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
+# The process's apply state (Note [apply state]).
+STATE = ApplyState()
