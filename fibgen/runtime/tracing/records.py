@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fibgen.runtime import counters
+
 if TYPE_CHECKING:
     from fibgen.runtime.routing.api import Api
 
@@ -46,30 +48,90 @@ class PendingRecord:
         self.event = event  # a CUDA event that marks the copies done, or None
 
 
+class Pending:
+    """The records waiting to be written: the recorder appends, the writer pops."""
+
+    def __init__(self) -> None:
+        self.records: collections.deque[PendingRecord] = collections.deque()
+        # Reentrant: a signal handler that flushes may interrupt the thread holding it.
+        self.lock = threading.RLock()
+        self.bytes = 0  # of the tensors the records hold, under ``lock``
+        self.wake = threading.Event()  # set when the first record is queued
+
+
+class Counts:
+    """What one tracing counts (``tracing_stats()``), and the warnings it gives once each."""
+
+    # The counters, in the order tracing_stats() gives them ("written" and "pending" apart).
+    NAMES = (
+        "recorded",
+        "filtered",
+        "dropped",
+        "failed",
+        "unknown",
+        "mismatched",
+        "unplanned",
+        "plan_changed",
+        "refused",
+        "capturing",
+    )
+
+    def __init__(self) -> None:
+        self.recorded = itertools.count()
+        self.filtered = itertools.count()
+        self.dropped = itertools.count()
+        self.failed = itertools.count()
+        # Calls not recorded, by reason (Note [missed calls] in tracer.py).
+        self.unknown = itertools.count()
+        self.mismatched = itertools.count()
+        self.unplanned = itertools.count()
+        self.plan_changed = itertools.count()
+        self.refused = itertools.count()
+        self.capturing = itertools.count()
+        self.written = 0  # by the writer thread only
+        self.warned: set[str] = set()
+
+    def tick(self, name: str) -> None:
+        next(getattr(self, name))
+
+    def read(self) -> dict[str, int]:
+        counts = {name: counters.read(getattr(self, name)) for name in self.NAMES}
+        counts["written"] = self.written
+        return counts
+
+    def warn_once(self, key: str, message: str, stacklevel: int = 3) -> None:
+        if key in self.warned:
+            return
+        self.warned.add(key)
+        warnings.warn(f"fibgen tracing: {message}", RuntimeWarning, stacklevel=stacklevel)
+
+    def warn_failure(self, message: str) -> None:
+        # From the writer thread: the warning shows once, as the first failure's message.
+        self.warn_once("write", f"{message} (further failures are counted in tracing_stats())")
+
+
 class Recorder:
-    """The calling thread's side of a ``_Tracer`` (a base of it): record a call, or count it."""
+    """The calling thread's side of tracing: record a call into ``pending``, or count it."""
 
-    # Set by ``_Tracer.__init__``.
-    checks: dict[str, Callable[[Sequence[Any]], str | None]]
-    dump: Callable[[str, torch.Tensor], bool] | None
-    keep: Callable[[str, dict[str, Any], dict[str, Any]], bool]
-    filtering: bool
-    max_bytes: int
-    max_records: int
-    queue: collections.deque[PendingRecord]
-    lock: threading.RLock
-    pending_bytes: int
-    wake: threading.Event
-    warned: set[str]
-    recorded: itertools.count
-    dropped: itertools.count
-    filtered: itertools.count
-    mismatched: itertools.count
-    capturing: itertools.count
-
-    if TYPE_CHECKING:
-        # Defined by ``_Tracer``.
-        def _warn_once(self, key: str, message: str) -> None: ...
+    def __init__(
+        self,
+        pending: Pending,
+        counts: Counts,
+        dump: Callable[[str, torch.Tensor], bool] | None,
+        keep: Callable[[str, dict[str, Any], dict[str, Any]], bool],
+        filtering: bool,
+        max_bytes: int,
+        max_records: int,
+    ) -> None:
+        self.pending = pending
+        self.counts = counts
+        self.dump = dump
+        self.keep = keep
+        self.filtering = filtering
+        self.max_bytes = max_bytes
+        self.max_records = max_records
+        # Definition name -> the check of a call's inputs (Note [checked records]).
+        self.checks: dict[str, Callable[[Sequence[Any]], str | None]] = {}
 
     def record(self, api: Api, name: str, values: Sequence[Any]) -> None:
         """Queue one call's workload (or count it as mismatched, filtered or dropped)."""
@@ -77,8 +139,8 @@ class Recorder:
         if check is not None:
             problem = check(values)
             if problem is not None:
-                next(self.mismatched)
-                self._warn_once(
+                next(self.counts.mismatched)
+                self.counts.warn_once(
                     "mismatched",
                     f"a call of {name} does not match its definition: {problem}; such calls "
                     "are not recorded, and tracing_stats()['mismatched'] counts them",
@@ -88,10 +150,10 @@ class Recorder:
         assert api.trace_axes is not None and api.op_type is not None
         axes = api.trace_axes(*values)
         if self.filtering:
-            with self.lock:
+            with self.pending.lock:
                 kept = self.keep(name, axes, dict(zip(api.inputs, values)))
             if not kept:
-                next(self.filtered)
+                next(self.counts.filtered)
                 return
         inputs: dict[str, Any] = {}
         dumped: list[tuple[str, torch.Tensor]] = []
@@ -107,7 +169,8 @@ class Recorder:
             elif value is not None:
                 # An optional input left out is left out of the workload too.
                 inputs[input_name] = ("scalar", value)
-        if len(self.queue) >= self.max_records:
+        pending = self.pending
+        if len(pending.records) >= self.max_records:
             self._drop("records")
             return
         event = None
@@ -115,8 +178,8 @@ class Recorder:
             cuda = any(t.is_cuda for _, t in dumped)
             if cuda and torch.cuda.is_current_stream_capturing():
                 # A copy would be captured into the graph; the call is not recorded.
-                next(self.capturing)
-                self._warn_once(
+                next(self.counts.capturing)
+                self.counts.warn_once(
                     "capturing",
                     f"a call of {name} made while a CUDA graph is captured is not recorded: a "
                     "copy of its tensors would be captured into the graph; "
@@ -124,16 +187,16 @@ class Recorder:
                     "them outside capture (the eager warm-up), or dump no tensors (dump='none')",
                 )
                 return
-            with self.lock:
-                if self.pending_bytes + nbytes > self.max_bytes:
+            with pending.lock:
+                if pending.bytes + nbytes > self.max_bytes:
                     self._drop("bytes")
                     return
-                self.pending_bytes += nbytes
+                pending.bytes += nbytes
             event = self._copy(dumped, inputs, cuda)
-        if not self.queue:
-            self.wake.set()
-        self.queue.append(PendingRecord(api.op_type, name, axes, inputs, nbytes, event))
-        next(self.recorded)
+        if not pending.records:
+            pending.wake.set()
+        pending.records.append(PendingRecord(api.op_type, name, axes, inputs, nbytes, event))
+        next(self.counts.recorded)
 
     def _copy(
         self, dumped: list[tuple[str, torch.Tensor]], inputs: dict[str, Any], cuda: bool
@@ -152,19 +215,16 @@ class Recorder:
         return event
 
     def _drop(self, why: str) -> None:
-        next(self.dropped)
-        if why in self.warned:
-            return
-        self.warned.add(why)
+        next(self.counts.dropped)
         cap = (
             f"{self.max_records} pending records"
             if why == "records"
             else f"{self.max_bytes} bytes of pending tensors"
         )
-        warnings.warn(
-            f"fibgen tracing: the writer is behind by more than {cap}; calls are being "
-            "recorded faster than they are written, and records are dropped (tracing_stats() "
-            "counts them). Dump fewer tensors, deduplicate, or raise the cap.",
-            RuntimeWarning,
+        self.counts.warn_once(
+            why,
+            f"the writer is behind by more than {cap}; calls are being recorded faster than "
+            "they are written, and records are dropped (tracing_stats() counts them). Dump "
+            "fewer tensors, deduplicate, or raise the cap.",
             stacklevel=4,
         )

@@ -63,13 +63,10 @@ tracing of them through ``set_tracer``'s ``missed``.
 from __future__ import annotations
 
 import atexit
-import collections
-import itertools
 import os
 import signal
 import threading
-import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +86,7 @@ from fibgen.runtime.tracing.policies import (
     parse_dedup,
     parse_dump,
 )
-from fibgen.runtime.tracing.records import PendingRecord, Recorder
+from fibgen.runtime.tracing.records import Counts, Pending, Recorder
 from fibgen.runtime.tracing.writer import Writer
 
 __all__ = [
@@ -105,11 +102,9 @@ DEFAULT_MAX_PENDING_BYTES = 256 << 20
 DEFAULT_MAX_PENDING_RECORDS = 65536
 
 
-class _Tracer(Recorder, Writer):
-    """The state of one enable_tracing: policies, the queue, the writer thread, counters.
-
-    ``Recorder`` records calls on the calling thread; ``Writer`` writes them on its own.
-    """
+class _Tracer:
+    """One enable_tracing: what it records on calling threads (``recorder``), what writes
+    the records on its own thread (``writer``), the queue between them and the counts."""
 
     def __init__(
         self,
@@ -120,99 +115,35 @@ class _Tracer(Recorder, Writer):
         max_bytes: int,
         max_records: int,
     ) -> None:
-        self.root = root
-        self.dump = dump
-        self.keep = keep
-        self.filtering = filtering
-        self.max_bytes = max_bytes
-        self.max_records = max_records
-        self.queue: collections.deque[PendingRecord] = collections.deque()
-        # Reentrant: a signal handler that flushes may interrupt the thread holding it.
-        self.lock = threading.RLock()
-        self.write_lock = threading.RLock()
-        self.pending_bytes = 0
-        self.recorded = itertools.count()
-        self.dropped = itertools.count()
-        self.filtered = itertools.count()
-        self.written = 0
-        self.failed = itertools.count()
-        # The thread inside drain(), so that a signal handler on it does not drain again.
-        self.drainer: int | None = None
+        self.pending = Pending()
+        self.counts = Counts()
+        self.recorder = Recorder(
+            self.pending, self.counts, dump, keep, filtering, max_bytes, max_records
+        )
+        self.writer = Writer(root, self.pending, self.counts)
+        # A signal that came while this thread was draining (see _on_signal).
         self.pending_signal: tuple[int, Any] | None = None
-        self.warned: set[str] = set()
-        self.unknown = itertools.count()
-        self.mismatched = itertools.count()
-        # Calls not recorded, by reason (Note [missed calls]).
-        self.unplanned = itertools.count()
-        self.plan_changed = itertools.count()
-        self.refused = itertools.count()
-        self.capturing = itertools.count()
-        # Definition name -> the check of a call's inputs (Note [checked records]).
-        self.checks: dict[str, Callable[[Sequence[Any]], str | None]] = {}
-        # Definition name -> its JSON file beside the dispatcher (None: not found), filled
-        # when a route is wrapped; names whose JSON the writer has put in the dataset.
-        self.sources: dict[str, Path | None] = {}
-        self.present: set[str] | None = None
-        self.inputs_json: dict[tuple[str, tuple[tuple[str, Any], ...]], str] = {}
-        self.wake = threading.Event()
-        self.stopping = False
-        self.thread = threading.Thread(target=self._run, name="fibgen-tracing", daemon=True)
+
+    def start(self) -> None:
+        self.writer.start()
 
     def drain(self) -> None:
         """Write every queued record (on the calling thread; the writer does the same)."""
-        with self.write_lock:
-            self.drainer = threading.get_ident()
-            try:
-                self._drain_locked()
-            finally:
-                self.drainer = None
+        self.writer.drain()
         signalled, self.pending_signal = self.pending_signal, None
         if signalled is not None:
             _on_signal(*signalled)
 
-    def _warn_once(self, key: str, message: str) -> None:
-        if key in self.warned:
-            return
-        self.warned.add(key)
-        warnings.warn(f"fibgen tracing: {message}", RuntimeWarning, stacklevel=2)
-
-    def _warn_failure(self, message: str) -> None:
-        if "write" in self.warned:
-            return
-        self.warned.add("write")
-        # From the writer thread: the warning shows once, as the first failure's message.
-        warnings.warn(
-            f"fibgen tracing: {message} (further failures are counted in tracing_stats())",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-
     def stop(self) -> None:
-        self.stopping = True
-        self.wake.set()
-        if self.thread.is_alive() and self.thread is not threading.current_thread():
-            self.thread.join()
-        self.drain()
+        self.writer.stop()
+        signalled, self.pending_signal = self.pending_signal, None
+        if signalled is not None:
+            _on_signal(*signalled)
 
     def stats(self) -> dict[str, int]:
-        # repr is "count(N)": reading it does not advance the counter.
-        def read(counter: itertools.count) -> int:
-            return int(repr(counter)[6:-1])
-
-        return {
-            "recorded": read(self.recorded),
-            "filtered": read(self.filtered),
-            "dropped": read(self.dropped),
-            "written": self.written,
-            "failed": read(self.failed),
-            "pending": len(self.queue),
-            "unknown": read(self.unknown),
-            "mismatched": read(self.mismatched),
-            "unplanned": read(self.unplanned),
-            "plan_changed": read(self.plan_changed),
-            "refused": read(self.refused),
-            "capturing": read(self.capturing),
-        }
+        counts = self.counts.read()
+        counts["pending"] = len(self.pending.records)
+        return {name: counts[name] for name in _STATS}
 
 
 # ---------------------------------------------------------------------------------------
@@ -228,11 +159,12 @@ def _wrap(tracer: _Tracer) -> Callable[[Api, str | None, Any], Any]:
             return route
         if name is None or name not in api.known_names:
             return (kind, _uncounted(tracer, api, name, fn), tick, values)
-        if name not in tracer.sources:
-            tracer.sources[name] = definition_file(api, name)
-        if name not in tracer.checks:
-            tracer.checks[name] = input_check(api, tracer.sources[name])
-        record = tracer.record
+        sources, checks = tracer.writer.sources, tracer.recorder.checks
+        if name not in sources:
+            sources[name] = definition_file(api, name)
+        if name not in checks:
+            checks[name] = input_check(api, sources[name])
+        record = tracer.recorder.record
         if kind == ORIGINAL:
             to_inputs = api.trace_inputs
 
@@ -293,8 +225,9 @@ _PLAN_REASONS: dict[str | None, str] = {"plan:unseen": "unplanned", "plan:change
 def _missed_call(tracer: _Tracer, api: Api, reason: str, name: str | None, detail: Any) -> None:
     """Count a call that is not recorded, and say the first of its reason (Note [missed
     calls])."""
-    next(getattr(tracer, reason))
-    if reason in tracer.warned:
+    counts = tracer.counts
+    counts.tick(reason)
+    if reason in counts.warned:
         return
     counted = f"tracing_stats()[{reason!r}] counts them"
     if reason == "unknown":
@@ -328,13 +261,13 @@ def _missed_call(tracer: _Tracer, api: Api, reason: str, name: str | None, detai
             f"workload of {name}; {counted}. To record such calls, declare a definition (an "
             "instance in the .fidef) that they satisfy"
         )
-    tracer._warn_once(reason, message)
+    counts.warn_once(reason, message)
 
 
 def _record_failed(tracer: _Tracer, name: str, exc: Exception) -> None:
     # Tracing must never break a call: count the failure and warn once.
-    next(tracer.failed)
-    tracer._warn_failure(f"cannot record a call of {name}: {type(exc).__name__}: {exc}")
+    next(tracer.counts.failed)
+    tracer.counts.warn_failure(f"cannot record a call of {name}: {type(exc).__name__}: {exc}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -449,7 +382,7 @@ def tracing_stats() -> dict[str, int]:
 def _on_signal(signum: int, frame: Any) -> None:
     tracer = _tracer
     if tracer is not None:
-        if tracer.drainer == threading.get_ident():
+        if tracer.writer.drainer == threading.get_ident():
             # The signal interrupted a drain on this thread, holding records it popped: that
             # drain finishes them, then calls this handler again.
             tracer.pending_signal = (signum, frame)

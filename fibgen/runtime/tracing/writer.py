@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import collections
-import itertools
 import json
 import os
 import threading
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from fibgen.runtime.tracing.records import PendingRecord
+from fibgen.runtime.tracing.records import Counts, Pending, PendingRecord
 
 # How long the writer sleeps when nobody wakes it: bounds the delay before a record is on disk.
 _WRITER_PERIOD_S = 0.05
@@ -22,43 +20,57 @@ _INPUTS_JSON_CACHE = 4096
 
 
 class Writer:
-    """The writer thread's side of a ``_Tracer`` (a base of it): records become files."""
+    """The writer thread's side of tracing: the records in ``pending`` become files."""
 
-    # Set by ``_Tracer.__init__``.
-    root: Path
-    thread: threading.Thread
-    stopping: bool
-    wake: threading.Event
-    queue: collections.deque[PendingRecord]
-    lock: threading.RLock
-    pending_bytes: int
-    written: int
-    failed: itertools.count
-    sources: dict[str, Path | None]
-    present: set[str] | None
-    inputs_json: dict[tuple[str, tuple[tuple[str, Any], ...]], str]
-
-    if TYPE_CHECKING:
-        # Defined by ``_Tracer``.
-        def drain(self) -> None: ...
-        def _warn_once(self, key: str, message: str) -> None: ...
-        def _warn_failure(self, message: str) -> None: ...
+    def __init__(self, root: Path, pending: Pending, counts: Counts) -> None:
+        self.root = root
+        self.pending = pending
+        self.counts = counts
+        # Definition name -> its JSON file beside the dispatcher (None: not found), filled
+        # when a route is wrapped; names whose JSON the writer has put in the dataset.
+        self.sources: dict[str, Path | None] = {}
+        self.present: set[str] | None = None
+        self.inputs_json: dict[tuple[str, tuple[tuple[str, Any], ...]], str] = {}
+        self.write_lock = threading.RLock()
+        # The thread inside drain(), so that a signal handler on it does not drain again.
+        self.drainer: int | None = None
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="fibgen-tracing", daemon=True)
 
     def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self.thread.start()
 
+    def stop(self) -> None:
+        """Stop the thread, then write what is left (on the calling thread)."""
+        self.stopping = True
+        self.pending.wake.set()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join()
+        self.drain()
+
+    def drain(self) -> None:
+        """Write every queued record (on the calling thread; the writer does the same)."""
+        with self.write_lock:
+            self.drainer = threading.get_ident()
+            try:
+                self._drain_locked()
+            finally:
+                self.drainer = None
+
     def _run(self) -> None:
+        wake = self.pending.wake
         while not self.stopping:
-            self.wake.wait(_WRITER_PERIOD_S)
-            self.wake.clear()
+            wake.wait(_WRITER_PERIOD_S)
+            wake.clear()
             self.drain()
 
     def _drain_locked(self) -> None:
         lines: dict[tuple[str, str], list[str]] = {}
+        pending = self.pending
         while True:
             try:
-                record = self.queue.popleft()
+                record = pending.records.popleft()
             except IndexError:
                 break
             try:
@@ -68,8 +80,8 @@ class Writer:
                 continue
             finally:
                 if record.nbytes:
-                    with self.lock:
-                        self.pending_bytes -= record.nbytes
+                    with pending.lock:
+                        pending.bytes -= record.nbytes
             lines.setdefault((record.op_type, record.definition), []).append(line)
         for (op_type, definition), batch in lines.items():
             self._ensure_definition(definition)
@@ -82,16 +94,16 @@ class Writer:
                 # the tracer's earlier appends to the file notwithstanding (Note [torn lines]
                 # in fibgen/format/dataset/writers.py).
                 if _append(path, batch):
-                    self._warn_once(
+                    self.counts.warn_once(
                         f"torn {path}",
                         f"{path} did not end with a newline (a writer stopped mid-line?); "
                         "new records start on a line of their own",
                     )
-                self.written += len(batch)
+                self.counts.written += len(batch)
             except (OSError, ValueError) as exc:
                 for _ in batch:
-                    next(self.failed)
-                self._warn_failure(f"cannot write workloads of {definition}: {exc}")
+                    next(self.counts.failed)
+                self.counts.warn_failure(f"cannot write workloads of {definition}: {exc}")
 
     def _ensure_definition(self, name: str) -> None:
         """Put a definition's JSON and sidecar in the dataset (Note [complete datasets])."""
@@ -100,13 +112,13 @@ class Writer:
                 self.present = _definitions_in(self.root)
             except ValueError as exc:  # definitions/ leads out of the dataset
                 self.present = set()
-                self._warn_failure(f"cannot read the definitions of {self.root}: {exc}")
+                self.counts.warn_failure(f"cannot read the definitions of {self.root}: {exc}")
         if name in self.present:
             return
         self.present.add(name)
         source = self.sources.get(name)
         if source is None:
-            self._warn_once(
+            self.counts.warn_once(
                 "definition",
                 f"no definition JSON of {name} beside its dispatcher; its workloads are written "
                 f"without it (copy it into {self.root}/definitions/ for fibgen bench)",
@@ -122,7 +134,7 @@ class Writer:
                 write_text_atomic(sidecar_path(target), text, root=self.root)
             write_text_atomic(target, source.read_text(encoding="utf-8"), root=self.root)
         except (OSError, ValueError) as exc:
-            self._warn_failure(f"cannot write the definition of {name}: {exc}")
+            self.counts.warn_failure(f"cannot write the definition of {name}: {exc}")
 
     def _serialize(self, record: PendingRecord) -> str:
         """The workload line of a record, after saving its blob (so a line's blob exists)."""
@@ -165,8 +177,8 @@ class Writer:
         )
 
     def _failed(self, record: PendingRecord, exc: Exception) -> None:
-        next(self.failed)
-        self._warn_failure(
+        next(self.counts.failed)
+        self.counts.warn_failure(
             f"cannot write a workload of {record.definition}: {type(exc).__name__}: {exc}"
         )
 
