@@ -153,9 +153,12 @@ class _WorkerHere:
 
         self.worker = Worker(device)
 
-    def ask(self, request: tuple, timeout: float) -> tuple:
-        kind, *args = request
-        return self.worker.prepare(*args) if kind == "workload" else self.worker.run(*args)
+    def ask(self, request, timeout: float):
+        from fibgen.bench import messages
+
+        if isinstance(request, messages.Prepare):
+            return self.worker.prepare(request)
+        return self.worker.run(request)
 
     def stop(self) -> None:
         pass

@@ -49,12 +49,13 @@ import torch
 # What a solution process needs, imported once by the fork server rather than in each
 # process (Note [isolated solutions]).
 from fibgen.bench import eager as _eager  # noqa: F401
+from fibgen.bench import messages as m
 from fibgen.bench import timing as _timing  # noqa: F401
 from fibgen.bench import worker as w
 
 # A new solution process is forked, then sets up its device (a CUDA context on a GPU): that
 # start is not charged to the solution's timeout (Note [worker start] in worker_handle.py).
-from fibgen.bench.lifetime import START_TIMEOUT, die_with_parent, fork_server
+from fibgen.bench.lifetime import START_TIMEOUT, death_of, die_with_parent, fork_server
 from fibgen.format import models as _models  # noqa: F401
 from fibgen.runtime.checking import compare as _compare  # noqa: F401
 from fibgen.runtime.launch import fast as _launch  # noqa: F401
@@ -133,7 +134,8 @@ def _tensor(header: dict, frame: bytearray, device: torch.device) -> torch.Tenso
 
 def _outputs_message(actual: tuple) -> tuple[dict, tuple]:
     """What a solution returned (or wrote), as a check message's fields and frames."""
-    outputs, frames = [], []
+    outputs: list[dict[str, Any]] = []
+    frames: list[bytes] = []
     for value in actual:
         if isinstance(value, torch.Tensor):
             header, data = _tensor_bytes(value)
@@ -149,7 +151,8 @@ def _outputs_message(actual: tuple) -> tuple[dict, tuple]:
 
 def _outputs(message: dict, frames: list[bytearray], device: torch.device) -> tuple:
     """The outputs a check message holds, as the check takes them (``w.Returned``)."""
-    values, frames = [], list(frames)
+    values: list[Any] = []
+    frames = list(frames)
     for item in message["outputs"]:
         if "tensor" in item:
             values.append(_tensor(item["tensor"], frames.pop(0), device))
@@ -173,7 +176,8 @@ def _lend(inputs: dict[str, Any], folder: str) -> tuple[dict[str, Any], dict[str
     """Copies of the inputs that a solution process can use and the judge still sees:
     (what the judge keeps, what is sent). A CUDA tensor goes by CUDA IPC; a CPU tensor
     is written to a file in ``folder`` that both processes map."""
-    kept, sent = {}, {}
+    kept: dict[str, Any] = {}
+    sent: dict[str, Any] = {}
     for name, value in inputs.items():
         if not isinstance(value, torch.Tensor):
             kept[name] = value
@@ -260,67 +264,41 @@ class SolutionProcess:
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
 
-    def _death(self) -> str:
-        self.process.join(timeout=5)
-        code = self.process.exitcode
-        if code is not None and code < 0:
-            try:
-                return f"worker process killed by {signal.Signals(-code).name}"
-            except ValueError:
-                return f"worker process killed by signal {-code}"
-        return f"worker process exited with status {code}"
-
-    def run(
-        self,
-        judge: w.Worker,
-        solution: dict,
-        options: tuple,
-        limit_s: float,
-        origin: tuple[str, bool] | None = None,
-    ) -> tuple:
-        """Run ``solution`` in this process, judged by ``judge``; the reply for the runner:
-        ("result", evaluation fields), ("timeout",) or ("died", why)."""
+    def run(self, judge: w.Worker, run: m.Run) -> m.Result | m.TimedOut | m.Died | m.Failed:
+        """Run a solution in this process, judged by ``judge``; the reply for the runner."""
         try:
-            return self._run(judge, solution, options, limit_s, origin)
+            return self._run(judge, run)
         except (EOFError, OSError):
-            return ("died", self._death())
+            return m.Died(death_of(self.process))
         except _Broken as exc:
-            return (
-                "died",
+            return m.Died(
                 f"the solution's process broke bench's protocol ({exc}); a solution must not "
-                "change bench's code",
+                "change bench's code"
             )
 
-    def _run(
-        self,
-        judge: w.Worker,
-        solution: dict,
-        options: tuple,
-        limit_s: float,
-        origin: tuple[str, bool] | None,
-    ) -> tuple:
+    def _run(self, judge: w.Worker, run: m.Run) -> m.Result | m.TimedOut | m.Died | m.Failed:
         started = _receive(self.conn, START_TIMEOUT)
         if started is None:
-            return ("died", f"worker process did not start within {START_TIMEOUT:g} s")
+            return m.Died(f"worker process did not start within {START_TIMEOUT:g} s")
         if started[0].get("kind") != "ready":
-            return ("error", str(started[0].get("log", "the solution's process did not start")))
+            return m.Failed(str(started[0].get("log", "the solution's process did not start")))
         work = judge.work
         assert work is not None, "a workload is prepared before solutions run"
         self.folder = _shared_folder(work.inputs)
         lent, sent = _lend(work.inputs, self.folder)
         expected = [(list(e.shape), str(e.dtype).removeprefix("torch.")) for e in work.expected]
-        self.conn.send(("workload", work.definition, sent, expected))
-        self.conn.send(("solution", solution, *options, limit_s, origin))
+        self.conn.send(m.Take(work.definition, sent, expected))
+        self.conn.send(run)
         unlinked = False
         begun = time.monotonic()
-        deadline = begun + limit_s
+        deadline = begun + run.limit_s
         sampler = w.definition_is_sampling(work.definition)
-        tolerance = options[0]
+        tolerance = run.tolerance
         verdicts: list[tuple[str, dict | None, dict]] = []
         while True:
             got = _receive(self.conn, deadline - time.monotonic())
             if got is None:
-                return ("timeout",)
+                return m.TimedOut()
             message, frames = got
             if not unlinked:
                 # Both processes map the lent files by now (the solution process says so
@@ -339,23 +317,25 @@ class SolutionProcess:
                     actual, tolerance, values=values, inputs=lent if mutation else None
                 )
                 verdicts.append(("first" if mutation else "again", problem, errors))
-                self.conn.send(("verdict", problem, errors))
+                self.conn.send(m.Verdict(problem, errors))
             elif kind == "sampler":
                 spent = time.monotonic() - begun
                 try:
                     problem, errors = judge._judge_sampler(
-                        lambda inputs: self._draw(inputs, work.inputs, deadline), spent, limit_s
+                        lambda inputs: self._draw(inputs, work.inputs, deadline),
+                        spent,
+                        run.limit_s,
                     )
                 except _OutOfTime:
-                    return ("timeout",)
+                    return m.TimedOut()
                 except _Raised as exc:
                     problem, errors = {"status": w.RUNTIME_ERROR, "log": str(exc)}, {}
                 verdicts.append(("sampler", problem, errors))
-                self.conn.send(("verdict", problem, errors))
+                self.conn.send(m.Verdict(problem, errors))
             elif kind == "result":
-                return ("result", _parsed(_reconciled, message.get("result"), verdicts, sampler))
+                return m.Result(_parsed(_reconciled, message.get("result"), verdicts, sampler))
             elif kind == "error":
-                return ("error", str(message.get("log", "")))
+                return m.Failed(str(message.get("log", "")))
             else:
                 raise _Broken(f"unknown message {kind!r}")
 
@@ -363,7 +343,7 @@ class SolutionProcess:
         """A sampler's draws on ``inputs`` (the workload's rows repeated), made by the
         solution process on the inputs it holds; for ``compare_sampling``."""
         times = inputs["probs"].shape[0] // max(1, base["probs"].shape[0])
-        self.conn.send(("draw", times))
+        self.conn.send(m.Draw(times))
         got = _receive(self.conn, deadline - time.monotonic())
         if got is None:
             raise _OutOfTime()
@@ -442,19 +422,19 @@ class InSolutionProcess(w.Worker):
         super().__init__(device)
         self.conn = conn
 
-    def take(self, definition: dict, sent: dict, expected: list) -> None:
+    def take(self, take: m.Take) -> None:
         """The workload the judge prepared, its inputs lent (``_lend``)."""
-        inputs = _borrowed(sent, self.device)
+        inputs = _borrowed(take.sent, self.device)
         # Shapes and dtypes only: the reference's values stay with the judge. Its code is
         # here as in the worker, for whatever ``evaluate`` times beside the solution; the
         # verdicts use the judge's outputs alone.
-        specs = tuple(torch.empty(s, dtype=_dtype(d), device="meta") for s, d in expected)
-        self.work = w.WorkloadInputs(definition, inputs, specs, device=self.device)
-        self.reference = w.load_reference(definition)
+        specs = tuple(torch.empty(s, dtype=_dtype(d), device="meta") for s, d in take.expected)
+        self.work = w.WorkloadInputs(take.definition, inputs, specs, device=self.device)
+        self.reference = w.load_reference(take.definition)
 
     def _call_inputs(self) -> dict[str, Any]:
         # The judge's lent copies themselves: it reads what the call did to them.
-        return dict(self.work.inputs)
+        return dict(self.prepared.inputs)
 
     def _check(
         self, actual: tuple, tolerance: dict, values: bool = True, inputs: Any = None
@@ -465,20 +445,20 @@ class InSolutionProcess(w.Worker):
             {"kind": "check", "values": values, "inputs": inputs is not None, **fields},
             frames,
         )
-        reply = self.conn.recv()
-        return reply[1], reply[2]
+        verdict: m.Verdict = self.conn.recv()
+        return verdict.problem, verdict.errors
 
     def _check_sampler(
         self, loaded: Any, started: float, limit_s: float | None
     ) -> tuple[dict | None, dict]:
-        inputs = self.work.inputs
+        inputs = self.prepared.inputs
         _send(self.conn, {"kind": "sampler"})
         while True:
-            request = self.conn.recv()
-            if request[0] == "verdict":
-                return request[1], request[2]
+            request: m.Verdict | m.Draw = self.conn.recv()
+            if isinstance(request, m.Verdict):
+                return request.problem, request.errors
             try:
-                samples = self._draw(loaded, inputs, request[1])
+                samples = self._draw(loaded, inputs, request.times)
             except Exception as exc:
                 _send(self.conn, {"kind": "raised", "log": w.tail(w.format(exc))})
                 continue
@@ -491,7 +471,7 @@ class InSolutionProcess(w.Worker):
 
         args = repeated_inputs(inputs, times)
         if loaded.dps:
-            outputs = allocate_outputs(self.work.definition, args)
+            outputs = allocate_outputs(self.prepared.definition, args)
             loaded.fn(**args, **outputs)
             value = next(iter(outputs.values()))
         else:
@@ -512,11 +492,11 @@ def serve(conn: Any, device: str) -> None:
     try:
         while True:
             request = conn.recv()
-            if request[0] == "workload":
-                process.take(*request[1:])
+            if isinstance(request, m.Take):
+                process.take(request)
                 _send(conn, {"kind": "taken"})  # the lent inputs are mapped here now
-            elif request[0] == "solution":
-                result = process.evaluate(*request[1:])
+            elif isinstance(request, m.Run):
+                result = process.evaluate(request)
                 _send(conn, {"kind": "result", "result": result})
                 return
             else:
@@ -541,7 +521,7 @@ def solution_main(conn: Any, device: str, worker: int) -> None:
 
     server = getattr(forkserver, "_forkserver", None)
     fd = getattr(server, "_forkserver_alive_fd", None)
-    if isinstance(fd, int):
+    if server is not None and isinstance(fd, int):
         os.close(fd)
         server._forkserver_alive_fd = None
     die_with_parent(os.getppid(), also=worker)

@@ -9,6 +9,7 @@ otherwise leave it running.
 from __future__ import annotations
 
 import os
+import signal
 from typing import Any
 
 # Note [worker lifetime]
@@ -98,5 +99,17 @@ def fork_server(device: str) -> Any:
 # A new worker imports torch and sets up its device before it can answer: seconds on an idle
 # machine, more than a minute on a busy one. That start is not charged to the first request's
 # timeout (which is a multiple of --timeout, meant for the work asked): the worker says
-# ("ready",) once started, and the handle waits for that under START_TIMEOUT of its own.
+# Started (fibgen/bench/messages.py) once started, and the handle waits for that under START_TIMEOUT of its own.
 START_TIMEOUT = 300.0
+
+
+def death_of(process: Any) -> str:
+    """How a worker or solution process (a multiprocessing Process) ended, in words."""
+    process.join(timeout=5)
+    code = process.exitcode
+    if code is not None and code < 0:
+        try:
+            return f"worker process killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"worker process killed by signal {-code}"
+    return f"worker process exited with status {code}"

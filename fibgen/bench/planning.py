@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fibgen.bench.timing import check_flush
+from fibgen.bench.timing import Flush, check_flush
 from fibgen.curation.workloads import load_workloads
 from fibgen.format import (
     Definition,
@@ -62,7 +62,7 @@ class BenchOptions:
     repeat: int | None = None
     seed: int = 0
     # How L2 is flushed before each timed call on a GPU (Note [flushing L2] in timing.py).
-    flush: str = "read"
+    flush: Flush = "read"
     # Each solution in a fresh process of its own (Note [isolated solutions] in
     # isolation.py); off only to measure what that costs (benchmarks/isolation.py).
     isolate: bool = True

@@ -4,6 +4,7 @@ job is overdue (``deadline``), the workers' slots and the progress line.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections import deque
@@ -16,6 +17,7 @@ from fibgen.bench.planning import BenchOptions, Group
 from fibgen.bench.progress import ProgressLine
 from fibgen.bench.runner import PREPARE_TIMEOUTS, BenchSummary, duration
 from fibgen.format.dataset import resolve_dataset_path
+from fibgen.format.models.trace import SafetensorsInput
 from fibgen.runtime.checking.compare import SAMPLING_TIMEOUT_SCALE, is_sampling
 
 # How often the progress line and the watchdog look, at most, while nothing arrives.
@@ -100,7 +102,7 @@ class Shipper:
         definition = group.definition
         blobs: dict[tuple[str, ...], tuple[str, Any]] = {}
         for source in group.workload.inputs.values():
-            if getattr(source, "type", None) != "safetensors":
+            if not isinstance(source, SafetensorsInput):
                 continue
             try:
                 path = resolve_dataset_path(self.root, source.path)
@@ -111,13 +113,10 @@ class Shipper:
                 blobs[path.relative_to(self.root).parts] = shipped
         spec = {
             "definition": self._put(
-                ("definition", definition.name),
-                lambda: definition.model_dump(mode="json", exclude_none=True),
+                ("definition", definition.name), functools.partial(_dumped, definition)
             ),
             "solutions": [
-                self._put(
-                    ("solution", s.name), lambda s=s: s.model_dump(mode="json", exclude_none=True)
-                )
+                self._put(("solution", s.name), functools.partial(_dumped, s))
                 for s in group.solutions
             ],
             "workload": group.workload.model_dump(mode="json"),
@@ -188,3 +187,8 @@ class Progress:
     def close(self) -> None:
         """End the line on a terminal (also when the run is interrupted)."""
         self.line.close()
+
+
+def _dumped(model: Any) -> dict[str, Any]:
+    """A definition's or solution's JSON, as a worker takes it."""
+    return model.model_dump(mode="json", exclude_none=True)

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from fibgen.bench import messages as m
 from fibgen.bench import worker as w
 from fibgen.bench.claims import Claims
 from fibgen.bench.lifetime import START_TIMEOUT
@@ -268,8 +269,7 @@ def run_group(
     ``note`` is told before a solution whose first call compiles it (a cpp or cuda build
     takes tens of seconds, which would otherwise pass in silence).
     """
-    request = (
-        "workload",
+    request = m.Prepare(
         group.definition.model_dump(mode="json", exclude_none=True),
         group.workload.model_dump(mode="json"),
         str(root),
@@ -282,22 +282,24 @@ def run_group(
     prepare_timeout = options.timeout * PREPARE_TIMEOUTS
     reply = handle.ask(request, prepare_timeout)
     where = f"{group.definition.name} workload {group.workload.uuid}"
-    if reply[0] == "invalid":
+    if isinstance(reply, m.Invalid):
         # The worker's one line names the workload, its definition and the input.
-        return [], reply[1], []
-    if reply[0] != "ready":
-        timed_out = (
-            f"making the inputs and timing the reference took over {prepare_timeout:g} s "
-            f"({PREPARE_TIMEOUTS} times --timeout); give a longer --timeout, or fewer --repeat"
-        )
-        why = {"timeout": timed_out}.get(reply[0], reply[-1])
+        return [], reply.why, []
+    if not isinstance(reply, m.Prepared):
+        why = m.reply_text(reply)
+        if isinstance(reply, m.TimedOut):
+            why = (
+                f"making the inputs and timing the reference took over {prepare_timeout:g} s "
+                f"({PREPARE_TIMEOUTS} times --timeout); give a longer --timeout, or fewer "
+                "--repeat"
+            )
         return [], f"{where}: {why}", []
     # A sampler is judged by thousands of draws, each a call (Note [judging samplers]).
     sampler = is_sampling(
         {"op_type": group.definition.op_type, "outputs": group.definition.outputs}
     )
     limit = options.timeout * (SAMPLING_TIMEOUT_SCALE if sampler else 1)
-    _, reference, hardware, libs = reply
+    reference, hardware, libs = reply.reference, reply.hardware, reply.libs
     noisy = []
     if _spread(reference) > NOISY_SPREAD:
         noisy.append(f"{where}: reference {_describe(reference)}")
@@ -315,25 +317,22 @@ def run_group(
                     f"bench: building {solution.name} ({solution.spec.language}) for its first "
                     f"run; a build takes a minute or so"
                 )
-        reply = handle.ask(
-            (
-                "solution",
-                solution.model_dump(mode="json", exclude_none=True),
-                group.tolerance,
-                options.warmup,
-                options.repeat,
-                options.flush,
-                limit,
-                group.origin(solution.name),
-                options.isolate,
-            ),
-            wait,
+        evaluate = m.Evaluate(
+            solution.model_dump(mode="json", exclude_none=True),
+            group.tolerance,
+            options.warmup,
+            options.repeat,
+            options.flush,
+            limit,
+            group.origin(solution.name),
+            options.isolate,
         )
-        if reply[0] == "stopped":
+        answer = handle.ask(evaluate, wait)
+        if isinstance(answer, m.Stopped):
             return traces, f"{where}: stopped", noisy
-        if reply[0] == "result":
-            result = reply[1]
-        elif reply[0] == "timeout":
+        if isinstance(answer, m.Result):
+            result = answer.fields
+        elif isinstance(answer, m.TimedOut):
             scaled = (
                 f" ({SAMPLING_TIMEOUT_SCALE} times --timeout, for a sampler)" if sampler else ""
             )
@@ -343,7 +342,7 @@ def run_group(
                 f"than that; if it is slow, give a longer --timeout (now {options.timeout:g} s)",
             }
         else:
-            result = {"status": w.RUNTIME_ERROR, "log": reply[1]}
+            result = {"status": w.RUNTIME_ERROR, "log": m.reply_text(answer)}
         if "timing" in result and _spread(result["timing"]) > NOISY_SPREAD:
             noisy.append(f"{where}: {solution.name} {_describe(result['timing'])}")
         if "timing" in result and result["timing"].get("e2e_spread", 0.0) > NOISY_SPREAD:
@@ -355,7 +354,7 @@ def run_group(
         if handle.process is None:
             # The worker is gone (or exited after a CUDA error): a new one needs the inputs.
             again = handle.ask(request, prepare_timeout)
-            if again[0] != "ready":
+            if not isinstance(again, m.Prepared):
                 traces.append((solution, _evaluation(result, reference, hardware, libs)))
                 rest = ", ".join(s.name for s in group.solutions[len(traces) :])
                 return (

@@ -1,20 +1,17 @@
 """The benchmark worker: a separate process that runs solutions on one device.
 
-The runner starts one worker per device (multiprocessing, spawn) and talks to it over a pipe:
+The runner starts one worker per device (multiprocessing, spawn) and asks it over a pipe
+(the messages are in messages.py):
 
-- ``("workload", definition, workload, root, hints, seed, warmup, repeat, flush)``: make the
-  workload's inputs on the device, run the reference on them and time it as solutions are
-  timed; replies ``("ready", reference timing, hardware, libs)``, ``("invalid", one line)``
-  when the dataset's workload cannot be used, or ``("error", traceback)``.
-- ``("solution", solution, tolerance, warmup, repeat, flush, limit_s, origin, isolate)``:
-  load the solution (``origin``: its JSON's path and whether it is a solution folder, so that
-  logs name the user's files, Note [source names] in fibgen/runtime/solutions/loading.py), run it
-  once on a copy of the inputs, compare with the reference (a sampler by the
-  distribution of its draws, as many as fit in ``limit_s``, Note [judging samplers] in
-  fibgen/runtime/checking/compare.py), check that the inputs are as they were (Note [mutated inputs]),
-  and time it when it passed; replies ``("result", evaluation fields)``. With ``isolate``
-  the solution runs in a fresh process of its own that the worker judges, and the worker
-  may also reply ``("timeout",)`` or ``("died", why)`` for it (Note [isolated solutions] in
+- ``Prepare``: make the workload's inputs on the device, run the reference on them and time
+  it as solutions are timed; replies ``Prepared`` (the reference's timing, hardware, libs),
+  ``Invalid`` (one line) when the dataset's workload cannot be used, or ``Failed``.
+- ``Evaluate``: load the solution, run it once on a copy of the inputs, compare with the
+  reference (a sampler by the distribution of its draws, as many as fit in ``limit_s``,
+  Note [judging samplers] in fibgen/runtime/checking/compare.py), check that the inputs are
+  as they were (Note [mutated inputs]), and time it when it passed; replies ``Result``. With
+  ``isolate`` the solution runs in a fresh process of its own that the worker judges, and
+  the worker may also reply ``TimedOut`` or ``Died`` for it (Note [isolated solutions] in
   isolation.py).
 
 A CPU worker runs torch with one thread and Triton under its interpreter (Note [CPU workers]
@@ -34,12 +31,16 @@ import os
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fibgen.bench import messages as m
 from fibgen.bench.device import hardware_name, library_versions, setup_device
 from fibgen.runtime.checking.input_check import differences
+
+if TYPE_CHECKING:
+    from fibgen.bench.timing import Flush
 
 # Statuses (flashinfer-bench's EvaluationStatus values).
 PASSED = "PASSED"
@@ -130,7 +131,9 @@ class Returned(tuple):
     """The outputs a solution returned, and what they came in: "value" (one output on its
     own), "tuple" or "list" (Note [returned outputs])."""
 
-    def __new__(cls, values: Any, container: str) -> "Returned":
+    container: str
+
+    def __new__(cls, values: Any, container: str) -> Returned:
         out = super().__new__(cls, values)
         out.container = container
         return out
@@ -199,62 +202,66 @@ class Worker:
         # worker's entry, fibgen/bench/child.py); None where solutions run in this process.
         self.solution_process = solution_process
 
-    def prepare(
-        self,
-        definition: dict,
-        workload: dict,
-        root: str,
-        hints: dict,
-        seed: int,
-        warmup: int,
-        repeat: int | None,
-        flush: str,
-    ):
+    @property
+    def prepared(self) -> WorkloadInputs:
+        """The workload prepared last; Prepare comes before every Evaluate."""
+        if self.work is None:
+            raise RuntimeError("no workload is prepared: a Prepare comes before an Evaluate")
+        return self.work
+
+    def prepare(self, request: m.Prepare) -> m.Prepared | m.Invalid:
         """Make inputs and the reference outputs; time the reference as solutions are timed."""
         from fibgen.bench.timing import measure
         from fibgen.curation.workloads import WorkloadError
 
         try:
-            inputs = _make_inputs(definition, workload, root, hints, seed, self.device)
+            inputs = _make_inputs(
+                request.definition,
+                request.workload,
+                request.root,
+                request.hints,
+                request.seed,
+                self.device,
+            )
         except WorkloadError as exc:
             # A refused workload (a stored path that escapes the dataset, a missing blob, a
             # tensor of another shape) is the dataset's mistake, said in one line that names
             # the workload and input; a traceback would only show where fibgen noticed.
-            return ("invalid", str(exc))
-        reference = self.reference = load_reference(definition)
+            return m.Invalid(str(exc))
+        reference = self.reference = load_reference(request.definition)
         expected = as_tuple(reference(**_clone(inputs)))
         _sync(self.device)
-        self.work = WorkloadInputs(definition, inputs, expected, self.device)
+        self.work = WorkloadInputs(request.definition, inputs, expected, self.device)
         args = _clone(inputs)
         timing = measure(
-            lambda: reference(**args), self.device, warmup=warmup, repeat=repeat, flush=flush
+            lambda: reference(**args),
+            self.device,
+            warmup=request.warmup,
+            repeat=request.repeat,
+            flush=request.flush,
         )
         figures = _timing(timing, self._e2e(lambda: reference(**args)))
-        return ("ready", figures, hardware_name(self.device), library_versions())
+        return m.Prepared(figures, hardware_name(self.device), library_versions())
 
-    def run(
-        self,
-        solution: dict,
-        tolerance: dict,
-        warmup: int,
-        repeat: int | None,
-        flush: str,
-        limit_s: float,
-        origin: tuple[str, bool] | None = None,
-        isolate: bool = True,
-    ) -> tuple:
+    def run(self, request: m.Evaluate) -> m.Result | m.TimedOut | m.Died | m.Failed:
         """Evaluate one solution, in a process of its own unless ``isolate`` is off (Note
         [isolated solutions] in isolation.py); the reply for the runner."""
-        if not isolate:
-            return (
-                "result",
-                self.evaluate(solution, tolerance, warmup, repeat, flush, limit_s, origin),
-            )
+        run = m.Run(
+            request.solution,
+            request.tolerance,
+            request.warmup,
+            request.repeat,
+            request.flush,
+            request.limit_s,
+            request.origin,
+        )
+        if not request.isolate:
+            return m.Result(self.evaluate(run))
         if self.solution_process is None:
             raise RuntimeError("this worker cannot start a process per solution")
         process = self.solution_process(self.device)
         try:
-            return process.run(self, solution, (tolerance, warmup, repeat, flush), limit_s, origin)
+            return process.run(self, run)
         finally:
             process.kill()
 
@@ -269,7 +276,7 @@ class Worker:
         fibgen/runtime/inputs/api_calls.py); CallUnavailable says why there is none."""
         from fibgen.runtime.inputs import api_calls
 
-        work = self.work
+        work = self.prepared
         api = api_calls.api_for(name, work.definition)
         if api is None:
             raise api_calls.CallUnavailable(
@@ -283,7 +290,7 @@ class Worker:
         return call
 
     def _e2e_figures(
-        self, model: Any, loaded: Any, args: dict, warmup: int, repeat: Any, flush: str
+        self, model: Any, loaded: Any, args: dict, warmup: int, repeat: Any, flush: Flush
     ) -> dict:
         """The e2e figures of a solution that passed (Note [bench e2e])."""
         import statistics
@@ -294,7 +301,7 @@ class Worker:
         from fibgen.runtime.inputs import api_calls
         from fibgen.runtime.routing.apply import disable_apply, enable_apply, stats
 
-        work = self.work
+        work = self.prepared
         name = work.definition["name"]
         reference = self.reference
         ref_args = _clone(work.inputs)
@@ -388,31 +395,24 @@ class Worker:
         figures["e2e_note"] = "; ".join(notes)
         return figures
 
-    def evaluate(
-        self,
-        solution: dict,
-        tolerance: dict,
-        warmup: int,
-        repeat: int | None,
-        flush: str,
-        limit_s: float | None = None,
-        origin: tuple[str, bool] | None = None,
-    ) -> dict:
+    def evaluate(self, run: m.Run) -> dict:
         """Run one solution on the current workload; the fields of its Evaluation.
 
-        ``limit_s`` is how long the runner waits for the reply: a sampler's draws are sized
-        to fit in it (Note [judging samplers] in fibgen/runtime/checking/compare.py). ``origin``
-        (the solution's JSON and whether its sources are a folder's files) names the user's
-        files in logs.
+        ``run.limit_s`` is how long the runner waits for the reply: a sampler's draws are sized
+        to fit in it (Note [judging samplers] in fibgen/runtime/checking/compare.py).
+        ``run.origin`` (the solution's JSON and whether its sources are a folder's files)
+        names the user's files in logs.
         """
         started = time.perf_counter()
+        tolerance, warmup, repeat, flush = run.tolerance, run.warmup, run.repeat, run.flush
+        limit_s, origin = run.limit_s, run.origin
         from fibgen.format.models import Solution
         from fibgen.runtime.errors import SolutionError
         from fibgen.runtime.solutions import loading as solutions
 
-        work = self.work
+        work = self.prepared
         assert work is not None, "a workload is prepared before solutions run"
-        model = Solution.model_validate(solution)
+        model = Solution.model_validate(run.solution)
         entry = solutions.Entry(
             model.definition,
             f"solution {model.name!r}",
@@ -481,7 +481,7 @@ class Worker:
         """Judge a sampler by its draws against the reference's (Note [judging samplers])."""
         from fibgen.runtime.solutions.loading import allocate_outputs
 
-        work = self.work
+        work = self.prepared
 
         def draw(inputs: dict[str, Any]) -> Any:
             if loaded.dps:
@@ -504,7 +504,7 @@ class Worker:
             sampling_correctness,
         )
 
-        work = self.work
+        work = self.prepared
         reference = self.reference
         budget = None if limit_s is None else max(0.0, limit_s * SAMPLING_BUDGET_SHARE - spent)
         result = compare_sampling(
@@ -536,14 +536,14 @@ class Worker:
 
     def _failure(self, exc: BaseException) -> dict:
         status = COMPILE_ERROR if "CompilationError" in type(exc).__name__ else RUNTIME_ERROR
-        result = {"status": status, "log": tail(format(exc))}
+        result: dict[str, Any] = {"status": status, "log": tail(format(exc))}
         if _is_cuda_error(exc):
             result["fatal"] = True
         return result
 
     def _call_inputs(self) -> dict[str, Any]:
         """The inputs of the solution's checked call: a copy of the workload's."""
-        return _clone(self.work.inputs)
+        return _clone(self.prepared.inputs)
 
     def _check(
         self, actual: tuple, tolerance: dict, values: bool = True, inputs: Any = None
@@ -551,7 +551,7 @@ class Worker:
         """The problem with a solution's outputs (None when they pass) and their errors;
         with ``inputs``, those of the call, which must be as the workload's still."""
         problem, errors = self._check_outputs(actual, tolerance, values)
-        changed = [] if inputs is None else list(differences(self.work.inputs, inputs).values())
+        changed = [] if inputs is None else list(differences(self.prepared.inputs, inputs).values())
         if not changed:
             return problem, errors
         mutated = (
@@ -569,7 +569,7 @@ class Worker:
     ) -> tuple[dict | None, dict]:
         from fibgen.runtime.checking.compare import compare
 
-        work = self.work
+        work = self.prepared
         names = work.output_names
         refused = _container_problem(actual, names)
         if refused is not None:
@@ -772,25 +772,27 @@ def main(conn: Any, device: str, solution_process: Callable[[torch.device], Any]
         worker, broken = None, f"cannot run on device {device}: {type(exc).__name__}: {exc}"
     # Started: the runner's request timeouts count from here (Note [worker start] in
     # worker_handle.py).
-    conn.send(("ready",))
+    conn.send(m.Started())
     while True:
         try:
             request = conn.recv()
         except EOFError:
             return
-        kind = request[0]
-        if kind == "stop":
+        if isinstance(request, m.Stop):
             return
+        reply: m.Reply
         if worker is None:
-            conn.send(("error", broken))
+            conn.send(m.Failed(broken))
             continue
         try:
-            if kind == "workload":
-                reply = worker.prepare(*request[1:])
+            if isinstance(request, m.Prepare):
+                reply = worker.prepare(request)
+            elif isinstance(request, m.Evaluate):
+                reply = worker.run(request)
             else:
-                reply = worker.run(*request[1:])
+                reply = m.Failed(f"not a question a worker answers: {type(request).__name__}")
         except Exception as exc:
-            reply = ("error", tail(format(exc)))
+            reply = m.Failed(tail(format(exc)))
         conn.send(reply)
-        if reply[0] == "result" and reply[1].get("fatal"):
+        if isinstance(reply, m.Result) and reply.fields.get("fatal"):
             os._exit(1)

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from fibgen.bench import child as entry
-from fibgen.bench.lifetime import START_TIMEOUT
+from fibgen.bench import messages as m
+from fibgen.bench.lifetime import START_TIMEOUT, death_of
 
 
 class Handle:
@@ -22,7 +23,7 @@ class Handle:
         self.device = device
         self.process: Any = None
         self.conn: Any = None
-        # Started, and its ("ready",) not read yet.
+        # Started, and its Started message not read yet.
         self.starting = False
         # Closed by the runner (Ctrl-C): no worker is started again.
         self.closed = False
@@ -44,11 +45,11 @@ class Handle:
         self.process, self.conn = process, parent
         self.starting = True
 
-    def ask(self, request: tuple, timeout: float) -> tuple:
-        """Send a request; the reply, or ("timeout",) / ("died", why) / ("stopped",) once
-        the handle is closed."""
+    def ask(self, request: m.Prepare | m.Evaluate, timeout: float) -> m.Reply:
+        """Send a request; the reply, or TimedOut, Died, and Stopped once the handle is
+        closed."""
         if self.closed:
-            return ("stopped",)
+            return m.Stopped()
         if self.process is None or not self.process.is_alive():
             self.start()
         if self.starting:
@@ -57,44 +58,33 @@ class Handle:
                 return failed
         if self.closed:  # closed while the worker started: it is not used
             self.kill()
-            return ("stopped",)
+            return m.Stopped()
         try:
             self.conn.send(request)
             if not self.conn.poll(timeout):
                 self.kill()
-                return ("timeout",)
+                return m.TimedOut()
             return self.conn.recv()
         except (EOFError, OSError, BrokenPipeError):
-            why = self._death()
+            why = death_of(self.process)
             self.kill()
-            return ("died", why)
+            return m.Died(why)
 
-    def _await_start(self) -> tuple | None:
-        """None once the new worker says it started; else ("died", why), the worker killed."""
+    def _await_start(self) -> m.Died | None:
+        """None once the new worker says it started; else Died, the worker killed."""
         self.starting = False
         try:
-            if self.conn.poll(START_TIMEOUT) and self.conn.recv() == ("ready",):
+            if self.conn.poll(START_TIMEOUT) and isinstance(self.conn.recv(), m.Started):
                 return None
             why = f"worker process did not start within {START_TIMEOUT:g} s"
         except (EOFError, OSError):
-            why = self._death()
+            why = death_of(self.process)
         self.kill()
-        return ("died", why)
-
-    def _death(self) -> str:
-        self.process.join(timeout=5)
-        code = self.process.exitcode
-        if code is not None and code < 0:
-            try:
-                return f"worker process killed by {signal.Signals(-code).name}"
-            except ValueError:
-                return f"worker process killed by signal {-code}"
-        return f"worker process exited with status {code}"
+        return m.Died(why)
 
     def close(self) -> None:
         """Kill the worker from another thread, and start none again (Note [stopping bench]
-        in runner.py): a question in flight is answered ("died", ...), later ones
-        ("stopped",)."""
+        in runner.py): a question in flight is answered Died, later ones Stopped."""
         self.closed = True
         self.signal_kill()
 
@@ -119,7 +109,7 @@ class Handle:
     def stop(self) -> None:
         if self.process is not None and self.process.is_alive():
             try:
-                self.conn.send(("stop",))
+                self.conn.send(m.Stop())
                 self.process.join(timeout=5)
             except (OSError, BrokenPipeError):
                 pass

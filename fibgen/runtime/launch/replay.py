@@ -148,13 +148,15 @@ class Replayer:
         launches, why = _record(self.fn, kwargs)
         if why is _AGAIN:
             return None
-        plan = None if why is not None else _plan(launches, values)
-        if isinstance(plan, str):
-            why, plan = plan, None
+        # The plan, or None where the launches cannot be replayed (why, or _plan's reason).
+        plan: tuple | None = None
+        if why is None:
+            made = _plan(launches, values)
+            plan = None if isinstance(made, str) else made
         with self.lock:
             if table is not self.table:
                 return None  # the tables changed meanwhile: the next call records anew
-            if why is not None:
+            if plan is None:
                 self.never.add(key)
             elif key not in self.pending:
                 self.pending[key] = plan
@@ -285,7 +287,9 @@ def _py_functions(tensors: tuple[bool, ...], plans: dict) -> tuple[Callable, Cal
     namespace = {"_plans": plans, "_aliases": _aliases, "_hooks_set": _hooks_set}
     # Generated from positions only.
     exec("\n".join(layout + run) + "\n", namespace)  # noqa: S102
-    return namespace["run"], namespace["layout"]
+    run_fn: Callable[..., Any] = namespace["run"]  # type: ignore[assignment]
+    layout_fn: Callable[..., Any] = namespace["layout"]  # type: ignore[assignment]
+    return run_fn, layout_fn
 
 
 def _aliases(addresses: tuple) -> tuple:
