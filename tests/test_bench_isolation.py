@@ -30,16 +30,16 @@ POISONS = (
     False,
 )
 
-# At import, every class of the process with a `_check` (bench's worker among them) passes
-# whatever it is given; returns float64 where the definition says float32.
+# At import, every class of the process with a `check_outputs` (bench's worker among them)
+# passes whatever it is given; returns float64 where the definition says float32.
 PATCHES_THE_CHECK = (
     "import sys\n\n"
     "def _passes(self, *args, **kwargs):\n"
     "    return None, {'max_absolute_error': 0.0, 'max_relative_error': 0.0}\n\n"
     "for module in list(sys.modules.values()):\n"
     "    for value in list(getattr(module, '__dict__', {}).values()):\n"
-    "        if isinstance(value, type) and '_check' in vars(value):\n"
-    "            value._check = _passes\n\n"
+    "        if isinstance(value, type) and 'check_outputs' in vars(value):\n"
+    "            value.check_outputs = _passes\n\n"
     "def run(x, w):\n    return (x * w).double()\n",
     False,
 )

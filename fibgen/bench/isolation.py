@@ -313,7 +313,7 @@ class SolutionProcess:
                 actual = _parsed(_outputs, message, frames, judge.device)
                 mutation = bool(message.get("inputs"))
                 values = bool(message.get("values"))
-                problem, errors = judge._check(
+                problem, errors = judge.check_outputs(
                     actual, tolerance, values=values, inputs=lent if mutation else None
                 )
                 verdicts.append(("first" if mutation else "again", problem, errors))
@@ -321,7 +321,7 @@ class SolutionProcess:
             elif kind == "sampler":
                 spent = time.monotonic() - begun
                 try:
-                    problem, errors = judge._judge_sampler(
+                    problem, errors = judge.judge_sampler(
                         lambda inputs: self._draw(inputs, work.inputs, deadline),
                         spent,
                         run.limit_s,
@@ -436,7 +436,7 @@ class InSolutionProcess(w.Worker):
         # The judge's lent copies themselves: it reads what the call did to them.
         return dict(self.prepared.inputs)
 
-    def _check(
+    def check_outputs(
         self, actual: tuple, tolerance: dict, values: bool = True, inputs: Any = None
     ) -> tuple[dict | None, dict]:
         fields, frames = _outputs_message(actual)

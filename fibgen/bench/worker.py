@@ -444,7 +444,7 @@ class Worker:
             return self._failure(exc)
         sampler = definition_is_sampling(work.definition)
         # A sampler's ids are not compared one by one: its draws are judged below.
-        problem, errors = self._check(actual, tolerance, values=not sampler, inputs=args)
+        problem, errors = self.check_outputs(actual, tolerance, values=not sampler, inputs=args)
         if problem is None and sampler:
             try:
                 problem, errors = self._check_sampler(loaded, started, limit_s)
@@ -467,7 +467,7 @@ class Worker:
                 else:
                     again = as_tuple(loaded.fn(**args))
                 _sync(self.device)
-                problem, _ = self._check(again, tolerance, values=True)
+                problem, _ = self.check_outputs(again, tolerance, values=True)
                 if problem is not None:
                     problem["log"] = "after timing, a call of the solution: " + problem["log"]
                     return problem
@@ -490,9 +490,9 @@ class Worker:
                 return next(iter(outputs.values()))
             return as_tuple(loaded.fn(**inputs))[0]
 
-        return self._judge_sampler(draw, time.perf_counter() - started, limit_s)
+        return self.judge_sampler(draw, time.perf_counter() - started, limit_s)
 
-    def _judge_sampler(
+    def judge_sampler(
         self, draw: Any, spent: float, limit_s: float | None
     ) -> tuple[dict | None, dict]:
         """The verdict on a sampler whose draws ``draw(inputs)`` makes, ``spent`` seconds
@@ -545,7 +545,7 @@ class Worker:
         """The inputs of the solution's checked call: a copy of the workload's."""
         return _clone(self.prepared.inputs)
 
-    def _check(
+    def check_outputs(
         self, actual: tuple, tolerance: dict, values: bool = True, inputs: Any = None
     ) -> tuple[dict | None, dict]:
         """The problem with a solution's outputs (None when they pass) and their errors;

@@ -728,19 +728,29 @@ class Api:
             return "plan:unseen"
 
     # --------------------------------------------------------------- on and off
-    def _turn_on(self) -> None:
+    def turn_on(self) -> None:
         self.routes.clear()
         self._resolved.clear()
         self._tallies = {}
         self.direct = None
 
-    def _turn_off(self) -> None:
+    def turn_off(self) -> None:
         self.routes.clear()
         self._resolved.clear()
         if self.state.tracer is not None:
             self.direct = None
         else:
             self.direct = self._first_direct if self._original is UNSET else self._original
+
+    def adopt_original(self, original: Callable[..., Any]) -> None:
+        """The API this dispatcher was patched over: what its fallbacks call."""
+        self._original = original
+
+    def forget_original(self) -> None:
+        """Look the original API up again on the next fallback (it was restored, and may have
+        been replaced since); an original given at registration stays."""
+        if not self._fixed_original:
+            self._original = UNSET
 
     def counts(self) -> dict[str, int]:
         """Calls per outcome since apply was last enabled."""

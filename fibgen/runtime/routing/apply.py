@@ -113,7 +113,7 @@ def enable_apply(
         STATE.strict = bool(strict)
         STATE.patching = patch
         for api in STATE.apis:
-            api._turn_on()
+            api.turn_on()
         repatch(STATE)
     return Applied()
 
@@ -190,7 +190,7 @@ def disable_apply() -> None:
         # Tracing with patching keeps the APIs patched; they call the originals again.
         repatch(STATE)
         for api in STATE.apis:
-            api._turn_off()
+            api.turn_off()
         unmatched = sorted(set(STATE.entries) - STATE.matched)
         STATE.entries = {}
         STATE.loaded = {}
@@ -227,7 +227,7 @@ def set_tracer(
             if STATE.on:
                 api.routes.clear()
             else:
-                api._turn_off()
+                api.turn_off()
 
 
 def is_enabled() -> bool:

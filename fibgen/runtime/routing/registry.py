@@ -15,7 +15,7 @@ from typing import Any
 from fibgen.runtime.errors import ApplyConfigError
 from fibgen.runtime.routing import patching
 from fibgen.runtime.routing.api import Api
-from fibgen.runtime.routing.state import STATE, UNSET, ApplyState
+from fibgen.runtime.routing.state import STATE, ApplyState
 from fibgen.runtime.solutions import loading as solutions
 
 # Packages of generated dispatchers that enable_apply looks for even when not imported yet.
@@ -40,7 +40,8 @@ def _patch(state: ApplyState, api: Api, taken: set[str]) -> None:
     found = patching.patch(api.path, api.function, state.patches)
     if found is None:
         return
-    state.originals[api.path] = api._original = found
+    state.originals[api.path] = found
+    api.adopt_original(found)
     patching.adopt_defaults(api.function, found)
     if api.plan_path is not None:
         hooks = [
@@ -79,8 +80,7 @@ def repatch(state: ApplyState) -> None:
     # What stands at each path now is the original: something may have replaced it since.
     state.originals.clear()
     for api in state.apis:
-        if not api._fixed_original:
-            api._original = UNSET
+        api.forget_original()
         if api.plans is not None:
             api.plans.clear()
     if _patching_wanted(state):
@@ -166,9 +166,9 @@ def register_api(
         if api.path is not None:
             _link_packages(state, api.path)
         if state.on:
-            api._turn_on()
+            api.turn_on()
         else:
-            api._turn_off()
+            api.turn_off()
         if _patching_wanted(state):
             if api.path in state.originals and (api.plan_path is not None or api.patch):
                 # Another family of the same wrapper is patched: its plan hooks this one too.

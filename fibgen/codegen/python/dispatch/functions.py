@@ -69,7 +69,7 @@ class Family(FamilyKey):
         if same is not None:
             shape = f"{same}.shape"
         else:
-            dims = self._dims(o, fields)
+            dims = self.dims(o, fields)
             shape = dims if dims is not None else "None"
         if required:
             sizes = shape if shape != "None" else str(len(o.shape))
@@ -106,7 +106,7 @@ class Family(FamilyKey):
                 f"    return _api.miss({forward})",
             ]
         # The lets the key needs, then the key: a call they fail on is a call not routed.
-        readers = {f: self._reader(f) for f in fields}
+        readers = {f: self.reader(f) for f in fields}
         early, late = _split_lets(plan.call_lets, list(readers.values()))
         body += [f"_r = {NO_KEY}", "try:"]
         body += _let_lines(early, "    ")
@@ -258,7 +258,7 @@ class Family(FamilyKey):
                 lines.append(f"    {local} = {alloc}")
         buffers = "".join(f", {o.name}=_o_{o.name}" for o in self.f.outputs)
         lines.append(f"    _fn({inputs}{buffers}, inplace=True)")
-        always, _ = self._returned()
+        always, _ = self.returned()
         lines.append(f"    return {', '.join(always)}" if always else "    return None")
         return lines
 
@@ -322,7 +322,7 @@ class Family(FamilyKey):
         # `result` rules: outputs as the API returns them (Note [rules]).
         for r in self.f.rules:
             if isinstance(r, ir.Result):
-                body.append(f"_o_{r.target} = {self._result_expr(r)}")
+                body.append(f"_o_{r.target} = {self.result_expr(r)}")
         # Note [effects] (python_dispatch.py): computed before any write-back, stored after it.
         stores = []
         for e in self.f.effects:
@@ -349,7 +349,7 @@ class Family(FamilyKey):
                     f"    {target[1]}.copy_({local})",
                 ]
         body += stores
-        always, flagged = self._returned()
+        always, flagged = self.returned()
         if flagged:
             extra = " + ".join(f"(({local},) if {flag} else ())" for local, flag in flagged)
             # With nothing else returned, a call that asks for no flag returns None.

@@ -56,13 +56,13 @@ class OpView:
             return "*args or **kwargs"
         if any(t.source is not None and t.source.index is not None for t in f.inputs):
             return "a tuple argument"
-        always, flagged = self.v._returned()
+        always, flagged = self.v.returned()
         if flagged:
             return "an output a flag asks for"
         for o in f.outputs:
             target = self.v.targets[o.name]
             if o.shape is None or (
-                (target is None or target[0] == "buffer") and self.v._dims(o, self.fields) is None
+                (target is None or target[0] == "buffer") and self.v.dims(o, self.fields) is None
             ):
                 return f"output {o.name} has no shape the call gives"
         return None
@@ -157,7 +157,7 @@ class OpView:
         return [statement for _, statement in self.plan.call_lets]
 
     def _key(self) -> list[str]:
-        lines = [f"_k_{f} = {self.v._reader(f)}" for f in self.fields]
+        lines = [f"_k_{f} = {self.v.reader(f)}" for f in self.fields]
         if not self.fields:
             key = "None"
         elif len(self.fields) == 1:
@@ -225,7 +225,7 @@ class OpView:
             body.append(f"{target} = {call}")
         else:
             body.append(call)
-        always, _ = self.v._returned()
+        always, _ = self.v.returned()
         if not always:
             body.append("return None")
         else:
@@ -238,7 +238,7 @@ class OpView:
     def impl(self) -> tuple[str, str, str, tuple[str, ...]]:
         body = self._unpack()
         values = self._values()
-        always, _ = self.v._returned()
+        always, _ = self.v.returned()
         tensors = ", ".join(name for name, _ in self._slots())
         body.append(f"_res = {self.f.name}({self.forward})")
         if values:
@@ -268,7 +268,7 @@ class OpView:
                 body.append(f"{local} = {self._alloc(by_name[local[3:]])}")
             for r in self.f.rules:
                 if isinstance(r, ir.Result) and f"_o_{r.target}" in values:
-                    body.append(f"_o_{r.target} = {self.v._result_expr(r)}")
+                    body.append(f"_o_{r.target} = {self.v.result_expr(r)}")
             body.append(f"return {', '.join(values)}")
         else:
             body.append("return None")

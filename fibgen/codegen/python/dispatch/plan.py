@@ -230,7 +230,7 @@ class FamilyPlan:
         """Whether a field is read from every call (not only when an optional one is given)."""
         return any(base is None for _, base in self._options(name))
 
-    def _reader(self, name: str) -> str:
+    def reader(self, name: str) -> str:
         """The expression reading a key field: options chained, first unconditional last."""
         options = self._options(name)
         if not options:
@@ -245,7 +245,7 @@ class FamilyPlan:
         return chain
 
     # ------------------------------------------------------------------ outputs
-    def _dims(self, o: ir.Tensor, fields: tuple[str, ...]) -> str | None:
+    def dims(self, o: ir.Tensor, fields: tuple[str, ...]) -> str | None:
         dims = []
         for axis in o.shape or ():
             declared = self.axes.get(axis)
@@ -281,7 +281,7 @@ class FamilyPlan:
             if not t.optional and t.shape and t.shape == o.shape and t.dtype == o.dtype:
                 expr = self.input_expr[t.name]
                 return f"torch.empty_like({expr}, memory_format=torch.contiguous_format)"
-        dims = self._dims(o, fields)
+        dims = self.dims(o, fields)
         if dims is None:
             return f"_api.cannot_allocate({literal(o.name)})"
         return f"torch.empty({dims}, dtype={self._dtype(o)}, device={self._device()})"
@@ -377,7 +377,7 @@ class FamilyPlan:
             return src.param
         return self.input_expr[t.name]
 
-    def _returned(self) -> tuple[list[str], list[tuple[str, str]]]:
+    def returned(self) -> tuple[list[str], list[tuple[str, str]]]:
         """What the function returns: always, and (output, flag) when a flag asks."""
         always = [expr for _, expr in self.returned_outputs()]
         named = set(self.f.returns.names) if self.f.returns is not None else set()
@@ -402,7 +402,7 @@ class FamilyPlan:
         tree = Spell().visit(ast.parse(e.expr.text, mode="eval"))
         return unparse(tree)
 
-    def _result_expr(self, r: ir.Result) -> str:
+    def result_expr(self, r: ir.Result) -> str:
         """A `result` rule's expression over the outputs, inputs and arguments of the call."""
         spelled = {o.name: f"_o_{o.name}" for o in self.f.outputs}
         for name, expr in self.input_expr.items():
@@ -420,7 +420,7 @@ class FamilyPlan:
         """Whether INPLACE routes are called (Note [in-place solutions] in
         fibgen/runtime/routing/state.py): the family has effects, and nothing to do after the
         solution but return its outputs."""
-        _, flagged = self._returned()
+        _, flagged = self.returned()
         return (
             bool(self.f.effects)
             and not flagged
@@ -445,7 +445,7 @@ class FamilyPlan:
 
     def rule_plan(self, fields: tuple[str, ...]) -> RulePlan:
         """The checks of the family's rules and of its input tensors (Note [rules])."""
-        readers = {f: self._reader(f) for f in fields}
+        readers = {f: self.reader(f) for f in fields}
         speller = RuleSpeller(self.f, fields, self._axis_reader, readers)
         tensors = []
         for t in self.f.inputs:
