@@ -233,6 +233,56 @@ def test_the_circle_check_finds_a_circle(monkeypatch):
     assert _circles() == [["fibgen.a", "fibgen.b"]]
 
 
+def _private_reaches(modules: dict[str, Path]) -> list[str]:
+    """Where a module of fibgen takes another module's private name: ``from fibgen.x import
+    _y``, or ``m._y`` on a module ``m`` of fibgen it imported."""
+    known = set(modules)
+    found = []
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        aliases: set[str] = set()  # names bound to modules of fibgen
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fibgen"):
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        found.append(f"{path.relative_to(REPO)}:{node.lineno}: {alias.name}")
+                    if f"{node.module}.{alias.name}" in known:
+                        aliases.add(alias.asname or alias.name)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("fibgen") and alias.asname:
+                        aliases.add(alias.asname)
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_module_takes_another_modules_private_names():
+    found = _private_reaches(_modules())
+    assert not found, "private names taken from another module (make them public):\n" + (
+        "\n".join(found)
+    )
+
+
+def test_the_private_name_check_finds_both_ways(monkeypatch):
+    fake = {
+        "fibgen.a": "from fibgen.b import _hidden\n",
+        "fibgen.b": "from fibgen import c\nc._secret()\n_hidden = 1\n",
+        "fibgen.c": "from fibgen.b import _hidden as public  # noqa\nfrom fibgen.b import __doc__\n",
+    }
+    monkeypatch.setattr(Path, "read_text", lambda self, encoding=None: fake[str(self)])
+    monkeypatch.setattr(sys.modules[__name__], "REPO", Path(""))
+    found = _private_reaches({name: Path(name) for name in fake})
+    assert found == ["fibgen.a:1: _hidden", "fibgen.b:2: c._secret", "fibgen.c:1: _hidden"]
+
+
 # The one module of fibgen that generated code imports (fibgen/runtime/for_generated.py).
 FOR_GENERATED = "fibgen.runtime.for_generated"
 
