@@ -3,7 +3,7 @@
 The runner asks a worker (``Prepare``, ``Evaluate``, ``Stop``) and gets one reply per
 question (``Reply``); the worker's handle makes ``TimedOut``, ``Died`` and ``Stopped`` itself
 when the worker does not answer. A worker that judges a solution in a process of its own
-(Note [isolated solutions] in isolation.py) sends it ``Take``, ``Run``, ``Verdict`` and
+(Note [isolated solutions] in isolation.py) sends it ``Take``, the ``Run``, ``Verdict`` and
 ``Draw``. These travel pickled, between processes of bench's own code. What a solution
 process sends back does not: it is JSON and raw bytes, checked as it is read
 (``isolation._receive``), since a solution may have changed bench's code in its process.
@@ -36,12 +36,12 @@ class Prepare:
 
 
 @dataclass(frozen=True, slots=True)
-class Evaluate:
-    """Load a solution, check it against the prepared reference and time it.
+class Run:
+    """Evaluate a solution on the workload prepared (or taken), then report.
 
     ``origin``: its JSON's path and whether it is a solution folder, so that logs name the
     user's files (Note [source names] in fibgen/runtime/solutions/loading.py). ``limit_s``
-    bounds an isolated solution's process, from its start.
+    bounds an isolated solution's process, from its start, and sizes a sampler's draws.
     """
 
     solution: dict[str, Any]
@@ -51,6 +51,14 @@ class Evaluate:
     flush: Flush
     limit_s: float
     origin: tuple[str, bool] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluate:
+    """Load a solution, check it against the prepared reference and time it (``run``), in a
+    process of its own when ``isolate`` (Note [isolated solutions] in isolation.py)."""
+
+    run: Run
     isolate: bool = True
 
 
@@ -144,19 +152,6 @@ class Take:
     definition: dict[str, Any]
     sent: dict[str, Any]
     expected: list[tuple[list[int], str]]
-
-
-@dataclass(frozen=True, slots=True)
-class Run:
-    """Evaluate the solution on the workload taken, then report and end."""
-
-    solution: dict[str, Any]
-    tolerance: dict[str, Any]
-    warmup: int
-    repeat: int | None
-    flush: Flush
-    limit_s: float
-    origin: tuple[str, bool] | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -317,7 +317,7 @@ def run_group(
                     f"bench: building {solution.name} ({solution.spec.language}) for its first "
                     f"run; a build takes a minute or so"
                 )
-        evaluate = m.Evaluate(
+        run = m.Run(
             solution.model_dump(mode="json", exclude_none=True),
             group.tolerance,
             options.warmup,
@@ -325,8 +325,8 @@ def run_group(
             options.flush,
             limit,
             group.origin(solution.name),
-            options.isolate,
         )
+        evaluate = m.Evaluate(run, options.isolate)
         answer = handle.ask(evaluate, wait)
         if isinstance(answer, m.Stopped):
             return traces, f"{where}: stopped", noisy

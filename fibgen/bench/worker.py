@@ -246,15 +246,7 @@ class Worker:
     def run(self, request: m.Evaluate) -> m.Result | m.TimedOut | m.Died | m.Failed:
         """Evaluate one solution, in a process of its own unless ``isolate`` is off (Note
         [isolated solutions] in isolation.py); the reply for the runner."""
-        run = m.Run(
-            request.solution,
-            request.tolerance,
-            request.warmup,
-            request.repeat,
-            request.flush,
-            request.limit_s,
-            request.origin,
-        )
+        run = request.run
         if not request.isolate:
             return m.Result(self.evaluate(run))
         if self.solution_process is None:

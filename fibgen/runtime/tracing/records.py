@@ -15,6 +15,7 @@ import itertools
 import threading
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -62,12 +63,14 @@ class Pending:
 class Counts:
     """What one tracing counts (``tracing_stats()``), and the warnings it gives once each."""
 
-    # The counters, in the order tracing_stats() gives them ("written" and "pending" apart).
-    NAMES = (
+    # What tracing_stats() gives, in its order; all but "written" and "pending" are counters.
+    STATS = (
         "recorded",
         "filtered",
         "dropped",
+        "written",
         "failed",
+        "pending",
         "unknown",
         "mismatched",
         "unplanned",
@@ -75,6 +78,7 @@ class Counts:
         "refused",
         "capturing",
     )
+    NAMES = tuple(name for name in STATS if name not in ("written", "pending"))
 
     def __init__(self) -> None:
         self.recorded = itertools.count()
@@ -110,26 +114,25 @@ class Counts:
         self.warn_once("write", f"{message} (further failures are counted in tracing_stats())")
 
 
+@dataclass(frozen=True)
+class RecordPolicy:
+    """What enable_tracing was told to keep: which tensors to dump (None: none), which calls
+    to keep (``filtering``: whether ``keep`` may refuse any), and the caps on the queue."""
+
+    dump: Callable[[str, torch.Tensor], bool] | None
+    keep: Callable[[str, dict[str, Any], dict[str, Any]], bool]
+    filtering: bool
+    max_bytes: int
+    max_records: int
+
+
 class Recorder:
     """The calling thread's side of tracing: record a call into ``pending``, or count it."""
 
-    def __init__(
-        self,
-        pending: Pending,
-        counts: Counts,
-        dump: Callable[[str, torch.Tensor], bool] | None,
-        keep: Callable[[str, dict[str, Any], dict[str, Any]], bool],
-        filtering: bool,
-        max_bytes: int,
-        max_records: int,
-    ) -> None:
+    def __init__(self, pending: Pending, counts: Counts, policy: RecordPolicy) -> None:
         self.pending = pending
         self.counts = counts
-        self.dump = dump
-        self.keep = keep
-        self.filtering = filtering
-        self.max_bytes = max_bytes
-        self.max_records = max_records
+        self.policy = policy
         # Definition name -> the check of a call's inputs (Note [checked records]).
         self.checks: dict[str, Callable[[Sequence[Any]], str | None]] = {}
 
@@ -149,16 +152,16 @@ class Recorder:
         # Only a generated dispatcher's calls are traced, and it sets both.
         assert api.trace_axes is not None and api.op_type is not None
         axes = api.trace_axes(*values)
-        if self.filtering:
+        if self.policy.filtering:
             with self.pending.lock:
-                kept = self.keep(name, axes, dict(zip(api.inputs, values)))
+                kept = self.policy.keep(name, axes, dict(zip(api.inputs, values)))
             if not kept:
                 next(self.counts.filtered)
                 return
         inputs: dict[str, Any] = {}
         dumped: list[tuple[str, torch.Tensor]] = []
         nbytes = 0
-        dump = self.dump
+        dump = self.policy.dump
         for input_name, value in zip(api.inputs, values):
             if isinstance(value, torch.Tensor):
                 if dump is not None and dump(input_name, value):
@@ -170,7 +173,7 @@ class Recorder:
                 # An optional input left out is left out of the workload too.
                 inputs[input_name] = ("scalar", value)
         pending = self.pending
-        if len(pending.records) >= self.max_records:
+        if len(pending.records) >= self.policy.max_records:
             self._drop("records")
             return
         event = None
@@ -188,7 +191,7 @@ class Recorder:
                 )
                 return
             with pending.lock:
-                if pending.bytes + nbytes > self.max_bytes:
+                if pending.bytes + nbytes > self.policy.max_bytes:
                     self._drop("bytes")
                     return
                 pending.bytes += nbytes
@@ -217,9 +220,9 @@ class Recorder:
     def _drop(self, why: str) -> None:
         next(self.counts.dropped)
         cap = (
-            f"{self.max_records} pending records"
+            f"{self.policy.max_records} pending records"
             if why == "records"
-            else f"{self.max_bytes} bytes of pending tensors"
+            else f"{self.policy.max_bytes} bytes of pending tensors"
         )
         self.counts.warn_once(
             why,

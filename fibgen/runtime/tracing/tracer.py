@@ -70,8 +70,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from fibgen.runtime.env import enable_from_env
 from fibgen.runtime.routing.api import Api
 from fibgen.runtime.routing.apply import set_tracer
@@ -86,7 +84,7 @@ from fibgen.runtime.tracing.policies import (
     parse_dedup,
     parse_dump,
 )
-from fibgen.runtime.tracing.records import Counts, Pending, Recorder
+from fibgen.runtime.tracing.records import Counts, Pending, Recorder, RecordPolicy
 from fibgen.runtime.tracing.writer import Writer
 
 __all__ = [
@@ -106,20 +104,10 @@ class _Tracer:
     """One enable_tracing: what it records on calling threads (``recorder``), what writes
     the records on its own thread (``writer``), the queue between them and the counts."""
 
-    def __init__(
-        self,
-        root: Path,
-        dump: Callable[[str, torch.Tensor], bool] | None,
-        keep: Callable[[str, dict[str, Any], dict[str, Any]], bool],
-        filtering: bool,
-        max_bytes: int,
-        max_records: int,
-    ) -> None:
+    def __init__(self, root: Path, policy: RecordPolicy) -> None:
         self.pending = Pending()
         self.counts = Counts()
-        self.recorder = Recorder(
-            self.pending, self.counts, dump, keep, filtering, max_bytes, max_records
-        )
+        self.recorder = Recorder(self.pending, self.counts, policy)
         self.writer = Writer(root, self.pending, self.counts)
         # A signal that came while this thread was draining (see _on_signal).
         self.pending_signal: tuple[int, Any] | None = None
@@ -280,20 +268,7 @@ _atexit_registered = False
 # signal number → the handler that was installed before ours
 _previous_handlers: dict[int, Any] = {}
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_STATS = (
-    "recorded",
-    "filtered",
-    "dropped",
-    "written",
-    "failed",
-    "pending",
-    "unknown",
-    "mismatched",
-    "unplanned",
-    "plan_changed",
-    "refused",
-    "capturing",
-)
+_STATS = Counts.STATS
 
 
 def enable_tracing(
@@ -328,7 +303,8 @@ def enable_tracing(
     root = Path(dataset_dir)
     if root.exists() and not root.is_dir():
         raise TracingConfigError(f"dataset folder {root} exists and is not a folder")
-    tracer = _Tracer(root, dump_rule, keep, dedup != "all", max_pending_bytes, max_pending_records)
+    policy = RecordPolicy(dump_rule, keep, dedup != "all", max_pending_bytes, max_pending_records)
+    tracer = _Tracer(root, policy)
     with _lock:
         disable_tracing()
         try:
