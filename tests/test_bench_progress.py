@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from _bench_dataset import make_dataset, solution
 
-from fibgen.bench import runner
+from fibgen.bench import messages, runner
 from fibgen.bench.claims import Claims
 from fibgen.bench.planning import BenchOptions, plan
 from fibgen.cli import main
@@ -58,12 +58,12 @@ class _Answers:
     def __init__(self) -> None:
         self.asked: list[str] = []
 
-    def ask(self, request: tuple, timeout: float) -> tuple:
-        if request[0] == "workload":
+    def ask(self, request: messages.Prepare | messages.Evaluate, timeout: float) -> messages.Reply:
+        if isinstance(request, messages.Prepare):
             times = {"median_ms": 1.0, "q1_ms": 1.0, "q3_ms": 1.0, "samples": 3}
-            return ("ready", {**times, "calls_per_sample": 1}, "cpu", {})
-        self.asked.append(request[1]["name"])
-        return ("result", {"status": "RUNTIME_ERROR", "log": "not run"})
+            return messages.Prepared({**times, "calls_per_sample": 1}, "cpu", {})
+        self.asked.append(request.run.solution["name"])
+        return messages.Result({"status": "RUNTIME_ERROR", "log": "not run"})
 
 
 def test_a_line_says_when_a_build_starts_and_none_when_it_is_cached(tmp_path, monkeypatch):
