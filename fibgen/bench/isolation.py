@@ -282,8 +282,7 @@ class SolutionProcess:
             return m.Died(f"worker process did not start within {START_TIMEOUT:g} s")
         if started[0].get("kind") != "ready":
             return m.Failed(str(started[0].get("log", "the solution's process did not start")))
-        work = judge.work
-        assert work is not None, "a workload is prepared before solutions run"
+        work = judge.prepared
         self.folder = _shared_folder(work.inputs)
         lent, sent = _lend(work.inputs, self.folder)
         expected = [(list(e.shape), str(e.dtype).removeprefix("torch.")) for e in work.expected]

@@ -99,7 +99,8 @@ def fork_server(device: str) -> Any:
 # A new worker imports torch and sets up its device before it can answer: seconds on an idle
 # machine, more than a minute on a busy one. That start is not charged to the first request's
 # timeout (which is a multiple of --timeout, meant for the work asked): the worker says
-# Started (fibgen/bench/messages.py) once started, and the handle waits for that under START_TIMEOUT of its own.
+# Started (fibgen/bench/messages.py) once started, and the handle waits for that under
+# START_TIMEOUT of its own.
 START_TIMEOUT = 300.0
 
 

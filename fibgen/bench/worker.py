@@ -403,7 +403,6 @@ class Worker:
         from fibgen.runtime.solutions import loading as solutions
 
         work = self.prepared
-        assert work is not None, "a workload is prepared before solutions run"
         model = Solution.model_validate(run.solution)
         entry = solutions.Entry(
             model.definition,

@@ -26,7 +26,7 @@ class SolutionError(RuntimeError):
     """
 
     def __init__(
-        self, message: str, definition: str, solution: str, *, signature: bool = False
+        self, message: str, definition: str | None, solution: str, *, signature: bool = False
     ) -> None:
         super().__init__(message)
         self.definition = definition

@@ -678,7 +678,7 @@ class Api:
         ``want`` is what the call expects of it: (dtype, shape or None, device or None)."""
         name, label, _ = self._resolved.get(key, (self.name_of(key), "the solution", None))
         message = refusals.bad_result_message(label, name, self.outputs, output, got, want)
-        raise SolutionError(message, name or "?", label)
+        raise SolutionError(message, name, label)
 
     def _count(self, outcome: str, hit_correction: str, name: str) -> None:
         with self.state.lock:

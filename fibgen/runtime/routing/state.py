@@ -6,6 +6,7 @@ import itertools
 import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -110,10 +111,12 @@ class ApplyState:
     The process has one, ``STATE`` below: the public functions (enable_apply, disable_apply,
     set_tracer, stats, register_api, the ``apply`` decorator) act on it, since generated
     modules register their dispatchers at import, before anyone could hand them a state.
-    Everything under them is given the state it works on: an ``Api`` keeps the one it was
-    registered in (``Api.state``), and the registry's functions take it as their first
-    argument. A test may build its own, register dispatchers in it and turn it on and off
-    without touching the process's.
+    Everything under them is given the state it works on rather than reaching for the
+    global: an ``Api`` keeps the one it was registered in (``Api.state``) and routes, counts
+    and falls back by it, and the registry's functions take it as their first argument.
+    What the process has only once stays the process's whatever the state: the patched
+    module attributes (patching one API twice from two states would stack), the imported
+    generated packages (they register in ``STATE``), and the re-entry counter ``SERVING``.
     """
 
     def __init__(self) -> None:
@@ -133,7 +136,7 @@ class ApplyState:
         # Reference source → its compiled ``run``.
         self.references: dict[str, Callable[..., Any]] = {}
         # Paths left unpatched, and (definition, solution) pairs whose failure was reported:
-        # each is warned about once per process.
+        # each is warned about once (per state: the process has one).
         self.warned: set[Any] = set()
         # While tracing is on: wraps each route as it is resolved (Note [tracing hooks] in
         # fibgen/runtime/tracing/tracer.py); every call then takes the routed path.
@@ -144,8 +147,7 @@ class ApplyState:
             None
         )
         self.trace_patching = False  # whether tracing patches APIs (apply off or not)
-        # Value-returning routes check their outputs natively once that check is built.
-        result_check.on_ready(self.use_native_check)
+        _STATES.add(self)
 
     def warn_once(self, key: Any, message: str) -> None:
         """Warn with ``message`` the first time ``key`` is seen."""
@@ -161,6 +163,18 @@ class ApplyState:
             for api in self.apis:
                 api.same = same
 
+
+# Every state made, held weakly: each gets the native result check when it is built.
+_STATES: weakref.WeakSet[ApplyState] = weakref.WeakSet()
+
+
+def _use_native_check(same: Callable[..., bool]) -> None:
+    for state in list(_STATES):
+        state.use_native_check(same)
+
+
+# Value-returning routes check their outputs natively once that check is built.
+result_check.on_ready(_use_native_check)
 
 # The process's apply state (Note [apply state]).
 STATE = ApplyState()

@@ -77,7 +77,8 @@ class Entry:
 @dataclass(frozen=True)
 class Loaded:
     """A solution ready to call: ``dps`` says whether it takes output buffers, ``inplace``
-    whether it also takes ``inplace=True`` (Note [in-place solutions] in apply_state.py)."""
+    whether it also takes ``inplace=True`` (Note [in-place solutions] in
+    fibgen/runtime/routing/state.py)."""
 
     fn: Callable[..., Any]
     dps: bool

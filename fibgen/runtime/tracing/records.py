@@ -103,7 +103,8 @@ class Counts:
         counts["written"] = self.written
         return counts
 
-    def warn_once(self, key: str, message: str, stacklevel: int = 3) -> None:
+    def warn_once(self, key: str, message: str, stacklevel: int = 2) -> None:
+        """Warn once per key; ``stacklevel`` as ``warnings.warn``'s, counted from the caller."""
         if key in self.warned:
             return
         self.warned.add(key)
@@ -111,7 +112,8 @@ class Counts:
 
     def warn_failure(self, message: str) -> None:
         # From the writer thread: the warning shows once, as the first failure's message.
-        self.warn_once("write", f"{message} (further failures are counted in tracing_stats())")
+        text = f"{message} (further failures are counted in tracing_stats())"
+        self.warn_once("write", text, stacklevel=3)
 
 
 @dataclass(frozen=True)
@@ -229,5 +231,6 @@ class Recorder:
             f"the writer is behind by more than {cap}; calls are being recorded faster than "
             "they are written, and records are dropped (tracing_stats() counts them). Dump "
             "fewer tensors, deduplicate, or raise the cap.",
-            stacklevel=4,
+            # At the dispatcher: _drop, record, the traced route, the dispatcher.
+            stacklevel=5,
         )

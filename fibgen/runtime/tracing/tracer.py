@@ -7,10 +7,12 @@ workload lines in ``workloads/<op_type>/<definition>.jsonl`` and safetensors blo
 ``FIBGEN_TRACE=1`` with ``FIBGEN_DATASET_PATH=<dir>`` enables it when ``fibgen.runtime`` is
 imported (``FIBGEN_TRACE_DUMP`` and ``FIBGEN_TRACE_DEDUP`` choose the policies).
 
-This module turns tracing on and off and hooks it into the dispatchers' routes. The parts:
-``trace_policies`` (what is kept), ``trace_records`` (recording a call on its thread),
-``trace_checks`` (whether a call is a workload of its definition) and ``trace_writer`` (the
-files written).
+This module turns tracing on and off and hooks it into the dispatchers' routes; one
+``_Tracer`` per enable_tracing holds the parts. ``policies`` (what is kept), ``records``
+(``Recorder``: a call recorded on its thread into the ``Pending`` queue, under a
+``RecordPolicy``; ``Counts``: what tracing_stats() says, and the warnings given once),
+``checks`` (whether a call is a workload of its definition) and ``writer`` (``Writer``: the
+thread that writes the files).
 
 Note [complete datasets]
 A traced dataset is one ``fibgen bench`` and flashinfer-bench can load: beside the first
