@@ -128,7 +128,7 @@ def appends(args: argparse.Namespace) -> None:
 def gpu_dataset(args: argparse.Namespace) -> None:
     from fibgen.format import Workload, write_definition, write_workloads
     from fibgen.format.dataset import load_definition_files
-    from fibgen.runtime.workloads import load_workloads
+    from fibgen.curation.workloads import load_workloads
 
     out = Path(args.out)
     definitions = {n: d for n, (_, d) in load_definition_files(SHARED).items()}
@@ -189,7 +189,7 @@ def _runs(traced: Path) -> dict[str, dict[str, list[float]]]:
 
 def model(args: argparse.Namespace) -> None:
     from fibgen.format.dataset import load_definition_files
-    from fibgen.runtime.workloads import load_workloads
+    from fibgen.curation.workloads import load_workloads
 
     definitions = {n: d for n, (_, d) in load_definition_files(SHARED).items()}
     workloads = load_workloads(SHARED)

@@ -205,7 +205,7 @@ def check(root: Path) -> None:
     from fibgen.bench.runner import BenchOptions, run_bench
     from fibgen.cli import main as cli
     from fibgen.runtime.selection import best as select
-    from fibgen.runtime.selection.entries import _LazySolution
+    from fibgen.runtime.selection.entries import LazySolution
 
     import flashinfer
 
@@ -259,7 +259,7 @@ def check(root: Path) -> None:
             for solution, path in sorted(solutions.items()):
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    rt.enable_apply({name: _LazySolution(path)})
+                    rt.enable_apply({name: LazySolution(path)})
                 try:
                     patched = getattr(
                         flashinfer.activation if api == "silu_and_mul" else flashinfer.norm, api

@@ -14,7 +14,7 @@ from fibgen.runtime.selection.table import ORIGINAL
 from fibgen.runtime.solutions import loading as solutions
 
 
-class _LazySolution:
+class LazySolution:
     """A Solution JSON read and validated on first use (enabling reads no solution file)."""
 
     def __init__(self, path: Path) -> None:
@@ -33,7 +33,7 @@ class _LazySolution:
 def entry_of(root: Path, name: str, solution: str, relpath: str) -> solutions.Entry:
     path = root / relpath
     return solutions.Entry(
-        name, f"solution {solution!r} ({path})", solution=_LazySolution(path), root=root
+        name, f"solution {solution!r} ({path})", solution=LazySolution(path), root=root
     )
 
 
