@@ -1,6 +1,8 @@
 """The check of a value-returning solution's output (Note [result check] in
 fibgen/runtime/checking/result_check.py): the Python check and the native one agree on every case, and
-a dispatcher on the native check falls back on a wrong output as it does on the Python one."""
+a dispatcher on the native check falls back on a wrong output as it does on the Python one. The
+native reads of an input's shape and dtype give what Python's give (Note [native reads]), and
+the native counter counts."""
 
 from __future__ import annotations
 
@@ -88,6 +90,100 @@ def test_the_native_check_refuses_a_wrong_call_with_a_type_error(native):
     # Sizes that are not ints, a dtype that is not one: not the declared output.
     assert native(X, torch.float32, ("2", 3), X) is False
     assert native(X, "float32", X.shape, X) is False
+
+
+@pytest.fixture(scope="module")
+def native_module(native):
+    """The extension module that holds the native check."""
+    from fibgen.runtime.launch.native import build_native
+
+    return build_native()
+
+
+class _Recorded(torch.Tensor):
+    """A subclass whose __torch_function__ sees every attribute read."""
+
+    seen: list = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.seen.append(getattr(func, "__name__", str(func)))
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+class _Mode(torch.overrides.TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.seen.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+class _ShapeLike:
+    shape = (2, 3)
+    dtype = "float32"
+
+
+READ_CASES = [
+    X,
+    torch.tensor(3.0),
+    torch.empty(0, 5, dtype=torch.bfloat16),
+    torch.nn.Parameter(torch.randn(4, 2)),
+    torch.empty(2, 3, device="meta"),
+    X.t(),
+    _ShapeLike(),
+]
+
+
+@pytest.mark.parametrize("value", READ_CASES, ids=lambda v: type(v).__name__)
+def test_the_native_reads_give_what_python_reads(native_module, value):
+    shape = native_module.shape_of(value)
+    assert shape == value.shape and tuple(shape) == tuple(value.shape)
+    assert native_module.dtype_of(value) is value.dtype
+    assert result_check.shape_python(value) == value.shape
+    assert result_check.dtype_python(value) is value.dtype
+
+
+def test_the_native_reads_fail_where_python_reads_fail(native_module):
+    for read in (native_module.shape_of, native_module.dtype_of):
+        with pytest.raises(AttributeError):
+            read(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        nested = torch.nested.nested_tensor([torch.randn(2), torch.randn(3)])
+    with pytest.raises(RuntimeError):
+        nested.shape
+    with pytest.raises(RuntimeError):
+        native_module.shape_of(nested)
+
+
+def test_the_native_reads_go_through_torch_function_as_python_reads_do(native_module):
+    sub = X.as_subclass(_Recorded)
+    _Recorded.seen.clear()
+    assert native_module.shape_of(sub) == (2, 3)
+    assert native_module.dtype_of(sub) is torch.float32
+    assert _Recorded.seen == ["__get__", "__get__"]
+    with _Mode() as mode:
+        assert native_module.shape_of(X) == (2, 3)
+        assert native_module.dtype_of(X) is torch.float32
+    assert mode.seen == ["__get__", "__get__"]
+
+
+def test_the_native_counter_counts_and_is_read_as_the_python_one(native_module):
+    from fibgen.runtime import counters
+
+    tally = native_module.Tally()
+    tick = counters.ticker(tally)
+    for _ in range(5):
+        assert tick() is None
+    assert counters.read(tally) == 5
+    with pytest.raises(TypeError):
+        tally(1)
+    python = counters.new()  # the extension is not in use here: an itertools.count
+    counters.ticker(python)()
+    assert counters.read(python) == 1
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-// The hot path of a routed call, in C++: launch replay's table, and the result check.
+// The hot path of a routed call, in C++: launch replay's table, the result check, the reads
+// of an input's shape and dtype, and the hit counter.
 //
 // Launch replay (Note [launch replay] in replay.py): reading the
 // layout of a call's tensors costs about 15 ns per tensor here against about 450 ns through
@@ -15,11 +16,13 @@
 // a value-returning hit's overhead; here they are a few loads. same(out, dtype, shape, like):
 // whether ``out`` is a tensor of dtype ``dtype`` on the device of the tensor ``like`` whose
 // sizes are ``shape`` (a sequence of ints: a torch.Size, a tuple) or, where ``shape`` is an
-// int, whose number of dimensions is ``shape``. Both live in one translation unit: the runtime
-// builds one extension, and torch's headers are compiled once.
+// int, whose number of dimensions is ``shape``. All of it lives in one translation unit: the
+// runtime builds one extension, and torch's headers are compiled once.
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -321,7 +324,103 @@ PyObject* same(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_TRUE;
 }
 
+// ------------------------------------------------------------ the reads of the hit path
+//
+// ``shape_of(x)`` and ``dtype_of(x)`` are ``x.shape`` and ``x.dtype`` (Note [native reads] in
+// result_check.py): for a plain tensor, read here in a few loads (the shape as a tuple of
+// ints rather than a torch.Size); for anything else (a subclass, a tensor under a
+// __torch_function__ mode, symbolic sizes, not a tensor at all), the attribute read through
+// Python, exactly as the dispatcher would have read it.
+
+// Whether torch's attribute getters would read ``x`` without a __torch_function__ hop: a plain
+// tensor (Tensor or Parameter) with no mode active and no skip pending. The getters' own test
+// consumes the skip flag; where it is set, the read goes through Python, which consumes it.
+bool plain(PyObject* x) {
+  return THPVariable_CheckExact(x) && !at::impl::torch_function_mode_enabled() &&
+         !at::impl::PythonTorchFunctionTLS::peek_skip_next();
+}
+
+PyObject* shape_of(PyObject* /*self*/, PyObject* x) {
+  if (plain(x)) {
+    try {
+      const at::Tensor& t = THPVariable_Unpack(x);
+      if (t.defined() && !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+        at::IntArrayRef sizes = t.sizes();
+        Py_ssize_t n = static_cast<Py_ssize_t>(sizes.size());
+        PyObject* out = PyTuple_New(n);
+        if (out == nullptr) return nullptr;
+        for (Py_ssize_t i = 0; i < n; ++i) {
+          PyObject* item = PyLong_FromLongLong(sizes[i]);
+          if (item == nullptr) {
+            Py_DECREF(out);
+            return nullptr;
+          }
+          PyTuple_SET_ITEM(out, i, item);
+        }
+        return out;
+      }
+    } catch (...) {
+      // A tensor whose sizes C++ cannot read this way (nested): Python's read says why.
+    }
+  }
+  return PyObject_GetAttrString(x, "shape");
+}
+
+PyObject* dtype_of(PyObject* /*self*/, PyObject* x) {
+  if (plain(x)) {
+    const at::Tensor& t = THPVariable_Unpack(x);
+    if (t.defined()) {
+      PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
+      Py_INCREF(dtype);
+      return dtype;
+    }
+  }
+  return PyObject_GetAttrString(x, "dtype");
+}
+
+// ------------------------------------------------------------------- the hit counter
+//
+// A Tally counts the calls of a route (fibgen/runtime/counters.py): calling it adds one and
+// returns None, with no int made and freed per call as ``itertools.count.__next__`` does.
+// The increment runs under the GIL, so counts are exact under threads without a lock.
+
+struct Tally {
+  PyObject_HEAD
+  long long count;
+  vectorcallfunc vectorcall;
+};
+
+PyObject* tally_call(PyObject* self, PyObject* const* /*args*/, size_t nargsf, PyObject* kwnames) {
+  if (PyVectorcall_NARGS(nargsf) != 0 || (kwnames != nullptr && PyTuple_GET_SIZE(kwnames) != 0)) {
+    PyErr_SetString(PyExc_TypeError, "a Tally takes no arguments");
+    return nullptr;
+  }
+  ++reinterpret_cast<Tally*>(self)->count;
+  Py_RETURN_NONE;
+}
+
+PyObject* tally_new(PyTypeObject* type, PyObject* /*args*/, PyObject* /*kwargs*/) {
+  Tally* self = reinterpret_cast<Tally*>(type->tp_alloc(type, 0));
+  if (self != nullptr) {
+    self->count = 0;
+    self->vectorcall = tally_call;
+  }
+  return reinterpret_cast<PyObject*>(self);
+}
+
+PyObject* tally_value(PyObject* self, void* /*closure*/) {
+  return PyLong_FromLongLong(reinterpret_cast<Tally*>(self)->count);
+}
+
+PyGetSetDef tally_getset[] = {
+    {"value", tally_value, nullptr, "How many times it was called.", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyTypeObject TallyType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
 PyMethodDef module_methods[] = {
+    {"shape_of", shape_of, METH_O, "x.shape; a tuple of ints for a plain tensor."},
+    {"dtype_of", dtype_of, METH_O, "x.dtype."},
     {"same", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(same)),
      METH_FASTCALL, "Whether a routed call's output is what the definition declares."},
     {nullptr, nullptr, 0, nullptr}};
@@ -345,12 +444,27 @@ PyMODINIT_FUNC FIBGEN_CAT(PyInit_, TORCH_EXTENSION_NAME)(void) {
   TableType.tp_dealloc = reinterpret_cast<destructor>(table_dealloc);
   TableType.tp_methods = table_methods;
   if (PyType_Ready(&TableType) < 0) return nullptr;
+  TallyType.tp_name = FIBGEN_STR(TORCH_EXTENSION_NAME) ".Tally";
+  TallyType.tp_basicsize = sizeof(Tally);
+  TallyType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+  TallyType.tp_doc = "A counter: calling it adds one.";
+  TallyType.tp_new = tally_new;
+  TallyType.tp_call = PyVectorcall_Call;
+  TallyType.tp_vectorcall_offset = offsetof(Tally, vectorcall);
+  TallyType.tp_getset = tally_getset;
+  if (PyType_Ready(&TallyType) < 0) return nullptr;
   module_def.m_name = FIBGEN_STR(TORCH_EXTENSION_NAME);
   PyObject* m = PyModule_Create(&module_def);
   if (m == nullptr) return nullptr;
   Py_INCREF(&TableType);
   if (PyModule_AddObject(m, "Table", reinterpret_cast<PyObject*>(&TableType)) < 0) {
     Py_DECREF(&TableType);
+    Py_DECREF(m);
+    return nullptr;
+  }
+  Py_INCREF(&TallyType);
+  if (PyModule_AddObject(m, "Tally", reinterpret_cast<PyObject*>(&TallyType)) < 0) {
+    Py_DECREF(&TallyType);
     Py_DECREF(m);
     return nullptr;
   }

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -101,6 +100,9 @@ class Api:
         "call_params",
         "call_problem",
         "same",
+        "shape_of",
+        "dtype_of",
+        "namespace",
     )
 
     def __init__(
@@ -190,12 +192,15 @@ class Api:
         self.plan_call = plan_call
         self.call_params = dict(call_params or {})
         self.call_problem = call_problem
-        # The check of a value-returning solution's output (Note [result check]).
+        # The check of a value-returning solution's output (Note [result check]), and the
+        # reads of an input's shape and dtype (Note [native reads]): bound in ``namespace``.
         self.same = result_check.current()
+        self.shape_of, self.dtype_of = result_check.reads()
+        self.namespace: dict[str, Any] | None = None
         self._original = UNSET if original is None else original
         self._fixed_original = original is not None
         self._outside: Callable[..., Any] | None = None
-        self._tallies: dict[tuple[str, str | None], itertools.count] = {}
+        self._tallies: dict[tuple[str, str | None], Any] = {}
         # key → (definition, solution label, the solution's callable)
         self._resolved: dict[Any, tuple[str, str, Callable[..., Any]]] = {}
 
@@ -226,6 +231,20 @@ class Api:
 
         return ops.define(namespace, names, family, schema, impl, fake)
 
+    def checks(self, namespace: dict[str, Any]) -> tuple[Callable[..., Any], ...]:
+        """The result check and the shape and dtype readers the dispatcher calls, as
+        ``_same``, ``_shape_of`` and ``_dtype_of`` of ``namespace`` (its module's globals),
+        where they are rebound when the native ones are built (Note [native reads])."""
+        self.namespace = namespace
+        return self.same, self.shape_of, self.dtype_of
+
+    def use_checks(self, same: Callable[..., bool]) -> None:
+        """Check outputs with ``same`` and read inputs with the readers of now."""
+        self.same = same
+        self.shape_of, self.dtype_of = result_check.reads()
+        if self.namespace is not None:
+            self.namespace.update(_same=same, _shape_of=self.shape_of, _dtype_of=self.dtype_of)
+
     # ------------------------------------------------------------------- routing
     def name_of(self, key: Any) -> str | None:
         """The definition name of a key: the known table first, then the name rule."""
@@ -255,8 +274,8 @@ class Api:
     def _tick(self, outcome: str, name: str | None) -> Callable[[], Any]:
         counter = self._tallies.get((outcome, name))
         if counter is None:
-            counter = self._tallies[(outcome, name)] = itertools.count()
-        return counter.__next__
+            counter = self._tallies[(outcome, name)] = counters.new()
+        return counters.ticker(counter)
 
     def _hand_on(self, tick: Callable[[], Any]) -> Callable[..., Any]:
         """The next family, called with ``tick`` as the reason should it find no candidate."""
@@ -378,8 +397,8 @@ class Api:
             return self._fallback_route(key, name, DISCARD, "its solution failed to load")
         self.state.matched.add(name)
         kind = (INPLACE if self.inplace and loaded.inplace else DPS) if loaded.dps else RETURNS
-        if kind == RETURNS:
-            result_check.start()  # its outputs are checked on every call: natively, once built
+        # Its outputs are checked, and its inputs read, on every call: natively, once built.
+        result_check.start()
         route = (kind, loaded.fn, self._tick("hit", name), values)
         self._resolved[key] = (name, loaded.label, loaded.fn)
         if kind != INPLACE and input_check.enabled():

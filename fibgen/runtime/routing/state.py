@@ -161,7 +161,7 @@ class ApplyState:
         """Check value-returning outputs with ``same`` in every registered dispatcher."""
         with self.lock:
             for api in self.apis:
-                api.same = same
+                api.use_checks(same)
 
 
 # Every state made, held weakly: each gets the native result check when it is built.
