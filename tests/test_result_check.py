@@ -242,8 +242,16 @@ with rt.enable_apply({"rmsnorm_h2048": lambda hidden_states, weight: hidden_stat
     replay.wait_native()
     assert result_check.current() is not result_check.same_python
     assert rmsnorm._api.same is result_check.current()
+    assert rmsnorm._same is result_check.current()
+    assert rmsnorm._shape_of is not result_check.shape_python
+    assert rmsnorm._dtype_of is not result_check.dtype_python
     assert torch.equal(rmsnorm.rmsnorm(x, w), x * 2)
     assert rt.stats()["fake_flashinfer.norm.rmsnorm"]["hit"] == 2
+    # The native reads keep the input rules: another dtype, another rank are refused.
+    rmsnorm.rmsnorm(x.half(), w.half())
+    rmsnorm.rmsnorm(x[0], w)
+    counts = rt.stats()["fake_flashinfer.norm.rmsnorm"]
+    assert counts["hit"] == 2 and counts["fallback_guard"] == 2, counts
 from fake_kernels import relu
 assert relu._api.same is result_check.current()
 print("ok")

@@ -10,8 +10,11 @@ all of them share: this module's functions act on the process's, Note [apply sta
 
 Note [the dispatch contract]
 A generated dispatcher module calls ``register_api`` once, at the end of its import, and
-keeps the returned ``Api`` as ``_api``, ``_api.routes`` as ``_routes`` and, for a plan/run
-wrapper, ``_api.plans`` as ``_plans``. Its function does, in straight-line code:
+keeps the returned ``Api`` as ``_api``, ``_api.routes`` as ``_routes``, what
+``_api.checks(globals())`` returns as ``_same``, ``_shape_of`` and ``_dtype_of`` (rebound in
+place when the native ones are built: Note [native reads] in
+``fibgen/runtime/checking/result_check.py``) and, for a plan/run wrapper, ``_api.plans`` as
+``_plans``. Its function does, in straight-line code:
 
 1. ``if _api.direct is not None: return _api.direct(<the API's own arguments>)``. The runtime
    sets ``direct`` to the original API while apply is off (resolved lazily on the first
@@ -22,13 +25,15 @@ wrapper, ``_api.plans`` as ``_plans``. Its function does, in straight-line code:
    successful ``plan()``; it keeps the plan's arguments and the first plan rule they fail.
 3. The `let` rules and the key (const values read from the arguments), in a ``try``: a call
    they cannot be computed for is refused (``_api.refuse(None, ...)``).
-4. ``route = _routes.get(key)``; when None, ``route = _api.resolve(key)``. The runtime owns
+4. ``route = _routes[key]`` (None on a KeyError); when None, or while a routed call is in
+   progress (Note [re-entry]), ``route = _api.resolve(key)``. The runtime owns
    ``routes`` and empties it in place on enable and disable; ``resolve`` fills it once per
    key (checking the rules over the definition's values, ``_const_check``), except while a
    CUDA graph is being captured (see ``resolve``).
 5. ``kind, fn, tick, values = route``. ``kind == ORIGINAL``: ``tick()`` and ``return
-   fn(<the API's own arguments>)``. ``tick`` counts the call (a bound ``itertools.count``
-   ``__next__``, atomic under the GIL, so counts are exact under threads without a lock).
+   fn(<the API's own arguments>)``. ``tick`` counts the call (fibgen/runtime/counters.py: a bound
+   ``itertools.count.__next__`` or a native ``Tally``, atomic under the GIL, so counts are
+   exact under threads without a lock).
 6. The call's rules (Note [rules] in ``fibgen/compiler/ir.py``): the plan's verdict, then the
    dtype and rank of each input tensor and every call-time rule, in a ``try``. The first that
    fails gives ``_api.refuse(key, index, <arguments>)``, which counts it and returns the

@@ -230,6 +230,8 @@ def _family_module(
     registration = [
         f"_api = register_api({literal(label)}, {family.name}, {{options}})",
         "_routes = _api.routes",
+        # Note [native reads] (fibgen/runtime/checking/result_check.py): globals, rebound there.
+        "_same, _shape_of, _dtype_of = _api.checks(globals())",
     ]
     if family.plan is not None:
         functions.append(view.capture_function(plan))

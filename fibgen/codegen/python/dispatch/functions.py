@@ -49,7 +49,7 @@ class Family(FamilyKey):
         """The condition a value-returning solution's output meets, and what is expected of it
         as ``(dtype, shape or None, device or None)`` (evaluated only when the condition
         fails, for the message); None for a scalar. Note [result check] in
-        ``fibgen/runtime/checking/result_check.py``: ``_api.same`` checks dtype, shape and device.
+        ``fibgen/runtime/checking/result_check.py``: ``_same`` checks dtype, shape and device.
         """
         if o.shape is None:
             return None
@@ -73,7 +73,7 @@ class Family(FamilyKey):
             shape = dims if dims is not None else "None"
         if required:
             sizes = shape if shape != "None" else str(len(o.shape))
-            cond = f"_api.same({local}, {dtype}, {sizes}, {required[0]})"
+            cond = f"_same({local}, {dtype}, {sizes}, {required[0]})"
             device = f"{required[0]}.device"
         else:
             # Nothing to take the device from: the dtype and the shape.
@@ -108,7 +108,8 @@ class Family(FamilyKey):
         # The lets the key needs, then the key: a call they fail on is a call not routed.
         readers = {f: self.reader(f) for f in fields}
         early, late = _split_lets(plan.call_lets, list(readers.values()))
-        body += [f"_r = {NO_KEY}", "try:"]
+        # Without lets, a key that fails is NO_KEY, written where it is refused.
+        body += [f"_r = {NO_KEY}", "try:"] if early else ["try:"]
         body += _let_lines(early, "    ")
         if early:
             body.append(f"    _r = {NO_KEY}")
@@ -116,10 +117,10 @@ class Family(FamilyKey):
             body.append(f"    _k_{f} = {readers[f]}")
         if not fields:
             body.append("    pass")
-        body += [
-            "except Exception:",
-            f"    return _api.refuse(None, _r, {forward})[1]({forward})",
-        ]
+        refuse = f"return _api.refuse(None, _r, {forward})[1]({forward})"
+        if not early:
+            refuse = refuse.replace("_r", NO_KEY.partition(" ")[0], 1) + "  # NO_KEY"
+        body += ["except Exception:", f"    {refuse}"]
         if not fields:
             key = "None"
         elif len(fields) == 1:
@@ -128,7 +129,11 @@ class Family(FamilyKey):
             key = "(" + ", ".join(f"_k_{f}" for f in fields) + ")"
         body += [
             f"_key = {key}",
-            "_route = _routes.get(_key)",
+            # A subscript costs a hit less than .get(); a key not seen yet raises.
+            "try:",
+            "    _route = _routes[_key]",
+            "except KeyError:",
+            "    _route = None",
             # Note [re-entry]: a call made while a routed call is in progress is decided
             # on the slow path.
             "if _route is None or SERVING.n:",
@@ -167,7 +172,7 @@ class Family(FamilyKey):
             "_tick()",
         ]
         body += self._call_solution(fields, forward)
-        body = self._cache_shapes(body)
+        body = self._read_dtypes(self._cache_shapes(body))
         return FunctionView(self.f.name, signature_text(self.params), self._doc(), tuple(body))
 
     def _cache_shapes(self, body: list[str]) -> list[str]:
@@ -177,7 +182,9 @@ class Family(FamilyKey):
         ~~~~~~~~~~~~~~~~~~
         A tensor's ``.shape`` costs about 0.1 µs (a new ``torch.Size``), ``.ndim`` about
         0.05 µs; the hit path read the shape of the key's tensor up to four times (key, rank,
-        sizes, the result's expected shape). A required input whose size is read for the key
+        sizes, the result's expected shape). It is read by ``_shape_of``, natively once the
+        runtime's extension is built (Note [native reads] in
+        ``fibgen/runtime/checking/result_check.py``). A required input whose size is read for the key
         has its shape taken once, first thing in the key's ``try`` (where an argument that is
         not a tensor fails as it did before), and every later ``expr.shape``/``expr.ndim``
         reads that. A required input that only the checks read more than once has its shape
@@ -196,7 +203,7 @@ class Family(FamilyKey):
         cached = [
             (v, e) for v, e in required if any(f"{e}.shape[" in x for x in body[key_at:key_end])
         ]
-        out = body[:key_at] + [f"    {var} = {expr}.shape" for var, expr in cached]
+        out = body[:key_at] + [f"    {var} = _shape_of({expr})" for var, expr in cached]
         for line in body[key_at:]:
             for var, expr in cached:
                 line = _spelled(line, expr, var)
@@ -224,9 +231,20 @@ class Family(FamilyKey):
                 len(_shape_pattern(expr, a).findall(x)) for x in checks for a in ("shape", "ndim")
             )
             if reads >= 2:
-                bound.append(f"{indent}{var} = {expr}.shape")
+                bound.append(f"{indent}{var} = _shape_of({expr})")
                 checks = [_spelled(x, expr, var) for x in checks]
         return out[:first] + bound + checks + out[end:]
+
+    def _read_dtypes(self, body: list[str]) -> list[str]:
+        """Read each input's dtype through ``_dtype_of`` (Note [native reads] in
+        ``fibgen/runtime/checking/result_check.py``): the same object, at half the cost."""
+        reads = [(_shape_pattern(e, "dtype"), f"_dtype_of({e})") for _, e, _ in self._tensors()]
+        out = []
+        for line in body:
+            for pattern, read in reads:
+                line = pattern.sub(read.replace("\\", r"\\"), line)
+            out.append(line)
+        return out
 
     def _doc(self) -> str:
         if self.f.api is not None:
