@@ -3,7 +3,7 @@
 A counter is an ``itertools.count``, ticked by its ``__next__`` (atomic under the GIL), or,
 once the runtime's extension module is built, its ``Tally`` (Note [native reads] in
 fibgen/runtime/checking/result_check.py), ticked by calling it, with no int made and freed per
-tick: a hit's tick costs about 100 instructions rather than 460. Counters of both kinds may be
+tick: a hit's tick costs about 210 instructions rather than 460. Counters of both kinds may be
 read side by side.
 """
 

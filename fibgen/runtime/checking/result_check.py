@@ -21,13 +21,13 @@ Note [native reads]
 The same extension gives the hit path's two other reads of tensors and its counter. A
 dispatcher reads the shape of the tensor its key comes from and the dtype of each input it
 checks; through torch's attribute getters (which make a new ``torch.Size``, and test for
-``__torch_function__`` under an error handler) these cost about 1,100 and 500 instructions,
-``shape_of`` and ``dtype_of`` in ``_native.cpp`` about 450 and 200 (the shape as a tuple of
-ints). They read a plain tensor (``Tensor`` or ``Parameter``, no ``__torch_function__`` mode,
-no skip pending, sizes that are not symbolic) directly, and anything else through Python's
-attribute read, so that a subclass, a mode or an object that is not a tensor is read as
-``x.shape`` and ``x.dtype`` read it. Until the extension is built, and without it, the readers
-are ``operator.attrgetter``. Its ``Tally`` counts a route's calls
+``__torch_function__`` under an error handler) these cost about 1,100 and 560 instructions
+a call, ``shape_of`` and ``dtype_of`` in ``_native.cpp`` about 630 and 320 (the shape as a
+tuple of ints). They read a plain tensor (``Tensor`` or ``Parameter``, no
+``__torch_function__`` mode, no skip pending, sizes that are not symbolic) directly, and
+anything else through Python's attribute read, so that a subclass, a mode or an object that
+is not a tensor is read as ``x.shape`` and ``x.dtype`` read it. Until the extension is built,
+and without it, the readers are ``operator.attrgetter``. Its ``Tally`` counts a route's calls
 (fibgen/runtime/counters.py).
 
 A dispatcher calls ``_same``, ``_shape_of`` and ``_dtype_of`` as globals of its module, which

@@ -182,14 +182,14 @@ class Family(FamilyKey):
         ~~~~~~~~~~~~~~~~~~
         A tensor's ``.shape`` costs about 0.1 µs (a new ``torch.Size``), ``.ndim`` about
         0.05 µs; the hit path read the shape of the key's tensor up to four times (key, rank,
-        sizes, the result's expected shape). It is read by ``_shape_of``, natively once the
-        runtime's extension is built (Note [native reads] in
-        ``fibgen/runtime/checking/result_check.py``). A required input whose size is read for the key
+        sizes, the result's expected shape). A required input whose size is read for the key
         has its shape taken once, first thing in the key's ``try`` (where an argument that is
         not a tensor fails as it did before), and every later ``expr.shape``/``expr.ndim``
-        reads that. A required input that only the checks read more than once has its shape
-        taken just before the first check (after the lets the checks may read): an argument
-        that is not a tensor is then refused there, as a check that raises is (``_r = -2``).
+        reads that. It is taken by ``_shape_of``, natively once the runtime's extension is
+        built (Note [native reads] in ``fibgen/runtime/checking/result_check.py``). A required
+        input that only the checks read more than once has its shape taken just before the
+        first check (after the lets the checks may read): an argument that is not a tensor is
+        then refused there, as a check that raises is (``_r = -2``).
         """
         key_at = next((i for i, line in enumerate(body) if line.startswith("    _k_")), None)
         if key_at is None:
