@@ -60,6 +60,17 @@ class Catalogue:
                 out[t.name] = torch.empty(shape, dtype=torch_dtype(t.dtype), device="meta")
         return out, sizes
 
+    def input_bytes(self, name: str, **axes: int) -> int:
+        """The bytes of a definition's inputs at its const axes and ``axes`` (1 elsewhere)."""
+        d = self.defs[name]
+        sizes = {a.name: a.value for a in d.axes if a.value is not None} | axes
+        total = 0
+        for t in d.inputs:
+            if t.shape is not None:
+                n = math.prod(sizes.get(a, 1) for a in t.shape)
+                total += n * torch.empty((), dtype=torch_dtype(t.dtype)).element_size()
+        return total
+
     def param(self, name: str, key: str) -> Any:
         return dict(self.defs[name].param_values)[key]
 

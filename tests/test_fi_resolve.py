@@ -352,12 +352,19 @@ NOT_FROM_THE_DEFINITION = {
 }
 
 
+LARGE_BYTES = 32 << 20
+
+
 def _call_of(definition, family, function, catalogue) -> dict:
     """The arguments of a call of ``function`` for one definition, made from its own inputs:
     each read parameter (`<- p`, or an input named like it) gets the input, each parameter
     named like an axis or a parameter of the definition its value; the rest are defaults."""
-    if "moe" in definition.name:  # gigabytes of weights: FlashInfer's template reads shapes
-        values, axes = catalogue.meta_inputs(definition.name, seq_len=2)
+    # Gigabytes of weights (the MoE layers, the large GEMMs): FlashInfer's template reads
+    # their shapes only, so they are meta tensors; the rest are made by the input generator.
+    meta = "moe" in definition.name or catalogue.input_bytes(definition.name) > LARGE_BYTES
+    if meta:
+        small = {a.name: 2 for a in definition.axes if a.value is None}
+        values, axes = catalogue.meta_inputs(definition.name, **small)
     else:
         values, axes = catalogue.inputs(definition.name)
     signature = inspect.signature(function)
@@ -379,7 +386,7 @@ def _call_of(definition, family, function, catalogue) -> dict:
             given.setdefault(name, value)
     # What the call must pass besides the definition's inputs: a destination of one of its
     # outputs (`out`, `k`), and a scratch buffer (`workspace_buffer`).
-    device = "meta" if "moe" in definition.name else "cpu"
+    device = "meta" if meta else "cpu"
     outputs = {t.name for t in definition.outputs}
     for p in signature.parameters.values():
         if p.name in given or p.default is not inspect.Parameter.empty:
