@@ -187,7 +187,7 @@ def format_long_lines(text: str) -> str:
         for n, line in enumerate(text.split("\n"), 1)
         if len(line) > LINE_LENGTH and not _UNSPLITTABLE.match(line)
     ]
-    if any(n in _lines_inside_brackets(text) for n in long_lines):
+    if long_lines and not _lines_inside_brackets(text).isdisjoint(long_lines):
         # A line inside brackets is no statement: on its own, `key={...},` would read as a
         # tuple assignment. Such a module goes through black whole.
         return _format_one(text)
