@@ -28,6 +28,7 @@
 
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -335,9 +336,26 @@ PyObject* same(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
 // Whether torch's attribute getters would read ``x`` without a __torch_function__ hop: a plain
 // tensor (Tensor or Parameter) with no mode active and no skip pending. The getters' own test
 // consumes the skip flag; where it is set, the read goes through Python, which consumes it.
+//
+// The skip flag is newer than some torch releases fibgen supports (torch 2.11 has none): where
+// the TLS class has no ``peek_skip_next``, no skip can be pending.
+template <typename TLS, typename = void>
+struct HasSkipFlag : std::false_type {};
+template <typename TLS>
+struct HasSkipFlag<TLS, std::void_t<decltype(TLS::peek_skip_next())>> : std::true_type {};
+
+template <typename TLS>
+bool skip_pending() {
+  if constexpr (HasSkipFlag<TLS>::value) {
+    return TLS::peek_skip_next();
+  } else {
+    return false;
+  }
+}
+
 bool plain(PyObject* x) {
   return THPVariable_CheckExact(x) && !at::impl::torch_function_mode_enabled() &&
-         !at::impl::PythonTorchFunctionTLS::peek_skip_next();
+         !skip_pending<at::impl::PythonTorchFunctionTLS>();
 }
 
 PyObject* shape_of(PyObject* /*self*/, PyObject* x) {
