@@ -8,12 +8,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from _shared import require_module
 
 from fibgen.bench.runner import BenchOptions, run_bench
 from fibgen.cli import main
-from fibgen.format import Workload, write_workloads
-
-from _shared import require_module
+from fibgen.paths import builtin_definition_file
 
 # Slow as a whole: bench workers running Triton solutions under the interpreter.
 pytestmark = pytest.mark.slow
@@ -45,21 +44,12 @@ def test_triton_solutions_pass_under_the_interpreter(tmp_path, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setenv("FIBGEN_CACHE_DIR", str(tmp_path / "cache"))
     root = tmp_path / "ds"
-    assert main(["build", str(REPO / "definitions"), "-o", str(root)]) == 0
     for name, rows in CASES.items():
-        definition = json.loads(next((root / "definitions").glob(f"*/{name}.json")).read_text())
-        var = [a for a, s in definition["axes"].items() if s["type"] == "var"][0]
-        workloads = [
-            Workload.model_validate(
-                {
-                    "uuid": f"{name}-{n}",
-                    "axes": {var: n},
-                    "inputs": {i: {"type": "random"} for i in definition["inputs"]},
-                }
-            )
-            for n in rows
-        ]
-        write_workloads(root, definition["op_type"], name, workloads)
+        # The dataset as a user makes one: the catalogue's definition and random workloads.
+        definition = json.loads(builtin_definition_file(name).read_text())
+        (var,) = [a for a, s in definition["axes"].items() if s["type"] == "var"]
+        sizes = ",".join(map(str, rows))
+        assert main(["workloads", name, "--axes", f"{var}={sizes}", "-o", str(root)]) == 0
         source = next((REPO / "solutions").glob(f"fibgen/*/{name}/*/*.json"))
         target = root / "solutions" / source.relative_to(REPO / "solutions")
         target.parent.mkdir(parents=True, exist_ok=True)
