@@ -68,7 +68,7 @@ class Catalogue:
         for t in d.inputs:
             if t.shape is not None:
                 n = math.prod(sizes.get(a, 1) for a in t.shape)
-                total += n * torch.empty((), dtype=torch_dtype(t.dtype)).element_size()
+                total += n * torch_dtype(t.dtype).itemsize
         return total
 
     def param(self, name: str, key: str) -> Any:

@@ -181,7 +181,7 @@ def test_the_native_counter_counts_and_is_read_as_the_python_one(native_module):
     assert counters.read(tally) == 5
     with pytest.raises(TypeError):
         tally(1)
-    python = counters.new()  # the extension is not in use here: an itertools.count
+    python = counters.new()  # an itertools.count, or a Tally once the extension is in use
     counters.ticker(python)()
     assert counters.read(python) == 1
 

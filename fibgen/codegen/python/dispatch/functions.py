@@ -117,9 +117,9 @@ class Family(FamilyKey):
             body.append(f"    _k_{f} = {readers[f]}")
         if not fields:
             body.append("    pass")
-        refuse = f"return _api.refuse(None, _r, {forward})[1]({forward})"
-        if not early:
-            refuse = refuse.replace("_r", NO_KEY.partition(" ")[0], 1) + "  # NO_KEY"
+        code, _, name = NO_KEY.partition("  # ")
+        reason, comment = ("_r", "") if early else (code, f"  # {name}")
+        refuse = f"return _api.refuse(None, {reason}, {forward})[1]({forward}){comment}"
         body += ["except Exception:", f"    {refuse}"]
         if not fields:
             key = "None"
