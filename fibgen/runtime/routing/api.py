@@ -19,7 +19,6 @@ from fibgen.runtime.routing.fallbacks import (
 )
 from fibgen.runtime.routing.state import (
     DISCARD,
-    DISPATCH_CODES,
     DPS,
     INPLACE,
     ORIGINAL,
@@ -28,6 +27,7 @@ from fibgen.runtime.routing.state import (
     SERVING,
     UNSET,
     ApplyState,
+    add_dispatch_code,
     nested,
 )
 from fibgen.runtime.solutions import loading as solutions
@@ -146,7 +146,7 @@ class Api:
         self.direct: Callable[..., Any] | None = None
         code = getattr(function, "__code__", None)
         if code is not None:
-            DISPATCH_CODES.add(code)  # its frames serve routed calls (Note [re-entry])
+            add_dispatch_code(code)  # its frames serve routed calls (Note [re-entry])
         # Plan-time arguments per wrapper instance (weak keys: a dropped wrapper is freed),
         # each valid while the wrapper's state is the one it was captured with.
         self.plans: patching.PlanStore | None = (
@@ -792,4 +792,4 @@ class Api:
         return out
 
 
-DISPATCH_CODES.add(Api.call_definition.__code__)
+add_dispatch_code(Api.call_definition.__code__)

@@ -8,7 +8,7 @@ from typing import Any
 
 from fibgen.runtime.routing.fallbacks import compile_reference
 from fibgen.runtime.routing.registry import register_api
-from fibgen.runtime.routing.state import DISPATCH_CODES, SERVING, STATE
+from fibgen.runtime.routing.state import SERVING, STATE, add_dispatch_code
 from fibgen.runtime.solutions import loading as solutions
 
 _handwritten: dict[tuple[Callable[..., Any], Any], Callable[..., Any]] = {}
@@ -49,7 +49,7 @@ def _route_handwritten(
         finally:
             _serving.n -= 1
 
-    DISPATCH_CODES.add(routed.__code__)
+    add_dispatch_code(routed.__code__)
     return functools.wraps(fallback)(routed)
 
 

@@ -80,20 +80,28 @@ class _Serving:
 
 
 SERVING = _Serving()
-# The code objects of the functions that serve routed calls: generated dispatchers,
-# ``Api.call_definition``, the ``apply`` decorator's wrapper.
-DISPATCH_CODES: set[Any] = set()
+# The code objects of the functions that serve routed calls (generated dispatchers,
+# ``Api.call_definition``, the ``apply`` decorator's wrapper), by id: a code object's hash is
+# computed from its contents on every lookup, which made the walk of a nested call cost twice
+# as much. The values keep the code objects alive, so an id is never reused.
+DISPATCH_CODES: dict[int, Any] = {}
 # How far up the stack a nested call is looked for.
 _NESTING_DEPTH = 256
+
+
+def add_dispatch_code(code: Any) -> None:
+    """Count frames of ``code`` as serving routed calls while ``_serving`` is bound in them."""
+    DISPATCH_CODES[id(code)] = code
 
 
 def nested() -> bool:
     """Whether the calling thread is inside a routed call (Note [re-entry])."""
     frame: Any = sys._getframe(1)
+    codes = DISPATCH_CODES
     for _ in range(_NESTING_DEPTH):
         if frame is None:
             return False
-        if frame.f_code in DISPATCH_CODES and "_serving" in frame.f_locals:
+        if id(frame.f_code) in codes and "_serving" in frame.f_locals:
             return True
         frame = frame.f_back
     return False
