@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import statistics
 import sys
 import warnings
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -203,7 +205,46 @@ def apply(root: Path, layers: int, batches: list[int]) -> None:
 CHECK_ROWS = (1, 64, 4096)
 
 
-def check(root: Path) -> None:
+class Checked(NamedTuple):
+    """A definition the check benches: its API, hidden size, dtype and epsilon."""
+
+    api: str
+    name: str
+    hidden: int
+    dtype: torch.dtype
+    eps: float
+
+
+def checked(every: bool) -> list[Checked]:
+    """The step's three definitions, or every definition a shipped solution serves."""
+    from fibgen.paths import builtin_definition_file
+
+    names = (
+        sorted({p.parent.parent.name for p in (ROOT / "solutions").rglob("*.json")})
+        if every
+        else [NAMES[api] for api in ("rmsnorm", "fused_add_rmsnorm", "silu_and_mul")]
+    )
+    out = []
+    for name in names:
+        api = name.split("_h")[0]
+        path = builtin_definition_file(name)
+        assert path is not None, name
+        definition = json.loads(path.read_text())
+        eps = re.search(r"^EPS = (\S+)$", definition["reference"], re.M)
+        dtype = next(iter(definition["inputs"].values()))["dtype"]
+        out.append(
+            Checked(
+                api,
+                name,
+                definition["axes"]["hidden_size"]["value"],
+                getattr(torch, dtype),
+                float(eps.group(1)) if eps else 0.0,
+            )
+        )
+    return out
+
+
+def check(root: Path, every: bool = False) -> None:
     """Bench's e2e against gpu.py's routed eager figure; selection against the fastest."""
     import fibgen.runtime as rt
     from fibgen.bench.eager import eager_rounds, per_call
@@ -216,12 +257,18 @@ def check(root: Path) -> None:
 
     if root.exists():
         shutil.rmtree(root)
-    apis = ("rmsnorm", "fused_add_rmsnorm", "silu_and_mul")
-    for api in apis:
-        axis = "num_tokens" if api == "silu_and_mul" else "batch_size"
+    cases = checked(every)
+    for case in cases:
+        axis = "num_tokens" if case.api == "silu_and_mul" else "batch_size"
         rows = ",".join(map(str, CHECK_ROWS))
-        assert cli(["workloads", NAMES[api], "--axes", f"{axis}={rows}", "-o", str(root)]) == 0
-    write_solutions(root, apis)
+        assert cli(["workloads", case.name, "--axes", f"{axis}={rows}", "-o", str(root)]) == 0
+    write_solutions(root, ("rmsnorm", "fused_add_rmsnorm", "silu_and_mul"))
+    for case in cases:
+        if case.name not in NAMES.values():  # the step's three have theirs already
+            (found,) = (ROOT / "solutions").rglob(f"triton_{case.name}.json")
+            target = root / "solutions" / "fibgen" / OP_TYPES[case.api] / case.name
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copy(found, target / found.name)
     summary = run_bench(root, BenchOptions(devices=("cuda:0",), timeout=600), progress=False)
     print(summary.verdict(root))
     traces = {}
@@ -243,21 +290,20 @@ def check(root: Path) -> None:
     )
     print("|---|---|---|---|---|---|---|---|")
     misses = raw_misses = 0
-    for api in apis:
-        name = NAMES[api]
+    for api, name, hidden, dtype, eps in cases:
         solutions = {
             p.stem: p
             for p in (root / "solutions").rglob("*.json")
             if json.loads(p.read_text())["definition"] == name
         }
         for rows in CHECK_ROWS:
-            width = 2 * ds.INTER if api == "silu_and_mul" else ds.HIDDEN
-            x = torch.randn(rows, width, device="cuda").bfloat16()
-            r = torch.randn(rows, ds.HIDDEN, device="cuda").bfloat16()
-            w = torch.randn(ds.HIDDEN, device="cuda").bfloat16()
+            width = 2 * hidden if api == "silu_and_mul" else hidden
+            x = torch.randn(rows, width, device="cuda").to(dtype)
+            r = torch.randn(rows, hidden, device="cuda").to(dtype)
+            w = torch.randn(hidden, device="cuda").to(dtype)
             calls = {
-                "rmsnorm": lambda f: f(x, w, ds.EPS),
-                "fused_add_rmsnorm": lambda f: f(x, r, w, ds.EPS),
+                "rmsnorm": lambda f: f(x, w, eps),
+                "fused_add_rmsnorm": lambda f: f(x, r, w, eps),
                 "silu_and_mul": lambda f: f(x),
             }[api]
             routed = {}
@@ -332,6 +378,11 @@ def main() -> None:
     parser.add_argument(
         "--stage", choices=("all", "trace", "bench", "apply", "check"), default="all"
     )
+    parser.add_argument(
+        "--every-shipped",
+        action="store_true",
+        help="check: every definition a shipped solution serves, not only the step's three",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("error: benchmarks/flywheel.py needs a CUDA GPU")
@@ -344,7 +395,7 @@ def main() -> None:
     if args.stage in ("all", "apply"):
         apply(root, args.layers, batches)
     if args.stage in ("all", "check"):
-        check(Path(args.out) / "check")
+        check(Path(args.out) / "check", args.every_shipped)
 
 
 if __name__ == "__main__":
