@@ -309,9 +309,11 @@ def _runnable(spec: tuple[Any, Any], where: hardware.Here, measured_here: bool) 
 #   the lowest median latency. An end-to-end figure is taken in the solution's own process
 #   (Note [isolated solutions] in fibgen/bench/isolation.py), and on one H100 host the same
 #   routed call, and a bare ``torch.empty``, cost up to 1.7x more in one process than in the
-#   next (benchmarks/README.md, "Process to process"): latencies from two processes do not
-#   rank two solutions, while each one's ratio to the reference timed in the same rounds of
-#   the same process does. The API's own function is compared the same way, per trace.
+#   next, and in one process from one second to the next: it is the machine's speed, not the
+#   process's (benchmarks/README.md, "Process to process", "Host speed"). Latencies from two
+#   processes do not rank two solutions, while each one's ratio to the reference timed in
+#   the same rounds of the same process does. The API's own function is compared the same
+#   way, per trace.
 # - Tolerances are off by default (any PASSED trace counts: bench judged it against the
 #   definition's own tolerance); a policy's atol/rtol filter as flashinfer-bench's do, and
 #   no tolerance admits an unknown or non-finite error (Note [reading traces]).
