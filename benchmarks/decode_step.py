@@ -192,7 +192,7 @@ def measure(model: Model, batch: int, off: Ops, on: Ops) -> dict:
     logits = {"off": model.step(x.clone(), wrapper, off), "on": model.step(x.clone(), wrapper, on)}
     from fibgen.runtime.launch import replay
 
-    replay.wait_native()  # routed launches timed as a settled process makes them
+    replay.wait_native(strict=True)  # routed launches timed as a settled process makes them
     eager = eager_rounds(
         {
             "off": lambda: model.step(x.clone(), wrapper, off),

@@ -66,7 +66,7 @@ def child(api: str, rows: int) -> dict:
     for _ in range(5):
         call()
     torch.cuda.synchronize()
-    replay.wait_native()
+    replay.wait_native(strict=True)
     for _ in range(5):
         call()
     torch.cuda.synchronize()

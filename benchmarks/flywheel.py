@@ -319,7 +319,7 @@ def check(root: Path, every: bool = False) -> None:
                         calls(patched)
                     from fibgen.runtime.launch import replay
 
-                    replay.wait_native()
+                    replay.wait_native(strict=True)
                     fns = {"routed": lambda: calls(patched), "own": lambda: calls(own[api])}
                     eager_rounds(fns, rounds=3)
                     costs = eager_rounds(fns, rounds=21)

@@ -400,7 +400,7 @@ def eager_tables(rows_list: list[int]) -> None:
             try:
                 for _ in range(5):
                     api(x, r, w)
-                replay.wait_native()  # timed as a settled process runs
+                replay.wait_native(strict=True)  # timed as a settled process runs
                 calls = {"own": own_fn, "torch": torch_fn, "routed": api}
                 fns = {k: (lambda fn=fn: fn(x, r, w)) for k, fn in calls.items()}
                 if rows == rows_list[0]:

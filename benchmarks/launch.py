@@ -131,7 +131,7 @@ def main() -> None:
 
         for _ in range(5):  # the layout is recorded, checked, then replayed
             dispatcher(x, w, EPS)
-        replay.wait_native()  # timed as a settled process runs: with the C++ table
+        replay.wait_native(strict=True)  # timed as a settled process runs: with the C++ table
         results.append(("generated dispatcher, routed", time_eager(lambda: dispatcher(x, w, EPS))))
         if flashinfer is not None:
             patched = flashinfer.norm.rmsnorm

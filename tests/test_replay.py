@@ -338,3 +338,20 @@ def test_a_failing_replayed_launch_raises_as_the_launch_would(kernel, wrap):
     with pytest.raises(KeyError):
         call(x=x, w=w, out=out)
     assert len(calls) == 3
+
+
+def test_a_failed_cpp_build_is_said_and_a_strict_wait_raises(monkeypatch):
+    # Benchmarks of routed calls wait strictly: a failed build left replay on its Python
+    # tables once, and a routed rmsnorm read 20.6 us against 11.2 without a word but a warning.
+    def no_compiler():
+        raise OSError("no C++ compiler found\nmore detail")
+
+    monkeypatch.setattr(replay, "build_native", no_compiler)
+    monkeypatch.setattr(replay, "_native_state", {})
+    assert replay.native_problem() is None
+    with pytest.warns(RuntimeWarning, match="did not build .OSError: no C.. compiler found.$"):
+        replay._build_native()
+    assert "OSError: no C++ compiler found" in replay.native_problem()
+    replay.wait_native()  # not strict: waits and says nothing more
+    with pytest.raises(RuntimeError, match="launch replay keeps its tables in Python"):
+        replay.wait_native(strict=True)

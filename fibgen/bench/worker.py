@@ -324,9 +324,12 @@ class Worker:
                 call.capture()
                 call.routed()
                 _sync(self.device)
-                from fibgen.runtime.launch.replay import wait_native
+                from fibgen.runtime.launch.replay import native_problem, wait_native
 
                 wait_native()  # timed as a settled process runs it
+                problem = native_problem()
+                if problem is not None:  # a slower path than a settled process takes
+                    notes.append("e2e: " + problem.removeprefix("fibgen: "))
                 fns["solution"] = call.routed
                 try:
                     call.original()

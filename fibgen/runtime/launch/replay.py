@@ -318,27 +318,38 @@ def _native(start: bool, waiting: Replayer) -> Any:
     return _native_state.get("module")
 
 
-def wait_native() -> None:
+def wait_native(strict: bool = False) -> None:
     """Wait for the builds of the extension module started in the background, if any
-    (benchmarks time the path a settled process takes)."""
+    (benchmarks time the path a settled process takes). ``strict``: raise RuntimeError if
+    launch replay was left on its Python tables because the C++ part failed to build (a
+    benchmark of routed calls would time a path no settled process takes)."""
     thread = _native_state.get("thread")
     if thread is not None:
         thread.join()
     from fibgen.runtime.checking import result_check  # the same module, built from another thread
 
     result_check.wait()
+    problem = native_problem()
+    if strict and problem is not None:
+        raise RuntimeError(problem)
+
+
+def native_problem() -> str | None:
+    """Why launch replay keeps its tables in Python although it tried to build its C++ part,
+    or None (built, building, or never needed here)."""
+    return _native_state.get("problem")
 
 
 def _build_native() -> None:
     try:
         module = build_native()
     except Exception as exc:  # no compiler, no headers: the Python tables stay
-        warnings.warn(
+        problem = (
             f"fibgen: launch replay keeps its tables in Python: its C++ part did not build "
-            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
-            RuntimeWarning,
-            stacklevel=1,
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
         )
+        _native_state["problem"] = problem
+        warnings.warn(problem, RuntimeWarning, stacklevel=1)
         return
     with _native_lock:
         _native_state["module"] = module
