@@ -98,6 +98,17 @@ def _failed(reason: str, n: int, atol: float, rtol: float, matched: float) -> Co
     return CompareResult(False, inf, inf, 0.0, n, n, atol, rtol, matched, reason)
 
 
+def _identical(a: torch.Tensor, e: torch.Tensor) -> bool:
+    """Whether two CPU tensors of one dtype hold equal values element for element (a NaN is
+    never equal, so a tensor with one takes the full comparison)."""
+    if a.dtype != e.dtype or "float4" in str(a.dtype):
+        return False
+    try:
+        return torch.equal(a, e)
+    except (RuntimeError, TypeError, NotImplementedError):  # a dtype torch cannot compare
+        return False
+
+
 def compare(
     actual: Any,
     expected: Any,
@@ -126,6 +137,10 @@ def compare(
         return CompareResult(True, 0.0, 0.0, 1.0, 0, 0, atol, rtol, matched)
     a = actual.detach().to("cpu")
     e = expected.detach().to("cpu")
+    if _identical(a, e):
+        # Every element equal: no error to measure (the usual outcome of a routed call that
+        # returns the reference's values; the float64 pass below costs many times more).
+        return CompareResult(True, 0.0, 0.0, 1.0, n, 0, atol, rtol, matched)
     if e.dtype in _EXACT_DTYPES and a.dtype in _EXACT_DTYPES:
         a64, e64 = a.to(torch.int64), e.to(torch.int64)
         bad = a64 != e64
