@@ -152,13 +152,16 @@ def compare(
             a, e = a.view(torch.uint8), e.view(torch.uint8)
             return compare(a, e, atol=0, rtol=0, matched=matched, check_dtype=False)
         a64, e64 = a.to(torch.float64), e.to(torch.float64)
-        abs_err = (a64 - e64).abs()
-        rel_err = abs_err / (e64.abs() + _EPS)
-        # Identical non-finite values (NaN with NaN, inf with the same inf) match.
-        same_special = (a64.isnan() & e64.isnan()) | (a64.isinf() & (a64 == e64))
-        finite = a64.isfinite() & e64.isfinite()
-        abs_err = torch.where(same_special, 0.0, torch.where(finite, abs_err, float("inf")))
-        rel_err = torch.where(same_special, 0.0, torch.where(finite, rel_err, float("inf")))
+        abs_err = (a64 - e64).abs_()
+        rel_err = abs_err / e64.abs().add_(_EPS)
+        if not (bool(a64.isfinite().all()) and bool(e64.isfinite().all())):
+            # Identical non-finite values (NaN with NaN, inf with the same inf) match; any
+            # other pair with a non-finite value is an infinite error. (Where every value is
+            # finite, as usual, both masks would change nothing: they are not made.)
+            same_special = (a64.isnan() & e64.isnan()) | (a64.isinf() & (a64 == e64))
+            finite = a64.isfinite() & e64.isfinite()
+            abs_err = torch.where(same_special, 0.0, torch.where(finite, abs_err, float("inf")))
+            rel_err = torch.where(same_special, 0.0, torch.where(finite, rel_err, float("inf")))
         bad = (abs_err > atol) & (rel_err > rtol)
     num_bad = int(bad.sum())
     ratio = 1.0 - num_bad / n
