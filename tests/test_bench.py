@@ -64,8 +64,10 @@ def test_every_status_comes_out_and_good_solutions_are_timed(benched):
             assert perf["speedup_factor"] == pytest.approx(
                 perf["reference_latency_ms"] / perf["latency_ms"]
             )
-            # Beside the timer's figure, what the call costs in a loop of calls.
+            # Beside the timer's figure, what the call costs in a loop of calls, and the
+            # spread of its ratio to the reference over the paired rounds.
             assert perf["e2e_latency_ms"] > 0 and perf["reference_e2e_latency_ms"] > 0
+            assert perf["e2e_spread"] >= 0
         else:
             assert "performance" not in evaluation and evaluation["log"]
     logs = {t["solution"]: t["evaluation"]["log"] for t in traces}
@@ -237,6 +239,15 @@ def test_timer_takes_the_flush_and_refuses_an_unknown_one():
     assert ms >= 0 and len(calls) == 9
     with pytest.raises(ValueError, match="flush must be one of read, zero, none"):
         time_callable(lambda: None, "cpu", warmup=1, repeat=1, flush="cold")
+
+
+def test_e2e_rounds_follow_repeat_and_warmup_down_to_two_timed():
+    from fibgen.bench.worker import E2E_ROUNDS, E2E_WARM_ROUNDS, e2e_rounds, e2e_warm_rounds
+
+    # Unset or large: the full count. A quick run (--repeat 1): two, the least a spread needs.
+    assert [e2e_rounds(r) for r in (None, 50, E2E_ROUNDS)] == [E2E_ROUNDS] * 3
+    assert [e2e_rounds(r) for r in (1, 2, 3)] == [2, 2, 3]
+    assert [e2e_warm_rounds(w) for w in (3, 2, 1, 0)] == [E2E_WARM_ROUNDS, 2, 1, 0]
 
 
 @pytest.mark.slow

@@ -349,7 +349,7 @@ def run_group(
             spread = result["timing"]["e2e_spread"]
             noisy.append(
                 f"{where}: {solution.name} end to end: its ratio to the reference spread "
-                f"{spread:.0%} over {w.E2E_ROUNDS} paired rounds"
+                f"{spread:.0%} over {w.e2e_rounds(options.repeat)} paired rounds"
             )
         if handle.process is None:
             # The worker is gone (or exited after a CUDA error): a new one needs the inputs.

@@ -54,9 +54,22 @@ TIMEOUT = "TIMEOUT"
 # Trace logs keep the end of a traceback: the part that says what went wrong.
 LOG_LIMIT = 4000
 # Paired rounds of the e2e figures (Note [bench e2e]), after untimed ones: a process's first
-# rounds run colder (allocator, caches) than the loop an engine settles into.
+# rounds run colder (allocator, caches) than the loop an engine settles into. A run given
+# fewer timed calls (--repeat) or warmup calls (--warmup) gets fewer rounds of each, down to
+# the two timed rounds a spread needs.
 E2E_ROUNDS = 5
 E2E_WARM_ROUNDS = 2
+
+
+def e2e_rounds(repeat: int | None) -> int:
+    """Timed paired rounds of the e2e figures for a run of ``repeat`` timed calls."""
+    return E2E_ROUNDS if repeat is None else min(E2E_ROUNDS, max(2, repeat))
+
+
+def e2e_warm_rounds(warmup: int) -> int:
+    """Untimed rounds before them, for a run of ``warmup`` untimed calls."""
+    return min(E2E_WARM_ROUNDS, max(0, warmup))
+
 
 # Note [bench e2e]
 # ~~~~~~~~~~~~~~~~
@@ -240,7 +253,7 @@ class Worker:
             repeat=request.repeat,
             flush=request.flush,
         )
-        figures = _timing(timing, self._e2e(lambda: reference(**args)))
+        figures = _timing(timing, self._e2e(lambda: reference(**args), request.repeat))
         return m.Prepared(figures, hardware_name(self.device), library_versions())
 
     def run(self, request: m.Evaluate) -> m.Result | m.TimedOut | m.Died | m.Failed:
@@ -257,11 +270,11 @@ class Worker:
         finally:
             process.kill()
 
-    def _e2e(self, call: Any) -> float:
+    def _e2e(self, call: Any, repeat: int | None) -> float:
         """End-to-end eager latency of ``call`` in ms (Note [eager rounds], bench/eager.py)."""
         from fibgen.bench.eager import time_eager
 
-        return time_eager(call, device=self.device, rounds=E2E_ROUNDS) / 1e3
+        return time_eager(call, device=self.device, rounds=e2e_rounds(repeat)) / 1e3
 
     def _api_call(self, name: str) -> Any:
         """The checked API call of the workload's inputs (Note [api calls] in
@@ -296,6 +309,7 @@ class Worker:
         work = self.prepared
         name = work.definition["name"]
         reference = self.reference
+        timed = e2e_rounds(repeat)
         ref_args = _clone(work.inputs)
         fns: dict[str, Any] = {"reference": lambda: reference(**ref_args)}
         figures: dict[str, Any] = {}
@@ -310,7 +324,7 @@ class Worker:
                 if loaded.dps
                 else (lambda: loaded.fn(**args))
             )
-            rounds = eager_rounds(fns, device=self.device, rounds=E2E_ROUNDS)
+            rounds = eager_rounds(fns, device=self.device, rounds=timed)
             figures["e2e_routed"] = False
             notes.append(f"e2e: the solution called directly, not through a dispatcher: {why}")
         else:
@@ -340,8 +354,9 @@ class Worker:
                         f"the API's own function does not run here ({type(exc).__name__}: "
                         f"{_first_line(exc)})"
                     )
-                eager_rounds(fns, device=self.device, rounds=E2E_WARM_ROUNDS)
-                rounds = eager_rounds(fns, device=self.device, rounds=E2E_ROUNDS)
+                if e2e_warm_rounds(warmup):
+                    eager_rounds(fns, device=self.device, rounds=e2e_warm_rounds(warmup))
+                rounds = eager_rounds(fns, device=self.device, rounds=timed)
                 counts = stats().get(label, {})
             finally:
                 with warnings.catch_warnings():
@@ -359,7 +374,7 @@ class Worker:
                     if loaded.dps
                     else (lambda: loaded.fn(**args))
                 )
-                rounds = eager_rounds(fns, device=self.device, rounds=E2E_ROUNDS)
+                rounds = eager_rounds(fns, device=self.device, rounds=timed)
                 figures["e2e_routed"] = False
                 notes.append(
                     f"e2e: the solution called directly: the dispatcher of {label} did not "
