@@ -102,6 +102,29 @@ def _mhc_post(c: Catalogue) -> Call:
     return Call(name, tuple(x[k] for k in ("x", "residual", "post_layer_mix", "comb_res_mix")))
 
 
+def _mhc_pre_big_fuse(c: Catalogue) -> Call:
+    name = "mhc_pre_big_fuse_hc4_h4096_mix24"
+    x, _ = c.inputs(name, num_tokens=3)
+    names = ("dot_mix", "sqrsum", "residual", "mhc_scale", "mhc_base", "k")
+    args = tuple(x[k] for k in names)
+    kwargs: dict = {"rms_eps": x["rms_eps"], "mhc_pre_eps": x["mhc_pre_eps"]}
+    kwargs |= {"mhc_sinkhorn_eps": x["mhc_sinkhorn_eps"]}
+    kwargs |= {"mhc_post_mult_value": x["mhc_post_mult_value"]}
+    kwargs |= {"sinkhorn_repeat": x["sinkhorn_repeat"], "num_splits": 1, "block_size": 128}
+    return Call(name, args, kwargs)
+
+
+def _mhc_pre_big_fuse_with_prenorm(c: Catalogue) -> Call:
+    name = "mhc_pre_big_fuse_with_prenorm_hc4_h4096_mix24"
+    x, _ = c.inputs(name, num_tokens=3)
+    args = (x["dot_mix"], x["residual"], x["mhc_scale"], x["mhc_base"])
+    kwargs: dict = {"rms_eps": x["rms_eps"], "mhc_pre_eps": x["mhc_pre_eps"]}
+    kwargs |= {"mhc_sinkhorn_eps": x["mhc_sinkhorn_eps"]}
+    kwargs |= {"mhc_post_mult_value": x["mhc_post_mult_value"]}
+    kwargs |= {"sinkhorn_repeat": x["sinkhorn_repeat"], "block_size": 256}
+    return Call(name, args, kwargs)
+
+
 ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.gdn_prefill.chunk_gated_delta_rule": _chunk_prefill,
     "flashinfer.gdn_decode.gated_delta_rule_decode_pretranspose": _decode_pool,
@@ -112,4 +135,6 @@ ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.kda.recurrent_kda": _kda("kda"),
     "flashinfer.kda_decode.recurrent_kda": _kda("kda_decode"),
     "flashinfer.mhc.mhc_post": _mhc_post,
+    "flashinfer.mhc.mhc_pre_big_fuse": _mhc_pre_big_fuse,
+    "flashinfer.mhc.mhc_pre_big_fuse_with_prenorm": _mhc_pre_big_fuse_with_prenorm,
 }

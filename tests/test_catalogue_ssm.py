@@ -242,6 +242,56 @@ def test_mhc_post_reference_is_flashinfers_test_oracle_and_its_docstrings_sum():
         _close(ours[:, new], want, atol=1e-2)
 
 
+def _mhc_oracle_case(hidden_size=4096, tokens=3):
+    """FlashInfer's mHC test inputs, and the pre map of its test oracle on them; with the
+    projection logits and square sums the big-fuse kernels take computed from them."""
+    from flashinfer.experimental.b12x.testing.mhc import make_inputs, pre_reference
+
+    residual, _, fn, scale, bias = make_inputs(
+        tokens=tokens, hidden_size=hidden_size, seed=0, device=torch.device("cpu")
+    )
+    want = pre_reference(
+        residual, fn, scale, bias, rms_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20
+    )  # fmt: skip
+    flat = residual.flatten(1).float()
+    dot_mix = torch.nn.functional.linear(flat, fn)
+    return residual, dot_mix, flat.square().sum(-1), scale, bias, want
+
+
+def test_mhc_pre_big_fuse_references_are_flashinfers_test_oracle_after_its_projection():
+    residual, dot_mix, sqrsum, scale, bias, (y, post, comb) = _mhc_oracle_case()
+    eps = (1e-6, 1e-6, 1e-6)
+    # The oracle's post map is 2 * sigmoid: the kernel's mhc_post_mult_value = 2.
+    ours = _reference("mhc_pre_big_fuse_hc4_h4096_mix24")(
+        dot_mix, sqrsum, residual, scale, bias, 4 * 4096, *eps, 2.0, 20
+    )
+    prenorm = _reference("mhc_pre_big_fuse_with_prenorm_hc4_h4096_mix24")(
+        dot_mix, residual, scale, bias, *eps, 2.0, 20
+    )
+    for post_mix, comb_mix, layer_input in (ours, prenorm):
+        assert post_mix.shape == (3, 4, 1) and post_mix.dtype == torch.float32
+        _close(post_mix[..., 0], post, atol=1e-5, rtol=1e-5)
+        _close(comb_mix, comb, atol=1e-5, rtol=1e-5)
+        assert layer_input.dtype == torch.bfloat16
+        _close(layer_input, y, atol=1e-2)
+    # Sinkhorn: after 20 rounds the comb matrix is doubly stochastic.
+    _close(ours[1].sum(-1), torch.ones(3, 4), atol=1e-3)
+    _close(ours[1].sum(-2), torch.ones(3, 4), atol=1e-3)
+    # k is what sqrsum is divided by: another k is another RMS scaling of the logits.
+    other = _reference("mhc_pre_big_fuse_hc4_h4096_mix24")(
+        dot_mix, sqrsum, residual, scale, bias, 4096, *eps, 2.0, 20
+    )
+    assert not torch.allclose(other[0], ours[0])
+    # One Sinkhorn round is a softmax over each row, then columns divided by their sums.
+    one = _reference("mhc_pre_big_fuse_hc4_h4096_mix24")(
+        dot_mix, sqrsum, residual, scale, bias, 4 * 4096, 0.0, 0.0, 0.0, 1.0, 1
+    )
+    rstd = torch.rsqrt(sqrsum / (4 * 4096))[:, None]
+    soft = torch.softmax((dot_mix[:, 8:] * rstd * scale[2] + bias[8:]).view(-1, 4, 4), dim=-1)
+    _close(one[1], soft / soft.sum(-2, keepdim=True), atol=1e-6, rtol=1e-5)
+    _close(one[0][..., 0], torch.sigmoid(dot_mix[:, 4:8] * rstd * scale[1] + bias[4:8]))
+
+
 # ---------------------------------------------------------------------------------------
 # Routing of FlashInfer's functions
 # ---------------------------------------------------------------------------------------
@@ -437,6 +487,54 @@ def test_mhc_post_routes_flat_tokens_and_leaves_other_shapes_to_flashinfer():
     with rt.enable_apply({call.name: _recorder(call.name, seen_again)}):
         again = _call(path, (x, residual, post[..., None], comb), {})
     assert torch.equal(seen_again[0]["post_layer_mix"], post) and torch.equal(again, out)
+
+
+def test_mhc_pre_big_fuse_routes_split_partials_summed_and_leaves_bad_values_to_flashinfer():
+    path = "flashinfer.mhc.mhc_pre_big_fuse"
+    call = routable.ROUTABLE[path](_catalogue())
+    dot_mix, sqrsum = call.args[:2]
+    # Partials over two splits: the kernel sums them first; the definition gets the sums.
+    parts = (torch.stack([dot_mix / 4, dot_mix * 3 / 4]), torch.stack([sqrsum / 2] * 2))
+    split = {0: parts[0], 1: parts[1], "num_splits": 2}
+    three = (torch.stack([dot_mix / 3] * 3), torch.stack([sqrsum / 3] * 3))
+    _, seen, (post, comb, layer) = _route(
+        path,
+        [
+            ({0: three[0], 1: three[1], "num_splits": 3}, "num_splits"),
+            ({0: parts[0], 1: parts[1]}, "tensor:dot_mix"),  # no num_splits=2
+            ({"rms_eps": 0.0}, "rms_eps"),
+            ({"sinkhorn_repeat": 0}, "sinkhorn_repeat"),
+            ({5: 0}, "k"),
+        ],
+    )
+    expected = _reference(call.name)(**seen)
+    assert torch.equal(post, expected[0]) and torch.equal(layer, expected[2])
+    seen_split: list = []
+    with rt.enable_apply({call.name: _recorder(call.name, seen_split)}):
+        args, kwargs = list(call.args), dict(call.kwargs)
+        args[0], args[1], kwargs["num_splits"] = split[0], split[1], split["num_splits"]
+        again = _call(path, args, kwargs)
+    _close(seen_split[0]["dot_mix"], dot_mix, atol=1e-5, rtol=1e-6)
+    _close(seen_split[0]["sqrsum"], sqrsum, atol=1e-3, rtol=1e-6)
+    _close(again[1], comb, atol=1e-5, rtol=1e-5)
+
+
+def test_mhc_pre_big_fuse_with_prenorm_takes_a_split_axis_of_one_and_no_other():
+    path = "flashinfer.mhc.mhc_pre_big_fuse_with_prenorm"
+    call = routable.ROUTABLE[path](_catalogue())
+    dot_mix = call.args[0]
+    _, seen, out = _route(
+        path,
+        [
+            ({0: torch.stack([dot_mix, dot_mix])}, "tensor:dot_mix"),
+            ({"mhc_sinkhorn_eps": -1e-6}, "mhc_sinkhorn_eps"),
+        ],
+    )
+    seen_again: list = []
+    with rt.enable_apply({call.name: _recorder(call.name, seen_again)}):
+        again = _call(path, (dot_mix[None], *call.args[1:]), call.kwargs)
+    assert torch.equal(seen_again[0]["dot_mix"], dot_mix)
+    assert all(torch.equal(a, b) for a, b in zip(again, out))
 
 
 def test_every_family_of_the_files_has_a_routable_call():
