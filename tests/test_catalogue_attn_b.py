@@ -574,9 +574,43 @@ def _msa_build(seed):
     return tuple(x[k] for k in names), {}, x
 
 
+MSA_DECODE_NAME = "msa_sparse_decode_attention_h4_kv2_d128_topk16_sq1"
+
+
+def _msa_decode_build(seed):
+    x, _ = _catalogue().inputs(MSA_DECODE_NAME, seed=seed, len_indptr=3)
+    args = tuple(x[k] for k in ("q", "k", "v", "q2k_indices"))
+    return args, {"cu_seqlens_k": x["cu_seqlens_k"]}, x
+
+
 _FP8 = torch.float8_e4m3fn
 _ONE = torch.ones(1)
 APIS = [
+    Api(
+        "flashinfer.msa_ops.sparse_decode.msa_sparse_decode_attention",
+        MSA_DECODE_NAME,
+        _msa_decode_build,
+        [
+            # Another number of tokens per sequence names another definition.
+            ("seqlen_q", 2, None),
+            ("page_table", torch.zeros(2, 4, dtype=torch.int32), "page_table"),
+            ("seqused_k", torch.ones(2, dtype=torch.int32), "seqused_k"),
+            ("return_softmax_lse", True, "return_softmax_lse"),
+            ("k_scale", torch.ones(1, dtype=torch.uint8), "k_scale"),
+            ("v_global_scale", 0.5, "v_global_scale"),
+            ("q_offset", 3, "q_offset"),
+            ("partial_dtype", torch.bfloat16, "partial_dtype"),
+            ("out", torch.zeros(4, 4, 128, dtype=torch.bfloat16), "out"),
+            ("k", torch.zeros(3, 2, 128, dtype=_FP8), "tensor:k"),
+        ],
+        [
+            ("causal", False),
+            ("softmax_scale", 0.05),
+            ("partial_dtype", torch.float32),
+            ("force_fused", False),
+            ("workspace", object()),
+        ],
+    ),
     Api(
         "flashinfer.msa_ops.sparse_prefill.msa_sparse_attention",
         MSA_NAME,
@@ -1190,6 +1224,29 @@ def test_msa_sparse_attention_reference_agrees_with_flashinfers_template(causal)
     )
     _close(ours, theirs, atol=1e-2)
     assert (ours[:, 2:][1] == 0).all()  # query 1 of KV head 1 sees nothing: zeros
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_msa_sparse_decode_attention_reference_agrees_with_flashinfers_template(causal):
+    args, kwargs, x = _msa_decode_build(6)
+    ours = _reference(MSA_DECODE_NAME)(*args, x["cu_seqlens_k"], causal, 0.09)
+    theirs = _template_of("msa", "_msa_sparse_decode_attention_reference")(
+        *args, x["cu_seqlens_k"], seqlen_q=1, causal=causal, softmax_scale=0.09
+    )
+    _close(ours, theirs, atol=1e-2)
+    # Decode is prefill with seqlen_q tokens for each sequence.
+    cu_q = torch.arange(0, 3, dtype=torch.int32)
+    prefill = _reference(MSA_NAME)(*args, cu_q, x["cu_seqlens_k"], causal, 0.09)
+    assert torch.equal(ours, prefill)
+    # Two tokens per sequence (what the reference takes from total_q / batch_size): the
+    # first sits one position earlier, so causal hides the last key from it.
+    q, k, v, q2k = args
+    two = (q.repeat_interleave(2, 0), k, v, q2k.repeat_interleave(2, 1), x["cu_seqlens_k"])
+    ours = _reference(MSA_DECODE_NAME)(*two, causal, 0.09)
+    theirs = _template_of("msa", "_msa_sparse_decode_attention_reference")(
+        *two, seqlen_q=2, causal=causal, softmax_scale=0.09
+    )
+    _close(ours, theirs, atol=1e-2)
 
 
 def test_msa_sparse_attention_leaves_a_strided_selection_to_flashinfer(monkeypatch):
