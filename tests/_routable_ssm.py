@@ -125,6 +125,13 @@ def _mhc_pre_big_fuse_with_prenorm(c: Catalogue) -> Call:
     return Call(name, args, kwargs)
 
 
+def _packed_kda(c: Catalogue) -> Call:
+    name = "packed_kda_decode_h12_d128"
+    x, axes = c.inputs(name, batch_size=2, pool_size=4)
+    names = ("mixed_qkv", "raw_gate", "raw_beta", "A_log", "dt_bias", "state", "state_indices")
+    return Call(name, tuple(x[k] for k in names), {"output": c.buffer(name, "output", axes)})
+
+
 ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.gdn_prefill.chunk_gated_delta_rule": _chunk_prefill,
     "flashinfer.gdn_decode.gated_delta_rule_decode_pretranspose": _decode_pool,
@@ -134,6 +141,7 @@ ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.gdp_prefill.chunk_gated_delta_product": _gdp_prefill,
     "flashinfer.kda.recurrent_kda": _kda("kda"),
     "flashinfer.kda_decode.recurrent_kda": _kda("kda_decode"),
+    "flashinfer.kda_decode.packed_kda_decode": _packed_kda,
     "flashinfer.mhc.mhc_post": _mhc_post,
     "flashinfer.mhc.mhc_pre_big_fuse": _mhc_pre_big_fuse,
     "flashinfer.mhc.mhc_pre_big_fuse_with_prenorm": _mhc_pre_big_fuse_with_prenorm,

@@ -227,6 +227,32 @@ def test_kda_reference_is_flashinfers_fp32_oracle_on_the_gates_it_computes():
     _close(out[0], first, atol=3e-2)
 
 
+def test_packed_kda_reference_is_flashinfers_fp32_oracle_row_by_row():
+    # The oracle computes the gates from the raw logits as the packed kernel does (lower
+    # bound -5, its docstring's fixed contract); one token of one sequence per row.
+    from flashinfer.experimental.b12x.sequence.kda_prefill import reference as oracle
+
+    name = "packed_kda_decode_h12_d128"
+    x = _inputs(name, seed=4, batch_size=3, pool_size=5)
+    x["state_indices"] = torch.tensor([3, -1, 0], dtype=torch.int32)  # row 1: padding
+    names = ("mixed_qkv", "raw_gate", "raw_beta", "A_log", "dt_bias", "state", "state_indices")
+    out, new_state = _reference(name)(*(x[k] for k in names))
+    q, k, v = x["mixed_qkv"].view(3, 3, 12, 128).unbind(1)
+    for row, slot in ((0, 3), (2, 0)):
+        want_out, want_state, _ = oracle.recurrent_kda(
+            q[row : row + 1], k[row : row + 1], v[row : row + 1],
+            x["raw_gate"][row].view(1, 12, 128), x["raw_beta"][row : row + 1],
+            x["A_log"], x["dt_bias"].view(12, 128), lower_bound=-5.0,
+            initial_state=x["state"][slot],
+        )  # fmt: skip
+        _close(out[row, 0], want_out[0], atol=1e-2)
+        _close(new_state[slot], want_state.to(torch.bfloat16), atol=1e-2)
+    assert not out[1].any()  # the padding row: zeros, and the slots no row names unchanged
+    for slot in (1, 2, 4):
+        assert torch.equal(new_state[slot], x["state"][slot])
+    assert out.shape == (3, 1, 12, 128) and new_state.dtype == torch.bfloat16
+
+
 def test_mhc_post_reference_is_flashinfers_test_oracle_and_its_docstrings_sum():
     from flashinfer.experimental.b12x.testing.mhc import post_reference
 
@@ -473,6 +499,24 @@ def test_kda_updates_the_callers_state_in_place_and_refuses_what_it_does_not_mod
         *(seen[n] for n in ("q", "k", "v", "g", "beta")), before, seen["scale"]
     )
     assert torch.equal(out, expected[0]) and torch.equal(state, expected[1])
+
+
+def test_packed_kda_routes_into_the_callers_pool_and_leaves_a_strided_A_log_to_flashinfer():
+    path = "flashinfer.kda_decode.packed_kda_decode"
+    a_log = routable.ROUTABLE[path](_catalogue()).args[3]
+    strided = torch.stack([a_log, a_log], dim=1)[:, 0]
+    assert not strided.is_contiguous()
+    before = routable.ROUTABLE[path](_catalogue()).args[5]  # the same seed: the same pool
+    call, seen, out = _route(
+        path,
+        [
+            ({3: strided}, "A_log,dt_bias,state_indices"),
+            ({5: before.float()}, "tensor:state"),  # a float32 pool is another kernel
+        ],
+    )
+    want_out, want_state = _reference(call.name)(**{**seen, "state": before})
+    assert out is call.kwargs["output"] and torch.equal(out, want_out)
+    assert torch.equal(call.args[5], want_state) and not torch.equal(before, want_state)
 
 
 def test_mhc_post_routes_flat_tokens_and_leaves_other_shapes_to_flashinfer():
