@@ -132,6 +132,15 @@ def _packed_kda(c: Catalogue) -> Call:
     return Call(name, tuple(x[k] for k in names), {"output": c.buffer(name, "output", axes)})
 
 
+def _fused_kda(c: Catalogue) -> Call:
+    name = "fused_kda_decode_h8_d128"
+    x, axes = c.inputs(name, num_rows=3, num_slots=5)
+    names = ("x", "weight", "conv_state", "raw_gate", "raw_beta", "A_log", "dt_bias")
+    names += ("state_indices", "state", "output_gate", "norm_weight")
+    args = tuple(x[k] for k in names) + (None, 1e-6, c.buffer(name, "output", axes))
+    return Call(name, args, {"backend": "auto", "state_indices_mode": "unique_or_null"})
+
+
 ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.gdn_prefill.chunk_gated_delta_rule": _chunk_prefill,
     "flashinfer.gdn_decode.gated_delta_rule_decode_pretranspose": _decode_pool,
@@ -142,6 +151,7 @@ ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.kda.recurrent_kda": _kda("kda"),
     "flashinfer.kda_decode.recurrent_kda": _kda("kda_decode"),
     "flashinfer.kda_decode.packed_kda_decode": _packed_kda,
+    "flashinfer.kda_decode.fused_kda_decode": _fused_kda,
     "flashinfer.mhc.mhc_post": _mhc_post,
     "flashinfer.mhc.mhc_pre_big_fuse": _mhc_pre_big_fuse,
     "flashinfer.mhc.mhc_pre_big_fuse_with_prenorm": _mhc_pre_big_fuse_with_prenorm,

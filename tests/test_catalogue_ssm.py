@@ -15,6 +15,7 @@ itself, whose kernels raise on this CPU.
 from __future__ import annotations
 
 import functools
+import math
 import importlib
 import warnings
 from pathlib import Path
@@ -251,6 +252,51 @@ def test_packed_kda_reference_is_flashinfers_fp32_oracle_row_by_row():
     for slot in (1, 2, 4):
         assert torch.equal(new_state[slot], x["state"][slot])
     assert out.shape == (3, 1, 12, 128) and new_state.dtype == torch.bfloat16
+
+
+def test_fused_kda_reference_is_a_convolution_then_flashinfers_fp32_oracle_then_a_gated_norm():
+    from flashinfer.experimental.b12x.sequence.kda_prefill import reference as oracle
+
+    name = "fused_kda_decode_h8_d128"
+    x = _inputs(name, seed=5, num_rows=3, num_slots=5)
+    x["state_indices"] = torch.tensor([3, 0, 1], dtype=torch.int32)  # row 1: the null slot
+    names = ("x", "weight", "conv_state", "raw_gate", "raw_beta", "A_log", "dt_bias")
+    names += ("state_indices", "state", "output_gate", "norm_weight")
+    args = [x[k] for k in names]
+    out, conv, state = _reference(name)(*args, -5.0, 1e-5)
+    H, D = 8, 128
+    for row, slot in ((0, 3), (2, 1)):
+        # The causal convolution of each channel over its three cached inputs and this one.
+        window = torch.cat([x["conv_state"][slot], x["x"][row][:, None]], dim=1).float()
+        taps = x["weight"].permute(0, 2, 1).reshape(3 * H * D, 1, 4)
+        acc = torch.nn.functional.conv1d(window[None], taps, groups=3 * H * D)[0, :, 0]
+        mixed = torch.nn.functional.silu(acc).to(torch.bfloat16)
+        assert torch.equal(conv[slot], window[:, 1:].to(torch.bfloat16))
+        q, k, v = mixed.view(3, 1, H, D).unbind(0)
+        o, want_state, _ = oracle.recurrent_kda(
+            q, k, v, x["raw_gate"][0, row : row + 1], x["raw_beta"][0, row : row + 1],
+            x["A_log"], x["dt_bias"].view(H, D), lower_bound=-5.0,
+            initial_state=x["state"][slot],
+        )  # fmt: skip
+        torch.testing.assert_close(state[slot], want_state, atol=2e-3, rtol=1e-3)
+        o = o[0].float()
+        gated = torch.sigmoid(x["output_gate"][row].float()) * x["norm_weight"]
+        want = o * torch.rsqrt(o.square().mean(-1, keepdim=True) + 1e-5) * gated
+        _close(out[0, row], want.to(torch.bfloat16), atol=2e-2)
+    assert not out[0, 1].any()  # the null row: zeros, and slot 0 (and 2, 4) untouched
+    for slot in (0, 2, 4):
+        assert torch.equal(conv[slot], x["conv_state"][slot])
+        assert torch.equal(state[slot], x["state"][slot])
+    # Without a bound the decay is -exp(A_log) * softplus(raw_gate + dt_bias).
+    _, _, soft = _reference(name)(*args, float("nan"), 1e-5)
+    _, _, bounded = _reference(name)(*args, -5.0, 1e-5)
+    assert not torch.allclose(soft[3], bounded[3])
+    pre = x["raw_gate"][0, 0].float() + x["dt_bias"].view(H, D)
+    decay = torch.exp(-torch.exp(x["A_log"])[:, None] * torch.nn.functional.softplus(pre))
+    zero_beta = list(args)
+    zero_beta[4] = torch.full_like(x["raw_beta"], -1e4)  # beta = 0: only the decay acts
+    _, _, decayed = _reference(name)(*zero_beta, float("nan"), 1e-5)
+    torch.testing.assert_close(decayed[3], x["state"][3] * decay[:, None, :])
 
 
 def test_mhc_post_reference_is_flashinfers_test_oracle_and_its_docstrings_sum():
@@ -517,6 +563,27 @@ def test_packed_kda_routes_into_the_callers_pool_and_leaves_a_strided_A_log_to_f
     want_out, want_state = _reference(call.name)(**{**seen, "state": before})
     assert out is call.kwargs["output"] and torch.equal(out, want_out)
     assert torch.equal(call.args[5], want_state) and not torch.equal(before, want_state)
+
+
+def test_fused_kda_routes_the_softplus_gate_and_leaves_repeated_slots_to_flashinfer():
+    path = "flashinfer.kda_decode.fused_kda_decode"
+    call, seen, out = _route(
+        path,
+        [
+            ({"state_indices_mode": "repeated_positive"}, "state_indices_mode"),
+            ({8: routable.ROUTABLE[path](_catalogue()).args[8].bfloat16()}, "tensor:state"),
+        ],
+    )
+    assert math.isnan(seen["lower_bound"]) and seen["norm_eps"] == 1e-6
+    assert out is call.args[13] and seen["output_gate"].dim() == 3
+    # The output gate as [1, num_rows, H, 128]: the same call.
+    seen_again: list = []
+    again = routable.ROUTABLE[path](_catalogue())
+    args = list(again.args)
+    args[9] = args[9][None]
+    with rt.enable_apply({call.name: _recorder(call.name, seen_again)}):
+        _call(path, args, again.kwargs)
+    assert torch.equal(seen_again[0]["output_gate"], again.args[9])
 
 
 def test_mhc_post_routes_flat_tokens_and_leaves_other_shapes_to_flashinfer():
