@@ -141,6 +141,19 @@ def _fused_kda(c: Catalogue) -> Call:
     return Call(name, args, {"backend": "auto", "state_indices_mode": "unique_or_null"})
 
 
+def _ssd_combined(c: Catalogue) -> Call:
+    name = "mamba_ssd_combined_h64_d64_s128_ng4"
+    x, _ = c.inputs(name, batch_size=2, seqlen=5)
+    args = tuple(x[k] for k in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias"))
+    kwargs: dict = {"dt_softplus": True, "dt_limit": (0.001, 10.0)}
+    kwargs |= {"initial_states": x["initial_states"], "seq_idx": None, "chunk_indices": None}
+    kwargs |= {"chunk_offsets": None, "seq_chunk_cumsum": None}
+    kwargs |= {"update_seq_chunk_cumsum": False, "checkpoint_token_indices": None}
+    kwargs |= {"checkpoint_state_slots": None, "checkpoint_states": None, "out": None}
+    kwargs |= {"return_final_states": True, "num_seqs": None}
+    return Call(name, args, kwargs)
+
+
 ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.gdn_prefill.chunk_gated_delta_rule": _chunk_prefill,
     "flashinfer.gdn_decode.gated_delta_rule_decode_pretranspose": _decode_pool,
@@ -153,6 +166,7 @@ ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.kda_decode.packed_kda_decode": _packed_kda,
     "flashinfer.kda_decode.fused_kda_decode": _fused_kda,
     "flashinfer.mhc.mhc_post": _mhc_post,
+    "flashinfer.mamba.ssd_combined.ssd_combined_fwd": _ssd_combined,
     "flashinfer.mhc.mhc_pre_big_fuse": _mhc_pre_big_fuse,
     "flashinfer.mhc.mhc_pre_big_fuse_with_prenorm": _mhc_pre_big_fuse_with_prenorm,
 }

@@ -38,6 +38,7 @@ from fibgen.runtime.routing import patching  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ("ssm_gdn.fidef", "ssm_linear.fidef", "ssm_kda.fidef", "mhc.fidef", "gdn.fidef")
+FILES += ("mamba.fidef",)
 # Slow as a whole: state-space calls through the real FlashInfer's API.
 pytestmark = [
     pytest.mark.slow,
@@ -297,6 +298,62 @@ def test_fused_kda_reference_is_a_convolution_then_flashinfers_fp32_oracle_then_
     zero_beta[4] = torch.full_like(x["raw_beta"], -1e4)  # beta = 0: only the decay acts
     _, _, decayed = _reference(name)(*zero_beta, float("nan"), 1e-5)
     torch.testing.assert_close(decayed[3], x["state"][3] * decay[:, None, :])
+
+
+def _segsum(a):
+    """segsum[..., i, j] = a[..., j + 1] + ... + a[..., i] for i >= j, -inf above."""
+    t = a.shape[-1]
+    cum = torch.cumsum(a, dim=-1)
+    out = cum[..., :, None] - cum[..., None, :]
+    return out.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
+
+
+def _ssd_chunked(x, a, b, c, initial, chunk):
+    """Mamba-2's chunked SSD (the "minimal" form of its paper, the algorithm of FlashInfer's
+    kernel): x and a already multiplied by dt, b and c per head; returns y and the state."""
+    bs, length, h, p = x.shape
+    n = b.shape[-1]
+    split = lambda t: t.reshape(bs, length // chunk, chunk, *t.shape[2:])  # noqa: E731
+    x, b, c = split(x), split(b), split(c)
+    a = split(a).permute(0, 3, 1, 2)  # [b, h, chunks, chunk]
+    a_cum = torch.cumsum(a, dim=-1)
+    y_diag = torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", c, b, torch.exp(_segsum(a)), x)
+    decay_states = torch.exp(a_cum[..., -1:] - a_cum)
+    states = torch.einsum("bclhn,bhcl,bclhp->bchpn", b, decay_states, x)
+    states = torch.cat([initial[:, None], states], dim=1)
+    decay_chunk = torch.exp(_segsum(torch.nn.functional.pad(a_cum[..., -1], (1, 0))))
+    new_states = torch.einsum("bhzc,bchpn->bzhpn", decay_chunk, states)
+    states, final = new_states[:, :-1], new_states[:, -1]
+    y_off = torch.einsum("bclhn,bchpn,bhcl->bclhp", c, states, torch.exp(a_cum))
+    return (y_diag + y_off).reshape(bs, length, h, p), final
+
+
+def test_ssd_combined_reference_is_mamba2s_chunked_scan():
+    name = "mamba_ssd_combined_h64_d64_s128_ng4"
+    x = _inputs(name, seed=7, batch_size=2, seqlen=256)
+    names = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias")
+    y, final = _reference(name)(*(x[k] for k in names), True, 0.0, 0.5, x["initial_states"])
+    dt = torch.nn.functional.softplus(x["dt"].float() + x["dt_bias"]).clamp(0.0, 0.5)
+    heads = lambda t: t.float().repeat_interleave(16, dim=2)  # noqa: E731  (64 heads, 4 groups)
+    want_y, want_final = _ssd_chunked(
+        x["x"].float() * dt[..., None], dt * x["A"], heads(x["B"]), heads(x["C"]),
+        x["initial_states"].float(), chunk=128,
+    )  # fmt: skip
+    want_y = (want_y + x["D"].float()[:, None] * x["x"].float()) * torch.nn.functional.silu(
+        x["z"].float()
+    )
+    _close(y, want_y.bfloat16(), atol=3e-2)
+    _close(final, want_final.bfloat16(), atol=3e-2)
+    # Without D, z, dt_bias, a limit and an initial state: the plain scan from zeros.
+    plain, _ = _reference(name)(
+        *(x[k] for k in names[:5]), None, None, None, True, 0.0, float("inf"), None
+    )
+    dt = torch.nn.functional.softplus(x["dt"].float())
+    want, _ = _ssd_chunked(
+        x["x"].float() * dt[..., None], dt * x["A"], heads(x["B"]), heads(x["C"]),
+        torch.zeros(2, 64, 64, 128), chunk=128,
+    )  # fmt: skip
+    _close(plain, want.bfloat16(), atol=3e-2)
 
 
 def test_mhc_post_reference_is_flashinfers_test_oracle_and_its_docstrings_sum():
@@ -584,6 +641,22 @@ def test_fused_kda_routes_the_softplus_gate_and_leaves_repeated_slots_to_flashin
     with rt.enable_apply({call.name: _recorder(call.name, seen_again)}):
         _call(path, args, again.kwargs)
     assert torch.equal(seen_again[0]["output_gate"], again.args[9])
+
+
+def test_ssd_combined_routes_batched_calls_and_leaves_packed_ones_to_flashinfer():
+    path = "flashinfer.mamba.ssd_combined.ssd_combined_fwd"
+    call, seen, (out, final) = _route(
+        path,
+        [
+            ({"seq_idx": torch.zeros(2, 5, dtype=torch.int32)}, "seq_idx"),
+            ({"return_final_states": False}, "return_final_states"),
+            ({"out": torch.zeros(2, 5, 64, 64, dtype=torch.bfloat16)}, "out"),
+            ({5: torch.ones(64, 64, dtype=torch.bfloat16)}, "tensor:D"),  # D per channel
+        ],
+    )
+    assert (seen["dt_min"], seen["dt_max"]) == (0.001, 10.0)
+    want = _reference(call.name)(**seen)
+    assert torch.equal(out, want[0]) and torch.equal(final, want[1])
 
 
 def test_mhc_post_routes_flat_tokens_and_leaves_other_shapes_to_flashinfer():
