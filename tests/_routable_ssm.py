@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from _routable_calls import Call, Catalogue
 
 
@@ -154,6 +155,20 @@ def _ssd_combined(c: Catalogue) -> Call:
     return Call(name, args, kwargs)
 
 
+def _packed_fused_kda(c: Catalogue) -> Call:
+    name = "packed_fused_kda_decode_t1_h8_d128"
+    x, axes = c.inputs(name, num_rows=3, num_slots=5)
+    names = ("x", "weight", "conv_state", "raw_gate", "raw_beta", "A_log", "dt_bias")
+    args = tuple(x[k] for k in names)
+    # Three sequences of one token each, in the slots the rows were made with.
+    slots = x["state_indices"][:, None].contiguous()
+    args += (slots, x["state"], x["output_gate"], x["norm_weight"], None, 1e-6)
+    kwargs: dict = {"output": c.buffer(name, "output", axes)}
+    kwargs |= {"query_start_loc": torch.arange(4, dtype=torch.int32)}
+    kwargs |= {"num_accepted_tokens": torch.ones(3, dtype=torch.int32), "t1_state_indices": None}
+    return Call(name, args, kwargs)
+
+
 ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.gdn_prefill.chunk_gated_delta_rule": _chunk_prefill,
     "flashinfer.gdn_decode.gated_delta_rule_decode_pretranspose": _decode_pool,
@@ -165,6 +180,7 @@ ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.kda_decode.recurrent_kda": _kda("kda_decode"),
     "flashinfer.kda_decode.packed_kda_decode": _packed_kda,
     "flashinfer.kda_decode.fused_kda_decode": _fused_kda,
+    "flashinfer.kda_decode.packed_fused_kda_decode": _packed_fused_kda,
     "flashinfer.mhc.mhc_post": _mhc_post,
     "flashinfer.mamba.ssd_combined.ssd_combined_fwd": _ssd_combined,
     "flashinfer.mhc.mhc_pre_big_fuse": _mhc_pre_big_fuse,

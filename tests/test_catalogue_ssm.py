@@ -659,6 +659,41 @@ def test_ssd_combined_routes_batched_calls_and_leaves_packed_ones_to_flashinfer(
     assert torch.equal(out, want[0]) and torch.equal(final, want[1])
 
 
+def test_packed_fused_kda_maps_rows_to_their_sequences_slots_and_is_fused_kda_decode():
+    path = "flashinfer.kda_decode.packed_fused_kda_decode"
+    base = routable.ROUTABLE[path](_catalogue())
+    # Sequences of 1, 0 and 1 tokens, then a row of unused capacity: rows 0, 1 take the
+    # slots of sequences 0 and 2; row 2 none (zeros, no cache touched).
+    qsl = torch.tensor([0, 1, 1, 2], dtype=torch.int32)
+    slots = torch.tensor([[3], [4], [1]], dtype=torch.int32)
+    two_tokens = torch.tensor([[3, 2], [4, 0], [1, 0]], dtype=torch.int32)
+    call, seen, out = _route(
+        path,
+        [({7: two_tokens}, "tensor:state_indices")],  # T = 2: the checkpointing kernel
+    )
+    assert torch.equal(seen["state_indices"], call.args[7][:, 0])
+    args = list(base.args)
+    args[7] = slots
+    conv, state = args[2].clone(), args[8].clone()
+    seen_packed: list = []
+    with rt.enable_apply({call.name: _recorder(call.name, seen_packed)}):
+        packed = _call(path, args, {**base.kwargs, "query_start_loc": qsl})
+    assert seen_packed[0]["state_indices"].tolist() == [3, 1, 0]
+    fused = _reference("fused_kda_decode_h8_d128")
+    names = ("x", "weight", "conv_state", "raw_gate", "raw_beta", "A_log", "dt_bias")
+    names += ("state_indices", "state", "output_gate", "norm_weight", "lower_bound", "norm_eps")
+    direct = {**seen_packed[0], "conv_state": conv, "state": state}
+    want_out, want_conv, want_state = fused(*(direct[k] for k in names))
+    assert torch.equal(packed, want_out) and not packed[0, 2].any()
+    assert torch.equal(args[2], want_conv) and torch.equal(args[8], want_state)
+    # t1_state_indices gives the slots of the rows directly.
+    seen_t1: list = []
+    rows = torch.tensor([2, 0, 4], dtype=torch.int32)
+    with rt.enable_apply({call.name: _recorder(call.name, seen_t1)}):
+        _call(path, args, {**base.kwargs, "query_start_loc": qsl, "t1_state_indices": rows})
+    assert torch.equal(seen_t1[0]["state_indices"], rows)
+
+
 def test_mhc_post_routes_flat_tokens_and_leaves_other_shapes_to_flashinfer():
     path = "flashinfer.mhc.mhc_post"
     call = routable.ROUTABLE[path](_catalogue())
