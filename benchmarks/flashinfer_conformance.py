@@ -1685,6 +1685,67 @@ def _gdn_cases() -> list[Case]:
     return out
 
 
+def _mhc_cases() -> list[Case]:
+    """mHC's plain CUDA kernels (csrc/mhc), which run on any GPU FlashInfer supports."""
+    import flashinfer.mhc
+
+    out = []
+    for name, tokens in (("mhc_post_hc4_h4096", 7), ("mhc_post_hc4_h7168", 64)):
+
+        def post(name=name, tokens=tokens):
+            x = _inputs(name, 81, num_tokens=tokens)
+            args = (x["x"], x["residual"], x["post_layer_mix"], x["comb_res_mix"])
+            return (flashinfer.mhc.mhc_post(*args),)
+
+        out.append(
+            Case("flashinfer.mhc.mhc_post", f"{name} tokens={tokens}", post, {name: solution(name)})
+        )
+    scalars = ("rms_eps", "mhc_pre_eps", "mhc_sinkhorn_eps", "mhc_post_mult_value")
+    name = "mhc_pre_big_fuse_hc4_h7168_mix24"
+    for tokens, splits in ((5, 1), (64, 4)):
+
+        def pre(tokens=tokens, splits=splits, name=name):
+            x = _inputs(name, 82, num_tokens=tokens)
+            dot_mix, sqrsum = x["dot_mix"], x["sqrsum"]
+            if splits > 1:  # partials that the kernel sums
+                dot_mix = torch.stack([dot_mix / splits] * splits)
+                sqrsum = torch.stack([sqrsum / splits] * splits)
+            kwargs = {k: float(x[k]) for k in scalars}
+            return flashinfer.mhc.mhc_pre_big_fuse(
+                dot_mix, sqrsum, x["residual"], x["mhc_scale"], x["mhc_base"], int(x["k"]),
+                sinkhorn_repeat=int(x["sinkhorn_repeat"]), num_splits=splits, **kwargs,
+            )  # fmt: skip
+
+        out.append(
+            Case(
+                "flashinfer.mhc.mhc_pre_big_fuse",
+                f"{name} tokens={tokens} num_splits={splits}",
+                pre,
+                {name: solution(name)},
+            )
+        )
+    name = "mhc_pre_big_fuse_with_prenorm_hc4_h4096_mix24"
+    for tokens in (3, 128):
+
+        def prenorm(tokens=tokens, name=name):
+            x = _inputs(name, 83, num_tokens=tokens)
+            kwargs = {k: float(x[k]) for k in scalars}
+            return flashinfer.mhc.mhc_pre_big_fuse_with_prenorm(
+                x["dot_mix"], x["residual"], x["mhc_scale"], x["mhc_base"],
+                sinkhorn_repeat=int(x["sinkhorn_repeat"]), **kwargs,
+            )  # fmt: skip
+
+        out.append(
+            Case(
+                "flashinfer.mhc.mhc_pre_big_fuse_with_prenorm",
+                f"{name} tokens={tokens}",
+                prenorm,
+                {name: solution(name)},
+            )
+        )
+    return out
+
+
 def _needs_sm100() -> str | None:
     major, minor = torch.cuda.get_device_capability()
     if major >= 10:
@@ -1781,6 +1842,7 @@ GROUPS = {
     "sampling": _sampling_cases,
     "sampling_more": _sampling_more_cases,
     "mamba": _mamba_cases,
+    "mhc": _mhc_cases,
     "gdn": _gdn_cases,
     "moe": _moe_cases,
     "decode": _decode_cases,
@@ -1824,6 +1886,12 @@ _SM100_ONLY = {
     "chunk_gated_delta_rule2",
     "chunk_gated_delta_product",
     "recurrent_kda",
+    "packed_kda_decode",
+    "fused_kda_decode",
+    "packed_fused_kda_decode",
+    "msa_sparse_attention",
+    "msa_sparse_decode_attention",
+    "ssd_combined_fwd",
 }
 
 

@@ -276,3 +276,38 @@ def _msa_topk(c: Any) -> Any:
 
 
 ROUTABLE |= {"flashinfer.msa_ops.sparse_topk_select.msa_topk_select": _msa_topk}
+
+
+def _msa_sparse_prefill(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "msa_sparse_attention_h4_kv2_d128_topk16"
+    x, _ = c.inputs(name, len_indptr=3)
+    args = tuple(x[k] for k in ("q", "k", "v", "q2k_indices", "cu_seqlens_q", "cu_seqlens_k"))
+    kwargs: dict = {"causal": True, "softmax_scale": 0.1, "page_table": None}
+    kwargs |= {"seqused_k": None, "return_softmax_lse": False, "k_scale": None}
+    kwargs |= {"v_scale": None, "k_global_scale": None, "v_global_scale": None}
+    kwargs |= {"q_offset": None, "return_temperature_lse": False}
+    kwargs |= {"lse_temperature_scale": 2.0, "workspace": None}
+    return Call(name, args, kwargs)
+
+
+ROUTABLE |= {"flashinfer.msa_ops.sparse_prefill.msa_sparse_attention": _msa_sparse_prefill}
+
+
+def _msa_sparse_decode(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "msa_sparse_decode_attention_h4_kv2_d128_topk16_sq1"
+    x, _ = c.inputs(name, len_indptr=3)
+    args = tuple(x[k] for k in ("q", "k", "v", "q2k_indices"))
+    kwargs: dict = {"page_table": None, "seqused_k": None, "cu_seqlens_k": x["cu_seqlens_k"]}
+    kwargs |= {"seqlen_q": 1, "causal": True, "softmax_scale": 0.1}
+    kwargs |= {"return_softmax_lse": False, "k_scale": None, "v_scale": None}
+    kwargs |= {"k_global_scale": None, "v_global_scale": None, "q_offset": None}
+    kwargs |= {"partial_dtype": torch.float32, "force_fused": True, "workspace": None}
+    kwargs |= {"out": None}
+    return Call(name, args, kwargs)
+
+
+ROUTABLE |= {"flashinfer.msa_ops.sparse_decode.msa_sparse_decode_attention": _msa_sparse_decode}

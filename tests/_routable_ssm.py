@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from _routable_calls import Call, Catalogue
 
 
@@ -102,6 +103,72 @@ def _mhc_post(c: Catalogue) -> Call:
     return Call(name, tuple(x[k] for k in ("x", "residual", "post_layer_mix", "comb_res_mix")))
 
 
+def _mhc_pre_big_fuse(c: Catalogue) -> Call:
+    name = "mhc_pre_big_fuse_hc4_h4096_mix24"
+    x, _ = c.inputs(name, num_tokens=3)
+    names = ("dot_mix", "sqrsum", "residual", "mhc_scale", "mhc_base", "k")
+    args = tuple(x[k] for k in names)
+    kwargs: dict = {"rms_eps": x["rms_eps"], "mhc_pre_eps": x["mhc_pre_eps"]}
+    kwargs |= {"mhc_sinkhorn_eps": x["mhc_sinkhorn_eps"]}
+    kwargs |= {"mhc_post_mult_value": x["mhc_post_mult_value"]}
+    kwargs |= {"sinkhorn_repeat": x["sinkhorn_repeat"], "num_splits": 1, "block_size": 128}
+    return Call(name, args, kwargs)
+
+
+def _mhc_pre_big_fuse_with_prenorm(c: Catalogue) -> Call:
+    name = "mhc_pre_big_fuse_with_prenorm_hc4_h4096_mix24"
+    x, _ = c.inputs(name, num_tokens=3)
+    args = (x["dot_mix"], x["residual"], x["mhc_scale"], x["mhc_base"])
+    kwargs: dict = {"rms_eps": x["rms_eps"], "mhc_pre_eps": x["mhc_pre_eps"]}
+    kwargs |= {"mhc_sinkhorn_eps": x["mhc_sinkhorn_eps"]}
+    kwargs |= {"mhc_post_mult_value": x["mhc_post_mult_value"]}
+    kwargs |= {"sinkhorn_repeat": x["sinkhorn_repeat"], "block_size": 256}
+    return Call(name, args, kwargs)
+
+
+def _packed_kda(c: Catalogue) -> Call:
+    name = "packed_kda_decode_h12_d128"
+    x, axes = c.inputs(name, batch_size=2, pool_size=4)
+    names = ("mixed_qkv", "raw_gate", "raw_beta", "A_log", "dt_bias", "state", "state_indices")
+    return Call(name, tuple(x[k] for k in names), {"output": c.buffer(name, "output", axes)})
+
+
+def _fused_kda(c: Catalogue) -> Call:
+    name = "fused_kda_decode_h8_d128"
+    x, axes = c.inputs(name, num_rows=3, num_slots=5)
+    names = ("x", "weight", "conv_state", "raw_gate", "raw_beta", "A_log", "dt_bias")
+    names += ("state_indices", "state", "output_gate", "norm_weight")
+    args = tuple(x[k] for k in names) + (None, 1e-6, c.buffer(name, "output", axes))
+    return Call(name, args, {"backend": "auto", "state_indices_mode": "unique_or_null"})
+
+
+def _ssd_combined(c: Catalogue) -> Call:
+    name = "mamba_ssd_combined_h64_d64_s128_ng4"
+    x, _ = c.inputs(name, batch_size=2, seqlen=5)
+    args = tuple(x[k] for k in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias"))
+    kwargs: dict = {"dt_softplus": True, "dt_limit": (0.001, 10.0)}
+    kwargs |= {"initial_states": x["initial_states"], "seq_idx": None, "chunk_indices": None}
+    kwargs |= {"chunk_offsets": None, "seq_chunk_cumsum": None}
+    kwargs |= {"update_seq_chunk_cumsum": False, "checkpoint_token_indices": None}
+    kwargs |= {"checkpoint_state_slots": None, "checkpoint_states": None, "out": None}
+    kwargs |= {"return_final_states": True, "num_seqs": None}
+    return Call(name, args, kwargs)
+
+
+def _packed_fused_kda(c: Catalogue) -> Call:
+    name = "packed_fused_kda_decode_t1_h8_d128"
+    x, axes = c.inputs(name, num_rows=3, num_slots=5)
+    names = ("x", "weight", "conv_state", "raw_gate", "raw_beta", "A_log", "dt_bias")
+    args = tuple(x[k] for k in names)
+    # Three sequences of one token each, in the slots the rows were made with.
+    slots = x["state_indices"][:, None].contiguous()
+    args += (slots, x["state"], x["output_gate"], x["norm_weight"], None, 1e-6)
+    kwargs: dict = {"output": c.buffer(name, "output", axes)}
+    kwargs |= {"query_start_loc": torch.arange(4, dtype=torch.int32)}
+    kwargs |= {"num_accepted_tokens": torch.ones(3, dtype=torch.int32), "t1_state_indices": None}
+    return Call(name, args, kwargs)
+
+
 ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.gdn_prefill.chunk_gated_delta_rule": _chunk_prefill,
     "flashinfer.gdn_decode.gated_delta_rule_decode_pretranspose": _decode_pool,
@@ -111,5 +178,11 @@ ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.gdp_prefill.chunk_gated_delta_product": _gdp_prefill,
     "flashinfer.kda.recurrent_kda": _kda("kda"),
     "flashinfer.kda_decode.recurrent_kda": _kda("kda_decode"),
+    "flashinfer.kda_decode.packed_kda_decode": _packed_kda,
+    "flashinfer.kda_decode.fused_kda_decode": _fused_kda,
+    "flashinfer.kda_decode.packed_fused_kda_decode": _packed_fused_kda,
     "flashinfer.mhc.mhc_post": _mhc_post,
+    "flashinfer.mamba.ssd_combined.ssd_combined_fwd": _ssd_combined,
+    "flashinfer.mhc.mhc_pre_big_fuse": _mhc_pre_big_fuse,
+    "flashinfer.mhc.mhc_pre_big_fuse_with_prenorm": _mhc_pre_big_fuse_with_prenorm,
 }

@@ -565,9 +565,76 @@ def _topk_build(seed):
     return (x["max_score"], 16), {}, x
 
 
+MSA_NAME = "msa_sparse_attention_h4_kv2_d128_topk16"
+
+
+def _msa_build(seed):
+    x, _ = _catalogue().inputs(MSA_NAME, seed=seed, len_indptr=3)
+    names = ("q", "k", "v", "q2k_indices", "cu_seqlens_q", "cu_seqlens_k")
+    return tuple(x[k] for k in names), {}, x
+
+
+MSA_DECODE_NAME = "msa_sparse_decode_attention_h4_kv2_d128_topk16_sq1"
+
+
+def _msa_decode_build(seed):
+    x, _ = _catalogue().inputs(MSA_DECODE_NAME, seed=seed, len_indptr=3)
+    args = tuple(x[k] for k in ("q", "k", "v", "q2k_indices"))
+    return args, {"cu_seqlens_k": x["cu_seqlens_k"]}, x
+
+
 _FP8 = torch.float8_e4m3fn
 _ONE = torch.ones(1)
 APIS = [
+    Api(
+        "flashinfer.msa_ops.sparse_decode.msa_sparse_decode_attention",
+        MSA_DECODE_NAME,
+        _msa_decode_build,
+        [
+            # Another number of tokens per sequence names another definition.
+            ("seqlen_q", 2, None),
+            ("page_table", torch.zeros(2, 4, dtype=torch.int32), "page_table"),
+            ("seqused_k", torch.ones(2, dtype=torch.int32), "seqused_k"),
+            ("return_softmax_lse", True, "return_softmax_lse"),
+            ("k_scale", torch.ones(1, dtype=torch.uint8), "k_scale"),
+            ("v_global_scale", 0.5, "v_global_scale"),
+            ("q_offset", 3, "q_offset"),
+            ("partial_dtype", torch.bfloat16, "partial_dtype"),
+            ("out", torch.zeros(4, 4, 128, dtype=torch.bfloat16), "out"),
+            ("k", torch.zeros(3, 2, 128, dtype=_FP8), "tensor:k"),
+        ],
+        [
+            ("causal", False),
+            ("softmax_scale", 0.05),
+            ("partial_dtype", torch.float32),
+            ("force_fused", False),
+            ("workspace", object()),
+        ],
+    ),
+    Api(
+        "flashinfer.msa_ops.sparse_prefill.msa_sparse_attention",
+        MSA_NAME,
+        _msa_build,
+        [
+            ("cu_seqlens_k", None, "unevaluable"),
+            ("page_table", torch.zeros(2, 4, dtype=torch.int32), "page_table"),
+            ("seqused_k", torch.ones(2, dtype=torch.int32), "seqused_k"),
+            ("return_softmax_lse", True, "return_softmax_lse"),
+            ("return_temperature_lse", True, "return_temperature_lse"),
+            ("k_scale", torch.ones(1, dtype=torch.uint8), "k_scale"),
+            ("v_scale", torch.ones(1, dtype=torch.uint8), "v_scale"),
+            ("k_global_scale", 0.5, "k_global_scale"),
+            ("v_global_scale", 0.5, "v_global_scale"),
+            ("q_offset", 3, "q_offset"),
+            ("k", torch.zeros(3, 2, 128, dtype=_FP8), "tensor:k"),
+        ],
+        [
+            ("causal", False),
+            ("softmax_scale", 0.05),
+            ("lse_temperature_scale", 2.0),
+            ("workspace", object()),
+        ],
+    ),
     Api(
         "flashinfer.msa_ops.sparse_topk_select.msa_topk_select",
         TOPK_NAME,
@@ -1142,6 +1209,68 @@ def test_fmha_v2_sm120_unset_scales_are_one(monkeypatch):
     out = _route(monkeypatch, api.path, api.name, args, {"scale_bmm1": None, "scale_bmm2": None})
     _hit(out)
     assert out.seen[0]["scale_bmm1"] == 1.0 and out.seen[0]["scale_bmm2"] == 1.0
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_msa_sparse_attention_reference_agrees_with_flashinfers_template(causal):
+    args, _, x = _msa_build(5)
+    # Ids past a sequence's blocks select nothing, in both; so does a row of -1s.
+    q2k = x["q2k_indices"].clone()
+    q2k[0, 0, 0], q2k[1, 1, :] = 99, -1
+    args = args[:3] + (q2k,) + args[4:]
+    ours = _reference(MSA_NAME)(*args, causal, 0.09)
+    theirs = _template_of("msa", "_msa_sparse_attention_reference")(
+        *args, causal=causal, softmax_scale=0.09
+    )
+    _close(ours, theirs, atol=1e-2)
+    assert (ours[:, 2:][1] == 0).all()  # query 1 of KV head 1 sees nothing: zeros
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_msa_sparse_decode_attention_reference_agrees_with_flashinfers_template(causal):
+    args, kwargs, x = _msa_decode_build(6)
+    ours = _reference(MSA_DECODE_NAME)(*args, x["cu_seqlens_k"], causal, 0.09)
+    theirs = _template_of("msa", "_msa_sparse_decode_attention_reference")(
+        *args, x["cu_seqlens_k"], seqlen_q=1, causal=causal, softmax_scale=0.09
+    )
+    _close(ours, theirs, atol=1e-2)
+    # Decode is prefill with seqlen_q tokens for each sequence.
+    cu_q = torch.arange(0, 3, dtype=torch.int32)
+    prefill = _reference(MSA_NAME)(*args, cu_q, x["cu_seqlens_k"], causal, 0.09)
+    assert torch.equal(ours, prefill)
+    # Two tokens per sequence (what the reference takes from total_q / batch_size): the
+    # first sits one position earlier, so causal hides the last key from it.
+    q, k, v, q2k = args
+    two = (q.repeat_interleave(2, 0), k, v, q2k.repeat_interleave(2, 1), x["cu_seqlens_k"])
+    ours = _reference(MSA_DECODE_NAME)(*two, causal, 0.09)
+    theirs = _template_of("msa", "_msa_sparse_decode_attention_reference")(
+        *two, seqlen_q=2, causal=causal, softmax_scale=0.09
+    )
+    _close(ours, theirs, atol=1e-2)
+
+
+def test_msa_sparse_attention_leaves_a_strided_selection_to_flashinfer(monkeypatch):
+    args, _, x = _msa_build(0)
+    strided = x["q2k_indices"].transpose(0, 1).contiguous().transpose(0, 1)
+    assert torch.equal(strided, x["q2k_indices"]) and not strided.is_contiguous()
+    args = args[:3] + (strided,) + args[4:]
+    api = "flashinfer.msa_ops.sparse_prefill.msa_sparse_attention"
+    _refused(_route(monkeypatch, api, MSA_NAME, args, {}), "q2k_indices")
+
+
+def test_msa_sparse_attention_reference_attends_the_selected_blocks_only():
+    # One sequence of 3 blocks (300 keys); one query token selecting block 1 only, so it
+    # attends keys 128..255 with a plain softmax; causal with 300 keys leaves them all.
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(n, h, 128).bfloat16() for n, h in ((1, 4), (300, 2), (300, 2)))
+    q2k = torch.full((2, 1, 16), -1, dtype=torch.int32)
+    q2k[:, 0, 0] = 1
+    cu_q, cu_k = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0, 300], dtype=torch.int32)
+    out = _reference(MSA_NAME)(q, k, v, q2k, cu_q, cu_k, True, 0.1)
+    for h in range(4):
+        kk, vv = k[128:256, h // 2].float(), v[128:256, h // 2].float()
+        want = torch.softmax(q[0, h].float() @ kk.T * 0.1, -1) @ vv
+        _close(out[0, h], want.bfloat16(), atol=1e-2)
 
 
 @pytest.mark.parametrize("valid", [None, 12, "per-token"])

@@ -15,6 +15,7 @@ itself, whose kernels raise on this CPU.
 from __future__ import annotations
 
 import functools
+import math
 import importlib
 import warnings
 from pathlib import Path
@@ -37,6 +38,7 @@ from fibgen.runtime.routing import patching  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ("ssm_gdn.fidef", "ssm_linear.fidef", "ssm_kda.fidef", "mhc.fidef", "gdn.fidef")
+FILES += ("mamba.fidef",)
 # Slow as a whole: state-space calls through the real FlashInfer's API.
 pytestmark = [
     pytest.mark.slow,
@@ -227,6 +229,133 @@ def test_kda_reference_is_flashinfers_fp32_oracle_on_the_gates_it_computes():
     _close(out[0], first, atol=3e-2)
 
 
+def test_packed_kda_reference_is_flashinfers_fp32_oracle_row_by_row():
+    # The oracle computes the gates from the raw logits as the packed kernel does (lower
+    # bound -5, its docstring's fixed contract); one token of one sequence per row.
+    from flashinfer.experimental.b12x.sequence.kda_prefill import reference as oracle
+
+    name = "packed_kda_decode_h12_d128"
+    x = _inputs(name, seed=4, batch_size=3, pool_size=5)
+    x["state_indices"] = torch.tensor([3, -1, 0], dtype=torch.int32)  # row 1: padding
+    names = ("mixed_qkv", "raw_gate", "raw_beta", "A_log", "dt_bias", "state", "state_indices")
+    out, new_state = _reference(name)(*(x[k] for k in names))
+    q, k, v = x["mixed_qkv"].view(3, 3, 12, 128).unbind(1)
+    for row, slot in ((0, 3), (2, 0)):
+        want_out, want_state, _ = oracle.recurrent_kda(
+            q[row : row + 1], k[row : row + 1], v[row : row + 1],
+            x["raw_gate"][row].view(1, 12, 128), x["raw_beta"][row : row + 1],
+            x["A_log"], x["dt_bias"].view(12, 128), lower_bound=-5.0,
+            initial_state=x["state"][slot],
+        )  # fmt: skip
+        _close(out[row, 0], want_out[0], atol=1e-2)
+        _close(new_state[slot], want_state.to(torch.bfloat16), atol=1e-2)
+    assert not out[1].any()  # the padding row: zeros, and the slots no row names unchanged
+    for slot in (1, 2, 4):
+        assert torch.equal(new_state[slot], x["state"][slot])
+    assert out.shape == (3, 1, 12, 128) and new_state.dtype == torch.bfloat16
+
+
+def test_fused_kda_reference_is_a_convolution_then_flashinfers_fp32_oracle_then_a_gated_norm():
+    from flashinfer.experimental.b12x.sequence.kda_prefill import reference as oracle
+
+    name = "fused_kda_decode_h8_d128"
+    x = _inputs(name, seed=5, num_rows=3, num_slots=5)
+    x["state_indices"] = torch.tensor([3, 0, 1], dtype=torch.int32)  # row 1: the null slot
+    names = ("x", "weight", "conv_state", "raw_gate", "raw_beta", "A_log", "dt_bias")
+    names += ("state_indices", "state", "output_gate", "norm_weight")
+    args = [x[k] for k in names]
+    out, conv, state = _reference(name)(*args, -5.0, 1e-5)
+    H, D = 8, 128
+    for row, slot in ((0, 3), (2, 1)):
+        # The causal convolution of each channel over its three cached inputs and this one.
+        window = torch.cat([x["conv_state"][slot], x["x"][row][:, None]], dim=1).float()
+        taps = x["weight"].permute(0, 2, 1).reshape(3 * H * D, 1, 4)
+        acc = torch.nn.functional.conv1d(window[None], taps, groups=3 * H * D)[0, :, 0]
+        mixed = torch.nn.functional.silu(acc).to(torch.bfloat16)
+        assert torch.equal(conv[slot], window[:, 1:].to(torch.bfloat16))
+        q, k, v = mixed.view(3, 1, H, D).unbind(0)
+        o, want_state, _ = oracle.recurrent_kda(
+            q, k, v, x["raw_gate"][0, row : row + 1], x["raw_beta"][0, row : row + 1],
+            x["A_log"], x["dt_bias"].view(H, D), lower_bound=-5.0,
+            initial_state=x["state"][slot],
+        )  # fmt: skip
+        torch.testing.assert_close(state[slot], want_state, atol=2e-3, rtol=1e-3)
+        o = o[0].float()
+        gated = torch.sigmoid(x["output_gate"][row].float()) * x["norm_weight"]
+        want = o * torch.rsqrt(o.square().mean(-1, keepdim=True) + 1e-5) * gated
+        _close(out[0, row], want.to(torch.bfloat16), atol=2e-2)
+    assert not out[0, 1].any()  # the null row: zeros, and slot 0 (and 2, 4) untouched
+    for slot in (0, 2, 4):
+        assert torch.equal(conv[slot], x["conv_state"][slot])
+        assert torch.equal(state[slot], x["state"][slot])
+    # Without a bound the decay is -exp(A_log) * softplus(raw_gate + dt_bias).
+    _, _, soft = _reference(name)(*args, float("nan"), 1e-5)
+    _, _, bounded = _reference(name)(*args, -5.0, 1e-5)
+    assert not torch.allclose(soft[3], bounded[3])
+    pre = x["raw_gate"][0, 0].float() + x["dt_bias"].view(H, D)
+    decay = torch.exp(-torch.exp(x["A_log"])[:, None] * torch.nn.functional.softplus(pre))
+    zero_beta = list(args)
+    zero_beta[4] = torch.full_like(x["raw_beta"], -1e4)  # beta = 0: only the decay acts
+    _, _, decayed = _reference(name)(*zero_beta, float("nan"), 1e-5)
+    torch.testing.assert_close(decayed[3], x["state"][3] * decay[:, None, :])
+
+
+def _segsum(a):
+    """segsum[..., i, j] = a[..., j + 1] + ... + a[..., i] for i >= j, -inf above."""
+    t = a.shape[-1]
+    cum = torch.cumsum(a, dim=-1)
+    out = cum[..., :, None] - cum[..., None, :]
+    return out.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
+
+
+def _ssd_chunked(x, a, b, c, initial, chunk):
+    """Mamba-2's chunked SSD (the "minimal" form of its paper, the algorithm of FlashInfer's
+    kernel): x and a already multiplied by dt, b and c per head; returns y and the state."""
+    bs, length, h, p = x.shape
+    n = b.shape[-1]
+    split = lambda t: t.reshape(bs, length // chunk, chunk, *t.shape[2:])  # noqa: E731
+    x, b, c = split(x), split(b), split(c)
+    a = split(a).permute(0, 3, 1, 2)  # [b, h, chunks, chunk]
+    a_cum = torch.cumsum(a, dim=-1)
+    y_diag = torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", c, b, torch.exp(_segsum(a)), x)
+    decay_states = torch.exp(a_cum[..., -1:] - a_cum)
+    states = torch.einsum("bclhn,bhcl,bclhp->bchpn", b, decay_states, x)
+    states = torch.cat([initial[:, None], states], dim=1)
+    decay_chunk = torch.exp(_segsum(torch.nn.functional.pad(a_cum[..., -1], (1, 0))))
+    new_states = torch.einsum("bhzc,bchpn->bzhpn", decay_chunk, states)
+    states, final = new_states[:, :-1], new_states[:, -1]
+    y_off = torch.einsum("bclhn,bchpn,bhcl->bclhp", c, states, torch.exp(a_cum))
+    return (y_diag + y_off).reshape(bs, length, h, p), final
+
+
+def test_ssd_combined_reference_is_mamba2s_chunked_scan():
+    name = "mamba_ssd_combined_h64_d64_s128_ng4"
+    x = _inputs(name, seed=7, batch_size=2, seqlen=256)
+    names = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias")
+    y, final = _reference(name)(*(x[k] for k in names), True, 0.0, 0.5, x["initial_states"])
+    dt = torch.nn.functional.softplus(x["dt"].float() + x["dt_bias"]).clamp(0.0, 0.5)
+    heads = lambda t: t.float().repeat_interleave(16, dim=2)  # noqa: E731  (64 heads, 4 groups)
+    want_y, want_final = _ssd_chunked(
+        x["x"].float() * dt[..., None], dt * x["A"], heads(x["B"]), heads(x["C"]),
+        x["initial_states"].float(), chunk=128,
+    )  # fmt: skip
+    want_y = (want_y + x["D"].float()[:, None] * x["x"].float()) * torch.nn.functional.silu(
+        x["z"].float()
+    )
+    _close(y, want_y.bfloat16(), atol=3e-2)
+    _close(final, want_final.bfloat16(), atol=3e-2)
+    # Without D, z, dt_bias, a limit and an initial state: the plain scan from zeros.
+    plain, _ = _reference(name)(
+        *(x[k] for k in names[:5]), None, None, None, True, 0.0, float("inf"), None
+    )
+    dt = torch.nn.functional.softplus(x["dt"].float())
+    want, _ = _ssd_chunked(
+        x["x"].float() * dt[..., None], dt * x["A"], heads(x["B"]), heads(x["C"]),
+        torch.zeros(2, 64, 64, 128), chunk=128,
+    )  # fmt: skip
+    _close(plain, want.bfloat16(), atol=3e-2)
+
+
 def test_mhc_post_reference_is_flashinfers_test_oracle_and_its_docstrings_sum():
     from flashinfer.experimental.b12x.testing.mhc import post_reference
 
@@ -240,6 +369,56 @@ def test_mhc_post_reference_is_flashinfers_test_oracle_and_its_docstrings_sum():
         for old in range(4):
             want += x["residual"][:, old].double() * x["comb_res_mix"][:, old, new, None].double()
         _close(ours[:, new], want, atol=1e-2)
+
+
+def _mhc_oracle_case(hidden_size=4096, tokens=3):
+    """FlashInfer's mHC test inputs, and the pre map of its test oracle on them; with the
+    projection logits and square sums the big-fuse kernels take computed from them."""
+    from flashinfer.experimental.b12x.testing.mhc import make_inputs, pre_reference
+
+    residual, _, fn, scale, bias = make_inputs(
+        tokens=tokens, hidden_size=hidden_size, seed=0, device=torch.device("cpu")
+    )
+    want = pre_reference(
+        residual, fn, scale, bias, rms_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20
+    )  # fmt: skip
+    flat = residual.flatten(1).float()
+    dot_mix = torch.nn.functional.linear(flat, fn)
+    return residual, dot_mix, flat.square().sum(-1), scale, bias, want
+
+
+def test_mhc_pre_big_fuse_references_are_flashinfers_test_oracle_after_its_projection():
+    residual, dot_mix, sqrsum, scale, bias, (y, post, comb) = _mhc_oracle_case()
+    eps = (1e-6, 1e-6, 1e-6)
+    # The oracle's post map is 2 * sigmoid: the kernel's mhc_post_mult_value = 2.
+    ours = _reference("mhc_pre_big_fuse_hc4_h4096_mix24")(
+        dot_mix, sqrsum, residual, scale, bias, 4 * 4096, *eps, 2.0, 20
+    )
+    prenorm = _reference("mhc_pre_big_fuse_with_prenorm_hc4_h4096_mix24")(
+        dot_mix, residual, scale, bias, *eps, 2.0, 20
+    )
+    for post_mix, comb_mix, layer_input in (ours, prenorm):
+        assert post_mix.shape == (3, 4, 1) and post_mix.dtype == torch.float32
+        _close(post_mix[..., 0], post, atol=1e-5, rtol=1e-5)
+        _close(comb_mix, comb, atol=1e-5, rtol=1e-5)
+        assert layer_input.dtype == torch.bfloat16
+        _close(layer_input, y, atol=1e-2)
+    # Sinkhorn: after 20 rounds the comb matrix is doubly stochastic.
+    _close(ours[1].sum(-1), torch.ones(3, 4), atol=1e-3)
+    _close(ours[1].sum(-2), torch.ones(3, 4), atol=1e-3)
+    # k is what sqrsum is divided by: another k is another RMS scaling of the logits.
+    other = _reference("mhc_pre_big_fuse_hc4_h4096_mix24")(
+        dot_mix, sqrsum, residual, scale, bias, 4096, *eps, 2.0, 20
+    )
+    assert not torch.allclose(other[0], ours[0])
+    # One Sinkhorn round is a softmax over each row, then columns divided by their sums.
+    one = _reference("mhc_pre_big_fuse_hc4_h4096_mix24")(
+        dot_mix, sqrsum, residual, scale, bias, 4 * 4096, 0.0, 0.0, 0.0, 1.0, 1
+    )
+    rstd = torch.rsqrt(sqrsum / (4 * 4096))[:, None]
+    soft = torch.softmax((dot_mix[:, 8:] * rstd * scale[2] + bias[8:]).view(-1, 4, 4), dim=-1)
+    _close(one[1], soft / soft.sum(-2, keepdim=True), atol=1e-6, rtol=1e-5)
+    _close(one[0][..., 0], torch.sigmoid(dot_mix[:, 4:8] * rstd * scale[1] + bias[4:8]))
 
 
 # ---------------------------------------------------------------------------------------
@@ -425,6 +604,96 @@ def test_kda_updates_the_callers_state_in_place_and_refuses_what_it_does_not_mod
     assert torch.equal(out, expected[0]) and torch.equal(state, expected[1])
 
 
+def test_packed_kda_routes_into_the_callers_pool_and_leaves_a_strided_A_log_to_flashinfer():
+    path = "flashinfer.kda_decode.packed_kda_decode"
+    a_log = routable.ROUTABLE[path](_catalogue()).args[3]
+    strided = torch.stack([a_log, a_log], dim=1)[:, 0]
+    assert not strided.is_contiguous()
+    before = routable.ROUTABLE[path](_catalogue()).args[5]  # the same seed: the same pool
+    call, seen, out = _route(
+        path,
+        [
+            ({3: strided}, "A_log,dt_bias,state_indices"),
+            ({5: before.float()}, "tensor:state"),  # a float32 pool is another kernel
+        ],
+    )
+    want_out, want_state = _reference(call.name)(**{**seen, "state": before})
+    assert out is call.kwargs["output"] and torch.equal(out, want_out)
+    assert torch.equal(call.args[5], want_state) and not torch.equal(before, want_state)
+
+
+def test_fused_kda_routes_the_softplus_gate_and_leaves_repeated_slots_to_flashinfer():
+    path = "flashinfer.kda_decode.fused_kda_decode"
+    call, seen, out = _route(
+        path,
+        [
+            ({"state_indices_mode": "repeated_positive"}, "state_indices_mode"),
+            ({8: routable.ROUTABLE[path](_catalogue()).args[8].bfloat16()}, "tensor:state"),
+        ],
+    )
+    assert math.isnan(seen["lower_bound"]) and seen["norm_eps"] == 1e-6
+    assert out is call.args[13] and seen["output_gate"].dim() == 3
+    # The output gate as [1, num_rows, H, 128]: the same call.
+    seen_again: list = []
+    again = routable.ROUTABLE[path](_catalogue())
+    args = list(again.args)
+    args[9] = args[9][None]
+    with rt.enable_apply({call.name: _recorder(call.name, seen_again)}):
+        _call(path, args, again.kwargs)
+    assert torch.equal(seen_again[0]["output_gate"], again.args[9])
+
+
+def test_ssd_combined_routes_batched_calls_and_leaves_packed_ones_to_flashinfer():
+    path = "flashinfer.mamba.ssd_combined.ssd_combined_fwd"
+    call, seen, (out, final) = _route(
+        path,
+        [
+            ({"seq_idx": torch.zeros(2, 5, dtype=torch.int32)}, "seq_idx"),
+            ({"return_final_states": False}, "return_final_states"),
+            ({"out": torch.zeros(2, 5, 64, 64, dtype=torch.bfloat16)}, "out"),
+            ({5: torch.ones(64, 64, dtype=torch.bfloat16)}, "tensor:D"),  # D per channel
+        ],
+    )
+    assert (seen["dt_min"], seen["dt_max"]) == (0.001, 10.0)
+    want = _reference(call.name)(**seen)
+    assert torch.equal(out, want[0]) and torch.equal(final, want[1])
+
+
+def test_packed_fused_kda_maps_rows_to_their_sequences_slots_and_is_fused_kda_decode():
+    path = "flashinfer.kda_decode.packed_fused_kda_decode"
+    base = routable.ROUTABLE[path](_catalogue())
+    # Sequences of 1, 0 and 1 tokens, then a row of unused capacity: rows 0, 1 take the
+    # slots of sequences 0 and 2; row 2 none (zeros, no cache touched).
+    qsl = torch.tensor([0, 1, 1, 2], dtype=torch.int32)
+    slots = torch.tensor([[3], [4], [1]], dtype=torch.int32)
+    two_tokens = torch.tensor([[3, 2], [4, 0], [1, 0]], dtype=torch.int32)
+    call, seen, out = _route(
+        path,
+        [({7: two_tokens}, "tensor:state_indices")],  # T = 2: the checkpointing kernel
+    )
+    assert torch.equal(seen["state_indices"], call.args[7][:, 0])
+    args = list(base.args)
+    args[7] = slots
+    conv, state = args[2].clone(), args[8].clone()
+    seen_packed: list = []
+    with rt.enable_apply({call.name: _recorder(call.name, seen_packed)}):
+        packed = _call(path, args, {**base.kwargs, "query_start_loc": qsl})
+    assert seen_packed[0]["state_indices"].tolist() == [3, 1, 0]
+    fused = _reference("fused_kda_decode_h8_d128")
+    names = ("x", "weight", "conv_state", "raw_gate", "raw_beta", "A_log", "dt_bias")
+    names += ("state_indices", "state", "output_gate", "norm_weight", "lower_bound", "norm_eps")
+    direct = {**seen_packed[0], "conv_state": conv, "state": state}
+    want_out, want_conv, want_state = fused(*(direct[k] for k in names))
+    assert torch.equal(packed, want_out) and not packed[0, 2].any()
+    assert torch.equal(args[2], want_conv) and torch.equal(args[8], want_state)
+    # t1_state_indices gives the slots of the rows directly.
+    seen_t1: list = []
+    rows = torch.tensor([2, 0, 4], dtype=torch.int32)
+    with rt.enable_apply({call.name: _recorder(call.name, seen_t1)}):
+        _call(path, args, {**base.kwargs, "query_start_loc": qsl, "t1_state_indices": rows})
+    assert torch.equal(seen_t1[0]["state_indices"], rows)
+
+
 def test_mhc_post_routes_flat_tokens_and_leaves_other_shapes_to_flashinfer():
     path = "flashinfer.mhc.mhc_post"
     call = routable.ROUTABLE[path](_catalogue())
@@ -437,6 +706,54 @@ def test_mhc_post_routes_flat_tokens_and_leaves_other_shapes_to_flashinfer():
     with rt.enable_apply({call.name: _recorder(call.name, seen_again)}):
         again = _call(path, (x, residual, post[..., None], comb), {})
     assert torch.equal(seen_again[0]["post_layer_mix"], post) and torch.equal(again, out)
+
+
+def test_mhc_pre_big_fuse_routes_split_partials_summed_and_leaves_bad_values_to_flashinfer():
+    path = "flashinfer.mhc.mhc_pre_big_fuse"
+    call = routable.ROUTABLE[path](_catalogue())
+    dot_mix, sqrsum = call.args[:2]
+    # Partials over two splits: the kernel sums them first; the definition gets the sums.
+    parts = (torch.stack([dot_mix / 4, dot_mix * 3 / 4]), torch.stack([sqrsum / 2] * 2))
+    split = {0: parts[0], 1: parts[1], "num_splits": 2}
+    three = (torch.stack([dot_mix / 3] * 3), torch.stack([sqrsum / 3] * 3))
+    _, seen, (post, comb, layer) = _route(
+        path,
+        [
+            ({0: three[0], 1: three[1], "num_splits": 3}, "num_splits"),
+            ({0: parts[0], 1: parts[1]}, "tensor:dot_mix"),  # no num_splits=2
+            ({"rms_eps": 0.0}, "rms_eps"),
+            ({"sinkhorn_repeat": 0}, "sinkhorn_repeat"),
+            ({5: 0}, "k"),
+        ],
+    )
+    expected = _reference(call.name)(**seen)
+    assert torch.equal(post, expected[0]) and torch.equal(layer, expected[2])
+    seen_split: list = []
+    with rt.enable_apply({call.name: _recorder(call.name, seen_split)}):
+        args, kwargs = list(call.args), dict(call.kwargs)
+        args[0], args[1], kwargs["num_splits"] = split[0], split[1], split["num_splits"]
+        again = _call(path, args, kwargs)
+    _close(seen_split[0]["dot_mix"], dot_mix, atol=1e-5, rtol=1e-6)
+    _close(seen_split[0]["sqrsum"], sqrsum, atol=1e-3, rtol=1e-6)
+    _close(again[1], comb, atol=1e-5, rtol=1e-5)
+
+
+def test_mhc_pre_big_fuse_with_prenorm_takes_a_split_axis_of_one_and_no_other():
+    path = "flashinfer.mhc.mhc_pre_big_fuse_with_prenorm"
+    call = routable.ROUTABLE[path](_catalogue())
+    dot_mix = call.args[0]
+    _, seen, out = _route(
+        path,
+        [
+            ({0: torch.stack([dot_mix, dot_mix])}, "tensor:dot_mix"),
+            ({"mhc_sinkhorn_eps": -1e-6}, "mhc_sinkhorn_eps"),
+        ],
+    )
+    seen_again: list = []
+    with rt.enable_apply({call.name: _recorder(call.name, seen_again)}):
+        again = _call(path, (dot_mix[None], *call.args[1:]), call.kwargs)
+    assert torch.equal(seen_again[0]["dot_mix"], dot_mix)
+    assert all(torch.equal(a, b) for a, b in zip(again, out))
 
 
 def test_every_family_of_the_files_has_a_routable_call():

@@ -188,6 +188,9 @@ def test_no_candidates_and_no_entry_point_are_said():
 # or on none: never on its own).
 _NO_PAGE_SIZE = "ambiguous"  # a (k_cache, v_cache) tuple or an unknown layout: no page size
 NOT_LANDING = {
+    # Its definition takes the slot of each row, which its `let` resolves from the packed
+    # metadata (state_indices [N, 1] and query_start_loc) that FlashInfer's template records.
+    "flashinfer.kda_decode.packed_fused_kda_decode": "none",
     # Its template reads the page size from a cache tensor, and a (k_cache, v_cache) tuple
     # holds none: the two page sizes of the catalogue are both possible.
     "flashinfer.page.append_paged_kv_cache": "ambiguous",
@@ -320,6 +323,7 @@ NOT_FROM_THE_DEFINITION = {
     # tensors would pass the unflattened ones.
     "flashinfer.rope.apply_rope_with_cos_sin_cache_inplace": "a `let` view of the call's tensors",
     "flashinfer.rope.apply_rope_with_cos_sin_cache": "a `let` view of the call's tensors",
+    "flashinfer.kda_decode.packed_fused_kda_decode": "per-row slots a `let` resolves",
     # Parameters the families' rules fix (`local_num_experts == num_local_experts`,
     # `local_expert_offset`, `routed_scaling_factor`, the routing options) are named like no
     # axis or parameter.

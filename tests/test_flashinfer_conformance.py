@@ -145,6 +145,7 @@ def _mla_stand_in(monkeypatch):
         "rope_fp8",
         "basic_more",
         "norm_quant",
+        "mhc",
     ],
 )
 def test_the_wrapper_cases_route_or_fall_back_as_the_suite_expects(group, monkeypatch):

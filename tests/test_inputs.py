@@ -243,6 +243,7 @@ def test_sparse_indices_and_unique_rows():
         inputs=(
             ("idx", "int32", ("t", "k"), False, "sparse_indices(below=12)"),
             ("experts", "int32", ("t", "k"), False, "indices(below=k * 2, unique=True)"),
+            ("blocks", "int32", ("t", "k"), False, "sparse_indices(below=40, ascending=True)"),
         ),
     )
     x = generate_inputs(spec, {"t": 6})
@@ -250,6 +251,10 @@ def test_sparse_indices_and_unique_rows():
         valid = [v for v in row if v != -1]
         assert 1 <= len(valid) <= 12 and len(set(valid)) == len(valid)
         assert row[len(valid) :] == [-1] * (16 - len(valid)) and max(valid) < 12
+    assert any(v != sorted(v) for v in ([r for r in row if r != -1] for row in x["idx"].tolist()))
+    for row in x["blocks"].tolist():  # ascending=True: the same, sorted
+        valid = [v for v in row if v != -1]
+        assert valid == sorted(set(valid)) and row[len(valid) :] == [-1] * (16 - len(valid))
     for row in x["experts"].tolist():
         assert len(set(row)) == 16 and max(row) < 32
 

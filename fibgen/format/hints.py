@@ -62,11 +62,11 @@ HINT_SIGNATURES: dict[str, HintSignature] = {
     ),
     "sparse_indices": HintSignature(
         positional=("below",),
-        keywords=("min_valid",),
+        keywords=("min_valid", "ascending"),
         required=("below",),
         meaning=(
             "per row, distinct integers in [0, below) followed by -1 padding; at least "
-            "min_valid (default 1) valid entries per row"
+            "min_valid (default 1) valid entries per row; ascending=True sorts them"
         ),
     ),
     "last_page_len": HintSignature(

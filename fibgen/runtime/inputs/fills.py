@@ -313,13 +313,15 @@ class Fills:
     def _make_sparse_indices(self, name: str, dtype: str, shape: tuple) -> torch.Tensor:
         below = int(self._arg(name, "below"))
         min_valid = int(self._arg(name, "min_valid", 1))
+        ascending = bool(self._arg(name, "ascending", False))
         k = shape[-1]
         rows = math.prod(shape[:-1])
         cap = min(k, below)
         out = torch.full((rows, k), -1, dtype=torch.int64)
         for r in range(rows):
             count = int(torch.randint(min(min_valid, cap), cap + 1, (), generator=self.rng))
-            out[r, :count] = torch.randperm(below, generator=self.rng)[:count]
+            chosen = torch.randperm(below, generator=self.rng)[:count]
+            out[r, :count] = chosen.sort().values if ascending else chosen
         return out.reshape(shape).to(torch_dtype(dtype))
 
     def _make_fp8_paged(self, name: str, dtype: str, shape: tuple) -> torch.Tensor:
