@@ -147,6 +147,7 @@ PLAN_STATE = {
     "flashinfer.attention.BatchAttention.plan": "_plan_info",
     "flashinfer.sparse.BlockSparseAttentionWrapper.plan": "_pos_encoding_mode",
     "flashinfer.sparse.VariableBlockSparseAttentionWrapper.plan": "_pos_encoding_mode",
+    "flashinfer.attention.prims_ts.decode.BatchDecodePagedTSWrapper.plan": "_plan_state",
 }
 
 # The stamp of an attribute that was missing at plan time: no later read is this object,

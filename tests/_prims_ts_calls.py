@@ -1,0 +1,97 @@
+"""Routable calls of the PrimTS attention APIs of ``definitions/attention_prims_ts.fidef``
+(see ``_routable_calls`` for the convention): every parameter of the real signature is given,
+at a value the family's rules accept, a non-default one where a rule allows it (a causal
+window, explicit scales, an ignored scratch buffer or launch option).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+# What ``_routable_calls`` defines; imported lazily by its users to avoid a cycle.
+Catalogue = Any
+
+DECODE_NAME = "prims_ts_batch_decode_h32_kv8_d128_ps16"
+WRAPPER_NAME = "prims_ts_decode_wrapper_h32_kv8_d128_ps16"
+
+
+def combined_cache(x: dict) -> torch.Tensor:
+    """The definition's HND pages as one tensor [pages, 2, kv_heads, page_size, head_dim]."""
+    return torch.stack([x["k_cache"], x["v_cache"]], dim=1)
+
+
+def decode_case(c: Catalogue, name: str, seed: int = 0) -> tuple[dict, dict]:
+    return c.inputs(name, seed=seed, batch_size=3, num_pages=12, max_pages_per_seq=3)
+
+
+def decode_kwargs(c: Catalogue, x: dict, axes: dict) -> dict:
+    """Every keyword of batch_decode_with_paged_kv_cache at a routable value."""
+    kwargs: dict = {"kv_scale_factors": None, "seq_len_q": 1, "qo_indptr": None}
+    kwargs |= {"max_seq_len_q": 1, "mask_type": "causal", "window_left": 20}
+    kwargs |= {"kv_layout": "HND", "bmm1_scale": 0.1, "bmm2_scale": 0.5}
+    kwargs |= {"out": c.buffer(DECODE_NAME, "output", axes), "out_dtype": torch.bfloat16}
+    kwargs |= {"page_size": 16, "split_kv": False}
+    kwargs |= {"workspace_buffer": torch.zeros(64, dtype=torch.int8), "max_kv_len": 48}
+    kwargs |= {"validate": False}
+    return kwargs
+
+
+def _decode(c: Catalogue) -> Any:
+    from _routable_calls import Call
+
+    x, axes = decode_case(c, DECODE_NAME)
+    args = (x["q"], (x["k_cache"], x["v_cache"]), x["block_tables"], x["seq_lens_kv"])
+    return Call(DECODE_NAME, args, decode_kwargs(c, x, axes))
+
+
+def wrapper_plan(batch_size: int = 3, **changes: Any) -> tuple[tuple, dict]:
+    """Every parameter of BatchDecodePagedTSWrapper.plan at a routable value."""
+    args = ("cpu", batch_size, 32, 8, 128, 16, 48)
+    kwargs: dict = {"max_seq_len_q": 1, "packed_query": False, "q_data_type": torch.bfloat16}
+    kwargs |= {"k_data_type": torch.bfloat16, "v_data_type": None, "kv_data_type": None}
+    kwargs |= {"o_data_type": torch.bfloat16, "mask_type": "causal", "window_left": 20}
+    kwargs |= {"seq_lens": None, "workspace_buffer": torch.zeros(64, dtype=torch.int8)}
+    kwargs |= {"storage_page_size": 16, "split_kv": False, "validate": False}
+    kwargs |= {"initialize_workspace": False}
+    return args, kwargs | changes
+
+
+def wrapper_state(x: dict) -> dict:
+    """What the wrapper holds after its constructor and the plan above: the KV layout, and
+    of the plan state what FlashInfer's trace template of run() reads."""
+    plan_state = SimpleNamespace(
+        use_packed_q=False,
+        seq_len_q=1,
+        page_size=16,
+        storage_page_size=16,
+        mask_type="causal",
+        window_left=20,
+        max_kv_len=48,
+        kv_prefix_mode="dynamic",
+        kv_lengths_mode="dynamic",
+        planned_seq_lens_device=None,
+        output_dtype=torch.bfloat16,
+        policy=(("split_kv_allowed", False),),
+    )
+    return {"_kv_layout": "HND", "_plan_state": plan_state}
+
+
+def _wrapper(c: Catalogue) -> Any:
+    from _routable_calls import Call
+
+    x, axes = decode_case(c, WRAPPER_NAME)
+    args = (x["q"], (x["k_cache"], x["v_cache"]), x["seq_lens"], x["block_tables"])
+    kwargs: dict = {"kv_scale_factors": None, "qo_indptr": None, "bmm1_scale": 0.1}
+    kwargs |= {"bmm2_scale": 0.5, "out": c.buffer(WRAPPER_NAME, "output", axes)}
+    kwargs |= {"validate": False}
+    return Call(WRAPPER_NAME, args, kwargs, wrapper_plan(), wrapper_state(x))
+
+
+ROUTABLE: dict[str, Callable[[Any], Any]] = {
+    "flashinfer.attention.prims_ts.decode.batch_decode_with_paged_kv_cache": _decode,
+    "flashinfer.attention.prims_ts.decode.BatchDecodePagedTSWrapper.run": _wrapper,
+}

@@ -1,0 +1,378 @@
+"""The PrimTS attention families (``definitions/attention_prims_ts.fidef``) against the real
+FlashInfer.
+
+FlashInfer 0.7.2.post1 is installed; its PrimTS kernels need an SM100 GPU, so its functions
+are never run here. For each API the real function (and a wrapper's plan) is replaced by a
+recorder with its signature before apply is enabled, and each check calls the patched API:
+
+- a call with FlashInfer's defaults is routed, and the solution sees the definition's inputs;
+- each ruled parameter at a value the definition does not model is refused with its rule
+  counted, and reaches FlashInfer's function unchanged; launch options never stop a call;
+- the reference agrees with independent computations: the reference of FlashInfer's own
+  trace template ``trtllm_batch_decode`` (the same block-table decode, HND), and a direct
+  softmax over the keys a window keeps.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from _shared import require_module
+
+require_module("flashinfer", "flashinfer-python 0.7.2.post1 is not installed (see .ci/run)")
+
+import _prims_ts_calls as calls  # noqa: E402
+import _routable_calls as routable  # noqa: E402
+
+import fibgen.runtime as rt  # noqa: E402
+from fibgen.compiler import compile_paths  # noqa: E402
+from fibgen.runtime.routing import patching  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore::flashinfer.api_logging.ExperimentalWarning"),
+]
+
+DECODE = "flashinfer.attention.prims_ts.decode.batch_decode_with_paged_kv_cache"
+WRAPPER = "flashinfer.attention.prims_ts.decode.BatchDecodePagedTSWrapper.run"
+PLAN = "flashinfer.attention.prims_ts.decode.BatchDecodePagedTSWrapper.plan"
+
+
+@functools.cache
+def _catalogue():
+    result = compile_paths([str(ROOT / "definitions")])
+    assert result.ok, "the catalogue does not compile"
+    return routable.Catalogue(result.module)
+
+
+@functools.cache
+def _reference(name: str):
+    namespace: dict = {}
+    exec(_catalogue().defs[name].reference, namespace)
+    return namespace["run"]
+
+
+@pytest.fixture(autouse=True)
+def _off():
+    yield
+    rt.disable_apply()
+
+
+@dataclass
+class Outcome:
+    result: Any
+    seen: list  # the inputs each solution call got
+    originals: list  # the arguments FlashInfer's function got, as its signature binds them
+    counts: dict
+
+
+def _recorder(real, calls_, plan_state=False):
+    sig = inspect.signature(real)
+
+    def original(*args, **kwargs):
+        calls_.append(sig.bind(*args, **kwargs).arguments)
+        if plan_state:  # what FlashInfer's plan() does to the wrapper: a new plan state
+            args[0]._plan_state = object()
+        return "flashinfer"
+
+    original.__signature__ = sig
+    return original
+
+
+def _solution(name, seen):
+    ref = _reference(name)
+
+    def solution(**inputs):
+        seen.append(inputs)
+        return ref(**inputs)
+
+    return solution
+
+
+def _route(monkeypatch, name: str, args: tuple, kwargs: dict) -> Outcome:
+    """Call the patched one-shot API with a solution for ``name`` that runs the reference."""
+    owner, attr = patching._locate(DECODE)
+    originals: list = []
+    monkeypatch.setattr(owner, attr, _recorder(getattr(owner, attr), originals))
+    seen: list = []
+    rt.enable_apply({name: _solution(name, seen)})
+    result = getattr(owner, attr)(*args, **kwargs)
+    counts = rt.stats()[DECODE]
+    rt.disable_apply()
+    return Outcome(result, seen, originals, counts)
+
+
+def _route_wrapper(monkeypatch, name, plan: tuple[tuple, dict], args, kwargs) -> Outcome:
+    """plan() then run() of a BatchDecodePagedTSWrapper through the patched methods."""
+    from flashinfer.attention.prims_ts.decode import BatchDecodePagedTSWrapper as W
+
+    plans: list = []
+    originals: list = []
+    monkeypatch.setattr(W, "plan", _recorder(W.plan, plans, plan_state=True))
+    monkeypatch.setattr(W, "run", _recorder(W.run, originals))
+    seen: list = []
+    rt.enable_apply({name: _solution(name, seen)})
+    wrapper = W()  # the constructor needs no GPU: it checks the layout only
+    wrapper.plan(*plan[0], **plan[1])
+    result = wrapper.run(*args, **kwargs)
+    counts = rt.stats()[WRAPPER]
+    rt.disable_apply()
+    assert len(plans) == 1  # the plan always reaches FlashInfer
+    return Outcome(result, seen, originals, counts)
+
+
+def _hit(outcome: Outcome) -> None:
+    assert outcome.counts["hit"] == 1 and len(outcome.seen) == 1, outcome.counts
+    assert not outcome.originals
+
+
+def _refused(outcome: Outcome, rule: str) -> None:
+    assert outcome.counts["hit"] == 0 and not outcome.seen, outcome.counts
+    assert outcome.counts["fallback_guard"] == 1 and outcome.counts["rules"] == {rule: 1}
+    assert outcome.result == "flashinfer" and len(outcome.originals) == 1
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, atol: float = 2e-2) -> None:
+    assert a.shape == b.shape
+    assert (a.float() - b.float()).abs().max().item() <= atol
+
+
+# ---------------------------------------------------------------------------------------
+# batch_decode_with_paged_kv_cache
+# ---------------------------------------------------------------------------------------
+
+NAME = calls.DECODE_NAME
+
+
+def _case(seed: int = 0):
+    return calls.decode_case(_catalogue(), NAME, seed)
+
+
+def _args(x, cache=None):
+    cache = calls.combined_cache(x) if cache is None else cache
+    return (x["q"], cache, x["block_tables"], x["seq_lens_kv"])
+
+
+def test_decode_with_flashinfers_defaults_is_routed(monkeypatch):
+    x, _ = _case()
+    combined = calls.combined_cache(x)
+    out = _route(monkeypatch, NAME, _args(x, combined), {})
+    _hit(out)
+    (seen,) = out.seen
+    # The one HND tensor reaches the solution as K and V views of the caller's storage.
+    assert torch.equal(seen["k_cache"], x["k_cache"]) and torch.equal(seen["v_cache"], x["v_cache"])
+    assert seen["k_cache"].data_ptr() == combined.data_ptr()
+    # bmm1_scale None is 1/sqrt(head_dim), as FlashInfer resolves it.
+    assert (seen["bmm1_scale"], seen["bmm2_scale"], seen["window_left"]) == (
+        1 / math.sqrt(128),
+        1.0,
+        -1,
+    )
+    assert torch.equal(out.result, _reference(NAME)(**seen))
+
+
+def test_decode_takes_the_cache_as_a_tuple_too(monkeypatch):
+    x, _ = _case()
+    out = _route(monkeypatch, NAME, _args(x, (x["k_cache"], x["v_cache"])), {})
+    _hit(out)
+    assert out.seen[0]["k_cache"] is x["k_cache"] and out.seen[0]["v_cache"] is x["v_cache"]
+
+
+def test_decode_values_the_definition_reads_reach_the_solution(monkeypatch):
+    x, axes = _case()
+    buf = _catalogue().buffer(NAME, "output", axes)
+    kwargs = {"bmm1_scale": 0.3, "bmm2_scale": 2.0, "mask_type": "causal", "window_left": 5}
+    out = _route(monkeypatch, NAME, _args(x), kwargs | {"out": buf})
+    _hit(out)
+    (seen,) = out.seen
+    assert (seen["bmm1_scale"], seen["bmm2_scale"], seen["window_left"]) == (0.3, 2.0, 5)
+    assert out.result is buf and torch.equal(buf, _reference(NAME)(**seen))
+
+
+@pytest.mark.parametrize(
+    ("param", "value", "rule"),
+    [
+        ("kv_layout", "NHD", "kv_layout"),
+        ("kv_scale_factors", (torch.zeros(1), torch.zeros(1)), "kv_scale_factors"),
+        ("seq_len_q", 2, "seq_len_q"),
+        ("qo_indptr", torch.arange(4, dtype=torch.int32), "qo_indptr"),
+        ("max_seq_len_q", 2, "max_seq_len_q"),
+        ("mask_type", "sliding", "mask_type"),
+        ("window_left", 5, "window_left,mask_type"),  # a window needs the causal mask
+        ("bmm1_scale", torch.ones(()), "bmm1_scale"),
+        ("bmm1_scale", -1.0, "bmm1_scale"),
+        ("bmm2_scale", 0.0, "bmm2_scale"),
+        ("out_dtype", torch.float16, "out_dtype,q"),
+        ("page_size", 8, "page_size"),  # encoded sub-page locators in the block table
+    ],
+)
+def test_decode_parameters_the_definition_does_not_model_are_refused(
+    monkeypatch, param, value, rule
+):
+    x, _ = _case()
+    out = _route(monkeypatch, NAME, _args(x), {param: value})
+    _refused(out, rule)
+    assert out.originals[0][param] is value
+
+
+@pytest.mark.parametrize(
+    ("param", "value"),
+    [
+        ("split_kv", False),
+        ("workspace_buffer", torch.zeros(64, dtype=torch.int8)),
+        ("max_kv_len", 4096),
+        ("validate", False),
+        ("page_size", 16),
+        ("out_dtype", torch.bfloat16),
+        ("mask_type", "causal"),
+    ],
+)
+def test_decode_launch_options_never_stop_a_call(monkeypatch, param, value):
+    x, _ = _case()
+    _hit(_route(monkeypatch, NAME, _args(x), {param: value}))
+
+
+def test_decode_inputs_of_another_dtype_or_shape_are_refused(monkeypatch):
+    x, _ = _case()
+    args = list(_args(x))
+    args[1] = args[1].to(torch.float8_e4m3fn)  # an FP8 cache
+    _refused(_route(monkeypatch, NAME, tuple(args), {}), "tensor:k_cache")
+    args = list(_args(x))
+    args[0] = x["q"][:, None].expand(3, 2, 32, 128)  # fixed multi-token queries [B, SQ, H, D]
+    _refused(_route(monkeypatch, NAME, tuple(args), {"seq_len_q": 2}), "tensor:q")
+
+
+def test_decode_reference_agrees_with_flashinfers_trtllm_template():
+    import flashinfer.trace.templates.attention as templates
+
+    for seed in range(3):
+        x, _ = _case(seed)
+        ours = _reference(NAME)(
+            x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["seq_lens_kv"], 0.2, 0.5, -1
+        )
+        theirs = templates._trtllm_paged_attention_reference(
+            x["q"], calls.combined_cache(x), x["block_tables"], x["seq_lens_kv"],
+            bmm1_scale=0.2, bmm2_scale=0.5, kv_layout="HND",
+        )  # fmt: skip
+        _close(ours, theirs)
+
+
+def test_decode_reference_keeps_the_last_window_left_plus_one_keys():
+    x, _ = _case(seed=4)
+    window = 6
+    ours = _reference(NAME)(
+        x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["seq_lens_kv"], 0.1, 1.0, window
+    )
+    page_size = x["k_cache"].shape[2]
+    for b in range(3):
+        n = int(x["seq_lens_kv"][b])
+        pages = x["block_tables"][b, : math.ceil(n / page_size)].long()
+        k = x["k_cache"][pages].transpose(1, 2).flatten(0, 1)[:n]
+        v = x["v_cache"][pages].transpose(1, 2).flatten(0, 1)[:n]
+        keep = slice(max(0, n - 1 - window), n)  # the query at n - 1 and window keys before it
+        for h in range(32):
+            logits = (x["q"][b, h].float() @ k[keep, h // 4].float().T) * 0.1
+            expected = logits.softmax(-1) @ v[keep, h // 4].float()
+            _close(ours[b, h], expected)
+
+
+# ---------------------------------------------------------------------------------------
+# BatchDecodePagedTSWrapper.plan / run
+# ---------------------------------------------------------------------------------------
+
+WNAME = calls.WRAPPER_NAME
+
+
+def _wcase(seed: int = 0):
+    return calls.decode_case(_catalogue(), WNAME, seed)
+
+
+def _plan(**changes):
+    """FlashInfer's defaults but the geometry and the dtype of a bfloat16 cache."""
+    args, _ = calls.wrapper_plan()
+    return args, {"q_data_type": torch.bfloat16} | changes
+
+
+def _wargs(x):
+    return (x["q"], calls.combined_cache(x), x["seq_lens"], x["block_tables"])
+
+
+def test_wrapper_with_flashinfers_defaults_is_routed(monkeypatch):
+    x, _ = _wcase()
+    out = _route_wrapper(monkeypatch, WNAME, _plan(), _wargs(x), {})
+    _hit(out)
+    (seen,) = out.seen
+    assert torch.equal(seen["k_cache"], x["k_cache"]) and torch.equal(seen["v_cache"], x["v_cache"])
+    assert (seen["bmm1_scale"], seen["bmm2_scale"], seen["window_left"]) == (
+        1 / math.sqrt(128),
+        1.0,
+        -1,
+    )
+    assert torch.equal(out.result, _reference(WNAME)(**seen))
+
+
+def test_wrapper_reads_the_window_from_the_plan(monkeypatch):
+    x, _ = _wcase()
+    plan = _plan(mask_type="causal", window_left=7)
+    out = _route_wrapper(monkeypatch, WNAME, plan, _wargs(x), {"bmm1_scale": 0.25})
+    _hit(out)
+    assert (out.seen[0]["window_left"], out.seen[0]["bmm1_scale"]) == (7, 0.25)
+
+
+@pytest.mark.parametrize(
+    ("changes", "rule"),
+    [
+        ({"max_seq_len_q": 2}, "plan.max_seq_len_q"),
+        ({"packed_query": True}, "plan.packed_query"),
+        ({"q_data_type": torch.float16}, "plan.q_data_type"),
+        ({"kv_data_type": torch.uint8}, "plan.kv_data_type"),
+        ({"v_data_type": torch.float8_e4m3fn}, "plan.v_data_type"),
+        ({"o_data_type": torch.float16}, "plan.o_data_type"),
+        ({"window_left": 3}, "plan.window_left,plan.mask_type"),
+        ({"seq_lens": [5, 6, 7]}, "plan.seq_lens"),
+        ({"storage_page_size": 32}, "plan.storage_page_size,plan.page_size"),
+    ],
+)
+def test_wrapper_plans_the_definition_does_not_model_are_refused(monkeypatch, changes, rule):
+    x, _ = _wcase()
+    out = _route_wrapper(monkeypatch, WNAME, _plan(**changes), _wargs(x), {})
+    _refused(out, rule)
+
+
+def test_wrapper_a_plan_of_another_batch_size_is_refused(monkeypatch):
+    x, _ = _wcase()
+    args, kwargs = _plan()
+    out = _route_wrapper(monkeypatch, WNAME, ((*args[:1], 4, *args[2:]), kwargs), _wargs(x), {})
+    _refused(out, "q,plan.batch_size")
+
+
+@pytest.mark.parametrize(
+    ("param", "value", "rule"),
+    [
+        ("kv_scale_factors", (torch.zeros(1), torch.zeros(1)), "kv_scale_factors"),
+        ("qo_indptr", torch.arange(4, dtype=torch.int32), "qo_indptr"),
+        ("bmm2_scale", torch.ones(()), "bmm2_scale"),
+    ],
+)
+def test_wrapper_runs_the_definition_does_not_model_are_refused(monkeypatch, param, value, rule):
+    x, _ = _wcase()
+    out = _route_wrapper(monkeypatch, WNAME, _plan(), _wargs(x), {param: value})
+    _refused(out, rule)
+    assert out.originals[0][param] is value
+
+
+def test_wrapper_launch_options_never_stop_a_call(monkeypatch):
+    x, _ = _wcase()
+    args, kwargs = _plan(split_kv=False, validate=False, initialize_workspace=False)
+    kwargs["workspace_buffer"] = torch.zeros(64, dtype=torch.int8)
+    args = ("cuda:1", *args[1:6], 9999)  # another device name and KV capacity
+    _hit(_route_wrapper(monkeypatch, WNAME, (args, kwargs), _wargs(x), {"validate": False}))
