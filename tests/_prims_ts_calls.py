@@ -91,7 +91,61 @@ def _wrapper(c: Catalogue) -> Any:
     return Call(WRAPPER_NAME, args, kwargs, wrapper_plan(), wrapper_state(x))
 
 
+MLA_NAME = "prims_ts_batch_mla_decode_h16_ckv512_kpe64_ps32"
+MLA_WRAPPER_NAME = "prims_ts_mla_decode_wrapper_h16_ckv512_kpe64_ps32"
+
+
+def mla_case(c: Catalogue, name: str, seed: int = 0, seq_len_q: int = 2) -> tuple[dict, dict]:
+    return c.inputs(
+        name, seed=seed, batch_size=2, seq_len_q=seq_len_q, num_pages=6, max_pages_per_seq=3
+    )
+
+
+def _mla(c: Catalogue) -> Any:
+    from _routable_calls import Call
+
+    x, axes = mla_case(c, MLA_NAME)
+    args = (x["query"], x["kv_cache"], x["block_tables"], x["seq_lens"])
+    kwargs: dict = {"qo_indptr": None, "max_seq_len_q": 2, "kv_lora_rank": 512}
+    kwargs |= {"qk_rope_head_dim": 64, "mask_type": "dense", "max_kv_len": 96}
+    kwargs |= {"bmm1_scale": 1 / 192**0.5, "bmm2_scale": 0.5}
+    kwargs |= {"out": c.buffer(MLA_NAME, "output", axes), "out_dtype": torch.bfloat16}
+    kwargs |= {"workspace_buffer": torch.zeros(64, dtype=torch.int8), "validate": False}
+    return Call(MLA_NAME, args, kwargs)
+
+
+def mla_wrapper_plan(batch_size: int = 2, seq_len_q: int = 2, **changes: Any) -> tuple:
+    """Every parameter of BatchMLADecodePagedTSWrapper.plan at a routable value."""
+    args = ("cpu", batch_size, 16, 512, 64, 32, 96)
+    kwargs: dict = {"max_seq_len_q": seq_len_q, "packed_query": False}
+    kwargs |= {"q_data_type": torch.bfloat16, "kv_data_type": torch.bfloat16}
+    kwargs |= {"o_data_type": torch.bfloat16, "mask_type": "causal"}
+    kwargs |= {"workspace_buffer": torch.zeros(64, dtype=torch.int8), "validate": False}
+    return args, kwargs | changes
+
+
+def _mla_wrapper(c: Catalogue) -> Any:
+    from _routable_calls import Call
+
+    x, axes = mla_case(c, MLA_WRAPPER_NAME)
+    args = (x["query"], x["kv_cache"], x["block_tables"], x["seq_lens"])
+    kwargs: dict = {"qo_indptr": None, "bmm1_scale": 1 / 192**0.5, "bmm2_scale": 0.5}
+    kwargs |= {"out": c.buffer(MLA_WRAPPER_NAME, "output", axes), "validate": False}
+    # Of the plan state, what FlashInfer's trace template of run() reads.
+    plan_state = SimpleNamespace(
+        packed_query=False,
+        mask_type="causal",
+        max_seq_len_q=2,
+        max_kv_len=96,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+    )
+    return Call(MLA_WRAPPER_NAME, args, kwargs, mla_wrapper_plan(), {"_plan_state": plan_state})
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.attention.prims_ts.decode.batch_decode_with_paged_kv_cache": _decode,
     "flashinfer.attention.prims_ts.decode.BatchDecodePagedTSWrapper.run": _wrapper,
+    "flashinfer.attention.prims_ts.mla_decode.batch_mla_decode_with_paged_kv_cache": _mla,
+    "flashinfer.attention.prims_ts.mla_decode.BatchMLADecodePagedTSWrapper.run": _mla_wrapper,
 }

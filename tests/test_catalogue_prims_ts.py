@@ -98,22 +98,25 @@ def _solution(name, seen):
     return solution
 
 
-def _route(monkeypatch, name: str, args: tuple, kwargs: dict) -> Outcome:
+def _route(monkeypatch, name: str, args: tuple, kwargs: dict, path: str = DECODE) -> Outcome:
     """Call the patched one-shot API with a solution for ``name`` that runs the reference."""
-    owner, attr = patching._locate(DECODE)
+    owner, attr = patching._locate(path)
     originals: list = []
     monkeypatch.setattr(owner, attr, _recorder(getattr(owner, attr), originals))
     seen: list = []
     rt.enable_apply({name: _solution(name, seen)})
     result = getattr(owner, attr)(*args, **kwargs)
-    counts = rt.stats()[DECODE]
+    counts = rt.stats()[path]
     rt.disable_apply()
     return Outcome(result, seen, originals, counts)
 
 
-def _route_wrapper(monkeypatch, name, plan: tuple[tuple, dict], args, kwargs) -> Outcome:
-    """plan() then run() of a BatchDecodePagedTSWrapper through the patched methods."""
-    from flashinfer.attention.prims_ts.decode import BatchDecodePagedTSWrapper as W
+def _route_wrapper(monkeypatch, name, plan: tuple[tuple, dict], args, kwargs, W=None) -> Outcome:
+    """plan() then run() of a PrimTS wrapper through the patched methods."""
+    from flashinfer.attention.prims_ts.decode import BatchDecodePagedTSWrapper
+
+    W = BatchDecodePagedTSWrapper if W is None else W
+    path = f"{W.__module__}.{W.__qualname__}.run"
 
     plans: list = []
     originals: list = []
@@ -124,7 +127,7 @@ def _route_wrapper(monkeypatch, name, plan: tuple[tuple, dict], args, kwargs) ->
     wrapper = W()  # the constructor needs no GPU: it checks the layout only
     wrapper.plan(*plan[0], **plan[1])
     result = wrapper.run(*args, **kwargs)
-    counts = rt.stats()[WRAPPER]
+    counts = rt.stats()[path]
     rt.disable_apply()
     assert len(plans) == 1  # the plan always reaches FlashInfer
     return Outcome(result, seen, originals, counts)
@@ -135,9 +138,14 @@ def _hit(outcome: Outcome) -> None:
     assert not outcome.originals
 
 
-def _refused(outcome: Outcome, rule: str) -> None:
+def _refused(outcome: Outcome, rule: str | None) -> None:
+    """Not routed: a rule failed (counted by name), or with ``rule`` None, the call names a
+    definition nothing serves (a const the call gives that differs from the definition's)."""
     assert outcome.counts["hit"] == 0 and not outcome.seen, outcome.counts
-    assert outcome.counts["fallback_guard"] == 1 and outcome.counts["rules"] == {rule: 1}
+    if rule is None:
+        assert outcome.counts["fallback_no_candidate"] == 1, outcome.counts
+    else:
+        assert outcome.counts["fallback_guard"] == 1 and outcome.counts["rules"] == {rule: 1}
     assert outcome.result == "flashinfer" and len(outcome.originals) == 1
 
 
@@ -376,3 +384,186 @@ def test_wrapper_launch_options_never_stop_a_call(monkeypatch):
     kwargs["workspace_buffer"] = torch.zeros(64, dtype=torch.int8)
     args = ("cuda:1", *args[1:6], 9999)  # another device name and KV capacity
     _hit(_route_wrapper(monkeypatch, WNAME, (args, kwargs), _wargs(x), {"validate": False}))
+
+
+# ---------------------------------------------------------------------------------------
+# batch_mla_decode_with_paged_kv_cache and BatchMLADecodePagedTSWrapper
+# ---------------------------------------------------------------------------------------
+
+MLA = "flashinfer.attention.prims_ts.mla_decode.batch_mla_decode_with_paged_kv_cache"
+MNAME = calls.MLA_NAME
+MWNAME = calls.MLA_WRAPPER_NAME
+
+
+def _mcase(seed: int = 0, seq_len_q: int = 2, name: str = MNAME):
+    return calls.mla_case(_catalogue(), name, seed, seq_len_q)
+
+
+def _margs(x, cache=None):
+    cache = x["kv_cache"] if cache is None else cache
+    return (x["query"], cache, x["block_tables"], x["seq_lens"])
+
+
+def test_mla_with_flashinfers_defaults_is_routed(monkeypatch):
+    x, _ = _mcase()
+    out = _route(monkeypatch, MNAME, _margs(x), {}, MLA)
+    _hit(out)
+    (seen,) = out.seen
+    assert seen["kv_cache"] is x["kv_cache"]
+    # FlashInfer's defaults: the causal mask and unit scales.
+    assert (seen["causal"], seen["bmm1_scale"], seen["bmm2_scale"]) == (True, 1.0, 1.0)
+    assert torch.equal(out.result, _reference(MNAME)(**seen))
+
+
+def test_mla_takes_the_rank_4_cache_and_the_dense_mask(monkeypatch):
+    x, _ = _mcase()
+    rank4 = x["kv_cache"][:, None]  # [pages, 1, page_size, 576]
+    kwargs = {"mask_type": "dense", "bmm1_scale": 0.07, "bmm2_scale": 2.0}
+    out = _route(monkeypatch, MNAME, _margs(x, rank4), kwargs, MLA)
+    _hit(out)
+    (seen,) = out.seen
+    assert torch.equal(seen["kv_cache"], x["kv_cache"]) and seen["kv_cache"].data_ptr() == (
+        rank4.data_ptr()
+    )
+    assert (seen["causal"], seen["bmm1_scale"], seen["bmm2_scale"]) == (False, 0.07, 2.0)
+
+
+@pytest.mark.parametrize(
+    ("param", "value", "rule"),
+    [
+        ("qo_indptr", torch.tensor([0, 2, 4], dtype=torch.int32), "qo_indptr"),
+        ("max_seq_len_q", 3, "max_seq_len_q,query"),
+        ("kv_lora_rank", 256, None),  # named like the definition's const: another's
+        ("qk_rope_head_dim", 32, None),
+        ("mask_type", "sliding", "mask_type"),
+        ("bmm1_scale", torch.ones(()), "bmm1_scale"),
+        ("bmm2_scale", -1.0, "bmm2_scale"),
+        ("out_dtype", torch.float16, "out_dtype"),
+    ],
+)
+def test_mla_parameters_the_definition_does_not_model_are_refused(monkeypatch, param, value, rule):
+    x, _ = _mcase()
+    out = _route(monkeypatch, MNAME, _margs(x), {param: value}, MLA)
+    _refused(out, rule)
+    assert out.originals[0][param] is value
+
+
+@pytest.mark.parametrize(
+    ("param", "value"),
+    [
+        ("max_kv_len", 4096),
+        ("workspace_buffer", torch.zeros(64, dtype=torch.int8)),
+        ("validate", False),
+        ("max_seq_len_q", 2),
+        ("kv_lora_rank", 512),
+    ],
+)
+def test_mla_launch_options_never_stop_a_call(monkeypatch, param, value):
+    x, _ = _mcase()
+    _hit(_route(monkeypatch, MNAME, _margs(x), {param: value}, MLA))
+
+
+def test_mla_an_fp8_cache_or_a_packed_query_is_refused(monkeypatch):
+    x, _ = _mcase()
+    args = list(_margs(x))
+    args[0], args[1] = args[0].to(torch.float8_e4m3fn), args[1].to(torch.float8_e4m3fn)
+    _refused(_route(monkeypatch, MNAME, tuple(args), {}, MLA), "tensor:query")
+    args = list(_margs(x))
+    args[0] = x["query"].flatten(0, 1)  # packed [total_q, heads, 576] without qo_indptr
+    _refused(_route(monkeypatch, MNAME, tuple(args), {}, MLA), "tensor:query")
+
+
+def _mla_direct(x, bmm1_scale, bmm2_scale, causal):
+    """softmax over each query's visible keys, one (sequence, query, head) at a time."""
+    q, cache, tables, lens = x["query"], x["kv_cache"], x["block_tables"], x["seq_lens"]
+    batch, sq, heads, _ = q.shape
+    page_size = cache.shape[1]
+    out = torch.zeros(batch, sq, heads, 512)
+    for b in range(batch):
+        n = int(lens[b])
+        rows = torch.cat([cache[int(p)] for p in tables[b, : math.ceil(n / page_size)]])[:n]
+        for s in range(sq):
+            visible = n - (sq - 1 - s) if causal else n  # the kernel's mask_visible_k_length
+            kv = rows[:visible].float()
+            for h in range(heads):
+                p = ((kv @ q[b, s, h].float()) * bmm1_scale).softmax(-1)
+                out[b, s, h] = (p @ kv[:, :512]) * bmm2_scale
+    return out
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_mla_reference_agrees_with_a_direct_computation(causal):
+    for seed, sq in ((1, 1), (2, 3)):
+        x, _ = _mcase(seed, sq)
+        ours = _reference(MNAME)(
+            x["query"], x["kv_cache"], x["block_tables"], x["seq_lens"], causal, 0.05, 0.5
+        )
+        _close(ours, _mla_direct(x, 0.05, 0.5, causal))
+
+
+def test_mla_reference_of_one_query_agrees_with_flashinfers_mla_decode_template():
+    import flashinfer.trace.templates.attention as templates
+
+    x, _ = _mcase(seed=3, seq_len_q=1)
+    # FlashInfer's mla_paged decode reference over kv_indptr / kv_indices of full pages:
+    # the block table's pages, with sequence lengths that fill them.
+    lens = torch.tensor([32, 96], dtype=torch.int32)
+    ours = _reference(MNAME)(x["query"], x["kv_cache"], x["block_tables"], lens, True, 0.05, 1.0)
+    used = [x["block_tables"][0, :1], x["block_tables"][1, :3]]
+    indices = torch.cat(used).to(torch.int32)
+    indptr = torch.tensor([0, 1, 4], dtype=torch.int32)
+    q = x["query"][:, 0]
+    theirs = templates._mla_paged_decode_reference(
+        q[..., :512], q[..., 512:], x["kv_cache"][..., :512], x["kv_cache"][..., 512:],
+        indptr, indices, 0.05,
+    )  # fmt: skip
+    _close(ours[:, 0], theirs[0])
+
+
+def _mwargs(x):
+    return (x["query"], x["kv_cache"], x["block_tables"], x["seq_lens"])
+
+
+def _mla_wrapper():
+    from flashinfer.attention.prims_ts.mla_decode import BatchMLADecodePagedTSWrapper
+
+    return BatchMLADecodePagedTSWrapper
+
+
+def test_mla_wrapper_is_routed_with_the_plans_mask(monkeypatch):
+    for mask, causal in (("causal", True), ("dense", False)):
+        x, _ = _mcase(name=MWNAME)
+        plan = calls.mla_wrapper_plan(mask_type=mask)
+        out = _route_wrapper(monkeypatch, MWNAME, plan, _mwargs(x), {}, _mla_wrapper())
+        _hit(out)
+        (seen,) = out.seen
+        assert (seen["causal"], seen["bmm1_scale"], seen["bmm2_scale"]) == (causal, 1.0, 1.0)
+        assert torch.equal(out.result, _reference(MWNAME)(**seen))
+
+
+@pytest.mark.parametrize(
+    ("changes", "rule"),
+    [
+        ({"packed_query": True}, "plan.packed_query"),
+        ({"q_data_type": torch.float8_e4m3fn}, "plan.q_data_type"),
+        ({"kv_data_type": torch.float8_e4m3fn}, "plan.kv_data_type"),
+        ({"o_data_type": torch.float16}, "plan.o_data_type"),
+        ({"mask_type": "sliding"}, "plan.mask_type"),
+        ({"max_seq_len_q": 4}, "query,plan.max_seq_len_q"),
+    ],
+)
+def test_mla_wrapper_plans_the_definition_does_not_model_are_refused(monkeypatch, changes, rule):
+    x, _ = _mcase(name=MWNAME)
+    plan = calls.mla_wrapper_plan(**changes)
+    _refused(_route_wrapper(monkeypatch, MWNAME, plan, _mwargs(x), {}, _mla_wrapper()), rule)
+
+
+def test_mla_wrapper_a_plan_of_another_batch_size_or_head_count_is_refused(monkeypatch):
+    x, _ = _mcase(name=MWNAME)
+    plan = calls.mla_wrapper_plan(batch_size=3)
+    out = _route_wrapper(monkeypatch, MWNAME, plan, _mwargs(x), {}, _mla_wrapper())
+    _refused(out, "query,plan.batch_size")
+    args, kwargs = calls.mla_wrapper_plan()
+    plan = ((*args[:2], 32, *args[3:]), kwargs)  # 32 heads, where the query has 16
+    out = _route_wrapper(monkeypatch, MWNAME, plan, _mwargs(x), {}, _mla_wrapper())
+    _refused(out, "plan.num_heads")

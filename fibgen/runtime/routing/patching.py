@@ -148,6 +148,7 @@ PLAN_STATE = {
     "flashinfer.sparse.BlockSparseAttentionWrapper.plan": "_pos_encoding_mode",
     "flashinfer.sparse.VariableBlockSparseAttentionWrapper.plan": "_pos_encoding_mode",
     "flashinfer.attention.prims_ts.decode.BatchDecodePagedTSWrapper.plan": "_plan_state",
+    "flashinfer.attention.prims_ts.mla_decode.BatchMLADecodePagedTSWrapper.plan": "_plan_state",
 }
 
 # The stamp of an attribute that was missing at plan time: no later read is this object,
