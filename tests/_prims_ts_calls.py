@@ -1,5 +1,5 @@
 """Routable calls of the PrimTS attention APIs of ``definitions/attention_prims_ts.fidef``
-(see ``_routable_calls`` for the convention): every parameter of the real signature is given,
+and the CuTe DSL prefill wrapper of ``attention_cute_dsl.fidef`` (see ``_routable_calls`` for the convention): every parameter of the real signature is given,
 at a value the family's rules accept, a non-default one where a rule allows it (a causal
 window, explicit scales, an ignored scratch buffer or launch option).
 """
@@ -143,7 +143,40 @@ def _mla_wrapper(c: Catalogue) -> Any:
     return Call(MLA_WRAPPER_NAME, args, kwargs, mla_wrapper_plan(), {"_plan_state": plan_state})
 
 
+CUTE_PREFILL_NAME = "cute_dsl_batch_prefill_run_h40_kv40_d128"
+
+
+def cute_prefill_case(c: Catalogue, name: str = CUTE_PREFILL_NAME, seed: int = 0):
+    return c.inputs(name, seed=seed, len_indptr=3, total_q=5, total_kv=9)
+
+
+def cute_prefill_plan(x: dict, heads: int = 40, kv_heads: int = 40, **changes: Any) -> tuple:
+    """Every parameter of BatchPrefillCuteDSLWrapper.plan at a routable value."""
+    args = (x["qo_indptr"], x["kv_indptr"], heads, kv_heads, 128)
+    kwargs: dict = {"head_dim_vo": 128, "causal": True, "sm_scale": 0.1}
+    kwargs |= {"q_data_type": torch.bfloat16, "kv_data_type": torch.bfloat16}
+    kwargs |= {"window_left": 3, "variant": None, "window_right": -1, "page_size": None}
+    kwargs |= {"paged_kv_indptr": None, "paged_kv_indices": None}
+    kwargs |= {"paged_kv_last_page_len": None, "kv_layout": "NHD"}
+    return args, kwargs | changes
+
+
+def _cute_prefill(c: Catalogue) -> Any:
+    from _routable_calls import Call
+
+    name = CUTE_PREFILL_NAME
+    x, axes = cute_prefill_case(c)
+    kwargs: dict = {"out": c.buffer(name, "output", axes), "return_lse": True}
+    kwargs |= {"lse": c.buffer(name, "lse", axes)}
+    # What the constructor leaves: the workspace it is bound to, unused by the kernel.
+    state = {"_float_workspace_buffer": torch.empty(16, dtype=torch.uint8)}
+    return Call(name, (x["q"], x["k"], x["v"]), kwargs, cute_prefill_plan(x), state)
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
+    "flashinfer.cute_dsl.attention.wrappers.batch_prefill.BatchPrefillCuteDSLWrapper.run": (
+        _cute_prefill
+    ),
     "flashinfer.attention.prims_ts.decode.batch_decode_with_paged_kv_cache": _decode,
     "flashinfer.attention.prims_ts.decode.BatchDecodePagedTSWrapper.run": _wrapper,
     "flashinfer.attention.prims_ts.mla_decode.batch_mla_decode_with_paged_kv_cache": _mla,

@@ -567,3 +567,132 @@ def test_mla_wrapper_a_plan_of_another_batch_size_or_head_count_is_refused(monke
     plan = ((*args[:2], 32, *args[3:]), kwargs)  # 32 heads, where the query has 16
     out = _route_wrapper(monkeypatch, MWNAME, plan, _mwargs(x), {}, _mla_wrapper())
     _refused(out, "plan.num_heads")
+
+
+# ---------------------------------------------------------------------------------------
+# BatchPrefillCuteDSLWrapper.plan / run (attention_cute_dsl.fidef)
+# ---------------------------------------------------------------------------------------
+
+CNAME = "cute_dsl_batch_prefill_run_h32_kv8_d128"
+
+
+def _cute_wrapper():
+    from flashinfer.cute_dsl.attention.wrappers.batch_prefill import BatchPrefillCuteDSLWrapper
+
+    return BatchPrefillCuteDSLWrapper
+
+
+def _route_cute(monkeypatch, name, plan, args, kwargs) -> Outcome:
+    """plan() then run() of a BatchPrefillCuteDSLWrapper (its constructor needs no GPU)."""
+    W = _cute_wrapper()
+    path = f"{W.__module__}.{W.__qualname__}.run"
+    plans: list = []
+    originals: list = []
+    real_plan = W.plan
+    sig = inspect.signature(real_plan)
+
+    def plan_(*a, **k):
+        plans.append(sig.bind(*a, **k).arguments)
+        a[0]._mask_spec = object()  # what FlashInfer's plan() does: a new mask spec
+
+    plan_.__signature__ = sig
+    monkeypatch.setattr(W, "plan", plan_)
+    monkeypatch.setattr(W, "run", _recorder(W.run, originals))
+    seen: list = []
+    rt.enable_apply({name: _solution(name, seen)})
+    wrapper = W(torch.empty(16, dtype=torch.uint8))
+    wrapper.plan(*plan[0], **plan[1])
+    result = wrapper.run(*args, **kwargs)
+    counts = rt.stats()[path]
+    rt.disable_apply()
+    assert len(plans) == 1
+    return Outcome(result, seen, originals, counts)
+
+
+def _ccase(seed: int = 0, name: str = CNAME):
+    return calls.cute_prefill_case(_catalogue(), name, seed)
+
+
+def _cplan(x, **changes):
+    """FlashInfer's defaults but the geometry and the dtypes of a bfloat16 call."""
+    args, _ = calls.cute_prefill_plan(x, 32, 8)
+    return args, {"q_data_type": torch.bfloat16, "kv_data_type": torch.bfloat16} | changes
+
+
+def test_cute_prefill_with_flashinfers_defaults_is_routed(monkeypatch):
+    x, _ = _ccase()
+    out = _route_cute(monkeypatch, CNAME, _cplan(x), (x["q"], x["k"], x["v"]), {})
+    _hit(out)
+    (seen,) = out.seen
+    assert (seen["causal"], seen["window_left"]) == (True, -1)
+    assert seen["sm_scale"] == 1 / math.sqrt(128)
+    assert torch.equal(out.result, _reference(CNAME)(**seen)[0])
+
+
+def test_cute_prefill_returns_the_lse_when_asked_and_reads_the_plans_mask(monkeypatch):
+    x, axes = _ccase()
+    plan = _cplan(x, causal=False, window_left=2, sm_scale=0.2)
+    lse = _catalogue().buffer(CNAME, "lse", axes)
+    kwargs = {"return_lse": True, "lse": lse}
+    out = _route_cute(monkeypatch, CNAME, plan, (x["q"], x["k"], x["v"]), kwargs)
+    _hit(out)
+    (seen,) = out.seen
+    assert (seen["causal"], seen["window_left"], seen["sm_scale"]) == (False, 2, 0.2)
+    output, expected_lse = _reference(CNAME)(**seen)
+    assert torch.equal(out.result[0], output) and out.result[1] is lse
+    assert torch.equal(lse, expected_lse)
+
+
+@pytest.mark.parametrize(
+    ("changes", "rule"),
+    [
+        ({"head_dim_vo": 64}, "plan.head_dim_vo,plan.head_dim_qk"),
+        ({"q_data_type": torch.float16}, "plan.q_data_type"),
+        ({"kv_data_type": torch.float16}, "plan.kv_data_type"),  # FlashInfer's default
+        ({"variant": object()}, "plan.variant"),
+        ({"causal": False, "window_right": 4}, "plan.window_right"),
+        ({"kv_layout": "HND"}, "plan.kv_layout"),
+    ],
+)
+def test_cute_prefill_plans_the_definition_does_not_model_are_refused(monkeypatch, changes, rule):
+    x, _ = _ccase()
+    out = _route_cute(monkeypatch, CNAME, _cplan(x, **changes), (x["q"], x["k"], x["v"]), {})
+    _refused(out, rule)
+
+
+def test_cute_prefill_a_paged_plan_or_an_fp8_value_is_refused(monkeypatch):
+    x, _ = _ccase()
+    args, kwargs = _cplan(x)
+    pages = torch.zeros(3, dtype=torch.int32)
+    paged = {"page_size": 16, "paged_kv_indptr": pages, "paged_kv_indices": pages}
+    plan = ((args[0], None, *args[2:]), kwargs | paged | {"paged_kv_last_page_len": pages})
+    out = _route_cute(monkeypatch, CNAME, plan, (x["q"], x["k"], x["v"]), {})
+    _refused(out, "plan.kv_indptr")
+    v8 = x["v"].to(torch.float8_e4m3fn)
+    out = _route_cute(monkeypatch, CNAME, _cplan(x), (x["q"], x["k"], v8), {})
+    _refused(out, "tensor:v")  # the mixed-dtype PV path
+
+
+def test_cute_prefill_reference_agrees_with_flashinfers_template():
+    # FlashInfer's template reference: one causal MHA sequence, the whole tensors.
+    import flashinfer.trace.templates.attention as templates
+
+    name = calls.CUTE_PREFILL_NAME  # 40 heads of their own (MHA), as the template assumes
+    x, _ = _ccase(seed=2, name=name)
+    q, k, v = x["q"][:3], x["k"][:7], x["v"][:7]
+    indptr_q, indptr_kv = torch.tensor([0, 3], dtype=torch.int32), torch.tensor([0, 7])
+    ours, _ = _reference(name)(q, k, v, indptr_q, indptr_kv.int(), True, -1, 1 / math.sqrt(128))
+    _close(ours, templates._cute_dsl_batch_prefill_run_reference(q, k, v))
+
+
+def test_cute_prefill_reference_keeps_the_window_left_of_each_query():
+    x, _ = _ccase(seed=5)
+    q, k, v = x["q"][:2], x["k"][:6], x["v"][:6]
+    indptr_q, indptr_kv = torch.tensor([0, 2]).int(), torch.tensor([0, 6]).int()
+    ours, lse = _reference(CNAME)(q, k, v, indptr_q, indptr_kv, True, 1, 0.3)
+    for i, pos in enumerate((4, 5)):  # the queries sit at positions 4 and 5 of 6
+        for h in range(32):
+            keys = slice(pos - 1, pos + 1)  # window_left 1: itself and one key before
+            logits = (k[keys, h // 4].float() @ q[i, h].float()) * 0.3
+            _close(ours[i, h], logits.softmax(-1) @ v[keys, h // 4].float())
+            assert abs(lse[i, h].item() - torch.logsumexp(logits, 0).item() / math.log(2)) < 1e-4
