@@ -173,7 +173,36 @@ def _cute_prefill(c: Catalogue) -> Any:
     return Call(name, (x["q"], x["k"], x["v"]), kwargs, cute_prefill_plan(x), state)
 
 
+CUTE_MLA_NAME = "cute_dsl_batch_mla_run_h16_ckv512_kpe64_ps32"
+
+
+def cute_mla_case(c: Catalogue, name: str = CUTE_MLA_NAME, seed: int = 0):
+    return c.inputs(name, seed=seed, batch_size=2, num_pages=6, max_pages_per_seq=3)
+
+
+def cute_mla_plan(**changes: Any) -> tuple:
+    """Every parameter of BatchMLADecodeCuteDSLWrapper.plan at a routable value."""
+    kwargs: dict = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "num_heads": 16}
+    kwargs |= {"page_size": 32, "q_dtype": torch.bfloat16, "out_dtype": torch.bfloat16}
+    kwargs |= {"is_var_seq": True, "enable_pdl": True, "variant": None}
+    return (), kwargs | changes
+
+
+def _cute_mla(c: Catalogue) -> Any:
+    from _routable_calls import Call
+
+    x, axes = cute_mla_case(c)
+    args = (x["q"], x["kv_cache"], x["block_tables"], x["seq_lens"], 96, 1 / 192**0.5)
+    kwargs = {"output_scale": 0.5, "out": c.buffer(CUTE_MLA_NAME, "output", axes)}
+    # What the constructor leaves: the workspace it is bound to.
+    state = {"_workspace_buffer": torch.empty(16, dtype=torch.int8)}
+    return Call(CUTE_MLA_NAME, args, kwargs, cute_mla_plan(), state)
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
+    "flashinfer.cute_dsl.attention.wrappers.batch_mla.BatchMLADecodeCuteDSLWrapper.run": (
+        _cute_mla
+    ),
     "flashinfer.cute_dsl.attention.wrappers.batch_prefill.BatchPrefillCuteDSLWrapper.run": (
         _cute_prefill
     ),

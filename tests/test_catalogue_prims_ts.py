@@ -696,3 +696,102 @@ def test_cute_prefill_reference_keeps_the_window_left_of_each_query():
             logits = (k[keys, h // 4].float() @ q[i, h].float()) * 0.3
             _close(ours[i, h], logits.softmax(-1) @ v[keys, h // 4].float())
             assert abs(lse[i, h].item() - torch.logsumexp(logits, 0).item() / math.log(2)) < 1e-4
+
+
+# ---------------------------------------------------------------------------------------
+# BatchMLADecodeCuteDSLWrapper.plan / run (attention_cute_dsl.fidef)
+# ---------------------------------------------------------------------------------------
+
+CMNAME = calls.CUTE_MLA_NAME
+
+
+def _route_cute_mla(monkeypatch, plan, args, kwargs) -> Outcome:
+    """plan() then run() of a BatchMLADecodeCuteDSLWrapper (its constructor needs no GPU)."""
+    from flashinfer.cute_dsl.attention.wrappers.batch_mla import BatchMLADecodeCuteDSLWrapper as W
+
+    path = f"{W.__module__}.{W.__qualname__}.run"
+    plans: list = []
+    originals: list = []
+    sig = inspect.signature(W.plan)
+
+    def plan_(*a, **k):
+        plans.append(sig.bind(*a, **k).arguments)
+        a[0]._variant = object()  # what FlashInfer's plan() does: a new variant object
+
+    plan_.__signature__ = sig
+    monkeypatch.setattr(W, "plan", plan_)
+    monkeypatch.setattr(W, "run", _recorder(W.run, originals))
+    seen: list = []
+    rt.enable_apply({CMNAME: _solution(CMNAME, seen)})
+    wrapper = W(torch.empty(16, dtype=torch.int8))
+    wrapper.plan(*plan[0], **plan[1])
+    result = wrapper.run(*args, **kwargs)
+    counts = rt.stats()[path]
+    rt.disable_apply()
+    assert len(plans) == 1
+    return Outcome(result, seen, originals, counts)
+
+
+def _cmargs(x, cache=None):
+    cache = x["kv_cache"] if cache is None else cache
+    return (x["q"], cache, x["block_tables"], x["seq_lens"], 96, 0.07)
+
+
+def _cmplan(**changes):
+    """FlashInfer's defaults but the geometry of the call."""
+    return (), {"num_heads": 16, "page_size": 32} | changes
+
+
+def test_cute_mla_with_flashinfers_defaults_is_routed(monkeypatch):
+    # q_dtype is left to its default, torch.bfloat16: the plan's own value reaches the rules.
+    x, _ = calls.cute_mla_case(_catalogue())
+    out = _route_cute_mla(monkeypatch, _cmplan(), _cmargs(x), {})
+    _hit(out)
+    (seen,) = out.seen
+    assert (seen["softmax_scale"], seen["output_scale"], seen["max_seq_len"]) == (0.07, 1.0, 96)
+    assert torch.equal(out.result, _reference(CMNAME)(**seen))
+
+
+def test_cute_mla_takes_the_rank_4_cache(monkeypatch):
+    x, _ = calls.cute_mla_case(_catalogue())
+    rank4 = x["kv_cache"][:, None]
+    out = _route_cute_mla(monkeypatch, _cmplan(), _cmargs(x, rank4), {"output_scale": 2.0})
+    _hit(out)
+    assert out.seen[0]["kv_cache"].data_ptr() == rank4.data_ptr()
+    assert out.seen[0]["output_scale"] == 2.0
+
+
+@pytest.mark.parametrize(
+    ("changes", "rule"),
+    [
+        ({"q_dtype": torch.float8_e4m3fn}, "plan.q_dtype"),
+        ({"out_dtype": torch.float16}, "plan.out_dtype"),
+        ({"variant": object()}, "plan.variant"),
+        ({"is_var_seq": False}, "plan.is_var_seq"),
+        ({"kv_lora_rank": 256}, None),  # named like the definition's const: another's
+        ({"num_heads": 128}, "plan.num_heads"),
+    ],
+)
+def test_cute_mla_plans_the_definition_does_not_model_are_refused(monkeypatch, changes, rule):
+    x, _ = calls.cute_mla_case(_catalogue())
+    _refused(_route_cute_mla(monkeypatch, _cmplan(**changes), _cmargs(x), {}), rule)
+
+
+def test_cute_mla_several_query_tokens_or_a_tensor_scale_are_refused(monkeypatch):
+    x, _ = calls.cute_mla_case(_catalogue())
+    args = list(_cmargs(x))
+    args[0] = torch.cat([x["q"], x["q"]], dim=1)  # two query tokens per sequence
+    _refused(_route_cute_mla(monkeypatch, _cmplan(), tuple(args), {}), "tensor:q")
+    args = list(_cmargs(x))
+    args[5] = torch.tensor(0.07)
+    _refused(_route_cute_mla(monkeypatch, _cmplan(), tuple(args), {}), "softmax_scale")
+
+
+def test_cute_mla_reference_agrees_with_flashinfers_template():
+    import flashinfer.trace.templates.attention as templates
+
+    for seed in range(3):
+        x, _ = calls.cute_mla_case(_catalogue(), seed=seed)
+        ours = _reference(CMNAME)(*_cmargs(x), 0.5)
+        theirs = templates._cute_dsl_batch_mla_run_reference(*_cmargs(x), 0.5)
+        _close(ours, theirs)

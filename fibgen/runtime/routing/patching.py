@@ -135,6 +135,8 @@ def patch(
 #   successful plan() publishes (a failed re-plan leaves the previous one); no forward().
 # - BatchPrefillCuteDSLWrapper: ``_mask_spec``, a new MaskSpec built by every plan() that
 #   gets past its checks; no forward().
+# - BatchMLADecodeCuteDSLWrapper: ``_variant``, a new StandardAttention built by every plan()
+#   given no variant (the only plans routed); no forward().
 # - MultiLevelCascadeAttentionWrapper has none: its plan() assigns nothing on the wrapper but
 #   plans the per-level prefill wrappers it holds, and its ``forward`` is its ``run``.
 #
@@ -156,6 +158,7 @@ PLAN_STATE = {
     "flashinfer.cute_dsl.attention.wrappers.batch_prefill.BatchPrefillCuteDSLWrapper.plan": (
         "_mask_spec"
     ),
+    "flashinfer.cute_dsl.attention.wrappers.batch_mla.BatchMLADecodeCuteDSLWrapper.plan": "_variant",
 }
 
 # The stamp of an attribute that was missing at plan time: no later read is this object,
