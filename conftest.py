@@ -27,6 +27,7 @@ _LONG_FIRST = (
     "tests/test_catalogue_refs.py",
     "tests/test_flashinfer_apply.py",
     "tests/test_catalogue_attn_b.py",
+    "tests/test_catalogue_prims_ts.py",
     "tests/test_docs.py",
     "tests/test_bench_triton.py",
     "tests/test_builders.py",

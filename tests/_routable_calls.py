@@ -403,3 +403,8 @@ ROUTABLE |= _SSM
 from _gemm_moe_calls import ROUTABLE as _GEMM_MOE  # noqa: E402
 
 ROUTABLE |= _GEMM_MOE
+
+# The PrimTS attention APIs of attention_prims_ts.fidef, kept in a module of their own.
+from _prims_ts_calls import ROUTABLE as _PRIMS_TS  # noqa: E402
+
+ROUTABLE |= _PRIMS_TS

@@ -348,6 +348,9 @@ NOT_FROM_THE_DEFINITION = {
     "flashinfer.prefill.trtllm_ragged_attention_deepseek": "`o_sf_scale`, a rule",
     "flashinfer.prefill.trtllm_fmha_v2_prefill": "a packed `qkv` its `let` splits",
     "flashinfer.concat_ops.concat_mla_k": "the destination `k`, written in place",
+    "flashinfer.attention.prims_ts.mla_decode.batch_mla_decode_with_paged_kv_cache": (
+        "`causal`, a `let` of `mask_type`"
+    ),
     # By family: pool mode passes `state=None` and the pool as `initial_state`; FlashInfer's
     # template describes the per-sequence state only.
     "gdn_decode_pool": "pool mode: `state=None`",

@@ -131,6 +131,12 @@ def patch(
 #   assigns it too. Its cake and VSA backends return from plan() before assigning it, so a
 #   wrapper of those backends never has the stamp and its runs are not routed. The same
 #   holds for VariableBlockSparseAttentionWrapper.
+# - the PrimTS decode and MLA decode wrappers: ``_plan_state``, the new frozen record every
+#   successful plan() publishes (a failed re-plan leaves the previous one); no forward().
+# - BatchPrefillCuteDSLWrapper: ``_mask_spec``, a new MaskSpec built by every plan() that
+#   gets past its checks; no forward().
+# - BatchMLADecodeCuteDSLWrapper: ``_variant``, a new StandardAttention built by every plan()
+#   given no variant (the only plans routed); no forward().
 # - MultiLevelCascadeAttentionWrapper has none: its plan() assigns nothing on the wrapper but
 #   plans the per-level prefill wrappers it holds, and its ``forward`` is its ``run``.
 #
@@ -147,6 +153,12 @@ PLAN_STATE = {
     "flashinfer.attention.BatchAttention.plan": "_plan_info",
     "flashinfer.sparse.BlockSparseAttentionWrapper.plan": "_pos_encoding_mode",
     "flashinfer.sparse.VariableBlockSparseAttentionWrapper.plan": "_pos_encoding_mode",
+    "flashinfer.attention.prims_ts.decode.BatchDecodePagedTSWrapper.plan": "_plan_state",
+    "flashinfer.attention.prims_ts.mla_decode.BatchMLADecodePagedTSWrapper.plan": "_plan_state",
+    "flashinfer.cute_dsl.attention.wrappers.batch_prefill.BatchPrefillCuteDSLWrapper.plan": (
+        "_mask_spec"
+    ),
+    "flashinfer.cute_dsl.attention.wrappers.batch_mla.BatchMLADecodeCuteDSLWrapper.plan": "_variant",
 }
 
 # The stamp of an attribute that was missing at plan time: no later read is this object,

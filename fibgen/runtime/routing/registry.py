@@ -55,6 +55,10 @@ def _patch(
         found = patching.patch_plan(api.plan_path, hooks, state.patches)
         if found is not None:
             state.originals[api.plan_path] = found
+            # A plan's defaults that are expressions (`q_data_type=torch.float16`) reach the
+            # captures as the plan's own values, as the run's do.
+            for _, capture in hooks:
+                patching.adopt_defaults(capture, found)
 
 
 def _warn_unpatched(state: ApplyState, api: Api, problem: str) -> None:
