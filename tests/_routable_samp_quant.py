@@ -117,6 +117,32 @@ def _nvfp4_kv(c: Catalogue) -> Call:
     return Call(name, (x["input"], x["global_scale"]))
 
 
+def _nvfp4(c: Catalogue) -> Call:
+    name = "nvfp4_quantize_k4096"
+    x, _ = c.inputs(name, M=3)
+    kwargs = {"sfLayout": 2, "do_shuffle": False, "sf_vec_size": 16, "enable_pdl": True}
+    kwargs |= {"backend": "cute-dsl", "per_token_activation": False}
+    kwargs |= {"expanded_idx_to_permuted_idx": None, "out_scale": None, "nvfp4_4over6": None}
+    return Call(name, (x["a"], x["a_global_sf"]), kwargs)
+
+
+def _fp4(c: Catalogue) -> Call:
+    name = "fp4_quantize_k4096"
+    x, _ = c.inputs(name, M=3)
+    kwargs = {"sf_vec_size": 16, "sf_use_ue8m0": False, "is_sf_swizzled_layout": False}
+    kwargs |= {"is_sf_8x4_layout": True, "is_global_scale_inversed": False, "enable_pdl": True}
+    kwargs |= {"backend": "cute-dsl", "nvfp4_4over6": None}
+    return Call(name, (x["input"], x["global_scale"]), kwargs)
+
+
+def _silu_nvfp4(c: Catalogue) -> Call:
+    name = "silu_and_mul_nvfp4_quantize_k28672"
+    x, _ = c.inputs(name, M=3)
+    kwargs = {"sf_vec_size": 16, "is_sf_swizzled_layout": True, "is_sf_8x4_layout": False}
+    kwargs |= {"enable_pdl": True, "nvfp4_4over6": None}
+    return Call(name, (x["input"], x["global_scale"]), kwargs)
+
+
 ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.sampling.softmax": _softmax,
     "flashinfer.sampling.sampling_from_probs": _sampler(
@@ -141,4 +167,7 @@ ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.quantization.fp8_quantization.mxfp8_quantize": _mxfp8,
     "flashinfer.quantization.fp4_quantization.mxfp4_quantize": _mxfp4,
     "flashinfer.quantization.fp4_quantization.nvfp4_kv_quantize": _nvfp4_kv,
+    "flashinfer.quantization.fp4_quantization.nvfp4_quantize": _nvfp4,
+    "flashinfer.quantization.fp4_quantization.fp4_quantize": _fp4,
+    "flashinfer.quantization.fp4_quantization.silu_and_mul_nvfp4_quantize": _silu_nvfp4,
 }
