@@ -1820,6 +1820,7 @@ _SM100_ONLY = {
     "silu_and_mul_nvfp4_quantize",
     "tgv_gemm_sm100",
     "mm_fp4",
+    "mm_mxfp8",
     "gemm_fp8_nt_groupwise",
     "group_gemm_fp8_nt_groupwise_contiguous",
     "batch_deepgemm_fp8_nt_groupwise",

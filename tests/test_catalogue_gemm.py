@@ -165,6 +165,7 @@ DEFAULTS_ROUTE = [
     "flashinfer.gemm.batch_deepgemm_fp8_nt_groupwise",
     "flashinfer.gemm.fp8_blockscale_gemm_sm90",
     "flashinfer.gemm.mm_fp4",
+    "flashinfer.gemm.mm_mxfp8",
 ]
 
 
@@ -259,6 +260,9 @@ def test_mm_bf16_hands_the_solution_the_column_major_weight_as_given(monkeypatch
         ("flashinfer.gemm.mm_fp4", "backend", "trtllm", "backend"),
         ("flashinfer.gemm.mm_fp4", "backend", "cute-dsl", "backend"),
         ("flashinfer.gemm.mm_fp4", "alpha", torch.ones(3), "alpha"),
+        ("flashinfer.gemm.mm_mxfp8", "use_8x4_sf_layout", True, "use_8x4_sf_layout"),
+        ("flashinfer.gemm.mm_mxfp8", "out_dtype", torch.float16, "out_dtype"),
+        ("flashinfer.gemm.mm_mxfp8", "backend", "trtllm", "backend"),
     ],
 )
 def test_parameters_the_definition_does_not_model_are_refused(
@@ -315,6 +319,8 @@ def test_a_float16_out_buffer_is_refused(path, monkeypatch):
         ("flashinfer.gemm.mm_fp4", "enable_pdl", True),
         ("flashinfer.gemm.mm_fp4", "backend", "cudnn"),
         ("flashinfer.gemm.mm_fp4", "alpha", None),
+        ("flashinfer.gemm.mm_mxfp8", "backend", "cudnn"),
+        ("flashinfer.gemm.mm_mxfp8", "backend", "auto"),
     ],
 )
 def test_launch_options_and_accepted_values_stay_routed(path, param, value, monkeypatch):
@@ -609,3 +615,29 @@ def test_mm_fp4_of_nvfp4_quantized_operands_is_their_dequantized_product(monkeyp
     # And within NVFP4's error of the bfloat16 product.
     exact = a.float() @ w.float().T
     assert (out.result.float() - exact).abs().mean() < 0.2 * exact.abs().mean()
+
+
+def test_mm_mxfp8_of_mxfp8_quantized_operands_is_flashinfers_template_reference(monkeypatch):
+    # The operands as mxfp8_quantize makes them (swizzled scales, B the transposed view);
+    # FlashInfer's template reference unswizzles the scales its own way.
+    path, name = "flashinfer.gemm.mm_mxfp8", "gemm_mxfp8_N8192_K1024"
+    g = torch.Generator().manual_seed(12)
+    a = torch.randn(130, 1024, generator=g).to(torch.bfloat16)
+    w = torch.randn(8192, 1024, generator=g).to(torch.bfloat16)
+    quantize = compile_paths([str(ROOT / "definitions" / "quantization.fidef")]).module
+    # The family's reference reads K from its input: any instance's quantizes K = 1024.
+    (q,) = [d for d in quantize.definitions if d.name == "mxfp8_quantize_k4096"]
+    namespace: dict = {}
+    exec(q.reference, namespace)
+    qa, sa = namespace["run"](a)
+    qw, sw = namespace["run"](w)
+    a_sf = _swizzled_128x4(sa.view(torch.uint8)).reshape(-1)
+    w_sf = _swizzled_128x4(sw.view(torch.uint8)).reshape(-1)
+    out = _route(monkeypatch, path, name, (qa, qw.T, a_sf, w_sf), {})
+    seen = _hit(out)
+    assert seen["a_descale"].shape == (256 * 32,) and seen["B"].shape == (1024, 8192)
+    assert seen["B"].data_ptr() == qw.data_ptr() and seen["B"].stride() == (1, 1024)
+    theirs = templates._mm_mxfp8_reference(qa, qw.T, a_sf, w_sf)
+    _close(out.result, theirs, atol=1e-2, rtol=1e-2)
+    exact = a.float() @ w.float().T
+    assert (out.result.float() - exact).abs().mean() < 0.05 * exact.abs().mean()
