@@ -143,6 +143,18 @@ def _silu_nvfp4(c: Catalogue) -> Call:
     return Call(name, (x["input"], x["global_scale"]), kwargs)
 
 
+def _nvfp4_kv_dequant(c: Catalogue) -> Call:
+    name = "nvfp4_kv_dequantize_paged_h8_dk128_dv128_ps16"
+    x, _ = c.inputs(name, batch_size=2, max_seq_len=5, num_pages=3, block_table_stride=2)
+    # A (k, v) tuple of uint8 bytes, as FlashInfer's template reads the cache; the stacked
+    # and HND forms are routed in test_catalogue_quantization.py.
+    cache = (x["paged_k_cache"].view(torch.uint8), x["paged_v_cache"].view(torch.uint8))
+    sf = (x["k_scales"].view(torch.uint8), x["v_scales"].view(torch.uint8))
+    args = (cache, sf, x["block_tables"], x["seq_lens"], x["k_scale"], x["v_scale"])
+    args += (x["output_k"], x["output_v"])
+    return Call(name, args, {"kv_layout": "NHD"})
+
+
 ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.sampling.softmax": _softmax,
     "flashinfer.sampling.sampling_from_probs": _sampler(
@@ -170,4 +182,5 @@ ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.quantization.fp4_quantization.nvfp4_quantize": _nvfp4,
     "flashinfer.quantization.fp4_quantization.fp4_quantize": _fp4,
     "flashinfer.quantization.fp4_quantization.silu_and_mul_nvfp4_quantize": _silu_nvfp4,
+    "flashinfer.quantization.fp4_quantization.nvfp4_kv_dequantize_paged": _nvfp4_kv_dequant,
 }

@@ -580,3 +580,98 @@ def test_nvfp4_4over6_off_reads_the_argument_then_the_environment(monkeypatch):
     assert not nvfp4_4over6_off(NVFP44Over6Config())
     monkeypatch.setenv("FLASHINFER_NVFP4_4OVER6", "1")
     assert nvfp4_4over6_off(None) and not nvfp4_4over6_off(_UNSET)
+
+
+# ---------------------------------------------------------------------------------------
+# nvfp4_kv_dequantize_paged
+# ---------------------------------------------------------------------------------------
+
+DEQUANT = "nvfp4_kv_dequantize_paged_h8_dk128_dv128_ps16"
+DEQUANT_PATH = "flashinfer.quantization.fp4_quantization.nvfp4_kv_dequantize_paged"
+
+
+def _paged_nvfp4_cache(pages=6, seed=13):
+    """K and V of 8 heads of 128, quantized by the catalogue's nvfp4_kv_quantize into pages
+    of 16 tokens (NHD), with their bf16 originals and global scales."""
+    g = torch.Generator().manual_seed(seed)
+    k = (torch.randn(pages, 16, 8, 128, generator=g) * 2).to(torch.bfloat16)
+    v = (torch.randn(pages, 16, 8, 128, generator=g) * 3).to(torch.bfloat16)
+    gk, gv = torch.tensor([0.5]), torch.tensor([0.25])
+    quantize = _reference("nvfp4_kv_quantize_k128")
+    kq, ks = quantize(k.reshape(-1, 128), gk)
+    vq, vs = quantize(v.reshape(-1, 128), gv)
+    cache = (
+        kq.view(torch.uint8).reshape(pages, 16, 8, 64),
+        vq.view(torch.uint8).reshape(pages, 16, 8, 64),
+    )
+    sf = (
+        ks.view(torch.uint8).reshape(pages, 16, 8, 8),
+        vs.view(torch.uint8).reshape(pages, 16, 8, 8),
+    )
+    return cache, sf, (k, v), (gk, gv)
+
+
+def _dequant_call(cache, sf, scales, layout="NHD", stacked=False):
+    if layout == "HND":
+        cache = tuple(t.transpose(1, 2).contiguous() for t in cache)
+        sf = tuple(t.transpose(1, 2).contiguous() for t in sf)
+    if stacked:
+        cache, sf = torch.stack(cache, dim=1), torch.stack(sf, dim=1)
+    block_tables = torch.tensor([[3, 1, 0], [5, 2, 4]], dtype=torch.int32)
+    seq_lens = torch.tensor([20, 40], dtype=torch.int32)
+    out_k = torch.full((2, 40, 8, 128), 7.0, dtype=torch.bfloat16)
+    out_v = out_k.clone()
+    args = (cache, sf, block_tables, seq_lens, *scales, out_k, out_v)
+    return args, {"kv_layout": layout}
+
+
+@pytest.mark.parametrize(("layout", "stacked"), [("NHD", False), ("HND", True)])
+def test_nvfp4_kv_dequantize_paged_gathers_pages_into_the_callers_buffers(layout, stacked):
+    cache, sf, (k, v), scales = _paged_nvfp4_cache()
+    args, kwargs = _dequant_call(cache, sf, scales, layout, stacked)
+    out_k, out_v = args[-2], args[-1]
+    seen: list = []
+    with rt.enable_apply({DEQUANT: _recorder(DEQUANT, seen)}, strict=True):
+        assert flashinfer.nvfp4_kv_dequantize_paged(*args, **kwargs) is None
+    assert len(seen) == 1 and seen[0]["paged_k_cache"].shape == (6, 16, 8, 64)
+    # Each sequence's tokens from its pages, one element at a time from the packed bytes.
+    for out, (c, s), gs in (
+        (out_k, (cache[0], sf[0]), scales[0]),
+        (out_v, (cache[1], sf[1]), scales[1]),
+    ):
+        for i, (pages, n) in enumerate((([3, 1, 0], 20), ([5, 2, 4], 40))):
+            for t in (0, n // 2, n - 1):
+                page, slot = pages[t // 16], t % 16
+                values = _unpack_e2m1(c[page, slot])  # [heads, 128]
+                block = s[page, slot].view(torch.float8_e4m3fn).float().repeat_interleave(16, -1)
+                want = (values * block * gs).to(torch.bfloat16)
+                assert torch.equal(out[i, t], want)
+            # Positions past the sequence's length keep what the caller's buffer held.
+            assert (out[i, n:] == 7.0).all()
+    # And the round trip through nvfp4_kv_quantize is within NVFP4's error of the original.
+    ref = k[[3, 1]].reshape(32, 8, 128)[:20].float()
+    assert (out_k[0, :20].float() - ref).abs().mean() < 0.1 * ref.abs().mean()
+
+
+@pytest.mark.parametrize(
+    ("change", "rule"),
+    [
+        # The let that reads the cache as NHD views refuses an unknown layout first.
+        ({"kv_layout": "NDH"}, "paged_kv_cache"),
+        ({"output_dtype": torch.float16}, "output_k"),
+    ],
+)
+def test_an_nvfp4_kv_dequantize_call_the_definition_does_not_model_falls_back(change, rule):
+    cache, sf, _, scales = _paged_nvfp4_cache()
+    args, kwargs = _dequant_call(cache, sf, scales)
+    if "output_dtype" in change:
+        args = (*args[:-2], args[-2].half(), args[-1].half())
+    else:
+        kwargs = change
+    seen: list = []
+    with rt.enable_apply({DEQUANT: _recorder(DEQUANT, seen)}):
+        with pytest.raises((*FLASHINFER_ON_CPU, AssertionError)):
+            flashinfer.nvfp4_kv_dequantize_paged(*args, **kwargs)
+    assert not seen
+    (counted,) = rt.stats()[DEQUANT_PATH]["rules"]
+    assert rule in counted
