@@ -31,6 +31,8 @@ GROUPWISE = "gemm_fp8_nt_groupwise_n256_k256"
 GROUPED = "group_gemm_fp8_nt_groupwise_contiguous_g4_n256_k256"
 DEEPGEMM = "batch_deepgemm_fp8_nt_groupwise_n256_k256"
 SM90 = "fp8_blockscale_gemm_sm90_n256_k256"
+MM_FP4 = "gemm_fp4_N8192_K1024"
+MM_MXFP8 = "gemm_mxfp8_N8192_K1024"
 
 
 def _call(*args, **kwargs):
@@ -129,6 +131,30 @@ def fp8_blockscale_gemm_sm90(c: Catalogue) -> Any:
     kwargs = {"input_scale": x["input_scale"], "weight_scale": x["weight_scale"]}
     kwargs |= {"out": c.buffer(SM90, "out", axes), "out_dtype": torch.bfloat16}
     return _call(SM90, (x["input"], x["weight"]), kwargs)
+
+
+def mm_fp4(c: Catalogue) -> Any:
+    x, axes = c.inputs(MM_FP4, M=3, M_padded=128)
+    # As nvfp4_quantize returns them (uint8), B and its scales as transposed views.
+    args = (x["A"].view(torch.uint8), x["B"].view(torch.uint8).T)
+    args += (x["a_descale"].view(torch.uint8), x["b_descale"].view(torch.uint8).T)
+    kwargs = {"alpha": x["alpha"].reshape(1), "out_dtype": torch.bfloat16}
+    kwargs |= {"out": c.buffer(MM_FP4, "C", axes), "block_size": 16}
+    kwargs |= {"use_8x4_sf_layout": False, "backend": "cutlass", "use_nvfp4": True}
+    return _call(MM_FP4, args, kwargs | {"enable_pdl": False})
+
+
+def mm_mxfp8(c: Catalogue) -> Any:
+    x, axes = c.inputs(MM_MXFP8, M=3, a_scale_size=128 * 32)
+    # As mxfp8_quantize returns the scales (uint8), B the column-major view of [N, K].
+    args = (
+        x["A"],
+        x["B"].T.contiguous().T,
+        x["a_descale"].view(torch.uint8),
+        x["b_descale"].view(torch.uint8),
+    )
+    kwargs = {"out": c.buffer(MM_MXFP8, "C", axes), "out_dtype": torch.bfloat16}
+    return _call(MM_MXFP8, args, kwargs | {"use_8x4_sf_layout": False, "backend": "cutlass"})
 
 
 CUTLASS_MOE = "cutlass_fused_moe_e8_h256_i128_topk2"
@@ -277,4 +303,6 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.gemm.group_gemm_fp8_nt_groupwise_contiguous": group_gemm_fp8,
     "flashinfer.gemm.batch_deepgemm_fp8_nt_groupwise": batch_deepgemm,
     "flashinfer.gemm.fp8_blockscale_gemm_sm90": fp8_blockscale_gemm_sm90,
+    "flashinfer.gemm.mm_fp4": mm_fp4,
+    "flashinfer.gemm.mm_mxfp8": mm_mxfp8,
 }

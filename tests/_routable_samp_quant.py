@@ -117,6 +117,44 @@ def _nvfp4_kv(c: Catalogue) -> Call:
     return Call(name, (x["input"], x["global_scale"]))
 
 
+def _nvfp4(c: Catalogue) -> Call:
+    name = "nvfp4_quantize_k4096"
+    x, _ = c.inputs(name, M=3)
+    kwargs = {"sfLayout": 2, "do_shuffle": False, "sf_vec_size": 16, "enable_pdl": True}
+    kwargs |= {"backend": "cute-dsl", "per_token_activation": False}
+    kwargs |= {"expanded_idx_to_permuted_idx": None, "out_scale": None, "nvfp4_4over6": None}
+    return Call(name, (x["a"], x["a_global_sf"]), kwargs)
+
+
+def _fp4(c: Catalogue) -> Call:
+    name = "fp4_quantize_k4096"
+    x, _ = c.inputs(name, M=3)
+    kwargs = {"sf_vec_size": 16, "sf_use_ue8m0": False, "is_sf_swizzled_layout": False}
+    kwargs |= {"is_sf_8x4_layout": True, "is_global_scale_inversed": False, "enable_pdl": True}
+    kwargs |= {"backend": "cute-dsl", "nvfp4_4over6": None}
+    return Call(name, (x["input"], x["global_scale"]), kwargs)
+
+
+def _silu_nvfp4(c: Catalogue) -> Call:
+    name = "silu_and_mul_nvfp4_quantize_k28672"
+    x, _ = c.inputs(name, M=3)
+    kwargs = {"sf_vec_size": 16, "is_sf_swizzled_layout": True, "is_sf_8x4_layout": False}
+    kwargs |= {"enable_pdl": True, "nvfp4_4over6": None}
+    return Call(name, (x["input"], x["global_scale"]), kwargs)
+
+
+def _nvfp4_kv_dequant(c: Catalogue) -> Call:
+    name = "nvfp4_kv_dequantize_paged_h8_dk128_dv128_ps16"
+    x, _ = c.inputs(name, batch_size=2, max_seq_len=5, num_pages=3, block_table_stride=2)
+    # A (k, v) tuple of uint8 bytes, as FlashInfer's template reads the cache; the stacked
+    # and HND forms are routed in test_catalogue_quantization.py.
+    cache = (x["paged_k_cache"].view(torch.uint8), x["paged_v_cache"].view(torch.uint8))
+    sf = (x["k_scales"].view(torch.uint8), x["v_scales"].view(torch.uint8))
+    args = (cache, sf, x["block_tables"], x["seq_lens"], x["k_scale"], x["v_scale"])
+    args += (x["output_k"], x["output_v"])
+    return Call(name, args, {"kv_layout": "NHD"})
+
+
 ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.sampling.softmax": _softmax,
     "flashinfer.sampling.sampling_from_probs": _sampler(
@@ -141,4 +179,8 @@ ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.quantization.fp8_quantization.mxfp8_quantize": _mxfp8,
     "flashinfer.quantization.fp4_quantization.mxfp4_quantize": _mxfp4,
     "flashinfer.quantization.fp4_quantization.nvfp4_kv_quantize": _nvfp4_kv,
+    "flashinfer.quantization.fp4_quantization.nvfp4_quantize": _nvfp4,
+    "flashinfer.quantization.fp4_quantization.fp4_quantize": _fp4,
+    "flashinfer.quantization.fp4_quantization.silu_and_mul_nvfp4_quantize": _silu_nvfp4,
+    "flashinfer.quantization.fp4_quantization.nvfp4_kv_dequantize_paged": _nvfp4_kv_dequant,
 }

@@ -164,6 +164,8 @@ DEFAULTS_ROUTE = [
     "flashinfer.gemm.group_gemm_fp8_nt_groupwise_contiguous",
     "flashinfer.gemm.batch_deepgemm_fp8_nt_groupwise",
     "flashinfer.gemm.fp8_blockscale_gemm_sm90",
+    "flashinfer.gemm.mm_fp4",
+    "flashinfer.gemm.mm_mxfp8",
 ]
 
 
@@ -251,6 +253,16 @@ def test_mm_bf16_hands_the_solution_the_column_major_weight_as_given(monkeypatch
             "scale_granularity_mnk",
         ),
         ("flashinfer.gemm.fp8_blockscale_gemm_sm90", "out_dtype", torch.float16, "out_dtype"),
+        ("flashinfer.gemm.mm_fp4", "use_nvfp4", False, "use_nvfp4"),
+        ("flashinfer.gemm.mm_fp4", "block_size", 32, "block_size"),
+        ("flashinfer.gemm.mm_fp4", "use_8x4_sf_layout", True, "use_8x4_sf_layout"),
+        ("flashinfer.gemm.mm_fp4", "out_dtype", torch.float16, "out_dtype"),
+        ("flashinfer.gemm.mm_fp4", "backend", "trtllm", "backend"),
+        ("flashinfer.gemm.mm_fp4", "backend", "cute-dsl", "backend"),
+        ("flashinfer.gemm.mm_fp4", "alpha", torch.ones(3), "alpha"),
+        ("flashinfer.gemm.mm_mxfp8", "use_8x4_sf_layout", True, "use_8x4_sf_layout"),
+        ("flashinfer.gemm.mm_mxfp8", "out_dtype", torch.float16, "out_dtype"),
+        ("flashinfer.gemm.mm_mxfp8", "backend", "trtllm", "backend"),
     ],
 )
 def test_parameters_the_definition_does_not_model_are_refused(
@@ -304,6 +316,11 @@ def test_a_float16_out_buffer_is_refused(path, monkeypatch):
         ("flashinfer.gemm.batch_deepgemm_fp8_nt_groupwise", "expected_m", 64),
         ("flashinfer.gemm.batch_deepgemm_fp8_nt_groupwise", "backend", "cutlass"),
         ("flashinfer.gemm.fp8_blockscale_gemm_sm90", "out_dtype", None),
+        ("flashinfer.gemm.mm_fp4", "enable_pdl", True),
+        ("flashinfer.gemm.mm_fp4", "backend", "cudnn"),
+        ("flashinfer.gemm.mm_fp4", "alpha", None),
+        ("flashinfer.gemm.mm_mxfp8", "backend", "cudnn"),
+        ("flashinfer.gemm.mm_mxfp8", "backend", "auto"),
     ],
 )
 def test_launch_options_and_accepted_values_stay_routed(path, param, value, monkeypatch):
@@ -540,3 +557,87 @@ def test_fp8_blockscale_gemm_sm90_matches_flashinfers_template_reference():
     x, _ = _inputs(calls.SM90, M=3)
     expected = templates._fp8_blockscale_gemm_sm90_reference(**x)
     _close(_reference(calls.SM90)(**x), expected)
+
+
+# ---------------------------------------------------------------------------------------
+# mm_fp4: NVFP4 operands as nvfp4_quantize leaves them
+# ---------------------------------------------------------------------------------------
+
+
+def _swizzled_128x4(scales: torch.Tensor) -> torch.Tensor:
+    """[M, C] scales in FlashInfer's 128x4 layout, [padded M, padded C], one index at a time
+    (compute_sf_index_swizzled_128x4_gpu in quantization_cute_dsl_utils.py)."""
+    m, c = scales.shape
+    rows, cols = -(-m // 128) * 128, -(-c // 4) * 4
+    out = torch.zeros(rows * cols, dtype=scales.dtype)
+    for r in range(m):
+        for k in range(c):
+            offset = k % 4 + (k // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4
+            out[offset + (r // 128) * 128 * cols] = scales[r, k]
+    return out.reshape(rows, cols)
+
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def _dequantize_nvfp4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Values of packed e2m1 rows (low nibble first) times their linear e4m3 scales."""
+    b = packed.view(torch.uint8).to(torch.int64)
+    codes = torch.stack([b & 0xF, b >> 4], dim=-1).flatten(-2)
+    values = torch.where(codes >= 8, -E2M1[codes & 7], E2M1[codes & 7])
+    return values * scales.float().repeat_interleave(16, dim=-1)
+
+
+def test_mm_fp4_of_nvfp4_quantized_operands_is_their_dequantized_product(monkeypatch):
+    # The operands as FlashInfer's documented recipe makes them: nvfp4_quantize with the
+    # 128x4 layout, B and its scales passed transposed, alpha = 1 / (gs_a * gs_b).
+    path, name = "flashinfer.gemm.mm_fp4", "gemm_fp4_N8192_K1024"
+    g = torch.Generator().manual_seed(11)
+    a = torch.randn(130, 1024, generator=g).to(torch.bfloat16)
+    w = torch.randn(8192, 1024, generator=g).to(torch.bfloat16)
+    gs_a = torch.tensor([448 * 6 / a.float().abs().max()])
+    gs_w = torch.tensor([448 * 6 / w.float().abs().max()])
+    quantize = compile_paths([str(ROOT / "definitions" / "quantization.fidef")]).module
+    # The family's reference reads K from its input: any instance's quantizes K = 1024.
+    (q,) = [d for d in quantize.definitions if d.name == "nvfp4_quantize_k4096"]
+    namespace: dict = {}
+    exec(q.reference, namespace)
+    qa, sa = namespace["run"](a, gs_a)
+    qw, sw = namespace["run"](w, gs_w)
+    args = (qa.view(torch.uint8), qw.view(torch.uint8).T)
+    args += (_swizzled_128x4(sa.view(torch.uint8)), _swizzled_128x4(sw.view(torch.uint8)).T)
+    out = _route(monkeypatch, path, name, args, {"alpha": 1.0 / (gs_a * gs_w)})
+    seen = _hit(out)
+    assert seen["a_descale"].shape == (256, 64) and seen["b_descale"].shape == (8192, 64)
+    assert seen["B"].shape == (8192, 512)
+    deq = _dequantize_nvfp4(qa, sa) @ _dequantize_nvfp4(qw, sw).T / (gs_a * gs_w)
+    _close(out.result, deq.to(torch.bfloat16), atol=1e-2, rtol=1e-2)
+    # And within NVFP4's error of the bfloat16 product.
+    exact = a.float() @ w.float().T
+    assert (out.result.float() - exact).abs().mean() < 0.2 * exact.abs().mean()
+
+
+def test_mm_mxfp8_of_mxfp8_quantized_operands_is_flashinfers_template_reference(monkeypatch):
+    # The operands as mxfp8_quantize makes them (swizzled scales, B the transposed view);
+    # FlashInfer's template reference unswizzles the scales its own way.
+    path, name = "flashinfer.gemm.mm_mxfp8", "gemm_mxfp8_N8192_K1024"
+    g = torch.Generator().manual_seed(12)
+    a = torch.randn(130, 1024, generator=g).to(torch.bfloat16)
+    w = torch.randn(8192, 1024, generator=g).to(torch.bfloat16)
+    quantize = compile_paths([str(ROOT / "definitions" / "quantization.fidef")]).module
+    # The family's reference reads K from its input: any instance's quantizes K = 1024.
+    (q,) = [d for d in quantize.definitions if d.name == "mxfp8_quantize_k4096"]
+    namespace: dict = {}
+    exec(q.reference, namespace)
+    qa, sa = namespace["run"](a)
+    qw, sw = namespace["run"](w)
+    a_sf = _swizzled_128x4(sa.view(torch.uint8)).reshape(-1)
+    w_sf = _swizzled_128x4(sw.view(torch.uint8)).reshape(-1)
+    out = _route(monkeypatch, path, name, (qa, qw.T, a_sf, w_sf), {})
+    seen = _hit(out)
+    assert seen["a_descale"].shape == (256 * 32,) and seen["B"].shape == (1024, 8192)
+    assert seen["B"].data_ptr() == qw.data_ptr() and seen["B"].stride() == (1, 1024)
+    theirs = templates._mm_mxfp8_reference(qa, qw.T, a_sf, w_sf)
+    _close(out.result, theirs, atol=1e-2, rtol=1e-2)
+    exact = a.float() @ w.float().T
+    assert (out.result.float() - exact).abs().mean() < 0.05 * exact.abs().mean()

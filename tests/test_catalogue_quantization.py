@@ -327,3 +327,351 @@ def test_nvfp4_kv_reference_agrees_with_flashinfers_template_at_a_global_scale_o
     # A global scale of 2: the kernel divides by it, the template multiplies.
     ours_sf2 = _reference("nvfp4_kv_quantize_k128")(x, torch.tensor([2.0]))[1]
     assert (ours_sf2.float() < ours_sf.float()).float().mean() > 0.9
+
+
+# ---------------------------------------------------------------------------------------
+# nvfp4_quantize, fp4_quantize, silu_and_mul_nvfp4_quantize (Note [nvfp4 recipe])
+# ---------------------------------------------------------------------------------------
+
+NVFP4_PATHS = {
+    "nvfp4": "flashinfer.quantization.fp4_quantization.nvfp4_quantize",
+    "fp4": "flashinfer.quantization.fp4_quantization.fp4_quantize",
+    "silu": "flashinfer.quantization.fp4_quantization.silu_and_mul_nvfp4_quantize",
+}
+
+
+def _e2m1_code(m: torch.Tensor) -> torch.Tensor:
+    """The e2m1 code of magnitudes in [0, 6], rounded to nearest with ties to the even code,
+    written as its thresholds: a tie goes up where the code above is even."""
+    t = [(0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True)]
+    code = torch.zeros_like(m, dtype=torch.int64)
+    for edge, tie_up in [*t, (5.0, False)]:
+        code += (m >= edge) if tie_up else (m > edge)
+    return code
+
+
+def _nvfp4_by_blocks(x: torch.Tensor, gs: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """NVFP4 of bf16 rows one block at a time, in float32 as the CUDA kernel orders it:
+    sf = e4m3(gs * (amax * (1/6))), out_scale = 1 / (sf * (1/gs)), values e2m1(x * out_scale).
+    Returns the signed e2m1 values and the e4m3 scales."""
+    f32 = torch.float32
+    g = torch.tensor(gs, dtype=f32)
+    rows, k = x.shape
+    values = torch.zeros(rows, k)
+    scales = torch.zeros(rows, k // 16, dtype=torch.float8_e4m3fn)
+    for r in range(rows):
+        for b in range(k // 16):
+            block = x[r, b * 16 : (b + 1) * 16].float()
+            amax = block.abs().max()
+            sf = (g * (amax * torch.tensor(1 / 6, dtype=f32))).clamp(max=448.0)
+            sf = sf.to(torch.float8_e4m3fn)
+            scales[r, b] = sf
+            if sf.float() == 0:
+                continue
+            out_scale = torch.tensor(1.0, dtype=f32) / (sf.float() * (1.0 / g))
+            s = block * out_scale
+            mag = E2M1[_e2m1_code(s.abs().clamp(max=6.0))]
+            values[r, b * 16 : (b + 1) * 16] = torch.where(s < 0, -mag, mag)
+    return values, scales
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", [4096, 7168])
+def test_nvfp4_calls_are_routed_and_return_flashinfers_layouts(k):
+    name = f"nvfp4_quantize_k{k}"
+    x, seen, gs = _bf16(130, k), [], torch.tensor([150.0])
+    with rt.enable_apply({name: _recorder(name, seen)}, strict=True):
+        q, swizzled = flashinfer.nvfp4_quantize(x, gs)
+        q2, linear = flashinfer.nvfp4_quantize(
+            x, gs, sfLayout=SfLayout.layout_linear, backend="cute-dsl", nvfp4_4over6=None
+        )
+        _, linear_pos = flashinfer.nvfp4_quantize(x, gs, 2, False, 16, True)
+    assert len(seen) == 3 and torch.equal(seen[0]["a"], x)
+    assert torch.equal(seen[0]["a_global_sf"], gs)
+    assert q.dtype == torch.uint8 and q.shape == (130, k // 2) and torch.equal(q, q2)
+    ref_q, ref_scales = _reference(name)(x, gs)
+    assert torch.equal(q, ref_q.view(torch.uint8))
+    # fp4_quantize's shapes: [padded rows, padded columns] or [M, K / 16].
+    cols = -(-k // 16 // 4) * 4
+    assert swizzled.dtype == linear.dtype == torch.uint8
+    assert swizzled.shape == (256, cols) and linear.shape == (130, k // 16)
+    expected = ref_scales.view(torch.uint8)
+    assert torch.equal(linear, expected) and torch.equal(linear_pos, expected)
+    assert torch.equal(swizzled.reshape(-1), _swizzled_128x4(expected))
+
+
+@pytest.mark.slow
+def test_fp4_quantize_calls_are_routed_like_nvfp4_quantize():
+    name, seen, gs = "fp4_quantize_k4096", [], torch.tensor([120.0])
+    x = _bf16(40, 4096)
+    with rt.enable_apply({name: _recorder(name, seen)}, strict=True):
+        q, swizzled = flashinfer.fp4_quantize(x, gs)
+        q2, linear = flashinfer.fp4_quantize(
+            x, gs, 16, False, False, True, enable_pdl=True, backend="cute-dsl"
+        )
+    assert len(seen) == 2 and torch.equal(seen[1]["global_scale"], gs)
+    ref_q, ref_scales = _reference("nvfp4_quantize_k4096")(x, gs)
+    assert torch.equal(q, ref_q.view(torch.uint8)) and torch.equal(q2, q)
+    # is_sf_8x4_layout only matters for a swizzled layout: the linear call is routed.
+    assert linear.shape == (40, 256) and torch.equal(linear, ref_scales.view(torch.uint8))
+    assert swizzled.shape == (128, 256)
+    assert torch.equal(swizzled.reshape(-1), _swizzled_128x4(ref_scales.view(torch.uint8)))
+
+
+@pytest.mark.slow
+def test_silu_and_mul_nvfp4_calls_are_routed_and_quantize_the_swiglu():
+    name, seen, gs = "silu_and_mul_nvfp4_quantize_k28672", [], torch.tensor([200.0])
+    x = _bf16(3, 28672, scale=1.0)
+    with rt.enable_apply({name: _recorder(name, seen)}, strict=True):
+        q, swizzled = flashinfer.silu_and_mul_nvfp4_quantize(x, gs)
+        q2, linear = flashinfer.silu_and_mul_nvfp4_quantize(
+            x, gs, is_sf_swizzled_layout=False, is_sf_8x4_layout=True, nvfp4_4over6=None
+        )
+    assert len(seen) == 2 and q.dtype == torch.uint8 and q.shape == (3, 14336 // 2)
+    assert torch.equal(q, q2) and linear.shape == (3, 14336 // 16)
+    assert swizzled.shape == (128, 14336 // 16)
+    assert torch.equal(swizzled.reshape(-1), _swizzled_128x4(linear))
+    # The quantized SwiGLU is nvfp4_quantize of bf16(silu(gate) * up).
+    gate, up = x[:, :14336].float(), x[:, 14336:].float()
+    h = (torch.nn.functional.silu(gate) * up).to(torch.bfloat16)
+    want_q, want_sf = _reference("nvfp4_quantize_k14336")(h, gs)
+    assert torch.equal(linear, want_sf.view(torch.uint8))
+    assert torch.equal(q, want_q.view(torch.uint8))
+
+
+@pytest.mark.parametrize(
+    ("api", "call", "rule"),
+    [
+        ("nvfp4", lambda x, gs: flashinfer.nvfp4_quantize(x, gs, sfLayout=1), "sfLayout"),
+        ("nvfp4", lambda x, gs: flashinfer.nvfp4_quantize(x, gs, do_shuffle=True), "do_shuffle"),
+        (
+            "nvfp4",
+            lambda x, gs: flashinfer.nvfp4_quantize(x, gs, per_token_activation=True),
+            "per_token_activation",
+        ),
+        ("nvfp4", lambda x, gs: flashinfer.nvfp4_quantize(x, gs, backend="cake"), "backend"),
+        # The definition reads a global scale: a call without one cannot be evaluated.
+        ("fp4", lambda x, gs: flashinfer.fp4_quantize(x), "unevaluable"),
+        ("fp4", lambda x, gs: flashinfer.fp4_quantize(x, gs, 32, True), "sf_vec_size"),
+        ("fp4", lambda x, gs: flashinfer.fp4_quantize(x, gs, sf_use_ue8m0=True), "sf_use_ue8m0"),
+        (
+            "fp4",
+            lambda x, gs: flashinfer.fp4_quantize(x, gs, is_sf_8x4_layout=True),
+            "is_sf_8x4_layout",
+        ),
+        (
+            "fp4",
+            lambda x, gs: flashinfer.fp4_quantize(x, gs, is_global_scale_inversed=True),
+            "is_global_scale_inversed",
+        ),
+        ("fp4", lambda x, gs: flashinfer.fp4_quantize(x.t().contiguous().t(), gs), "input"),
+    ],
+)
+def test_an_nvfp4_call_the_definitions_do_not_model_falls_back(api, call, rule):
+    names = ["nvfp4_quantize_k4096", "fp4_quantize_k4096"]
+    seen: list = []
+    x = _bf16(4096, 4096, scale=1.0) if rule == "input" else _bf16(4, 4096)
+    with rt.enable_apply({n: _recorder(n, seen) for n in names}):
+        with pytest.raises((*FLASHINFER_ON_CPU, AssertionError, NotImplementedError)):
+            call(x, torch.tensor([150.0]))
+    assert not seen
+    (counted,) = rt.stats()[NVFP4_PATHS[api]]["rules"]
+    assert rule in counted
+
+
+def test_the_4over6_recipe_is_left_to_flashinfer(monkeypatch):
+    from flashinfer.quantization import NVFP44Over6Config
+
+    name, seen = "silu_and_mul_nvfp4_quantize_k28672", []
+    x, gs = _bf16(2, 28672, scale=1.0), torch.tensor([200.0])
+    with rt.enable_apply({name: _recorder(name, seen)}):
+        with pytest.raises((*FLASHINFER_ON_CPU, AssertionError)):
+            flashinfer.silu_and_mul_nvfp4_quantize(x, gs, nvfp4_4over6=NVFP44Over6Config())
+        # Left out, the argument defers to the environment, read at each call.
+        monkeypatch.setenv("FLASHINFER_NVFP4_4OVER6", "1")
+        with pytest.raises((*FLASHINFER_ON_CPU, AssertionError)):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                flashinfer.silu_and_mul_nvfp4_quantize(x, gs)
+        monkeypatch.setenv("FLASHINFER_NVFP4_4OVER6", "0")
+        flashinfer.silu_and_mul_nvfp4_quantize(x, gs)
+    assert len(seen) == 1
+    assert rt.stats()[NVFP4_PATHS["silu"]]["rules"] == {"nvfp4_4over6": 2}
+
+
+@pytest.mark.parametrize("gs", [150.0, 3.0, 1000.0])
+def test_nvfp4_reference_is_the_kernels_arithmetic_block_by_block(gs):
+    x = _bf16(6, 4096, seed=7)
+    x[0, :16] = 0.0  # an all-zero block: scale 0, values 0
+    # Values whose scaled magnitudes fall on e2m1 ties: amax 6 gives sf = gs exactly
+    # when gs is an e4m3 value, and out_scale = 1.
+    x[1, :8] = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    x[1, 8:16] = 0.0
+    # A block whose scale underflows to 0 at gs = 150 (150 * 1e-5 / 6 < 2^-10): values 0.
+    x[2, :16] = 1e-5
+    q, sf = _reference("nvfp4_quantize_k4096")(x, torch.tensor([gs]))
+    b = q.view(torch.uint8).to(torch.int64)
+    codes = torch.stack([b & 0xF, b >> 4], dim=-1).flatten(-2)
+    got = torch.where(codes >= 8, -E2M1[codes & 7], E2M1[codes & 7])
+    want, want_sf = _nvfp4_by_blocks(x, gs)
+    assert torch.equal(sf.view(torch.uint8), want_sf.view(torch.uint8))
+    assert torch.equal(got, want)
+    assert (sf[0, 0].float() == 0) and (got[0, :16] == 0).all()
+    if gs == 150.0:
+        # 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4 (even codes);
+        # the block's scale is e4m3(150) = 144, so out_scale = 150 / 144 moves them off ties.
+        assert sf[1, 0].float() == 144.0
+        assert sf[2, 0].float() == 0 and (got[2, :16] == 0).all()
+    if gs == 3.0:
+        assert sf[1, 0].float() == 3.0
+        assert got[1, :8].tolist() == [6.0, 0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0]
+
+
+def test_nvfp4_reference_dequantizes_to_its_input_with_the_global_scale():
+    x, gs = _bf16(64, 4096, seed=8), 448.0 * 6.0 / 14.0
+    q, sf = _reference("nvfp4_quantize_k4096")(x, torch.tensor([gs]))
+    got = _unpack_e2m1(q).reshape(64, -1, 16)
+    blocks = x.float().reshape(64, -1, 16)
+    amax = blocks.abs().amax(-1)
+    # The e4m3 scale is within e4m3's rounding of gs * amax / 6 (3 mantissa bits).
+    assert ((sf.float() - gs * amax / 6).abs() <= gs * amax / 6 / 16 + 2**-9).all()
+    # x is about value * sf / gs, within half an e2m1 step at most (the step is 2 at 4..6).
+    deq = got * sf.float().unsqueeze(-1) / gs
+    step = sf.float().unsqueeze(-1) / gs
+    assert ((deq - blocks).abs() <= step * 1.0 + 1e-6).all()
+    assert (deq - blocks).abs().mean() < 0.1 * blocks.abs().mean()
+
+
+def test_nvfp4_reference_and_flashinfers_template_agree_up_to_ties_and_rounding():
+    # The template multiplies by gs / sf where the kernel multiplies by rcp(sf * rcp(gs)),
+    # and breaks ties toward the smaller magnitude: scales agree, values within a step.
+    x, gs = _bf16(32, 4096, seed=9), torch.tensor([180.0])
+    ours_q, ours_sf = _reference("nvfp4_quantize_k4096")(x, gs)
+    theirs_q, theirs_sf = fi_quantize._nvfp4_quantize_reference(x, gs)
+    assert torch.equal(ours_sf.view(torch.uint8), theirs_sf.view(torch.uint8))
+    ours, theirs = _unpack_e2m1(ours_q), _unpack_e2m1(theirs_q)
+    assert (ours - theirs).abs().max() <= 2.0  # one e2m1 step at most
+    assert (ours == theirs).float().mean() > 0.99
+    fp4_q, fp4_sf = _reference("fp4_quantize_k4096")(x, gs)
+    assert torch.equal(fp4_q.view(torch.uint8), ours_q.view(torch.uint8))
+    assert torch.equal(fp4_sf.view(torch.uint8), ours_sf.view(torch.uint8))
+
+
+def test_silu_and_mul_nvfp4_reference_and_flashinfers_template_agree_up_to_ties():
+    x, gs = _bf16(8, 28672, seed=10, scale=1.0), torch.tensor([200.0])
+    ours_q, ours_sf = _reference("silu_and_mul_nvfp4_quantize_k28672")(x, gs)
+    theirs_q, theirs_sf = fi_quantize._silu_and_mul_nvfp4_quantize_reference(x, gs)
+    assert ours_q.view(torch.uint8).shape == theirs_q.shape == (8, 14336 // 2)
+    # silu as g / (1 + exp(-g)) against torch's sigmoid: bf16 rounding apart at most.
+    same_sf = ours_sf.view(torch.uint8) == theirs_sf
+    assert same_sf.float().mean() > 0.99
+    ours, theirs = _unpack_e2m1(ours_q), _unpack_e2m1(theirs_q)
+    assert (ours == theirs).float().mean() > 0.98
+
+
+def test_nvfp4_4over6_off_reads_the_argument_then_the_environment(monkeypatch):
+    from flashinfer.quantization import NVFP44Over6Config
+    from flashinfer.quantization.nvfp4_quantization_utils import _UNSET
+
+    from fibgen.runtime.routing.rulefns import nvfp4_4over6_off
+
+    monkeypatch.delenv("FLASHINFER_NVFP4_4OVER6", raising=False)
+    assert nvfp4_4over6_off(None) and nvfp4_4over6_off(_UNSET)
+    assert not nvfp4_4over6_off(NVFP44Over6Config())
+    monkeypatch.setenv("FLASHINFER_NVFP4_4OVER6", "1")
+    assert nvfp4_4over6_off(None) and not nvfp4_4over6_off(_UNSET)
+
+
+# ---------------------------------------------------------------------------------------
+# nvfp4_kv_dequantize_paged
+# ---------------------------------------------------------------------------------------
+
+DEQUANT = "nvfp4_kv_dequantize_paged_h8_dk128_dv128_ps16"
+DEQUANT_PATH = "flashinfer.quantization.fp4_quantization.nvfp4_kv_dequantize_paged"
+
+
+def _paged_nvfp4_cache(pages=6, seed=13):
+    """K and V of 8 heads of 128, quantized by the catalogue's nvfp4_kv_quantize into pages
+    of 16 tokens (NHD), with their bf16 originals and global scales."""
+    g = torch.Generator().manual_seed(seed)
+    k = (torch.randn(pages, 16, 8, 128, generator=g) * 2).to(torch.bfloat16)
+    v = (torch.randn(pages, 16, 8, 128, generator=g) * 3).to(torch.bfloat16)
+    gk, gv = torch.tensor([0.5]), torch.tensor([0.25])
+    quantize = _reference("nvfp4_kv_quantize_k128")
+    kq, ks = quantize(k.reshape(-1, 128), gk)
+    vq, vs = quantize(v.reshape(-1, 128), gv)
+    cache = (
+        kq.view(torch.uint8).reshape(pages, 16, 8, 64),
+        vq.view(torch.uint8).reshape(pages, 16, 8, 64),
+    )
+    sf = (
+        ks.view(torch.uint8).reshape(pages, 16, 8, 8),
+        vs.view(torch.uint8).reshape(pages, 16, 8, 8),
+    )
+    return cache, sf, (k, v), (gk, gv)
+
+
+def _dequant_call(cache, sf, scales, layout="NHD", stacked=False):
+    if layout == "HND":
+        cache = tuple(t.transpose(1, 2).contiguous() for t in cache)
+        sf = tuple(t.transpose(1, 2).contiguous() for t in sf)
+    if stacked:
+        cache, sf = torch.stack(cache, dim=1), torch.stack(sf, dim=1)
+    block_tables = torch.tensor([[3, 1, 0], [5, 2, 4]], dtype=torch.int32)
+    seq_lens = torch.tensor([20, 40], dtype=torch.int32)
+    out_k = torch.full((2, 40, 8, 128), 7.0, dtype=torch.bfloat16)
+    out_v = out_k.clone()
+    args = (cache, sf, block_tables, seq_lens, *scales, out_k, out_v)
+    return args, {"kv_layout": layout}
+
+
+@pytest.mark.parametrize(("layout", "stacked"), [("NHD", False), ("HND", True)])
+def test_nvfp4_kv_dequantize_paged_gathers_pages_into_the_callers_buffers(layout, stacked):
+    cache, sf, (k, v), scales = _paged_nvfp4_cache()
+    args, kwargs = _dequant_call(cache, sf, scales, layout, stacked)
+    out_k, out_v = args[-2], args[-1]
+    seen: list = []
+    with rt.enable_apply({DEQUANT: _recorder(DEQUANT, seen)}, strict=True):
+        assert flashinfer.nvfp4_kv_dequantize_paged(*args, **kwargs) is None
+    assert len(seen) == 1 and seen[0]["paged_k_cache"].shape == (6, 16, 8, 64)
+    # Each sequence's tokens from its pages, one element at a time from the packed bytes.
+    for out, (c, s), gs in (
+        (out_k, (cache[0], sf[0]), scales[0]),
+        (out_v, (cache[1], sf[1]), scales[1]),
+    ):
+        for i, (pages, n) in enumerate((([3, 1, 0], 20), ([5, 2, 4], 40))):
+            for t in (0, n // 2, n - 1):
+                page, slot = pages[t // 16], t % 16
+                values = _unpack_e2m1(c[page, slot])  # [heads, 128]
+                block = s[page, slot].view(torch.float8_e4m3fn).float().repeat_interleave(16, -1)
+                want = (values * block * gs).to(torch.bfloat16)
+                assert torch.equal(out[i, t], want)
+            # Positions past the sequence's length keep what the caller's buffer held.
+            assert (out[i, n:] == 7.0).all()
+    # And the round trip through nvfp4_kv_quantize is within NVFP4's error of the original.
+    ref = k[[3, 1]].reshape(32, 8, 128)[:20].float()
+    assert (out_k[0, :20].float() - ref).abs().mean() < 0.1 * ref.abs().mean()
+
+
+@pytest.mark.parametrize(
+    ("change", "rule"),
+    [
+        # The let that reads the cache as NHD views refuses an unknown layout first.
+        ({"kv_layout": "NDH"}, "paged_kv_cache"),
+        ({"output_dtype": torch.float16}, "output_k"),
+    ],
+)
+def test_an_nvfp4_kv_dequantize_call_the_definition_does_not_model_falls_back(change, rule):
+    cache, sf, _, scales = _paged_nvfp4_cache()
+    args, kwargs = _dequant_call(cache, sf, scales)
+    if "output_dtype" in change:
+        args = (*args[:-2], args[-2].half(), args[-1].half())
+    else:
+        kwargs = change
+    seen: list = []
+    with rt.enable_apply({DEQUANT: _recorder(DEQUANT, seen)}):
+        with pytest.raises((*FLASHINFER_ON_CPU, AssertionError)):
+            flashinfer.nvfp4_kv_dequantize_paged(*args, **kwargs)
+    assert not seen
+    (counted,) = rt.stats()[DEQUANT_PATH]["rules"]
+    assert rule in counted

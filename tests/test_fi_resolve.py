@@ -144,6 +144,11 @@ def test_what_flashinfer_says_less_precisely_still_pairs_and_is_said():
     # A byte tensor holds a one-byte dtype, not a two-byte one; an unnamed scalar never pairs.
     fi["inputs"]["out"]["dtype"] = "int16"
     assert resolve(fi, [cat]).kind == "none"
+    # torch's packed FP4 dtype is the language's float4_e2m1, and no other byte dtype.
+    fi["inputs"]["out"]["dtype"] = "float4_e2m1fn_x2"
+    assert resolve(fi, [cat]).kind == "resolved"
+    fi["inputs"]["out"]["dtype"] = "float8_e4m3fn"
+    assert resolve(fi, [cat]).kind == "none"
     fi["inputs"]["out"]["dtype"] = "uint8"
     fi["inputs"]["x"] = {"shape": None, "dtype": "bfloat16"}
     why = resolve(fi, [cat]).differences[0]
@@ -240,6 +245,9 @@ NOT_LANDING = {
     # Its template ignores `weight_column_major`: it reads K and N of column-major weights
     # the other way round.
     "flashinfer.gemm.gemm_base.SegmentGEMMWrapper.run": "misread",
+    # Its template reads K from the packed FP4 activation (two values a byte: K / 2) and
+    # the weight's scales as [K, N / block_size], where they are [K / 16 padded, N padded].
+    "flashinfer.gemm.gemm_base.mm_fp4": "misread",
 }
 
 

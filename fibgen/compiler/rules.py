@@ -14,7 +14,7 @@ from fibgen.compiler import ir
 from fibgen.compiler.pysyntax import PythonSyntaxError, parse_python
 
 # Functions a rule may call besides torch and math: fibgen/runtime/routing/rulefns.py defines them.
-RULE_HELPERS = ("kv_pair",)
+RULE_HELPERS = ("kv_pair", "nvfp4_4over6_off")
 # Names a rule expression may use besides the family's own (see checks.EXPR_BUILTINS).
 RULE_GLOBALS = frozenset({"torch", "math", "None", "True", "False", *RULE_HELPERS})
 

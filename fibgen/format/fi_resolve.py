@@ -42,8 +42,10 @@ from typing import Any, Literal
 #   parameter that takes a float or a per-row tensor a scalar: `temperature`, `top_p`);
 # * a rank-0 tensor and one whose every known size is 1 (`A_scale` of `[scalar]`);
 # * a byte tensor (`uint8`, what FP4 and UE8M0 data are stored in when passed) and one of a
-#   dtype of at most a byte (`float4_e2m1`, `int8`); index tensors of `int32`, `uint32` and
-#   `int64` (the kernels take one or another; the language has no unsigned index dtype);
+#   dtype of at most a byte (`float4_e2m1`, `int8`); torch's packed `float4_e2m1fn_x2` and
+#   the language's `float4_e2m1` (Note [fp4] of the runtime); index tensors of `int32`,
+#   `uint32` and `int64` (the kernels take one or another; the language has no unsigned
+#   index dtype);
 # * a tensor FlashInfer lists among the inputs that the definition has among its outputs (a
 #   destination the caller passes: `out`) or that FlashInfer lists among its outputs too, and
 #   a scratch buffer FlashInfer's template lists
@@ -145,7 +147,12 @@ _BYTE_HELD = {"uint8", "int8", "float4_e2m1", "float8_e8m0fnu", "float8_e4m3fn",
 _INDEX = {"int32", "uint32", "int64"}
 
 
+# torch's names of dtypes that the language spells otherwise.
+_TORCH_SPELLING = {"float4_e2m1fn_x2": "float4_e2m1"}
+
+
 def _dtypes_agree(fi: str, cat: str) -> bool:
+    fi = _TORCH_SPELLING.get(fi, fi)
     if fi == cat:
         return True
     if fi == "uint8" and cat in _BYTE_HELD:

@@ -39,6 +39,7 @@ MODULE_NAMES = frozenset(
         "SERVING",
         "register_api",
         "kv_pair",
+        "nvfp4_4over6_off",
         "register_package",
         "APIS",
         "DEFINITIONS",

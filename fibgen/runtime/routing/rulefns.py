@@ -1,10 +1,12 @@
 """Functions that the rules of a `.fidef` family may call (Note [rules] in the compiler's IR).
 
-They convert an API's argument to what the definition reads, by views where they can.
+They convert an API's argument to what the definition reads, by views where they can, or
+say what an argument stands for where its value alone does not.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -28,3 +30,17 @@ def kv_pair(cache: Any, layout: str = "NHD") -> tuple[torch.Tensor, torch.Tensor
     if layout != "NHD":
         raise ValueError(f"unknown KV layout {layout!r}")
     return k, v
+
+
+def nvfp4_4over6_off(setting: Any) -> bool:
+    """Whether FlashInfer's ``nvfp4_4over6=`` argument leaves its NVFP4 recipe standard.
+
+    ``None`` turns the "4over6" scale search off; a config turns it on; the default, an
+    unset sentinel, defers to the environment variable ``FLASHINFER_NVFP4_4OVER6`` (on when
+    it is ``"1"``), as FlashInfer 0.7.2's ``resolve_nvfp4_4over6`` reads it at each call.
+    """
+    if setting is None:
+        return True
+    if type(setting).__name__ == "_UnsetType":
+        return os.environ.get("FLASHINFER_NVFP4_4OVER6") != "1"
+    return False
