@@ -256,7 +256,31 @@ def trtllm_fp4_block_scale_routed_moe(c: Catalogue) -> Any:
     return _call(FP4_ROUTED, args, kwargs | _fp4_tail())
 
 
+TOPK_DEEPSEEK = "fused_topk_deepseek_e16_k4_ng4_kg2_bf16"
+HASH_TOPK = "hash_topk_e16_k4_sh1"
+
+
+def fused_topk_deepseek(c: Catalogue) -> Any:
+    x, axes = c.inputs(TOPK_DEEPSEEK, num_tokens=5)
+    values = c.buffer(TOPK_DEEPSEEK, "topk_values", axes)
+    indices = c.buffer(TOPK_DEEPSEEK, "topk_indices", axes)
+    args = (x["scores"], x["bias"], 4, 2, 4, float(x["routed_scaling_factor"]), values, indices)
+    kwargs = {"launch_with_pdl": False, "routing_replay_out": None, "backend": "cake"}
+    return _call(TOPK_DEEPSEEK, args, kwargs)
+
+
+def hash_topk(c: Catalogue) -> Any:
+    x, _ = c.inputs(HASH_TOPK, num_tokens=5, vocab=32)
+    args = (x["router_logits"], x["input_ids"], x["tid2eid"])
+    kwargs = {"num_fused_shared_experts": 1, "launch_with_pdl": False}
+    return _call(
+        HASH_TOPK, args, kwargs | {"routed_scaling_factor": float(x["routed_scaling_factor"])}
+    )
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
+    "flashinfer.fused_moe.fused_topk_deepseek": fused_topk_deepseek,
+    "flashinfer.fused_moe.hash_topk.hash_topk": hash_topk,
     "flashinfer.fused_moe.trtllm_fp4_block_scale_moe": trtllm_fp4_block_scale_moe,
     "flashinfer.fused_moe.trtllm_fp4_block_scale_routed_moe": trtllm_fp4_block_scale_routed_moe,
     "flashinfer.fused_moe.trtllm_bf16_moe": trtllm_bf16_moe,

@@ -231,6 +231,10 @@ NOT_LANDING = {
     "flashinfer.fused_moe.core.trtllm_fp4_block_scale_routed_moe": "misread",
     "flashinfer.fused_moe.core.trtllm_bf16_moe": "misread",
     "flashinfer.fused_moe.core.trtllm_bf16_routed_moe": "misread",
+    # Its template gives the outputs [num_tokens, topk] whatever num_fused_shared_experts
+    # says ("the trace covers the routed path"): a call with a fused shared expert, whose
+    # outputs hold one more slot, lands on the definition without one.
+    "flashinfer.fused_moe.hash_topk.hash_topk": "misread",
     # Its template reads N from the weight's first dimension, which is N only of a
     # column-major [N, K] weight where N == K: the routed call lands, other instances not.
     "flashinfer.gemm.gemm_base.mm_fp8": "misread where N != K",
