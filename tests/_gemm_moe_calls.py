@@ -278,7 +278,30 @@ def hash_topk(c: Catalogue) -> Any:
     )
 
 
+PT_BF16_RENORM = "prims_ts_bf16_moe_renorm_topk2_e8_h256_i128"
+PT_BF16_ROUTED = "prims_ts_bf16_routed_moe_topk2_e8_h256"
+
+
+def prims_ts_bf16_moe(c: Catalogue) -> Any:
+    # Prims-TS takes no DeepSeek-V3 routing for BF16: the renormalize family's call.
+    x, axes = c.inputs(PT_BF16_RENORM, seq_len=5)
+    args = (x["routing_logits"].bfloat16(), None, x["hidden_states"])
+    args += (x["gemm1_weights"], x["gemm2_weights"], 8, 2, None, None, 128, 0, 8)
+    kwargs = {"routed_scaling_factor": None, "routing_method_type": 1, "norm_topk_prob": True}
+    return _call(PT_BF16_RENORM, args, kwargs | _bf16_moe_tail(c, PT_BF16_RENORM, axes))
+
+
+def prims_ts_bf16_routed_moe(c: Catalogue) -> Any:
+    x, axes = c.inputs(PT_BF16_ROUTED, seq_len=5)
+    args = (x["topk_ids"], x["hidden_states"], x["gemm1_weights"], x["gemm2_weights"])
+    args += (8, 2, None, None, 128, int(x["local_expert_offset"]), 8)
+    kwargs = {"routed_scaling_factor": None, "routing_method_type": 1, "gemm1_lora_delta": None}
+    return _call(PT_BF16_ROUTED, args, kwargs | _bf16_moe_tail(c, PT_BF16_ROUTED, axes))
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
+    "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_moe": prims_ts_bf16_moe,
+    "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_routed_moe": prims_ts_bf16_routed_moe,
     "flashinfer.fused_moe.fused_topk_deepseek": fused_topk_deepseek,
     "flashinfer.fused_moe.hash_topk.hash_topk": hash_topk,
     "flashinfer.fused_moe.trtllm_fp4_block_scale_moe": trtllm_fp4_block_scale_moe,
