@@ -299,7 +299,27 @@ def prims_ts_bf16_routed_moe(c: Catalogue) -> Any:
     return _call(PT_BF16_ROUTED, args, kwargs | _bf16_moe_tail(c, PT_BF16_ROUTED, axes))
 
 
+SM90_SCALES = "sm90_mixed_gemm_scale_interleave_g32_i8"
+SM90_WEIGHTS = "sm90_mixed_gemm_weight_interleave_fp4_fp8"
+
+
+def sm90_scale_interleave(c: Catalogue) -> Any:
+    x, _ = c.inputs(SM90_SCALES, num_experts=2, m64_blocks=2, k128_blocks=2)
+    # FlashInfer's logical [E, rows, K / 32] uint8 scales.
+    scales = x["scales"].reshape(2, 128, 8).view(torch.uint8)
+    return _call(SM90_SCALES, (scales,), {"group_size": 32})
+
+
+def sm90_weight_interleave(c: Catalogue) -> Any:
+    x, _ = c.inputs(SM90_WEIGHTS, num_experts=2, row_blocks=2, k_blocks=2)
+    # FlashInfer's [E, rows, K / 2] uint8 bytes.
+    weight = x["weight"].reshape(2, 32, 64).view(torch.uint8)
+    return _call(SM90_WEIGHTS, (weight,), {"quant_type": "fp4_fp8"})
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
+    "flashinfer.fused_moe.interleave_moe_scales_for_sm90_mixed_gemm": sm90_scale_interleave,
+    "flashinfer.fused_moe.interleave_moe_weights_for_sm90_mixed_gemm": sm90_weight_interleave,
     "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_moe": prims_ts_bf16_moe,
     "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_routed_moe": prims_ts_bf16_routed_moe,
     "flashinfer.fused_moe.fused_topk_deepseek": fused_topk_deepseek,
