@@ -317,7 +317,16 @@ def sm90_weight_interleave(c: Catalogue) -> Any:
     return _call(SM90_WEIGHTS, (weight,), {"quant_type": "fp4_fp8"})
 
 
+ALPHAMOE_INTERLEAVE = "alphamoe_interleave_gated_weights_h256_i128"
+
+
+def alphamoe_interleave(c: Catalogue) -> Any:
+    x, _ = c.inputs(ALPHAMOE_INTERLEAVE, num_experts=4)
+    return _call(ALPHAMOE_INTERLEAVE, (x["gemm1_weights"], x["gemm1_weights_scale"]))
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
+    "flashinfer.fused_moe.alphamoe_interleave_gated_weights": alphamoe_interleave,
     "flashinfer.fused_moe.interleave_moe_scales_for_sm90_mixed_gemm": sm90_scale_interleave,
     "flashinfer.fused_moe.interleave_moe_weights_for_sm90_mixed_gemm": sm90_weight_interleave,
     "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_moe": prims_ts_bf16_moe,

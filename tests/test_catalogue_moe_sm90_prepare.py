@@ -1,4 +1,5 @@
-"""The SM90 mixed-input weight preparation families (moe_sm90_mixed_prepare.fidef).
+"""The MoE weight preparation families: SM90 mixed-input (moe_sm90_mixed_prepare.fidef) and
+AlphaMoE's gate/up interleave (moe_alphamoe.fidef).
 
 interleave_moe_scales_for_sm90_mixed_gemm is torch in FlashInfer, so its reference is held
 to FlashInfer's own function on the CPU. interleave_moe_weights_for_sm90_mixed_gemm runs a
@@ -271,3 +272,35 @@ def test_every_scale_instance_matches_flashinfer_on_generated_inputs():
         )
         got = _reference(name)(x["scales"])
         assert torch.equal(got.view(expected.dtype), expected), name
+
+
+# ---------------------------------------------------------------------------------------
+# alphamoe_interleave_gated_weights
+# ---------------------------------------------------------------------------------------
+
+ALPHAMOE = "flashinfer.fused_moe.alphamoe_interleave_gated_weights"
+
+
+def test_alphamoe_interleave_is_routed_and_is_flashinfers_layout(monkeypatch):
+    import _gemm_moe_calls as calls
+    from flashinfer.fused_moe import alphamoe_interleave_gated_weights as fn
+
+    call = calls.alphamoe_interleave(_catalogue())
+    w, s = call.args
+    expected = inspect.unwrap(fn)(w, s)
+    out = _route(monkeypatch, ALPHAMOE, call.name, call.args, {})
+    _hit(out)
+    weights, scales = out.result
+    assert weights.dtype == torch.float8_e4m3fn and scales.dtype == torch.float32
+    assert torch.equal(weights.view(torch.uint8), expected[0].view(torch.uint8))
+    assert torch.equal(scales, expected[1])
+    # Eight gate rows, then the first eight up rows (the up half starts at row 128).
+    assert torch.equal(weights[:, 8:16].view(torch.uint8), w[:, 128:136].view(torch.uint8))
+
+
+def test_alphamoe_interleave_of_a_shape_with_no_instance_falls_back(monkeypatch):
+    w = torch.zeros(4, 512, 384).to(torch.float8_e4m3fn)  # hidden size 384: no instance
+    s = torch.ones(4, 4, 3)
+    out = _route(monkeypatch, ALPHAMOE, "alphamoe_interleave_gated_weights_h256_i128", (w, s), {})
+    assert out.counts["hit"] == 0 and not out.seen, out.counts
+    assert out.result == "flashinfer"
