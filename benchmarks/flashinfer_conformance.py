@@ -1830,6 +1830,130 @@ def _moe_cases() -> list[Case]:
     return out
 
 
+# ---------------------------------------------------------------------------------------
+# MoE routing (moe_routing.fidef) and the SM90 mixed-input weight preparation
+# (moe_sm90_mixed_prepare.fidef): kernels that run on an H100
+# ---------------------------------------------------------------------------------------
+
+
+def _moe_routing_cases() -> list[Case]:
+    out = []
+    for name, tokens in (
+        ("fused_topk_deepseek_e256_k8_ng8_kg4_bf16", 1),
+        ("fused_topk_deepseek_e256_k8_ng8_kg4_fp32", 33),
+        ("fused_topk_deepseek_e384_k8_ng1_kg1_bf16", 17),
+    ):
+        d = CATALOGUE[name][0]
+        params = dict(d.param_values)
+
+        def topk(name=name, tokens=tokens, params=params, dtype=d.inputs[0].dtype):
+            import flashinfer.fused_moe
+
+            x = _inputs(name, 101, num_tokens=tokens)
+            k = params["top_k"]
+            values = torch.zeros(tokens, k, dtype=x["scores"].dtype, device=DEV)
+            indices = torch.zeros(tokens, k, dtype=torch.int32, device=DEV)
+            result = flashinfer.fused_moe.fused_topk_deepseek(
+                x["scores"],
+                x["bias"],
+                params["n_group"],
+                params["topk_group"],
+                k,
+                float(x["routed_scaling_factor"]),
+                values,
+                indices,
+            )
+            return (result, values, indices)
+
+        out.append(
+            Case(
+                "flashinfer.fused_moe.fused_topk_deepseek",
+                f"{name} num_tokens={tokens}",
+                topk,
+                {name: solution(name)},
+                variant="moe_routing:dsv3",
+            )
+        )
+    for name, tokens, shared in (
+        ("hash_topk_e256_k8_sh0", 1, 0),
+        ("hash_topk_e256_k8_sh1", 40, 1),
+    ):
+
+        def hashed(name=name, tokens=tokens, shared=shared):
+            import flashinfer.fused_moe
+
+            x = _inputs(name, 111, num_tokens=tokens, vocab=1000)
+            return _results(
+                flashinfer.fused_moe.hash_topk(
+                    x["router_logits"],
+                    x["input_ids"],
+                    x["tid2eid"],
+                    num_fused_shared_experts=shared,
+                    routed_scaling_factor=float(x["routed_scaling_factor"]),
+                )
+            )
+
+        out.append(
+            Case(
+                "flashinfer.fused_moe.hash_topk.hash_topk",
+                f"{name} num_tokens={tokens}",
+                hashed,
+                {name: solution(name)},
+                variant="moe_routing:hash",
+            )
+        )
+    for quant_type in ("fp4", "fp4_fp8", "int4"):
+        name = f"sm90_mixed_gemm_weight_interleave_{quant_type}"
+
+        def weights(name=name, quant_type=quant_type):
+            import flashinfer.fused_moe
+
+            w = torch.randint(
+                0, 256, (3, 256, 512), dtype=torch.uint8, device=DEV, generator=g(121)
+            )
+            return _results(
+                flashinfer.fused_moe.interleave_moe_weights_for_sm90_mixed_gemm(w, quant_type)
+            )
+
+        out.append(
+            Case(
+                "flashinfer.fused_moe.interleave_moe_weights_for_sm90_mixed_gemm",
+                f"{name} experts=3 n=256 k=1024",
+                weights,
+                {name: solution(name)},
+                variant="moe_prepare:sm90_weights",
+            )
+        )
+    for name, dtype, group_size in (
+        ("sm90_mixed_gemm_scale_interleave_g32_i8", torch.uint8, 32),
+        ("sm90_mixed_gemm_scale_interleave_g128_bf16", torch.bfloat16, 128),
+    ):
+
+        def scales(name=name, dtype=dtype, group_size=group_size):
+            import flashinfer.fused_moe
+
+            groups = 1024 // group_size
+            if dtype == torch.uint8:
+                raw = torch.randint(
+                    110, 135, (3, 256, groups), dtype=dtype, device=DEV, generator=g(131)
+                )
+            else:
+                raw = torch.rand(3, 256, groups, device=DEV, generator=g(131)).to(dtype)
+            return _results(
+                flashinfer.fused_moe.interleave_moe_scales_for_sm90_mixed_gemm(raw, group_size)
+            )
+
+        out.append(
+            Case(
+                "flashinfer.fused_moe.interleave_moe_scales_for_sm90_mixed_gemm",
+                f"{name} experts=3 rows=256 k=1024",
+                scales,
+                {name: solution(name)},
+            )
+        )
+    return out
+
+
 GROUPS = {
     "norm": _norm_cases,
     "activation": _activation_cases,
@@ -1848,6 +1972,7 @@ GROUPS = {
     "mhc": _mhc_cases,
     "gdn": _gdn_cases,
     "moe": _moe_cases,
+    "moe_routing": _moe_routing_cases,
     "decode": _decode_cases,
     "prefill": _prefill_cases,
     "ragged": _ragged_cases,
@@ -1892,6 +2017,8 @@ _SM100_ONLY = {
     "trtllm_fp8_per_tensor_scale_routed_moe",
     "trtllm_fp4_block_scale_moe",
     "trtllm_fp4_block_scale_routed_moe",
+    "prims_ts_bf16_moe",
+    "prims_ts_bf16_routed_moe",
     "gated_delta_rule_replayssm_commit",
     "chunk_gated_delta_rule2",
     "chunk_gated_delta_product",

@@ -282,7 +282,83 @@ def trtllm_fp4_block_scale_routed_moe(c: Catalogue) -> Any:
     return _call(FP4_ROUTED, args, kwargs | _fp4_tail())
 
 
+TOPK_DEEPSEEK = "fused_topk_deepseek_e16_k4_ng4_kg2_bf16"
+HASH_TOPK = "hash_topk_e16_k4_sh1"
+
+
+def fused_topk_deepseek(c: Catalogue) -> Any:
+    x, axes = c.inputs(TOPK_DEEPSEEK, num_tokens=5)
+    values = c.buffer(TOPK_DEEPSEEK, "topk_values", axes)
+    indices = c.buffer(TOPK_DEEPSEEK, "topk_indices", axes)
+    args = (x["scores"], x["bias"], 4, 2, 4, float(x["routed_scaling_factor"]), values, indices)
+    kwargs = {"launch_with_pdl": False, "routing_replay_out": None, "backend": "cake"}
+    return _call(TOPK_DEEPSEEK, args, kwargs)
+
+
+def hash_topk(c: Catalogue) -> Any:
+    x, _ = c.inputs(HASH_TOPK, num_tokens=5, vocab=32)
+    args = (x["router_logits"], x["input_ids"], x["tid2eid"])
+    kwargs = {"num_fused_shared_experts": 1, "launch_with_pdl": False}
+    return _call(
+        HASH_TOPK, args, kwargs | {"routed_scaling_factor": float(x["routed_scaling_factor"])}
+    )
+
+
+PT_BF16_RENORM = "prims_ts_bf16_moe_renorm_topk2_e8_h256_i128"
+PT_BF16_ROUTED = "prims_ts_bf16_routed_moe_topk2_e8_h256"
+
+
+def prims_ts_bf16_moe(c: Catalogue) -> Any:
+    # Prims-TS takes no DeepSeek-V3 routing for BF16: the renormalize family's call.
+    x, axes = c.inputs(PT_BF16_RENORM, seq_len=5)
+    args = (x["routing_logits"].bfloat16(), None, x["hidden_states"])
+    args += (x["gemm1_weights"], x["gemm2_weights"], 8, 2, None, None, 128, 0, 8)
+    kwargs = {"routed_scaling_factor": None, "routing_method_type": 1, "norm_topk_prob": True}
+    return _call(PT_BF16_RENORM, args, kwargs | _bf16_moe_tail(c, PT_BF16_RENORM, axes))
+
+
+def prims_ts_bf16_routed_moe(c: Catalogue) -> Any:
+    x, axes = c.inputs(PT_BF16_ROUTED, seq_len=5)
+    args = (x["topk_ids"], x["hidden_states"], x["gemm1_weights"], x["gemm2_weights"])
+    args += (8, 2, None, None, 128, int(x["local_expert_offset"]), 8)
+    kwargs = {"routed_scaling_factor": None, "routing_method_type": 1, "gemm1_lora_delta": None}
+    return _call(PT_BF16_ROUTED, args, kwargs | _bf16_moe_tail(c, PT_BF16_ROUTED, axes))
+
+
+SM90_SCALES = "sm90_mixed_gemm_scale_interleave_g32_i8"
+SM90_WEIGHTS = "sm90_mixed_gemm_weight_interleave_fp4_fp8"
+
+
+def sm90_scale_interleave(c: Catalogue) -> Any:
+    x, _ = c.inputs(SM90_SCALES, num_experts=2, m64_blocks=2, k128_blocks=2)
+    # FlashInfer's logical [E, rows, K / 32] uint8 scales.
+    scales = x["scales"].reshape(2, 128, 8).view(torch.uint8)
+    return _call(SM90_SCALES, (scales,), {"group_size": 32})
+
+
+def sm90_weight_interleave(c: Catalogue) -> Any:
+    x, _ = c.inputs(SM90_WEIGHTS, num_experts=2, row_blocks=2, k_blocks=2)
+    # FlashInfer's [E, rows, K / 2] uint8 bytes.
+    weight = x["weight"].reshape(2, 32, 64).view(torch.uint8)
+    return _call(SM90_WEIGHTS, (weight,), {"quant_type": "fp4_fp8"})
+
+
+ALPHAMOE_INTERLEAVE = "alphamoe_interleave_gated_weights_h256_i128"
+
+
+def alphamoe_interleave(c: Catalogue) -> Any:
+    x, _ = c.inputs(ALPHAMOE_INTERLEAVE, num_experts=4)
+    return _call(ALPHAMOE_INTERLEAVE, (x["gemm1_weights"], x["gemm1_weights_scale"]))
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
+    "flashinfer.fused_moe.alphamoe_interleave_gated_weights": alphamoe_interleave,
+    "flashinfer.fused_moe.interleave_moe_scales_for_sm90_mixed_gemm": sm90_scale_interleave,
+    "flashinfer.fused_moe.interleave_moe_weights_for_sm90_mixed_gemm": sm90_weight_interleave,
+    "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_moe": prims_ts_bf16_moe,
+    "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_routed_moe": prims_ts_bf16_routed_moe,
+    "flashinfer.fused_moe.fused_topk_deepseek": fused_topk_deepseek,
+    "flashinfer.fused_moe.hash_topk.hash_topk": hash_topk,
     "flashinfer.fused_moe.trtllm_fp4_block_scale_moe": trtllm_fp4_block_scale_moe,
     "flashinfer.fused_moe.trtllm_fp4_block_scale_routed_moe": trtllm_fp4_block_scale_routed_moe,
     "flashinfer.fused_moe.trtllm_bf16_moe": trtllm_bf16_moe,

@@ -239,6 +239,15 @@ NOT_LANDING = {
     "flashinfer.fused_moe.core.trtllm_fp4_block_scale_routed_moe": "misread",
     "flashinfer.fused_moe.core.trtllm_bf16_moe": "misread",
     "flashinfer.fused_moe.core.trtllm_bf16_routed_moe": "misread",
+    # The Prims-TS backends of the same kernels, traced by the same templates.
+    "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_moe": "misread",
+    "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_routed_moe": "misread",
+    # Its template gives the outputs [num_tokens, topk] whatever num_fused_shared_experts
+    # says ("the trace covers the routed path"): a call with a fused shared expert, whose
+    # outputs hold one more slot, lands on the definition without one.
+    "flashinfer.fused_moe.hash_topk.hash_topk": "misread",
+    # Its template writes `quant_type` as a scalar of no value: the three layouts are one JSON.
+    "flashinfer.fused_moe.prepare.interleave_moe_weights_for_sm90_mixed_gemm": "ambiguous",
     # Its template reads N from the weight's first dimension, which is N only of a
     # column-major [N, K] weight where N == K: the routed call lands, other instances not.
     "flashinfer.gemm.gemm_base.mm_fp8": "misread where N != K",
@@ -340,6 +349,12 @@ NOT_FROM_THE_DEFINITION = {
     "flashinfer.fused_moe.core.cutlass_fused_moe": "parameters only its rules fix",
     "flashinfer.fused_moe.core.trtllm_bf16_moe": "parameters only its rules fix",
     "flashinfer.fused_moe.core.trtllm_bf16_routed_moe": "parameters only its rules fix",
+    "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_moe": (
+        "parameters only its rules fix"
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_routed_moe": (
+        "parameters only its rules fix"
+    ),
     "flashinfer.fused_moe.core.trtllm_fp4_block_scale_moe": "parameters only its rules fix",
     "flashinfer.fused_moe.core.trtllm_fp4_block_scale_routed_moe": "parameters only its rules fix",
     "flashinfer.fused_moe.core.trtllm_fp8_block_scale_routed_moe": "parameters only its rules fix",

@@ -1,0 +1,164 @@
+"""The Prims-TS MoE families (moe_prims_ts.fidef) against the real FlashInfer.
+
+Prims-TS takes the arguments and the prepared weights of the trtllm-gen MoE APIs, so its
+families repeat those of moe_trtllm_*.fidef: the first test holds each twin to its original
+(everything but the name, the API and the description), so that the two cannot drift apart.
+Then, as in ``test_catalogue_moe.py``, calls through the real API with a recorder in place of
+FlashInfer's function: routed where the definition models the call, refused with the rule
+counted where Prims-TS takes (or refuses) what the definition does not model.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _shared import require_module
+
+require_module("flashinfer", "flashinfer-python 0.7.2.post1 is not installed (see .ci/run)")
+
+import _gemm_moe_calls as calls
+from test_catalogue_gemm import (
+    _bound,
+    _catalogue,
+    _hit,
+    _off,  # noqa: F401  (the autouse fixture that turns apply off)
+    _reference,
+    _refused,
+    _route,
+)
+from test_catalogue_moe import _packed
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning"),
+]
+
+BF16 = "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_moe"
+BF16_ROUTED = "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_routed_moe"
+
+TWINS = {
+    "prims_ts_bf16_moe_renorm": "trtllm_bf16_moe_renorm",
+    "prims_ts_bf16_moe_llama4": "trtllm_bf16_moe_llama4",
+    "prims_ts_bf16_routed_moe": "trtllm_bf16_routed_moe",
+}
+
+
+def _contract(value):
+    """An IR node as plain data without source positions."""
+    if isinstance(value, dict):
+        return {k: _contract(v) for k, v in value.items() if not k.endswith(("span", "spans"))}
+    if isinstance(value, (list, tuple)):
+        return [_contract(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize(("twin", "original"), sorted(TWINS.items()))
+def test_a_prims_ts_family_is_its_trtllm_family_with_another_api(twin, original):
+    families = _catalogue().families
+    a, b = families[twin].model_dump(), families[original].model_dump()
+    for key in ("name", "name_template", "api", "description"):
+        a.pop(key), b.pop(key)
+    assert _contract(a) == _contract(b)
+    # The same parameters, in the same order, but for the defaults Prims-TS changes.
+    params = [(p.name, p.kind) for p in families[twin].api.params]
+    assert params == [(p.name, p.kind) for p in families[original].api.params]
+    # Each instance of the original has its twin, of the same values.
+    defs = _catalogue().defs.values()
+    twins = sorted(d.consts for d in defs if d.family == twin)
+    assert twins == sorted(d.consts for d in defs if d.family == original)
+
+
+def test_prims_ts_bf16_moe_in_block_major_k_layout_is_routed(monkeypatch):
+    call = calls.prims_ts_bf16_moe(_catalogue())
+    out = _route(monkeypatch, BF16, call.name, (), _bound(call, BF16))
+    seen = _hit(out)
+    assert torch.equal(out.result, _reference(call.name)(**seen))
+    assert out.result.abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    ("method", "name"),
+    [
+        (1, "prims_ts_bf16_moe_renorm_topk2_e8_h256_i128"),
+        (4, "prims_ts_bf16_moe_renorm_topk2_e8_h256_i128"),
+        (3, "prims_ts_bf16_moe_llama4_topk1_e8_h256_i128"),
+    ],
+)
+def test_prims_ts_bf16_moe_routing_methods_reach_their_families(monkeypatch, method, name):
+    c = _catalogue()
+    x, _ = c.inputs(name, seq_len=4)
+    top_k = dict(c.defs[name].param_values)["top_k"]
+    args = (x["routing_logits"].bfloat16(), None, x["hidden_states"])
+    args += (x["gemm1_weights"], x["gemm2_weights"], 8, top_k, None, None, 128, 0, 8)
+    kwargs = {"routing_method_type": method, "weight_layout": 2}
+    out = _route(monkeypatch, BF16, name, args, kwargs)
+    seen = _hit(out)
+    assert torch.equal(out.result, _reference(name)(**seen))
+
+
+def test_prims_ts_bf16_moe_in_its_default_major_k_layout_falls_back(monkeypatch):
+    # Prims-TS's default weight_layout is MajorK, which these definitions do not model.
+    call = calls.prims_ts_bf16_moe(_catalogue())
+    kwargs = _bound(call, BF16)
+    del kwargs["weight_layout"]
+    out = _route(monkeypatch, BF16, call.name, (), kwargs)
+    _refused(out, "weight_layout")
+
+
+def test_prims_ts_bf16_moe_deepseek_routing_is_not_routed(monkeypatch):
+    # Prims-TS refuses DeepSeek-V3 routing for BF16; no family stands for it.
+    call = calls.prims_ts_bf16_moe(_catalogue())
+    out = _route(monkeypatch, BF16, call.name, (), _bound(call, BF16) | {"routing_method_type": 2})
+    assert out.counts["hit"] == 0 and not out.seen, out.counts
+    assert out.result == "flashinfer" and len(out.originals) == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "build", "param", "value"),
+    [
+        (BF16, calls.prims_ts_bf16_moe, "use_shuffled_weight", False),
+        (BF16, calls.prims_ts_bf16_moe, "do_finalize", False),
+        (BF16, calls.prims_ts_bf16_moe, "activation_type", 6),
+        (BF16, calls.prims_ts_bf16_moe, "gemm1_alpha", torch.ones(8)),
+        (BF16, calls.prims_ts_bf16_moe, "routing_bias", torch.zeros(8)),
+        (BF16_ROUTED, calls.prims_ts_bf16_routed_moe, "weight_layout", 0),
+        (BF16_ROUTED, calls.prims_ts_bf16_routed_moe, "routed_scaling_factor", 2.5),
+        (BF16_ROUTED, calls.prims_ts_bf16_routed_moe, "gemm1_lora_delta", torch.zeros(1)),
+    ],
+)
+def test_prims_ts_bf16_parameters_the_definition_does_not_model_are_refused(
+    monkeypatch, path, build, param, value
+):
+    call = build(_catalogue())
+    out = _route(monkeypatch, path, call.name, (), _bound(call, path) | {param: value})
+    _refused(out, param)
+    assert out.originals[0][param] is value
+
+
+def test_prims_ts_bf16_routed_moe_is_routed_and_undoes_flashinfers_weight_preparation(
+    monkeypatch,
+):
+    import torch.nn.functional as F
+    from flashinfer.fused_moe.prepare import prepare_trtllm_bf16_weights
+
+    torch.manual_seed(0)
+    e, h, i, t = 8, 256, 128, 6
+    w1 = (torch.randn(e, 2 * i, h) / h**0.5).bfloat16()
+    w2 = (torch.randn(e, h, i) / i**0.5).bfloat16()
+    x = torch.randn(t, h).bfloat16()
+    prepared = prepare_trtllm_bf16_weights(
+        w1, w2, num_local_experts=e, hidden_size=h, intermediate_size=i
+    )
+    ids = torch.stack([torch.randperm(e)[:2] for _ in range(t)])
+    weights = torch.rand(t, 2)
+    args = (_packed(ids, weights), x, prepared["gemm1_weights"], prepared["gemm2_weights"])
+    args += (e, 2, None, None, i, 0, e)
+    out = _route(monkeypatch, BF16_ROUTED, calls.PT_BF16_ROUTED, args, {"weight_layout": 2})
+    _hit(out)
+    expected = torch.zeros(t, h)
+    wb = weights.bfloat16().float()
+    for tok in range(t):
+        for k in range(2):
+            up, gate = (x[tok].float() @ w1[ids[tok, k]].float().T).chunk(2)
+            expected[tok] += wb[tok, k] * ((F.silu(gate) * up) @ w2[ids[tok, k]].float().T)
+    torch.testing.assert_close(out.result.float(), expected, atol=2e-2, rtol=1e-2)
