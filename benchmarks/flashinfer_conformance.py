@@ -1841,7 +1841,7 @@ def _moe_routing_cases() -> list[Case]:
     for name, tokens in (
         ("fused_topk_deepseek_e256_k8_ng8_kg4_bf16", 1),
         ("fused_topk_deepseek_e256_k8_ng8_kg4_fp32", 33),
-        ("fused_topk_deepseek_e384_k8_ng1_kg1_bf16", 17),
+        ("fused_topk_deepseek_e256_k8_ng8_kg4_bf16", 17),
     ):
         d = CATALOGUE[name][0]
         params = dict(d.param_values)

@@ -96,7 +96,7 @@ def test_fused_topk_deepseek_calls_the_definition_does_not_model_fall_back(
         "fused_topk_deepseek_e16_k4_ng4_kg2_bf16",
         "fused_topk_deepseek_e16_k4_ng4_kg2_fp32",
         "fused_topk_deepseek_e256_k8_ng8_kg4_fp32",
-        "fused_topk_deepseek_e384_k8_ng1_kg1_bf16",
+        "fused_topk_deepseek_e256_k8_ng8_kg4_bf16",
     ],
 )
 def test_fused_topk_deepseek_matches_flashinfers_template_reference(name):
