@@ -114,7 +114,7 @@ class Family(FamilyKey):
         if early:
             body.append(f"    _r = {NO_KEY}")
         for f in fields:
-            body.append(f"    _k_{f} = {readers[f]}")
+            body.append(f"    _k_{f} = {self.assigned(f)}")
         if not fields:
             body.append("    pass")
         code, _, name = NO_KEY.partition("  # ")

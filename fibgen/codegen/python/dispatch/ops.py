@@ -157,7 +157,7 @@ class OpView:
         return [statement for _, statement in self.plan.call_lets]
 
     def _key(self) -> list[str]:
-        lines = [f"_k_{f} = {self.v.reader(f)}" for f in self.fields]
+        lines = [f"_k_{f} = {self.v.assigned(f)}" for f in self.fields]
         if not self.fields:
             key = "None"
         elif len(self.fields) == 1:

@@ -244,6 +244,12 @@ class FamilyPlan:
             chain = expr if base is None else f"({expr} if {base} is not None else {chain})"
         return chain
 
+    def assigned(self, name: str) -> str:
+        """``reader(name)`` as the right-hand side of an assignment: without the outer
+        parentheses a conditional needs inside another expression (black removes them)."""
+        chain = self.reader(name)
+        return chain[1:-1] if self._options(name)[0][1] is not None else chain
+
     # ------------------------------------------------------------------ outputs
     def dims(self, o: ir.Tensor, fields: tuple[str, ...]) -> str | None:
         dims = []
