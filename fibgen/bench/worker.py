@@ -354,8 +354,9 @@ class Worker:
                         f"the API's own function does not run here ({type(exc).__name__}: "
                         f"{_first_line(exc)})"
                     )
-                if e2e_warm_rounds(warmup):
-                    eager_rounds(fns, device=self.device, rounds=e2e_warm_rounds(warmup))
+                warm = e2e_warm_rounds(warmup)
+                if warm:
+                    eager_rounds(fns, device=self.device, rounds=warm)
                 rounds = eager_rounds(fns, device=self.device, rounds=timed)
                 counts = stats().get(label, {})
             finally:
