@@ -85,3 +85,32 @@ def test_each_package_is_read_when_first_asked_about(package, monkeypatch):
     aliases.replace("pkg_aliases", _api, _other, [])
     aliases.replace("pkg_aliases_other", _api, _other, [])
     assert other.api is _other
+
+
+def test_a_stand_in_bound_since_the_look_is_found_at_every_name(package):
+    # The index outlives an enable: an object put in the API's place at several names since
+    # the namespaces were read is unknown to it, so the package is read again.
+    top, a = package
+    aliases = patching.Aliases()
+    aliases.replace("pkg_aliases", object(), _api, [])  # the first look
+
+    def stand_in(x):
+        return x
+
+    top.api = a.api = stand_in
+    done: list[patching.Patch] = []
+    aliases.replace("pkg_aliases", stand_in, _other, done, at=(top, "api"))
+    assert top.api is _other and a.api is _other and a.again is _api
+    assert sorted((p.attr, p.old is stand_in) for p in done) == [("api", True), ("api", True)]
+
+
+def test_patching_twice_over_one_index_records_each_binding_once(package):
+    top, a = package
+    for _ in range(3):
+        done: list[patching.Patch] = []
+        assert patching.original("pkg_aliases.a.api") is _api
+        assert patching.patch("pkg_aliases.a.api", _other, done) is _api
+        assert (top.api, a.api, a.again) == (_other, _other, _other)
+        assert sorted(p.attr for p in done) == ["again", "api", "api"]
+        patching.restore(done)
+        assert (top.api, a.api, a.again) == (_api, _api, _api)

@@ -71,7 +71,7 @@ def patch(
     path: str, wrapper: Callable[..., Any], done: list[Patch], aliases: Aliases | None = None
 ) -> Callable[..., Any] | None:
     """Put ``wrapper`` at ``path`` and at every alias of it; return what was there.
-    ``aliases``: the index of the package's bindings to use, for several patches in a row."""
+    ``aliases``: the index of the package's bindings to use (default: the process's `INDEX`)."""
     located = _locate(path)
     if located is None:
         return None
@@ -87,18 +87,22 @@ def patch(
             setattr(owner, attr, new)
             return raw.__func__
     old = getattr(owner, attr)
+    if not isinstance(owner, type):
+        # Every binding of ``old`` in the package's modules, the path's own among them.
+        index = INDEX if aliases is None else aliases
+        index.replace(path.split(".")[0], old, wrapper, done, at=(owner, attr))
+        if vars(owner).get(attr) is not wrapper:  # an owner outside the package's modules
+            done.append(Patch(owner, attr, vars(owner).get(attr, INHERITED), wrapper))
+            setattr(owner, attr, wrapper)
+            index.note(owner, attr, wrapper)
+        return old
     done.append(Patch(owner, attr, vars(owner).get(attr, INHERITED), wrapper))
     setattr(owner, attr, wrapper)
-    if isinstance(owner, type):
-        # Methods bound under a second name (``begin_forward = plan``) are the same call.
-        for alias, value in list(vars(owner).items()):
-            if value is old and alias != attr:
-                done.append(Patch(owner, alias, value, wrapper))
-                setattr(owner, alias, wrapper)
-    else:
-        index = aliases or Aliases()
-        index.replace(path.split(".")[0], old, wrapper, done)
-        index.note(owner, attr, wrapper)
+    # Methods bound under a second name (``begin_forward = plan``) are the same call.
+    for alias, value in list(vars(owner).items()):
+        if value is old and alias != attr:
+            done.append(Patch(owner, alias, value, wrapper))
+            setattr(owner, alias, wrapper)
     return old
 
 
@@ -363,35 +367,53 @@ class Aliases:
     itself, so every module of the package holding that object is patched too. Looking for
     it in every namespace of the package, once per API, cost enable_apply about 1.5 s for
     FlashInfer's 124 patched functions (hundreds of modules, each patch a scan of them all);
-    an index of the namespaces answers each API at once. Modules imported since the last
-    look (patching one API imports its module) are read before each answer, and every
-    binding is checked to still hold the object before it is replaced.
+    an index of the namespaces answers each API at once. One index serves the whole process
+    (`INDEX`): reading FlashInfer's namespaces again took 0.2 s or more of every enable.
+
+    Modules imported since the last look (patching one API imports its module) are read
+    before each answer, and every binding is checked to still hold the object before it is
+    replaced. The index is trusted for an object only while it knows the path being patched
+    as a binding of it: an object bound since the namespaces were read (a stand-in put in
+    FlashInfer's place, perhaps at several names) is not, and the package is read again.
     """
 
     def __init__(self) -> None:
-        self._where: dict[int, list[tuple[Any, str]]] = {}
-        self._read: set[str] = set()
+        # id(object) -> {(id(module), attr): (module, attr)}
+        self._where: dict[int, dict[tuple[int, str], tuple[Any, str]]] = {}
+        self._read: dict[str, Any] = {}  # module name -> the module object read under it
         self._looked: dict[str, int] = {}  # per package: len(sys.modules) at the last look
 
-    def _look(self, top: str) -> None:
-        if self._looked.get(top) == len(sys.modules):
+    def _look(self, top: str, again: bool = False) -> None:
+        if not again and self._looked.get(top) == len(sys.modules):
             return
         self._looked[top] = len(sys.modules)
         prefix = top + "."
         for name, module in list(sys.modules.items()):
-            if module is None or name in self._read:
+            if module is None or (not again and self._read.get(name) is module):
                 continue
             if name != top and not name.startswith(prefix):
                 continue
-            self._read.add(name)
+            self._read[name] = module
             for attr, value in list(getattr(module, "__dict__", {}).items()):
                 if not isinstance(value, types.ModuleType):
-                    self._where.setdefault(id(value), []).append((module, attr))
+                    self.note(module, attr, value)
 
-    def replace(self, top: str, old: Any, wrapper: Callable[..., Any], done: list[Patch]) -> None:
-        """Bind ``wrapper`` wherever a module of package ``top`` binds ``old``."""
+    def replace(
+        self,
+        top: str,
+        old: Any,
+        wrapper: Callable[..., Any],
+        done: list[Patch],
+        at: tuple[Any, str] | None = None,
+    ) -> None:
+        """Bind ``wrapper`` wherever a module of package ``top`` binds ``old``.
+
+        ``at``: the module and name ``old`` was found at; the package is read again when the
+        index does not know that binding of ``old``."""
         self._look(top)
-        for module, attr in list(self._where.get(id(old), ())):
+        if at is not None and (id(at[0]), at[1]) not in self._where.get(id(old), {}):
+            self._look(top, again=True)
+        for module, attr in list(self._where.get(id(old), {}).values()):
             if getattr(module, "__dict__", {}).get(attr) is old:
                 done.append(Patch(module, attr, old, wrapper))
                 setattr(module, attr, wrapper)
@@ -399,7 +421,11 @@ class Aliases:
 
     def note(self, module: Any, attr: str, value: Any) -> None:
         """``module.attr`` is ``value`` now (a patch made elsewhere)."""
-        self._where.setdefault(id(value), []).append((module, attr))
+        self._where.setdefault(id(value), {})[(id(module), attr)] = (module, attr)
+
+
+# The index of every package's bindings, kept for the life of the process (see Aliases).
+INDEX = Aliases()
 
 
 class ApiDefault:

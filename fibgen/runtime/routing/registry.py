@@ -22,12 +22,9 @@ from fibgen.runtime.solutions import loading as solutions
 DEFAULT_PACKAGES = ("fibgen_kernels",)
 
 
-def _patch(
-    state: ApplyState, api: Api, taken: set[str], aliases: patching.Aliases | None = None
-) -> None:
+def _patch(state: ApplyState, api: Api, taken: set[str]) -> None:
     # ``taken``: paths already patched in this enable. The latest registered dispatcher of a
-    # path wins (a regenerated module), so callers walk the registry newest first. ``aliases``:
-    # the index of re-exports shared by the patches of one repatch.
+    # path wins (a regenerated module), so callers walk the registry newest first.
     if not api.patch or api.path is None or api.path in taken:
         return
     taken.add(api.path)
@@ -40,7 +37,7 @@ def _patch(
         if problem is not None:
             _warn_unpatched(state, api, problem)
             return
-    found = patching.patch(api.path, api.function, state.patches, aliases)
+    found = patching.patch(api.path, api.function, state.patches)
     if found is None:
         return
     state.originals[api.path] = found
@@ -93,10 +90,9 @@ def repatch(state: ApplyState) -> None:
     if _patching_wanted(state):
         taken: set[str] = set()
         idle = set() if state.tracer is not None or state.strict else _idle_paths(state)
-        aliases = patching.Aliases()
         for api in reversed(state.apis):
             if api.path not in idle:
-                _patch(state, api, taken, aliases)
+                _patch(state, api, taken)
 
 
 def _idle_paths(state: ApplyState) -> set[str]:
