@@ -87,6 +87,28 @@ def test_reference_contract_and_dispatch(built):
     testing.check_dispatch(prepared)
 
 
+def test_the_fallback_leg_runs_on_the_first_case_and_on_small_inputs(built, monkeypatch):
+    # Note [the fallback leg]: the reference runs again through the dispatcher only where it
+    # is the family's first case or cheap; a wrong fallback is caught there.
+    cases = _cases(built, "rmsnorm")
+    assert [c.first for c in cases] == [True] + [False] * (len(cases) - 1)
+    later = next(c for c in cases if c.name == "rmsnorm_h4096")
+    monkeypatch.setattr(testing, "FALLBACK_LEG_BYTES", 1024)
+    for case, legs in ((cases[0], 1), (later, 0)):
+        prepared = testing.prepare(case)
+        prepared.expected = (prepared.expected[0] + 1,)  # what the hit returns: not the fallback
+        if legs:
+            with pytest.raises(AssertionError, match="the fallback: output `output`"):
+                testing.check_dispatch(prepared)
+        else:
+            testing.check_dispatch(prepared)
+    monkeypatch.setattr(testing, "FALLBACK_LEG_BYTES", 32 << 20)
+    prepared = testing.prepare(later)
+    prepared.expected = (prepared.expected[0] + 1,)
+    with pytest.raises(AssertionError, match="the fallback: output `output`"):
+        testing.check_dispatch(prepared)
+
+
 def test_reference_with_a_wrong_shape_fails(built):
     prepared = testing.prepare(_case(built, "rmsnorm", "rmsnorm_h128"))
     prepared.expected = (prepared.expected[0][:, :64],)
