@@ -239,6 +239,31 @@ def _cudnn_prefill(c: Any) -> Any:
     return Call(name, args, kwargs)
 
 
+CAKE_NAME = "cake_vsa_run_h24_kv24_d128_blk64"
+
+
+def cake_plan(x: dict, **changes: Any) -> dict:
+    """What plan_cake_vsa returns for a block mask over blocks of 64, of the keys
+    run_cake_vsa's route reads (its workspaces and route metadata left out)."""
+    mask = x["block_mask"]
+    plan: dict = {"M": x["q"].shape[0], "N": x["k"].shape[0], "R": 64, "C": 64}
+    plan |= {"mb": mask.shape[1], "nb": mask.shape[2], "num_qo_heads": 24}
+    plan |= {"num_kv_heads": 24, "head_dim": 128, "dtype": torch.bfloat16}
+    plan |= {"sm_scale": 0.1, "block_mask": mask, "kv_block_lens": None}
+    plan |= {"indptr": None, "indices": None, "q2k_indices": None, "workspace": {}}
+    return plan | changes
+
+
+def _cake_vsa(c: Any) -> Any:
+    from _routable_calls import Call
+
+    x, axes = c.inputs(CAKE_NAME, num_blocks_row=2, num_blocks_col=3)
+    x["block_mask"][:, 0, 1] = False  # the first block row skips the middle block
+    args = (cake_plan(x), x["q"], x["k"], x["v"])
+    kwargs = {"out": c.buffer(CAKE_NAME, "output", axes), "lse": None, "return_lse": False}
+    return Call(CAKE_NAME, args, kwargs | {"backend": "cake"})
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.decode.single_decode_with_kv_cache": _single_decode,
     "flashinfer.prefill.single_prefill_with_kv_cache": _single_prefill,
@@ -252,5 +277,6 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.page.append_paged_mla_kv_cache": _append_mla,
     "flashinfer.sparse.BlockSparseAttentionWrapper.run": _block_sparse,
     "flashinfer.sparse.VariableBlockSparseAttentionWrapper.run": _var_block_sparse,
+    "flashinfer.cake_vsa.run_cake_vsa": _cake_vsa,
     "flashinfer.cudnn.prefill.cudnn_batch_prefill_with_kv_cache": _cudnn_prefill,
 }

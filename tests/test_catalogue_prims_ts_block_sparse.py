@@ -316,3 +316,74 @@ def test_paged_reference_is_the_contiguous_one_over_the_keys_its_pages_hold():
         indices = x["block_indices"][start : int(indptr[0, -1, -1])]
         one = ref(x["q"][b : b + 1], k, v, indptr - start, indices, True, 0.1)
         assert torch.equal(paged[b : b + 1], one)
+
+
+# ---------------------------------------------------------------------------------------
+# run_cake_vsa (definitions/attention_block_sparse.fidef): its plan is a dict of metadata
+# ---------------------------------------------------------------------------------------
+
+CAKE = "flashinfer.cake_vsa.run_cake_vsa"
+
+
+def _cake_case(seed: int = 0):
+    import _routable_attention as attention
+
+    x, axes = base._catalogue().inputs(
+        attention.CAKE_NAME, seed=seed, num_blocks_row=2, num_blocks_col=3
+    )
+    x["block_mask"][:, 0, 1] = False
+    x["block_mask"][5, 1, :2] = False  # head 5's second block row sees the last block only
+    return x, axes, attention
+
+
+def _cake_kwargs(**changes):
+    return {"out": None, "lse": None, "return_lse": False, "backend": "cake"} | changes
+
+
+def test_cake_vsa_reads_the_plans_block_mask_and_scale(monkeypatch):
+    x, axes, attention = _cake_case()
+    plan = attention.cake_plan(x)
+    args = (plan, x["q"], x["k"], x["v"])
+    out = base._route(monkeypatch, attention.CAKE_NAME, args, _cake_kwargs(), path=CAKE)
+    base._hit(out)
+    (seen,) = out.seen
+    assert seen["block_mask"] is plan["block_mask"] and seen["sm_scale"] == 0.1
+    assert torch.equal(out.result, base._reference(attention.CAKE_NAME)(**seen))
+    # sm_scale None in the plan is 1/sqrt(head_dim), as FlashInfer's route resolves it.
+    args = (attention.cake_plan(x, sm_scale=None), *args[1:])
+    out = base._route(monkeypatch, attention.CAKE_NAME, args, _cake_kwargs(), path=CAKE)
+    base._hit(out)
+    assert out.seen[0]["sm_scale"] == 1 / math.sqrt(128)
+
+
+@pytest.mark.parametrize(
+    ("plan_changes", "kwargs", "rule"),
+    [
+        ({}, {"backend": "cutlass"}, "backend"),
+        ({}, {"return_lse": True}, "return_lse"),
+        # A rule over the plan dict is counted under the parameter it reads, `plan`; with
+        # no block mask, the mask's shape the key is read from cannot be computed.
+        ({"block_mask": None}, {}, "unevaluable"),
+        ({"R": 128, "C": 128}, {}, "plan"),
+        ({"kv_block_lens": torch.tensor([64, 64, 40])}, {}, "plan"),
+    ],
+)
+def test_cake_vsa_what_the_definition_does_not_model_is_refused(
+    monkeypatch, plan_changes, kwargs, rule
+):
+    x, _, attention = _cake_case()
+    args = (attention.cake_plan(x, **plan_changes), x["q"], x["k"], x["v"])
+    out = base._route(monkeypatch, attention.CAKE_NAME, args, _cake_kwargs(**kwargs), CAKE)
+    base._refused(out, rule)
+
+
+def test_cake_vsa_reference_attends_to_each_heads_selected_blocks_only():
+    x, _, attention = _cake_case(seed=1)
+    ours = base._reference(attention.CAKE_NAME)(x["q"], x["k"], x["v"], x["block_mask"], 0.2)
+    mask = x["block_mask"]
+    for i, h in [(0, 0), (63, 7), (64, 5), (127, 5), (100, 23)]:
+        blocks = mask[h, i // 64].nonzero().flatten().tolist()
+        keys = [j for c in blocks for j in range(c * 64, c * 64 + 64)]
+        logits = (x["k"][keys, h].float() @ x["q"][i, h].float()) * 0.2
+        expected = logits.softmax(-1) @ x["v"][keys, h].float()
+        base._close(ours[i, h], expected)
