@@ -374,6 +374,13 @@ NOT_FROM_THE_DEFINITION = {
     "flashinfer.attention.prims_ts.mla_decode.batch_mla_decode_with_paged_kv_cache": (
         "`causal`, a `let` of `mask_type`"
     ),
+    "flashinfer.attention.prims_ts.block_sparse.block_sparse_attention": (
+        "`causal`, a `let` of `mask_type`"
+    ),
+    "flashinfer.attention.prims_ts.block_sparse.block_sparse_attention_with_paged_kv_cache": (
+        "`max_seq_len_kv`, a capacity no definition holds"
+    ),
+    "flashinfer.cake_vsa.run_cake_vsa": "the `plan` dict its `let`s read the mask from",
     # By family: pool mode passes `state=None` and the pool as `initial_state`; FlashInfer's
     # template describes the per-sequence state only.
     "gdn_decode_pool": "pool mode: `state=None`",
