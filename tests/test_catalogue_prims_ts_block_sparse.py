@@ -1,7 +1,8 @@
 """The PrimTS block-sparse attention families (``definitions/attention_prims_ts_block_sparse.fidef``)
-against the real FlashInfer.
+and the Cake VSA one (``cake_vsa_run`` of ``attention_block_sparse.fidef``) against the real
+FlashInfer.
 
-FlashInfer 0.7.2.post1 is installed; its PrimTS kernels need an SM100 GPU, so its functions
+FlashInfer 0.7.2.post1 is installed; its PrimTS and Cake kernels need an SM100 GPU, so its functions
 are never run here. As in ``test_catalogue_prims_ts.py``, the real function (and a wrapper's
 plan) is replaced by a recorder with its signature before apply is enabled, and each check
 calls the patched API:
