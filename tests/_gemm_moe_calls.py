@@ -325,6 +325,23 @@ def prims_ts_bf16_routed_moe(c: Catalogue) -> Any:
     return _call(PT_BF16_ROUTED, args, kwargs | _bf16_moe_tail(c, PT_BF16_ROUTED, axes))
 
 
+PT_BF16_PARTITIONED = "prims_ts_bf16_moe_partitioned_renorm_tpnn_topk2_e8_h256_i128"
+
+
+def prims_ts_bf16_moe_partitioned(c: Catalogue) -> Any:
+    from flashinfer.prims_ts.moe.partition import MoePartitionResources
+
+    # Its streams must be green contexts of a GPU; the routed call never reads them.
+    resources = object.__new__(MoePartitionResources)
+    x, axes = c.inputs(PT_BF16_PARTITIONED, seq_len=5)
+    gemm1 = (x["gemm1_weights_0"], x["gemm1_weights_1"])
+    gemm2 = (x["gemm2_weights_0"], x["gemm2_weights_1"])
+    args = (x["routing_logits"].bfloat16(), None, None, None, x["hidden_states"], gemm1, gemm2)
+    args += (8, 2, None, None, 128, 0, 8, resources, "tp_n_tp_n")
+    kwargs = {"routed_scaling_factor": None, "routing_method_type": 1, "norm_topk_prob": True}
+    return _call(PT_BF16_PARTITIONED, args, kwargs | _bf16_moe_tail(c, PT_BF16_PARTITIONED, axes))
+
+
 PT_FP4_RENORM = "prims_ts_fp4_block_scale_moe_renorm_topk2_e8_h256_i128"
 PT_FP4_ROUTED = "prims_ts_fp4_block_scale_routed_moe_topk2_e8_h256"
 
@@ -410,6 +427,9 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.fused_moe.interleave_moe_weights_for_sm90_mixed_gemm": sm90_weight_interleave,
     "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_moe": prims_ts_bf16_moe,
     "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_routed_moe": prims_ts_bf16_routed_moe,
+    "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_moe_partitioned": (
+        prims_ts_bf16_moe_partitioned
+    ),
     "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_moe": (
         prims_ts_fp4_block_scale_moe
     ),

@@ -330,3 +330,119 @@ def test_prims_ts_fp8_per_tensor_moe_undoes_flashinfers_weight_preparation(monke
     # float8 activations, weights and SwiGLU output: a few percent of the output's scale.
     err = (out.result.float() - expected).abs().max() / expected.abs().max()
     assert err < 0.1, err
+
+
+PARTITIONED = "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_moe_partitioned"
+
+
+def _shards(strategy: str, e: int, h: int, i: int):
+    """Logical weights, FlashInfer's prepared weights, and the shards it cuts from them."""
+    from flashinfer.fused_moe.prepare import prepare_trtllm_bf16_weights
+    from flashinfer.prims_ts.moe.partition import (
+        prepared_block_major_k_bytes,
+        prepared_weight_layouts,
+        shard_prepared_moe_weights,
+    )
+
+    w1 = (torch.randn(e, 2 * i, h) / h**0.5).bfloat16()
+    w2 = (torch.randn(e, h, i) / i**0.5).bfloat16()
+    p = prepare_trtllm_bf16_weights(w1, w2, num_local_experts=e, hidden_size=h, intermediate_size=i)
+    g1, g2 = p["gemm1_weights"], p["gemm2_weights"]
+    l1, l2 = prepared_weight_layouts(
+        weight_dtype=torch.bfloat16,
+        weight_layout=2,
+        use_shuffled_weight=True,
+        fc1_block_major_k_bytes=prepared_block_major_k_bytes(g1, 2),
+        fc2_block_major_k_bytes=prepared_block_major_k_bytes(g2, 2),
+    )
+    s = shard_prepared_moe_weights(
+        g1, g2, strategy=strategy, hidden_size=h, intermediate_size=i, fc1_layout=l1, fc2_layout=l2
+    )
+    return (w1, w2), (g1, g2), (tuple(s.fc1), tuple(s.fc2))
+
+
+def _partitioned_call(logits, x, shards, strategy, **kwargs):
+    from flashinfer.prims_ts.moe.partition import MoePartitionResources
+
+    resources = object.__new__(MoePartitionResources)  # its streams need a GPU; never read
+    e, i = logits.shape[1], shards[0][0].shape[2]
+    args = (logits, None, None, None, x, *shards, e, 2, None, None, i, 0, e, resources, strategy)
+    return args, {"routing_method_type": 1, "weight_layout": 2} | kwargs
+
+
+@pytest.mark.parametrize(
+    ("strategy", "name"),
+    [
+        ("tp_n_tp_n", "prims_ts_bf16_moe_partitioned_renorm_tpnn_topk2_e8_h256_i128"),
+        ("tp_n_tp_k", "prims_ts_bf16_moe_partitioned_renorm_tpnk_topk2_e8_h256_i128"),
+    ],
+)
+def test_prims_ts_bf16_moe_partitioned_computes_the_unpartitioned_moe_of_flashinfers_shards(
+    monkeypatch, strategy, name
+):
+    # "Same computation as prims_ts_bf16_moe": the routed result of the shards is the
+    # unpartitioned family's reference on the weights they were cut from, and that of the
+    # logical weights.
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    e, h, i, t = 8, 256, 128, 6
+    (w1, w2), (g1, g2), shards = _shards(strategy, e, h, i)
+    x = torch.randn(t, h).bfloat16()
+    logits = torch.randn(t, e).bfloat16()
+    args, kwargs = _partitioned_call(logits, x, shards, strategy)
+    out = _route(monkeypatch, PARTITIONED, name, args, kwargs)
+    seen = _hit(out)
+    assert seen["gemm2_weights_0"] is shards[1][0]
+    whole = _reference(calls.PT_BF16_RENORM)(logits.float(), x, g1, g2)
+    assert torch.equal(out.result, whole)
+    top, ids = logits.float().topk(2, dim=-1)
+    weights = top.softmax(-1)
+    expected = torch.zeros(t, h)
+    for tok in range(t):
+        for k in range(2):
+            up, gate = (x[tok].float() @ w1[ids[tok, k]].float().T).chunk(2)
+            y = (F.silu(gate) * up) @ w2[ids[tok, k]].float().T
+            expected[tok] += weights[tok, k] * y
+    torch.testing.assert_close(out.result.float(), expected, atol=2e-2, rtol=1e-2)
+
+
+def test_prims_ts_bf16_moe_partitioned_shards_of_the_other_strategy_are_not_routed(monkeypatch):
+    # tp_n_tp_k shards named as tp_n_tp_n: GEMM2's shards have the shape of neither family.
+    torch.manual_seed(0)
+    _, _, shards = _shards("tp_n_tp_k", 8, 256, 128)
+    logits, x = torch.randn(4, 8).bfloat16(), torch.randn(4, 256).bfloat16()
+    args, kwargs = _partitioned_call(logits, x, shards, "tp_n_tp_n")
+    name = calls.PT_BF16_PARTITIONED
+    out = _route(monkeypatch, PARTITIONED, name, args, kwargs)
+    assert out.counts["hit"] == 0 and not out.seen, out.counts
+    assert out.result == "flashinfer" and len(out.originals) == 1
+
+
+@pytest.mark.parametrize(
+    ("param", "value"),
+    [
+        ("weight_layout", 0),
+        ("routing_bias", torch.zeros(8)),
+        ("do_finalize", False),
+        ("gemm1_clamp_limit", torch.ones(8)),
+    ],
+)
+def test_prims_ts_bf16_moe_partitioned_parameters_the_definition_does_not_model_are_refused(
+    monkeypatch, param, value
+):
+    call = calls.prims_ts_bf16_moe_partitioned(_catalogue())
+    kwargs = _bound(call, PARTITIONED) | {param: value}
+    out = _route(monkeypatch, PARTITIONED, call.name, (), kwargs)
+    _refused(out, param)
+    assert out.originals[0][param] is value
+
+
+def test_prims_ts_bf16_moe_partitioned_precomputed_routing_is_not_routed(monkeypatch):
+    call = calls.prims_ts_bf16_moe_partitioned(_catalogue())
+    kwargs = _bound(call, PARTITIONED)
+    ids = torch.zeros(5, 2, dtype=torch.int32)
+    kwargs |= {"routing_logits": None, "topk_ids": ids}
+    out = _route(monkeypatch, PARTITIONED, call.name, (), kwargs)
+    assert out.counts["hit"] == 0 and not out.seen, out.counts
+    assert out.result == "flashinfer" and out.originals[0]["topk_ids"] is ids

@@ -242,6 +242,7 @@ NOT_LANDING = {
     # The Prims-TS backends of the same kernels, traced by the same templates.
     "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_moe": "misread",
     "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_routed_moe": "misread",
+    "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_moe_partitioned": "misread",
     "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_moe": "misread",
     "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_routed_moe": (
         "misread"
@@ -357,6 +358,9 @@ NOT_FROM_THE_DEFINITION = {
         "parameters only its rules fix"
     ),
     "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_routed_moe": (
+        "parameters only its rules fix"
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_moe_partitioned": (
         "parameters only its rules fix"
     ),
     "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_moe": (
