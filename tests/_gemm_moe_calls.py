@@ -395,6 +395,29 @@ def prims_ts_fp8_per_tensor_scale_moe(c: Catalogue) -> Any:
     )
 
 
+PT_FP8_PER_TENSOR_PARTITIONED = (
+    "prims_ts_fp8_per_tensor_scale_moe_partitioned_renorm_tpnn_topk2_e8_h256_i128"
+)
+
+
+def prims_ts_fp8_per_tensor_scale_moe_partitioned(c: Catalogue) -> Any:
+    from flashinfer.prims_ts.moe.partition import MoePartitionResources
+
+    # Its streams must be green contexts of a GPU; the routed call never reads them.
+    resources = object.__new__(MoePartitionResources)
+    name = PT_FP8_PER_TENSOR_PARTITIONED
+    x, axes = c.inputs(name, seq_len=5)
+    args = (x["routing_logits"], None, None, None, x["hidden_states"])
+    args += ((x["gemm1_weights_0"], x["gemm1_weights_1"]), x["output1_scales_scalar"])
+    args += (x["output1_scales_gate_scalar"], (x["gemm2_weights_0"], x["gemm2_weights_1"]))
+    args += (x["output2_scales_scalar"], 8, 2, None, None, 128, 0, 8, resources, "tp_n_tp_n")
+    kwargs: dict = {"routed_scaling_factor": None, "use_routing_scales_on_input": False}
+    kwargs |= {"routing_method_type": 1, "do_finalize": True, "enable_pdl": False}
+    kwargs |= {"tune_max_num_tokens": 1024, "activation_type": 3, "norm_topk_prob": True}
+    kwargs |= {"routing_replay_out": None, "weight_layout": 0}
+    return _call(name, args, kwargs | {"output": c.buffer(name, "output", axes)})
+
+
 SM90_SCALES = "sm90_mixed_gemm_scale_interleave_g32_i8"
 SM90_WEIGHTS = "sm90_mixed_gemm_weight_interleave_fp4_fp8"
 
@@ -438,6 +461,9 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     ),
     "flashinfer.fused_moe.backends.prims_ts.fp8_op.prims_ts_fp8_per_tensor_scale_moe": (
         prims_ts_fp8_per_tensor_scale_moe
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp8_op.prims_ts_fp8_per_tensor_scale_moe_partitioned": (
+        prims_ts_fp8_per_tensor_scale_moe_partitioned
     ),
     "flashinfer.fused_moe.fused_topk_deepseek": fused_topk_deepseek,
     "flashinfer.fused_moe.hash_topk.hash_topk": hash_topk,

@@ -446,3 +446,86 @@ def test_prims_ts_bf16_moe_partitioned_precomputed_routing_is_not_routed(monkeyp
     out = _route(monkeypatch, PARTITIONED, call.name, (), kwargs)
     assert out.counts["hit"] == 0 and not out.seen, out.counts
     assert out.result == "flashinfer" and out.originals[0]["topk_ids"] is ids
+
+
+FP8_PARTITIONED = (
+    "flashinfer.fused_moe.backends.prims_ts.fp8_op.prims_ts_fp8_per_tensor_scale_moe_partitioned"
+)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "name"),
+    [
+        (
+            "tp_n_tp_n",
+            "prims_ts_fp8_per_tensor_scale_moe_partitioned_renorm_tpnn_topk2_e8_h256_i128",
+        ),
+        (
+            "tp_n_tp_k",
+            "prims_ts_fp8_per_tensor_scale_moe_partitioned_renorm_tpnk_topk2_e8_h256_i128",
+        ),
+    ],
+)
+def test_prims_ts_fp8_per_tensor_moe_partitioned_computes_the_unpartitioned_moe(
+    monkeypatch, strategy, name
+):
+    from flashinfer.fused_moe.prepare import prepare_trtllm_fp8_per_tensor_weights
+    from flashinfer.prims_ts.moe.partition import (
+        MoePartitionResources,
+        prepared_weight_layouts,
+        shard_prepared_moe_weights,
+    )
+
+    torch.manual_seed(0)
+    e, h, i, t = 8, 256, 128, 6
+    w1 = (torch.randn(e, 2 * i, h) / h**0.5).bfloat16()
+    w2 = (torch.randn(e, h, i) / i**0.5).bfloat16()
+    p = prepare_trtllm_fp8_per_tensor_weights(
+        w1,
+        w2,
+        hidden_states_scale_global=64.0,
+        intermediate_scale_global=32.0,
+        num_local_experts=e,
+        hidden_size=h,
+        intermediate_size=i,
+    )
+    l1, l2 = prepared_weight_layouts(
+        weight_dtype=torch.float8_e4m3fn, weight_layout=0, use_shuffled_weight=True
+    )
+    s = shard_prepared_moe_weights(
+        p["gemm1_weights"],
+        p["gemm2_weights"],
+        strategy=strategy,
+        hidden_size=h,
+        intermediate_size=i,
+        fc1_layout=l1,
+        fc2_layout=l2,
+    )
+    logits = torch.randn(t, e).bfloat16()
+    xq = (torch.randn(t, h) * 64.0).to(torch.float8_e4m3fn)
+    scales = (p["output1_scales_scalar"], p["output1_scales_gate_scalar"])
+    args = (logits, None, None, None, xq, tuple(s.fc1), *scales, tuple(s.fc2))
+    args += (p["output2_scales_scalar"], e, 2, None, None, i, 0, e)
+    args += (object.__new__(MoePartitionResources), strategy)
+    out = _route(monkeypatch, FP8_PARTITIONED, name, args, {"routing_method_type": 1})
+    _hit(out)
+    # The unpartitioned family's reference on the whole prepared weights.
+    whole = _reference(calls.PT_FP8_PER_TENSOR)(
+        logits, xq, p["gemm1_weights"], *scales, p["gemm2_weights"], p["output2_scales_scalar"]
+    )
+    assert torch.equal(out.result, whole) and whole.abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    ("param", "value"),
+    [("weight_layout", 2), ("use_routing_scales_on_input", True), ("partition_strategy", "x")],
+)
+def test_prims_ts_fp8_per_tensor_moe_partitioned_unmodelled_parameters_are_refused(
+    monkeypatch, param, value
+):
+    call = calls.prims_ts_fp8_per_tensor_scale_moe_partitioned(_catalogue())
+    kwargs = _bound(call, FP8_PARTITIONED) | {param: value}
+    out = _route(monkeypatch, FP8_PARTITIONED, call.name, (), kwargs)
+    assert out.counts["hit"] == 0 and not out.seen, out.counts
+    assert param in str(out.counts["rules"]), out.counts
+    assert out.result == "flashinfer" and out.originals[0][param] is value
