@@ -375,6 +375,30 @@ def prims_ts_fp4_block_scale_routed_moe(c: Catalogue) -> Any:
     return _call(PT_FP4_ROUTED, args, {"routing_method_type": 1} | _prims_ts_fp4_tail())
 
 
+PT_FP4_PARTITIONED = "prims_ts_fp4_block_scale_moe_partitioned_renorm_tpnn_topk2_e8_h256_i128"
+
+
+def prims_ts_fp4_block_scale_moe_partitioned(c: Catalogue) -> Any:
+    from flashinfer.prims_ts.moe.partition import MoePartitionResources
+
+    # Its streams must be green contexts of a GPU; the routed call never reads them.
+    resources = object.__new__(MoePartitionResources)
+    x, _ = c.inputs(PT_FP4_PARTITIONED, seq_len=5)
+
+    def pair(key: str) -> tuple:
+        return (x[f"{key}_0"].view(torch.uint8), x[f"{key}_1"].view(torch.uint8))
+
+    ones = torch.ones(8)
+    args = (x["routing_logits"].bfloat16(), None, None, None, x["hidden_states"], None)
+    args += (pair("gemm1_weights"), pair("gemm1_weights_scale"), pair("gemm2_weights"))
+    args += (pair("gemm2_weights_scale"), ones, ones.clone(), ones.clone())
+    args += (8, 2, None, None, 128, 0, 8, resources, "tp_n_tp_n")
+    kwargs = {"routed_scaling_factor": None, "routing_method_type": 1, "norm_topk_prob": True}
+    kwargs |= {"routing_replay_out": None, "gemm1_alpha": x.get("gemm1_alpha")}
+    kwargs |= {"gemm1_beta": x.get("gemm1_beta"), "gemm1_clamp_limit": x.get("gemm1_clamp_limit")}
+    return _call(PT_FP4_PARTITIONED, args, kwargs | _prims_ts_fp4_tail())
+
+
 PT_FP8_PER_TENSOR = "prims_ts_fp8_per_tensor_scale_moe_renorm_topk2_e8_h256_i128"
 
 
@@ -458,6 +482,9 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     ),
     "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_routed_moe": (
         prims_ts_fp4_block_scale_routed_moe
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_moe_partitioned": (
+        prims_ts_fp4_block_scale_moe_partitioned
     ),
     "flashinfer.fused_moe.backends.prims_ts.fp8_op.prims_ts_fp8_per_tensor_scale_moe": (
         prims_ts_fp8_per_tensor_scale_moe

@@ -529,3 +529,100 @@ def test_prims_ts_fp8_per_tensor_moe_partitioned_unmodelled_parameters_are_refus
     assert out.counts["hit"] == 0 and not out.seen, out.counts
     assert param in str(out.counts["rules"]), out.counts
     assert out.result == "flashinfer" and out.originals[0][param] is value
+
+
+FP4_PARTITIONED = (
+    "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_moe_partitioned"
+)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "name", "i"),
+    [
+        (
+            "tp_n_tp_n",
+            "prims_ts_fp4_block_scale_moe_partitioned_renorm_tpnn_topk2_e8_h256_i128",
+            128,
+        ),
+        (
+            "tp_n_tp_k",
+            "prims_ts_fp4_block_scale_moe_partitioned_renorm_tpnk_topk2_e8_h256_i256",
+            256,
+        ),
+    ],
+)
+def test_prims_ts_fp4_moe_partitioned_computes_the_unpartitioned_moe_of_flashinfers_shards(
+    monkeypatch, strategy, name, i
+):
+    # Prepared MXFP4 weights and scales (random bytes in their layouts), cut into shards by
+    # FlashInfer's own sharding: the routed result of the shards is the unpartitioned family's
+    # reference on the whole tensors.
+    from flashinfer.prims_ts.moe.partition import (
+        MoePartitionResources,
+        prepared_weight_layouts,
+        shard_prepared_moe_weights,
+    )
+
+    torch.manual_seed(0)
+    e, h, t = 8, 256, 6
+    u8 = torch.uint8
+    g1 = torch.randint(0, 256, (e, 2 * i, h // 2), dtype=u8)
+    g2 = torch.randint(0, 256, (e, h, i // 2), dtype=u8)
+    s1 = torch.randint(118, 128, (e, 2 * i, h // 32), dtype=u8)
+    s2 = torch.randint(118, 128, (e, h, i // 32), dtype=u8)
+    l1, l2 = prepared_weight_layouts(
+        weight_dtype=u8,
+        weight_layout=0,
+        use_shuffled_weight=True,
+        scale_k_group_size=32,
+        scale_dtype=u8,
+    )
+    sh = shard_prepared_moe_weights(
+        g1,
+        g2,
+        strategy=strategy,
+        hidden_size=h,
+        intermediate_size=i,
+        fc1_layout=l1,
+        fc2_layout=l2,
+        fc1_scale=s1,
+        fc2_scale=s2,
+    )
+    logits, x = torch.randn(t, e).bfloat16(), torch.randn(t, h).bfloat16()
+    ones = torch.ones(e)
+    args = (logits, None, None, None, x, None, tuple(sh.fc1), tuple(sh.fc1_scale))
+    args += (tuple(sh.fc2), tuple(sh.fc2_scale), ones, ones.clone(), ones.clone())
+    args += (e, 2, None, None, i, 0, e, object.__new__(MoePartitionResources), strategy)
+    out = _route(monkeypatch, FP4_PARTITIONED, name, args, {"routing_method_type": 1})
+    _hit(out)
+    whole = _reference(calls.PT_FP4_RENORM)(
+        logits.float(),
+        x,
+        g1,
+        s1.view(torch.int8),
+        None,
+        None,
+        None,
+        None,
+        g2,
+        s2.view(torch.int8),
+        None,
+    )
+    assert torch.equal(out.result[0], whole) and whole.abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    ("param", "value"),
+    [
+        ("output1_scale_scalar", torch.full((8,), 2.0)),
+        ("weight_layout", 2),
+        ("partition_strategy", "x"),
+    ],
+)
+def test_prims_ts_fp4_moe_partitioned_unmodelled_parameters_are_refused(monkeypatch, param, value):
+    call = calls.prims_ts_fp4_block_scale_moe_partitioned(_catalogue())
+    kwargs = _bound(call, FP4_PARTITIONED) | {param: value}
+    out = _route(monkeypatch, FP4_PARTITIONED, call.name, (), kwargs)
+    assert out.counts["hit"] == 0 and not out.seen, out.counts
+    assert param in str(out.counts["rules"]), out.counts
+    assert out.result == "flashinfer" and out.originals[0][param] is value

@@ -243,6 +243,11 @@ NOT_LANDING = {
     "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_moe": "misread",
     "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_routed_moe": "misread",
     "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_moe_partitioned": "misread",
+    # Its template reads bfloat16 routing logits, as the others, and the three output scales
+    # as inputs, which the definition holds to ones by rule.
+    "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_moe_partitioned": (
+        "misread"
+    ),
     "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_moe": "misread",
     "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_routed_moe": (
         "misread"
@@ -373,6 +378,9 @@ NOT_FROM_THE_DEFINITION = {
         "parameters only its rules fix"
     ),
     "flashinfer.fused_moe.backends.prims_ts.fp8_op.prims_ts_fp8_per_tensor_scale_moe_partitioned": (
+        "parameters only its rules fix"
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_moe_partitioned": (
         "parameters only its rules fix"
     ),
     "flashinfer.fused_moe.core.trtllm_fp4_block_scale_moe": "parameters only its rules fix",
