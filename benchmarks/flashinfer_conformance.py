@@ -2019,6 +2019,13 @@ _SM100_ONLY = {
     "trtllm_fp4_block_scale_routed_moe",
     "prims_ts_bf16_moe",
     "prims_ts_bf16_routed_moe",
+    # Prims-TS runs on SM100/SM103/SM107; its partitioned forms on SM107 only.
+    "prims_ts_fp4_block_scale_moe",
+    "prims_ts_fp4_block_scale_routed_moe",
+    "prims_ts_fp8_per_tensor_scale_moe",
+    "prims_ts_bf16_moe_partitioned",
+    "prims_ts_fp8_per_tensor_scale_moe_partitioned",
+    "prims_ts_fp4_block_scale_moe_partitioned",
     "gated_delta_rule_replayssm_commit",
     "chunk_gated_delta_rule2",
     "chunk_gated_delta_product",

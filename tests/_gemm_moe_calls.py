@@ -325,6 +325,123 @@ def prims_ts_bf16_routed_moe(c: Catalogue) -> Any:
     return _call(PT_BF16_ROUTED, args, kwargs | _bf16_moe_tail(c, PT_BF16_ROUTED, axes))
 
 
+PT_BF16_PARTITIONED = "prims_ts_bf16_moe_partitioned_renorm_tpnn_topk2_e8_h256_i128"
+
+
+def prims_ts_bf16_moe_partitioned(c: Catalogue) -> Any:
+    from flashinfer.prims_ts.moe.partition import MoePartitionResources
+
+    # Its streams must be green contexts of a GPU; the routed call never reads them.
+    resources = object.__new__(MoePartitionResources)
+    x, axes = c.inputs(PT_BF16_PARTITIONED, seq_len=5)
+    gemm1 = (x["gemm1_weights_0"], x["gemm1_weights_1"])
+    gemm2 = (x["gemm2_weights_0"], x["gemm2_weights_1"])
+    args = (x["routing_logits"].bfloat16(), None, None, None, x["hidden_states"], gemm1, gemm2)
+    args += (8, 2, None, None, 128, 0, 8, resources, "tp_n_tp_n")
+    kwargs = {"routed_scaling_factor": None, "routing_method_type": 1, "norm_topk_prob": True}
+    return _call(PT_BF16_PARTITIONED, args, kwargs | _bf16_moe_tail(c, PT_BF16_PARTITIONED, axes))
+
+
+PT_FP4_RENORM = "prims_ts_fp4_block_scale_moe_renorm_topk2_e8_h256_i128"
+PT_FP4_ROUTED = "prims_ts_fp4_block_scale_routed_moe_topk2_e8_h256"
+
+
+def _prims_ts_fp4_weights(x: dict) -> tuple:
+    """``_fp4_weights`` with the three output scales Prims-TS requires, at ones."""
+    ones = torch.ones(8)
+    return _fp4_weights(x)[:-3] + (ones, ones.clone(), ones.clone())
+
+
+def _prims_ts_fp4_tail() -> dict:
+    kwargs: dict = {"weight_layout": 0, "do_finalize": True, "enable_pdl": True}
+    kwargs |= {"activation_type": 3, "per_token_scale": None, "output": None}
+    return kwargs | {"tune_max_num_tokens": 1024}
+
+
+def prims_ts_fp4_block_scale_moe(c: Catalogue) -> Any:
+    x, _ = c.inputs(PT_FP4_RENORM, seq_len=5)
+    args = (x["routing_logits"].bfloat16(), None, x["hidden_states"])
+    args += (*_prims_ts_fp4_weights(x), 8, 2, None, None, 128, 0, 8, None)
+    kwargs = {"routing_method_type": 1, "norm_topk_prob": True, "routing_replay_out": None}
+    kwargs |= {"routing_input_mode": 0, "topk_ids": None, "topk_weights": None}
+    kwargs |= {"num_fused_shared_experts": 0}
+    return _call(PT_FP4_RENORM, args, kwargs | _prims_ts_fp4_tail())
+
+
+def prims_ts_fp4_block_scale_routed_moe(c: Catalogue) -> Any:
+    x, _ = c.inputs(PT_FP4_ROUTED, seq_len=5)
+    args = (x["topk_ids"], None, x["hidden_states"], *_prims_ts_fp4_weights(x))
+    args += (8, 2, None, None, 128, int(x["local_expert_offset"]), 8, 1.0)
+    return _call(PT_FP4_ROUTED, args, {"routing_method_type": 1} | _prims_ts_fp4_tail())
+
+
+PT_FP4_PARTITIONED = "prims_ts_fp4_block_scale_moe_partitioned_renorm_tpnn_topk2_e8_h256_i128"
+
+
+def prims_ts_fp4_block_scale_moe_partitioned(c: Catalogue) -> Any:
+    from flashinfer.prims_ts.moe.partition import MoePartitionResources
+
+    # Its streams must be green contexts of a GPU; the routed call never reads them.
+    resources = object.__new__(MoePartitionResources)
+    x, _ = c.inputs(PT_FP4_PARTITIONED, seq_len=5)
+
+    def pair(key: str) -> tuple:
+        return (x[f"{key}_0"].view(torch.uint8), x[f"{key}_1"].view(torch.uint8))
+
+    ones = torch.ones(8)
+    args = (x["routing_logits"].bfloat16(), None, None, None, x["hidden_states"], None)
+    args += (pair("gemm1_weights"), pair("gemm1_weights_scale"), pair("gemm2_weights"))
+    args += (pair("gemm2_weights_scale"), ones, ones.clone(), ones.clone())
+    args += (8, 2, None, None, 128, 0, 8, resources, "tp_n_tp_n")
+    kwargs = {"routed_scaling_factor": None, "routing_method_type": 1, "norm_topk_prob": True}
+    kwargs |= {"routing_replay_out": None, "gemm1_alpha": x.get("gemm1_alpha")}
+    kwargs |= {"gemm1_beta": x.get("gemm1_beta"), "gemm1_clamp_limit": x.get("gemm1_clamp_limit")}
+    return _call(PT_FP4_PARTITIONED, args, kwargs | _prims_ts_fp4_tail())
+
+
+PT_FP8_PER_TENSOR = "prims_ts_fp8_per_tensor_scale_moe_renorm_topk2_e8_h256_i128"
+
+
+def prims_ts_fp8_per_tensor_scale_moe(c: Catalogue) -> Any:
+    x, axes = c.inputs(PT_FP8_PER_TENSOR, seq_len=5)
+    args = (x["routing_logits"], None, x["hidden_states"], x["gemm1_weights"])
+    args += (x["output1_scales_scalar"], x["output1_scales_gate_scalar"])
+    args += (x["gemm2_weights"], x["output2_scales_scalar"])
+    args += (8, 2, None, None, 128, 0, 8, None, False)
+    kwargs: dict = {"routing_method_type": 1, "do_finalize": True, "enable_pdl": False}
+    kwargs |= {"tune_max_num_tokens": 1024, "activation_type": 3, "norm_topk_prob": True}
+    kwargs |= {"routing_replay_out": None, "gemm1_clamp_limit": None, "weight_layout": 0}
+    kwargs |= {"fc1_per_channel_weight_scale": None, "fc2_per_channel_weight_scale": None}
+    return _call(
+        PT_FP8_PER_TENSOR,
+        args,
+        kwargs | {"output": c.buffer(PT_FP8_PER_TENSOR, "output", axes)},
+    )
+
+
+PT_FP8_PER_TENSOR_PARTITIONED = (
+    "prims_ts_fp8_per_tensor_scale_moe_partitioned_renorm_tpnn_topk2_e8_h256_i128"
+)
+
+
+def prims_ts_fp8_per_tensor_scale_moe_partitioned(c: Catalogue) -> Any:
+    from flashinfer.prims_ts.moe.partition import MoePartitionResources
+
+    # Its streams must be green contexts of a GPU; the routed call never reads them.
+    resources = object.__new__(MoePartitionResources)
+    name = PT_FP8_PER_TENSOR_PARTITIONED
+    x, axes = c.inputs(name, seq_len=5)
+    args = (x["routing_logits"], None, None, None, x["hidden_states"])
+    args += ((x["gemm1_weights_0"], x["gemm1_weights_1"]), x["output1_scales_scalar"])
+    args += (x["output1_scales_gate_scalar"], (x["gemm2_weights_0"], x["gemm2_weights_1"]))
+    args += (x["output2_scales_scalar"], 8, 2, None, None, 128, 0, 8, resources, "tp_n_tp_n")
+    kwargs: dict = {"routed_scaling_factor": None, "use_routing_scales_on_input": False}
+    kwargs |= {"routing_method_type": 1, "do_finalize": True, "enable_pdl": False}
+    kwargs |= {"tune_max_num_tokens": 1024, "activation_type": 3, "norm_topk_prob": True}
+    kwargs |= {"routing_replay_out": None, "weight_layout": 0}
+    return _call(name, args, kwargs | {"output": c.buffer(name, "output", axes)})
+
+
 SM90_SCALES = "sm90_mixed_gemm_scale_interleave_g32_i8"
 SM90_WEIGHTS = "sm90_mixed_gemm_weight_interleave_fp4_fp8"
 
@@ -357,6 +474,24 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.fused_moe.interleave_moe_weights_for_sm90_mixed_gemm": sm90_weight_interleave,
     "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_moe": prims_ts_bf16_moe,
     "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_routed_moe": prims_ts_bf16_routed_moe,
+    "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_moe_partitioned": (
+        prims_ts_bf16_moe_partitioned
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_moe": (
+        prims_ts_fp4_block_scale_moe
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_routed_moe": (
+        prims_ts_fp4_block_scale_routed_moe
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_moe_partitioned": (
+        prims_ts_fp4_block_scale_moe_partitioned
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp8_op.prims_ts_fp8_per_tensor_scale_moe": (
+        prims_ts_fp8_per_tensor_scale_moe
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp8_op.prims_ts_fp8_per_tensor_scale_moe_partitioned": (
+        prims_ts_fp8_per_tensor_scale_moe_partitioned
+    ),
     "flashinfer.fused_moe.fused_topk_deepseek": fused_topk_deepseek,
     "flashinfer.fused_moe.hash_topk.hash_topk": hash_topk,
     "flashinfer.fused_moe.trtllm_fp4_block_scale_moe": trtllm_fp4_block_scale_moe,

@@ -242,6 +242,16 @@ NOT_LANDING = {
     # The Prims-TS backends of the same kernels, traced by the same templates.
     "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_moe": "misread",
     "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_routed_moe": "misread",
+    "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_moe_partitioned": "misread",
+    # Its template reads bfloat16 routing logits, as the others, and the three output scales
+    # as inputs, which the definition holds to ones by rule.
+    "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_moe_partitioned": (
+        "misread"
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_moe": "misread",
+    "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_routed_moe": (
+        "misread"
+    ),
     # Its template gives the outputs [num_tokens, topk] whatever num_fused_shared_experts
     # says ("the trace covers the routed path"): a call with a fused shared expert, whose
     # outputs hold one more slot, lands on the definition without one.
@@ -353,6 +363,24 @@ NOT_FROM_THE_DEFINITION = {
         "parameters only its rules fix"
     ),
     "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_routed_moe": (
+        "parameters only its rules fix"
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_moe_partitioned": (
+        "parameters only its rules fix"
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_moe": (
+        "parameters only its rules fix"
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_routed_moe": (
+        "parameters only its rules fix"
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp8_op.prims_ts_fp8_per_tensor_scale_moe": (
+        "parameters only its rules fix"
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp8_op.prims_ts_fp8_per_tensor_scale_moe_partitioned": (
+        "parameters only its rules fix"
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_moe_partitioned": (
         "parameters only its rules fix"
     ),
     "flashinfer.fused_moe.core.trtllm_fp4_block_scale_moe": "parameters only its rules fix",
