@@ -343,6 +343,22 @@ def sm90_weight_interleave(c: Catalogue) -> Any:
     return _call(SM90_WEIGHTS, (weight,), {"quant_type": "fp4_fp8"})
 
 
+CUTE_DSL_BF16 = "cute_dsl_fused_moe_bf16_e8_h256_i128_topk2"
+
+
+def cute_dsl_fused_moe_bf16(c: Catalogue) -> Any:
+    x, axes = c.inputs(CUTE_DSL_BF16, seq_len=5)
+    args = (x["x"], x["token_selected_experts"], x["token_final_scales"])
+    args += (x["w1_weight"], x["w2_weight"], 8, 2)
+    kwargs: dict = {"num_local_experts": 8, "local_expert_offset": int(x["local_expert_offset"])}
+    kwargs |= {"use_fused_finalize": False, "moe_output": c.buffer(CUTE_DSL_BF16, "output", axes)}
+    kwargs |= {"enable_pdl": False, "activation_type": 3}
+    kwargs |= {"swiglu_alpha": float(x["swiglu_alpha"]), "swiglu_beta": float(x["swiglu_beta"])}
+    kwargs |= {"swiglu_limit": float(x["swiglu_limit"]), "situ_beta": None}
+    kwargs |= {"situ_linear_beta": None, "intermediate_buffer": None, "tactic": None}
+    return _call(CUTE_DSL_BF16, args, kwargs)
+
+
 ALPHAMOE_INTERLEAVE = "alphamoe_interleave_gated_weights_h256_i128"
 
 
@@ -366,6 +382,7 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.fused_moe.trtllm_fp8_block_scale_routed_moe": fp8_block_scale_routed_moe,
     "flashinfer.fused_moe.trtllm_fp8_per_tensor_scale_routed_moe": fp8_per_tensor_scale_routed_moe,
     "flashinfer.fused_moe.cutlass_fused_moe": cutlass_fused_moe,
+    "flashinfer.fused_moe.cute_dsl_fused_moe_bf16": cute_dsl_fused_moe_bf16,
     "flashinfer.gemm.mm_bf16": mm_bf16,
     "flashinfer.gemm.bmm_bf16": bmm_bf16,
     "flashinfer.gemm.tinygemm_bf16": tinygemm_bf16,
