@@ -223,7 +223,7 @@ def test_cute_dsl_fused_moe_w4a4_reference_undoes_flashinfers_weight_preparation
     ids = x["token_selected_experts"].long()
     scales = x["token_final_scales"]
     expected = templates._b12x_moe_run_experts(hidden, w1f, w2f, scales, ids, 0, 8, "fp4", gs)
-    _close(got, expected, atol=3e-2, rtol=3e-2)
+    _close(got, expected, atol=1e-3, rtol=1e-2)
 
 
 @pytest.mark.parametrize(
@@ -352,3 +352,86 @@ def test_a_wrapper_call_with_per_token_scales_falls_back(monkeypatch):
     call = calls.cute_dsl_moe_wrapper(_catalogue())
     kwargs = _bound(call, WRAPPER) | {"per_token_scale": torch.ones(5)}
     _refused(_route(monkeypatch, WRAPPER, call.name, (), kwargs), "per_token_scale")
+
+
+# ---------------------------------------------------------------------------------------
+# cute_dsl_fused_moe_mxfp8_mxfp4 and CuteDslMxfp8Mxfp4MoEWrapper.run (W4A8, SM100)
+# ---------------------------------------------------------------------------------------
+
+W4A8 = "flashinfer.fused_moe.cute_dsl_fused_moe_mxfp8_mxfp4"
+W4A8_WRAPPER = "flashinfer.fused_moe.CuteDslMxfp8Mxfp4MoEWrapper.run"
+
+
+def test_cute_dsl_fused_moe_mxfp8_mxfp4_with_flashinfers_defaults_is_routed(monkeypatch):
+    call = calls.cute_dsl_fused_moe_mxfp8_mxfp4(_catalogue())
+    bound = _bound(call, W4A8)
+    out = _route(monkeypatch, W4A8, call.name, (), {k: bound[k] for k in list(bound)[:12]})
+    seen = _hit(out)
+    assert seen["w1_weight"].dtype == torch.float4_e2m1fn_x2
+    assert seen["x_sf"].data_ptr() == bound["x_sf"].data_ptr()
+    assert (seen["swiglu_alpha"], seen["swiglu_beta"]) == (1.0, 0.0)
+    assert seen["swiglu_limit"] == FLOAT32_MAX
+    assert torch.equal(out.result, _reference(call.name)(**seen))
+    assert out.result.abs().sum() > 0
+
+
+def test_cute_dsl_fused_moe_mxfp8_mxfp4_reference_undoes_flashinfers_weight_preparation():
+    from flashinfer.fused_moe.prepare import _interleave_linear_and_gate
+
+    x, _ = _catalogue().inputs(calls.CUTE_DSL_W4A8, seed=7, seq_len=6)
+    canonical = x["w1_weight"].view(torch.uint8)  # read as [up | gate] rows
+    logical = x["w1_weight_sf"].permute(5, 2, 1, 0, 4, 3).reshape(8, 256, 8)
+    # prepare_cute_dsl_weights: GEMM1 rows and their scales interleaved in blocks of 64,
+    # the scales stored again in the MMA view (FlashInfer's template reads that view).
+    mine = dict(x)
+    mine["w1_weight"] = _interleave_linear_and_gate(canonical, group_size=64, dim=1)
+    rows = _interleave_linear_and_gate(logical, group_size=64, dim=1)
+    mine["w1_weight_sf"] = rows.reshape(8, 2, 4, 32, 2, 4).permute(3, 2, 1, 5, 4, 0)
+    for k in ("swiglu_alpha", "swiglu_beta", "swiglu_limit"):
+        mine[k] = {"swiglu_alpha": 1.0, "swiglu_beta": 0.0, "swiglu_limit": FLOAT32_MAX}[k]
+    got = _reference(calls.CUTE_DSL_W4A8)(**mine)
+    u8 = torch.uint8
+    expected = templates._cute_dsl_fused_moe_reference(
+        x["x"],
+        x["x_sf"].view(u8),
+        x["token_selected_experts"],
+        x["token_final_scales"],
+        canonical,
+        x["w1_weight_sf"].view(u8),
+        x["w1_alpha"],
+        None,
+        x["w2_weight"].view(u8),
+        x["w2_weight_sf"].view(u8),
+        x["w2_alpha"],
+        8,
+        2,
+        quant_mode="w4a8",
+    )
+    # FlashInfer's template leaves GEMM2's input unquantized; the kernel rounds it to MXFP8
+    # (three mantissa bits), which the sums over 128 features average out.
+    _close(got, expected, atol=2e-3, rtol=5e-2)
+    assert (got.float() - expected.float()).abs().max() > 0  # the MXFP8 rounding is there
+
+
+@pytest.mark.parametrize(("param", "value"), [("activation_type", 6), ("activation_type", 8)])
+def test_cute_dsl_fused_moe_mxfp8_mxfp4_other_activations_are_refused(monkeypatch, param, value):
+    call = calls.cute_dsl_fused_moe_mxfp8_mxfp4(_catalogue())
+    out = _route(monkeypatch, W4A8, call.name, (), _bound(call, W4A8) | {param: value})
+    _refused(out, param)
+
+
+def test_cute_dsl_mxfp8_mxfp4_wrapper_is_the_function_with_its_configuration(monkeypatch):
+    families = _catalogue().families
+    a = families["cute_dsl_mxfp8_mxfp4_moe_wrapper"].model_dump()
+    b = families["cute_dsl_fused_moe_mxfp8_mxfp4"].model_dump()
+    for key in ("name", "name_template", "api", "description", "rules", "inputs", "outputs"):
+        a.pop(key), b.pop(key)
+    assert _contract(a) == _contract(b)
+    call = calls.cute_dsl_mxfp8_mxfp4_moe_wrapper(_catalogue())
+    out = _route(monkeypatch, W4A8_WRAPPER, call.name, (), _bound(call, W4A8_WRAPPER))
+    seen = _hit(out)
+    assert seen["swiglu_alpha"] == call.args[0].swiglu_alpha
+    assert seen["local_expert_offset"] == call.args[0].local_expert_offset
+    assert torch.equal(out.result, _reference(call.name)(**seen))
+    call.args[0].activation_type = 6  # a wrapper built for ReLU2
+    _refused(_route(monkeypatch, W4A8_WRAPPER, call.name, (), _bound(call, W4A8_WRAPPER)), "self")
