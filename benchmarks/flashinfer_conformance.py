@@ -2113,6 +2113,10 @@ _SM100_ONLY = {
     "trtllm_fp4_block_scale_routed_moe",
     "prims_ts_bf16_moe",
     "prims_ts_bf16_routed_moe",
+    # CuTe-DSL block-scaled MoE: SM100/SM103 (and SM107 for W4A4).
+    "cute_dsl_fused_moe",
+    "cute_dsl_fused_moe_nvfp4",
+    "cute_dsl_fused_moe_mxfp8_mxfp4",
     "gated_delta_rule_replayssm_commit",
     "chunk_gated_delta_rule2",
     "chunk_gated_delta_product",
