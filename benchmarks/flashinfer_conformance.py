@@ -1954,6 +1954,99 @@ def _moe_routing_cases() -> list[Case]:
     return out
 
 
+# ---------------------------------------------------------------------------------------
+# CuTe-DSL MoE (moe_cute_dsl.fidef): the SM90 bfloat16 kernel runs on an H100
+# ---------------------------------------------------------------------------------------
+
+
+def _needs_sm90() -> str | None:
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) == (9, 0):
+        return None
+    return (
+        "FlashInfer's cute_dsl_fused_moe_bf16 runs only on SM90; this GPU is "
+        f"SM{major}{minor} (apply on is still checked: the call must be routed)"
+    )
+
+
+def _moe_cute_dsl_cases() -> list[Case]:
+    out = []
+    # (definition, seq_len, gpt-oss's SwiGLU, expert-parallel rank, a keyword, the rule)
+    grid = (
+        ("cute_dsl_fused_moe_bf16_e128_h2048_i768_topk8", 1, False, False, {}, None),
+        ("cute_dsl_fused_moe_bf16_e128_h2048_i768_topk8", 37, False, True, {}, None),
+        ("cute_dsl_fused_moe_bf16_e32_h2880_i2880_topk4", 16, True, False, {}, None),
+        (
+            "cute_dsl_fused_moe_bf16_e32_h2880_i2880_topk4",
+            5,
+            True,
+            False,
+            {"use_fused_finalize": False},
+            None,
+        ),
+        (
+            "cute_dsl_fused_moe_bf16_e32_h2880_i2880_topk4",
+            4,
+            False,
+            False,
+            {"situ_beta": 4.0},
+            "situ_beta",
+        ),
+        (
+            "cute_dsl_fused_moe_bf16_e128_h2048_i768_topk8",
+            4,
+            False,
+            False,
+            {"activation_type": 8},
+            "activation_type",
+        ),
+    )
+    for name, seq_len, oai, ep, extra, rule in grid:
+        consts = dict(CATALOGUE[name][0].consts)
+
+        def fused(name=name, seq_len=seq_len, oai=oai, ep=ep, extra=extra, consts=consts):
+            import flashinfer.fused_moe
+
+            x = _inputs(name, 141, seq_len=seq_len)
+            e, k = consts["num_local_experts"], consts["top_k"]
+            ids, kwargs = x["token_selected_experts"], dict(extra)
+            if ep:
+                # Rank 1 of 2: global experts e..2e-1; ids of rank 0's experts add nothing.
+                ids = torch.where(ids % 3 == 0, ids, ids + e).to(torch.int32)
+                kwargs |= {"num_local_experts": e, "local_expert_offset": e}
+            if oai:
+                kwargs |= {
+                    k_: float(x[k_]) for k_ in ("swiglu_alpha", "swiglu_beta", "swiglu_limit")
+                }
+            return _results(
+                flashinfer.fused_moe.cute_dsl_fused_moe_bf16(
+                    x["x"],
+                    ids,
+                    x["token_final_scales"],
+                    x["w1_weight"],
+                    x["w2_weight"],
+                    2 * e if ep else e,
+                    k,
+                    **kwargs,
+                )
+            )
+
+        label = f"{name} seq_len={seq_len}" + (" oai" if oai else "") + (" ep" if ep else "")
+        label += "".join(f" {k_}={v}" for k_, v in extra.items())
+        out.append(
+            Case(
+                "flashinfer.fused_moe.cute_dsl_fused_moe_bf16",
+                label,
+                fused,
+                {name: solution(name)},
+                expect=rule,
+                needs=_needs_sm90,
+                variant=f"moe_cute_dsl:{name}:{int(oai)}",
+            )
+        )
+    return out
+
+
 GROUPS = {
     "norm": _norm_cases,
     "activation": _activation_cases,
@@ -1973,6 +2066,7 @@ GROUPS = {
     "gdn": _gdn_cases,
     "moe": _moe_cases,
     "moe_routing": _moe_routing_cases,
+    "moe_cute_dsl": _moe_cute_dsl_cases,
     "decode": _decode_cases,
     "prefill": _prefill_cases,
     "ragged": _ragged_cases,
@@ -2026,6 +2120,10 @@ _SM100_ONLY = {
     "prims_ts_bf16_moe_partitioned",
     "prims_ts_fp8_per_tensor_scale_moe_partitioned",
     "prims_ts_fp4_block_scale_moe_partitioned",
+    # CuTe-DSL block-scaled MoE: SM100/SM103 (and SM107 for W4A4).
+    "cute_dsl_fused_moe",
+    "cute_dsl_fused_moe_nvfp4",
+    "cute_dsl_fused_moe_mxfp8_mxfp4",
     "gated_delta_rule_replayssm_commit",
     "chunk_gated_delta_rule2",
     "chunk_gated_delta_product",

@@ -460,6 +460,117 @@ def sm90_weight_interleave(c: Catalogue) -> Any:
     return _call(SM90_WEIGHTS, (weight,), {"quant_type": "fp4_fp8"})
 
 
+CUTE_DSL_BF16 = "cute_dsl_fused_moe_bf16_e8_h256_i128_topk2"
+
+
+def cute_dsl_fused_moe_bf16(c: Catalogue) -> Any:
+    x, axes = c.inputs(CUTE_DSL_BF16, seq_len=5)
+    args = (x["x"], x["token_selected_experts"], x["token_final_scales"])
+    args += (x["w1_weight"], x["w2_weight"], 8, 2)
+    kwargs: dict = {"num_local_experts": 8, "local_expert_offset": int(x["local_expert_offset"])}
+    kwargs |= {"use_fused_finalize": False, "moe_output": c.buffer(CUTE_DSL_BF16, "output", axes)}
+    kwargs |= {"enable_pdl": False, "activation_type": 3}
+    kwargs |= {"swiglu_alpha": float(x["swiglu_alpha"]), "swiglu_beta": float(x["swiglu_beta"])}
+    kwargs |= {"swiglu_limit": float(x["swiglu_limit"]), "situ_beta": None}
+    kwargs |= {"situ_linear_beta": None, "intermediate_buffer": None, "tactic": None}
+    return _call(CUTE_DSL_BF16, args, kwargs)
+
+
+CUTE_DSL_W4A4 = "cute_dsl_fused_moe_w4a4_e8_h256_i128_topk2"
+
+
+def cute_dsl_fused_moe(c: Catalogue) -> Any:
+    x, axes = c.inputs(CUTE_DSL_W4A4, seq_len=5)
+    u8 = torch.uint8
+    # FlashInfer's uint8 bytes; the activation's scales as its runner passes them, [T, H / 16, 1].
+    args = (x["x"].view(u8), x["x_sf"].view(u8).unsqueeze(-1), x["token_selected_experts"])
+    args += (x["token_final_scales"], x["w1_weight"].view(u8), x["w1_weight_sf"].view(u8))
+    args += (x["w1_alpha"], x["fc2_input_scale"].reshape(1), x["w2_weight"].view(u8))
+    args += (x["w2_weight_sf"].view(u8), x["w2_alpha"], 8, 2)
+    kwargs: dict = {"num_local_experts": 8, "local_expert_offset": int(x["local_expert_offset"])}
+    kwargs |= {"output_dtype": torch.bfloat16, "use_fused_finalize": False}
+    kwargs |= {"moe_output": c.buffer(CUTE_DSL_W4A4, "output", axes), "aux_stream": None}
+    kwargs |= {"enable_pdl": False, "activation_type": 3}
+    kwargs |= {"swiglu_alpha": float(x["swiglu_alpha"]), "swiglu_beta": float(x["swiglu_beta"])}
+    kwargs |= {"swiglu_limit": float(x["swiglu_limit"]), "situ_beta": None}
+    kwargs |= {"situ_linear_beta": None, "quant_mode": "w4a4", "per_token_scale": None}
+    kwargs |= {"tactic": None, "localized_weights": None, "localized_streams": None}
+    kwargs |= {"localized_sm_count": None, "localized_memset_stream": None}
+    kwargs |= {"localized_allow_nonlocalized": False, "autotune_use_cuda_graph": False}
+    return _call(CUTE_DSL_W4A4, args, kwargs)
+
+
+CUTE_DSL_NVFP4 = "cute_dsl_fused_moe_nvfp4_e8_h256_i128_topk2"
+CUTE_DSL_WRAPPER = "cute_dsl_moe_wrapper_w4a4_e8_h256_i128_topk2"
+
+
+def cute_dsl_fused_moe_nvfp4(c: Catalogue) -> Any:
+    call = cute_dsl_fused_moe(c)
+    kwargs = {k: v for k, v in call.kwargs.items() if k != "tactic"}
+    return _call(CUTE_DSL_NVFP4, call.args, kwargs)
+
+
+def cute_dsl_moe_wrapper(c: Catalogue) -> Any:
+    from flashinfer.fused_moe import ActivationType, CuteDslMoEWrapper
+
+    x, _ = c.inputs(CUTE_DSL_WRAPPER, seq_len=5)
+    # What CuteDslMoEWrapper.__init__ keeps (it needs an SM100 GPU to run).
+    wrapper = object.__new__(CuteDslMoEWrapper)
+    wrapper.__dict__ |= {"num_experts": 8, "top_k": 2, "num_local_experts": 8}
+    wrapper.__dict__ |= {"hidden_size": 256, "intermediate_size": 128, "quant_mode": "w4a4"}
+    wrapper.__dict__ |= {"local_expert_offset": int(x["local_expert_offset"])}
+    wrapper.__dict__ |= {"output_dtype": torch.bfloat16, "activation_type": ActivationType.Swiglu}
+    wrapper.__dict__ |= {"swiglu_alpha": float(x["swiglu_alpha"])}
+    wrapper.__dict__ |= {"swiglu_beta": float(x["swiglu_beta"])}
+    wrapper.__dict__ |= {"swiglu_limit": float(x["swiglu_limit"])}
+    wrapper.__dict__ |= {"situ_beta": None, "situ_linear_beta": None}
+    u8 = torch.uint8
+    args = (wrapper, x["x"].view(u8), x["x_sf"].view(u8), x["token_selected_experts"])
+    args += (x["token_final_scales"], x["w1_weight"].view(u8), x["w1_weight_sf"].view(u8))
+    args += (x["w1_alpha"], x["fc2_input_scale"].reshape(1), x["w2_weight"].view(u8))
+    args += (x["w2_weight_sf"].view(u8), x["w2_alpha"])
+    return _call(CUTE_DSL_WRAPPER, args, {"tactic": None, "per_token_scale": None})
+
+
+CUTE_DSL_W4A8 = "cute_dsl_fused_moe_mxfp8_mxfp4_e8_h256_i128_topk2"
+CUTE_DSL_W4A8_WRAPPER = "cute_dsl_mxfp8_mxfp4_moe_wrapper_e8_h256_i128_topk2"
+
+
+def _w4a8_tensors(x: dict) -> tuple:
+    """From x to w2_alpha, as FlashInfer takes them (uint8 bytes), less the wrapper's."""
+    u8 = torch.uint8
+    args = (x["x"], x["x_sf"].view(u8), x["token_selected_experts"], x["token_final_scales"])
+    args += (x["w1_weight"].view(u8), x["w1_weight_sf"].view(u8), x["w1_alpha"])
+    return args + (x["w2_weight"].view(u8), x["w2_weight_sf"].view(u8), x["w2_alpha"])
+
+
+def cute_dsl_fused_moe_mxfp8_mxfp4(c: Catalogue) -> Any:
+    x, axes = c.inputs(CUTE_DSL_W4A8, seq_len=5)
+    args = _w4a8_tensors(x) + (8, 2)
+    kwargs: dict = {"num_local_experts": 8, "local_expert_offset": int(x["local_expert_offset"])}
+    kwargs |= {"moe_output": c.buffer(CUTE_DSL_W4A8, "output", axes), "aux_stream": None}
+    kwargs |= {"tactic": None, "enable_pdl": False, "activation_type": 3}
+    kwargs |= {"swiglu_alpha": float(x["swiglu_alpha"]), "swiglu_beta": float(x["swiglu_beta"])}
+    return _call(CUTE_DSL_W4A8, args, kwargs | {"swiglu_limit": float(x["swiglu_limit"])})
+
+
+def cute_dsl_mxfp8_mxfp4_moe_wrapper(c: Catalogue) -> Any:
+    from flashinfer.fused_moe import ActivationType, CuteDslMxfp8Mxfp4MoEWrapper
+
+    x, _ = c.inputs(CUTE_DSL_W4A8_WRAPPER, seq_len=5)
+    # What the wrapper's __init__ keeps (it needs an SM100 GPU to run).
+    wrapper = object.__new__(CuteDslMxfp8Mxfp4MoEWrapper)
+    wrapper.__dict__ |= {"num_experts": 8, "top_k": 2, "num_local_experts": 8}
+    wrapper.__dict__ |= {"hidden_size": 256, "intermediate_size": 128, "quant_mode": "w4a8"}
+    wrapper.__dict__ |= {"local_expert_offset": int(x["local_expert_offset"])}
+    wrapper.__dict__ |= {"output_dtype": torch.bfloat16, "activation_type": ActivationType.Swiglu}
+    wrapper.__dict__ |= {"swiglu_alpha": float(x["swiglu_alpha"])}
+    wrapper.__dict__ |= {"swiglu_beta": float(x["swiglu_beta"])}
+    wrapper.__dict__ |= {"swiglu_limit": float(x["swiglu_limit"])}
+    wrapper.__dict__ |= {"situ_beta": None, "situ_linear_beta": None}
+    return _call(CUTE_DSL_W4A8_WRAPPER, (wrapper,) + _w4a8_tensors(x), {"tactic": None})
+
+
 ALPHAMOE_INTERLEAVE = "alphamoe_interleave_gated_weights_h256_i128"
 
 
@@ -501,6 +612,12 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.fused_moe.trtllm_fp8_block_scale_routed_moe": fp8_block_scale_routed_moe,
     "flashinfer.fused_moe.trtllm_fp8_per_tensor_scale_routed_moe": fp8_per_tensor_scale_routed_moe,
     "flashinfer.fused_moe.cutlass_fused_moe": cutlass_fused_moe,
+    "flashinfer.fused_moe.cute_dsl_fused_moe_bf16": cute_dsl_fused_moe_bf16,
+    "flashinfer.fused_moe.cute_dsl_fused_moe": cute_dsl_fused_moe,
+    "flashinfer.fused_moe.cute_dsl_fused_moe_nvfp4": cute_dsl_fused_moe_nvfp4,
+    "flashinfer.fused_moe.CuteDslMoEWrapper.run": cute_dsl_moe_wrapper,
+    "flashinfer.fused_moe.cute_dsl_fused_moe_mxfp8_mxfp4": cute_dsl_fused_moe_mxfp8_mxfp4,
+    "flashinfer.fused_moe.CuteDslMxfp8Mxfp4MoEWrapper.run": cute_dsl_mxfp8_mxfp4_moe_wrapper,
     "flashinfer.gemm.mm_bf16": mm_bf16,
     "flashinfer.gemm.bmm_bf16": bmm_bf16,
     "flashinfer.gemm.tinygemm_bf16": tinygemm_bf16,
