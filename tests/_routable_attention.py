@@ -214,6 +214,14 @@ def _nvfp4_append_mla(c: Any) -> Any:
     return Call(name, (*args, x["kv_indptr"], x["kv_last_page_len"], 0.5, 0.25), {})
 
 
+def _dsv41_fp4_pack(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "dsv41_fp4_quantize_pack_sparse_mla_cache_ps64"
+    x, _ = c.inputs(name, num_pages=2)
+    return Call(name, (x["latent_kv"],), {"kv_layout": "NHD"})
+
+
 def _block_sparse(c: Any) -> Any:
     from _routable_calls import Call
 
@@ -288,6 +296,9 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.page.nvfp4_quantize_append_paged_kv_cache": _nvfp4_append,
     "flashinfer.page.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping": _nvfp4_append_slots,
     "flashinfer.page.nvfp4_quantize_append_paged_mla_kv_cache": _nvfp4_append_mla,
+    "flashinfer.mla._sparse_mla_sm120._api.dsv41_fp4_quantize_pack_sparse_mla_cache": (
+        _dsv41_fp4_pack
+    ),
     "flashinfer.sparse.BlockSparseAttentionWrapper.run": _block_sparse,
     "flashinfer.sparse.VariableBlockSparseAttentionWrapper.run": _var_block_sparse,
     "flashinfer.cudnn.prefill.cudnn_batch_prefill_with_kv_cache": _cudnn_prefill,

@@ -976,6 +976,62 @@ def test_nvfp4_mla_append_takes_exact_reciprocals_and_keeps_the_rope_part_in_fp8
     assert torch.equal(_bytes_of(args[6]), _bytes_of(kpe))
 
 
+def test_v41_fp4_pack_lays_out_data_rows_then_scale_rows_and_poisons_non_finite_groups():
+    name = "dsv41_fp4_quantize_pack_sparse_mla_cache_ps64"
+    x, _ = _catalogue().inputs(name, num_pages=2)
+    latent = x["latent_kv"]
+    # Page 1, slot 3: group 0 has amax 6 (scale 1) and every rounding tie; group 1 an
+    # infinity, group 2 a NaN; group 3 is tiny (its scale clamps at 2^-9).
+    ties = [6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.0, -0.25, -0.3, 0.0, -6.0, 5.5, 0.7, 1.0]
+    latent[1, 3, :16] = torch.tensor(ties).to(torch.bfloat16)
+    latent[1, 3, 20], latent[1, 3, 40] = math.inf, math.nan
+    latent[1, 3, 48:64] = 1e-4
+    out = _reference(name)(latent_kv=latent).view(torch.uint8)
+    page = out[1].reshape(-1)
+    data, scales = page[: 64 * 256].reshape(64, 256), page[64 * 256 :].reshape(64, 32)
+    # Ties go to the even code.
+    assert _unpack(data[3, :8]).tolist() == [7, 0, 2, 2, 4, 4, 6, 6, 8, 8, 9, 0, 15, 7, 1, 2]
+    assert scales[3, 0].item() == 0x38  # E4M3 1.0
+    assert scales[3, 1].item() == scales[3, 2].item() == 0x7F and data[3, 8:24].eq(0).all()
+    assert scales[3, 3].item() == 0x01  # 2^-9, the smallest E4M3 subnormal
+    # Every group: scale e4m3(amax / 6), codes the nearest of x / scale.
+    rows = latent[0].float().reshape(64, 32, 16)
+    want = (rows.abs().amax(-1) / 6).clamp(2**-9, 448).to(torch.float8_e4m3fn)
+    assert torch.equal(out[0].reshape(-1)[64 * 256 :].reshape(64, 32), want.view(torch.uint8))
+    codes = _e2m1_codes(rows / want.float().unsqueeze(-1)).reshape(64, 512).int()
+    assert torch.equal(_unpack(out[0].reshape(-1)[: 64 * 256].reshape(64, 256)), codes)
+
+
+def test_v41_fp4_pack_routes_every_input_layout_and_returns_flashinfers_shape():
+    import flashinfer.mla._sparse_mla_sm120._api as sm120
+
+    name = "dsv41_fp4_quantize_pack_sparse_mla_cache_ps64"
+    x, _ = _catalogue().inputs(name, seed=5, num_pages=2)
+    latent = x["latent_kv"]
+    expected = _reference(name)(latent_kv=latent).view(torch.uint8)
+    path = "flashinfer.mla._sparse_mla_sm120._api.dsv41_fp4_quantize_pack_sparse_mla_cache"
+    with rt.enable_apply({name: _reference(name)}):
+        for given, layout, shape in (
+            (latent, "HND", (2, 1, 64, 288)),
+            (latent.unsqueeze(1), "NHD", (2, 64, 1, 288)),
+            (latent.unsqueeze(2), "HND", (2, 1, 64, 288)),
+        ):
+            cache = sm120.dsv41_fp4_quantize_pack_sparse_mla_cache(given, kv_layout=layout)
+            assert cache.dtype == torch.uint8 and tuple(cache.shape) == shape
+            assert torch.equal(cache.reshape(2, 64, 288), expected)
+        # FlashInfer refuses these before its kernel, with its own message.
+        for given, layout, rule in (
+            (latent, "XYZ", "kv_layout"),
+            (latent[0], "HND", "tensor:latent_kv"),
+            (torch.cat((latent, latent), -1)[..., :512], "HND", "latent_kv"),  # strided
+        ):
+            with pytest.raises((ValueError, RuntimeError)):
+                sm120.dsv41_fp4_quantize_pack_sparse_mla_cache(given, kv_layout=layout)
+    counts = _counts(path)
+    assert counts["hit"] == 3, counts
+    assert counts["rules"] == {"kv_layout": 1, "tensor:latent_kv": 1, "latent_kv": 1}, counts
+
+
 # ---------------------------------------------------------------------------------------
 # Block-sparse attention
 # ---------------------------------------------------------------------------------------
