@@ -222,6 +222,14 @@ def _dsv41_fp4_pack(c: Any) -> Any:
     return Call(name, (x["latent_kv"],), {"kv_layout": "NHD"})
 
 
+def _dsv41_fp4_append(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "dsv41_fp4_quantize_append_sparse_mla_cache_ps64"
+    x, _ = c.inputs(name, num_tokens=3, num_pages=2)
+    return Call(name, (x["latent_kv"], x["slot_mapping"], x["cache"].view(torch.uint8)), {})
+
+
 def _block_sparse(c: Any) -> Any:
     from _routable_calls import Call
 
@@ -298,6 +306,9 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.page.nvfp4_quantize_append_paged_mla_kv_cache": _nvfp4_append_mla,
     "flashinfer.mla._sparse_mla_sm120._api.dsv41_fp4_quantize_pack_sparse_mla_cache": (
         _dsv41_fp4_pack
+    ),
+    "flashinfer.mla._sparse_mla_sm120._api.dsv41_fp4_quantize_append_sparse_mla_cache": (
+        _dsv41_fp4_append
     ),
     "flashinfer.sparse.BlockSparseAttentionWrapper.run": _block_sparse,
     "flashinfer.sparse.VariableBlockSparseAttentionWrapper.run": _var_block_sparse,

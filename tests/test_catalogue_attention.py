@@ -1008,7 +1008,7 @@ def test_v41_fp4_pack_routes_every_input_layout_and_returns_flashinfers_shape():
     name = "dsv41_fp4_quantize_pack_sparse_mla_cache_ps64"
     x, _ = _catalogue().inputs(name, seed=5, num_pages=2)
     latent = x["latent_kv"]
-    expected = _reference(name)(latent_kv=latent).view(torch.uint8)
+    expected = _reference(name)(latent_kv=latent).view(torch.uint8).reshape(2, 64, 288)
     path = "flashinfer.mla._sparse_mla_sm120._api.dsv41_fp4_quantize_pack_sparse_mla_cache"
     with rt.enable_apply({name: _reference(name)}):
         for given, layout, shape in (
@@ -1030,6 +1030,48 @@ def test_v41_fp4_pack_routes_every_input_layout_and_returns_flashinfers_shape():
     counts = _counts(path)
     assert counts["hit"] == 3, counts
     assert counts["rules"] == {"kv_layout": 1, "tensor:latent_kv": 1, "latent_kv": 1}, counts
+
+
+def test_v41_fp4_append_writes_the_first_row_of_each_slot_in_place_of_a_strided_cache():
+    import flashinfer.mla._sparse_mla_sm120._api as sm120
+
+    name = "dsv41_fp4_quantize_append_sparse_mla_cache_ps64"
+    x, _ = _catalogue().inputs(name, seed=6, num_tokens=5, num_pages=2)
+    # Slot 70 twice (the first row wins), a negative slot and one past the cache.
+    x["slot_mapping"] = torch.tensor([70, 3, -1, 70, 128], dtype=torch.int32)
+    out = _reference(name)(**x).view(torch.uint8)
+    # Independently: the rows packed as whole pages, then the two written slots copied over.
+    pack = _reference("dsv41_fp4_quantize_pack_sparse_mla_cache_ps64")
+    rows = torch.zeros(2, 64, 512, dtype=torch.bfloat16)
+    rows[1, 6], rows[0, 3] = x["latent_kv"][0], x["latent_kv"][1]
+    packed = pack(latent_kv=rows).view(torch.uint8).reshape(2, -1)
+    want = x["cache"].view(torch.uint8).reshape(2, -1).clone()
+    for page, entry in ((1, 6), (0, 3)):
+        for lo, n in ((entry * 256, 256), (64 * 256 + entry * 32, 32)):
+            want[page, lo : lo + n] = packed[page, lo : lo + n]
+    assert torch.equal(out.reshape(2, -1), want)
+    # Routed into a page-strided 2-D view of a larger allocation, and into the NHD form.
+    path = "flashinfer.mla._sparse_mla_sm120._api.dsv41_fp4_quantize_append_sparse_mla_cache"
+    block = torch.zeros(2, 64 * 288 + 512, dtype=torch.uint8)
+    block[:, : 64 * 288] = x["cache"].view(torch.uint8).reshape(2, -1)
+    flat = block[:, : 64 * 288]
+    nhd = x["cache"].view(torch.uint8).clone().unsqueeze(2)
+    with rt.enable_apply({name: _reference(name)}):
+        sm120.dsv41_fp4_quantize_append_sparse_mla_cache(x["latent_kv"], x["slot_mapping"], flat)
+        sm120.dsv41_fp4_quantize_append_sparse_mla_cache(x["latent_kv"], x["slot_mapping"], nhd)
+        # FlashInfer refuses these before its kernel, with its own message.
+        for latent, slots, cache in (
+            (x["latent_kv"], x["slot_mapping"], nhd.view(torch.int8)),
+            (x["latent_kv"], x["slot_mapping"].long(), nhd),
+        ):
+            with pytest.raises((ValueError, RuntimeError)):
+                sm120.dsv41_fp4_quantize_append_sparse_mla_cache(latent, slots, cache)
+    assert torch.equal(flat.reshape(2, -1), want) and block[:, 64 * 288 :].eq(0).all()
+    assert torch.equal(nhd.reshape(2, -1), want)
+    counts = _counts(path)
+    assert counts["hit"] == 2, counts
+    # The int8 cache, left flat, gives no page size: no key, FlashInfer's call.
+    assert counts["rules"] == {"key": 1, "tensor:slot_mapping": 1}, counts
 
 
 # ---------------------------------------------------------------------------------------
