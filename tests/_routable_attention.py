@@ -219,13 +219,33 @@ def _dsv41_fp4_pack(c: Any) -> Any:
 
     name = "dsv41_fp4_quantize_pack_sparse_mla_cache_ps64"
     x, _ = c.inputs(name, num_pages=2)
-    return Call(name, (x["latent_kv"],), {"kv_layout": "NHD"})
+    # HND, as the definition's output: FlashInfer's template describes an NHD call's
+    # [pages, page_size, 1, bytes] (the same bytes) in the other order.
+    return Call(name, (x["latent_kv"],), {"kv_layout": "HND"})
 
 
 def _dsv41_fp4_append(c: Any) -> Any:
     from _routable_calls import Call
 
     name = "dsv41_fp4_quantize_append_sparse_mla_cache_ps64"
+    x, _ = c.inputs(name, num_tokens=3, num_pages=2)
+    return Call(name, (x["latent_kv"], x["slot_mapping"], x["cache"].view(torch.uint8)), {})
+
+
+def _dsv41_fp8_pack(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "dsv41_fp8_quantize_pack_sparse_mla_cache_ps64"
+    x, _ = c.inputs(name, num_pages=2)
+    # HND, as the definition's output: FlashInfer's template describes an NHD call's
+    # [pages, page_size, 1, bytes] (the same bytes) in the other order.
+    return Call(name, (x["latent_kv"],), {"kv_layout": "HND"})
+
+
+def _dsv41_fp8_append(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "dsv41_fp8_quantize_append_sparse_mla_cache_ps64"
     x, _ = c.inputs(name, num_tokens=3, num_pages=2)
     return Call(name, (x["latent_kv"], x["slot_mapping"], x["cache"].view(torch.uint8)), {})
 
@@ -309,6 +329,12 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     ),
     "flashinfer.mla._sparse_mla_sm120._api.dsv41_fp4_quantize_append_sparse_mla_cache": (
         _dsv41_fp4_append
+    ),
+    "flashinfer.mla._sparse_mla_sm120._api.dsv41_fp8_quantize_pack_sparse_mla_cache": (
+        _dsv41_fp8_pack
+    ),
+    "flashinfer.mla._sparse_mla_sm120._api.dsv41_fp8_quantize_append_sparse_mla_cache": (
+        _dsv41_fp8_append
     ),
     "flashinfer.sparse.BlockSparseAttentionWrapper.run": _block_sparse,
     "flashinfer.sparse.VariableBlockSparseAttentionWrapper.run": _var_block_sparse,

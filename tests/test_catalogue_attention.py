@@ -1074,6 +1074,54 @@ def test_v41_fp4_append_writes_the_first_row_of_each_slot_in_place_of_a_strided_
     assert counts["rules"] == {"key": 1, "tensor:slot_mapping": 1}, counts
 
 
+def test_v41_fp8_pack_and_append_use_power_of_two_group_scales_and_flashinfers_layout():
+    import flashinfer.mla._sparse_mla_sm120._api as sm120
+
+    pack = _reference("dsv41_fp8_quantize_pack_sparse_mla_cache_ps64")
+    x, _ = _catalogue().inputs("dsv41_fp8_quantize_pack_sparse_mla_cache_ps64", num_pages=1)
+    latent = x["latent_kv"]
+    latent[0, 5, 32:64] = 0.0  # amax floored at 1e-4: the smallest scale, 2^-13
+    latent[0, 5, 64:67] = torch.tensor([math.inf, -1.0, 2.0])  # an infinite group
+    latent[0, 5, 100] = math.nan  # a NaN group
+    latent[0, 5, 128:160] = 448.0 * 4  # amax / 448 = 4 exactly: scale 2^2, values 448
+    out = pack(latent_kv=latent).view(torch.uint8).reshape(-1)
+    data, scales = out[: 64 * 512].reshape(64, 512), out[64 * 512 :].reshape(64, 16)
+    assert scales[5, 1:5].tolist() == [127 - 13, 0xFF, 0xFF, 127 + 2]
+    assert data[5, 64:67].tolist() == [0x7F, 0x80, 0x00] and data[5, 96:128].eq(0x7F).all()
+    assert data[5, 128:160].eq(0x7E).all()  # E4M3 448
+    # Independently, on the other rows: scale 2^ceil(log2(max(amax / 448, 1e-4))).
+    rows = latent[0, :5].double().reshape(5, 16, 32)
+    k = torch.ceil(torch.log2((rows.abs().amax(-1) / 448).clamp(min=1e-4))).int()
+    assert torch.equal(scales[:5].int(), k + 127)
+    want = (rows / torch.pow(2.0, k).unsqueeze(-1).double()).float().to(torch.float8_e4m3fn)
+    assert torch.equal(data[:5], want.view(torch.uint8).reshape(5, 512))
+    # The append writes those bytes for the first row of each valid slot, in place.
+    name = "dsv41_fp8_quantize_append_sparse_mla_cache_ps64"
+    a, _ = _catalogue().inputs(name, seed=7, num_tokens=4, num_pages=1)
+    a["latent_kv"] = latent[0, [5, 2, 9, 2]].contiguous()
+    a["slot_mapping"] = torch.tensor([5, 2, -3, 2], dtype=torch.int32)
+    before = a["cache"].view(torch.uint8).reshape(-1).clone()
+    cache = a["cache"].view(torch.uint8).unsqueeze(1)  # HND
+    packer = "dsv41_fp8_quantize_pack_sparse_mla_cache_ps64"
+    with rt.enable_apply({name: _reference(name), packer: pack}):
+        sm120.dsv41_fp8_quantize_append_sparse_mla_cache(
+            a["latent_kv"], a["slot_mapping"], cache
+        )  # fmt: skip
+        packed = sm120.dsv41_fp8_quantize_pack_sparse_mla_cache(latent, kv_layout="NHD")
+    assert tuple(packed.shape) == (1, 64, 1, 528) and torch.equal(packed.reshape(-1), out)
+    after = cache.reshape(-1)
+    for slot in (5, 2):
+        for lo, n in ((slot * 512, 512), (64 * 512 + slot * 16, 16)):
+            assert torch.equal(after[lo : lo + n], out[lo : lo + n])
+    untouched = torch.ones(64 * 528, dtype=torch.bool)
+    for slot in (5, 2):
+        untouched[slot * 512 : slot * 512 + 512] = False
+        untouched[64 * 512 + slot * 16 : 64 * 512 + slot * 16 + 16] = False
+    assert torch.equal(after[untouched], before[untouched])
+    path = "flashinfer.mla._sparse_mla_sm120._api.dsv41_fp8_quantize_append_sparse_mla_cache"
+    assert _counts(path)["hit"] == 1
+
+
 # ---------------------------------------------------------------------------------------
 # Block-sparse attention
 # ---------------------------------------------------------------------------------------
