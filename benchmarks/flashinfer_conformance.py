@@ -2165,6 +2165,11 @@ _SM100_ONLY = {
     "msa_sparse_attention",
     "msa_sparse_decode_attention",
     "ssd_combined_fwd",
+    # The DeepSeek-V4.1 sparse-MLA cache writers: a module built for SM120 only.
+    "dsv41_fp4_quantize_pack_sparse_mla_cache",
+    "dsv41_fp4_quantize_append_sparse_mla_cache",
+    "dsv41_fp8_quantize_pack_sparse_mla_cache",
+    "dsv41_fp8_quantize_append_sparse_mla_cache",
 }
 
 
