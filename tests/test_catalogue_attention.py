@@ -1025,8 +1025,10 @@ def test_v41_fp4_pack_routes_every_input_layout_and_returns_flashinfers_shape():
             (latent[0], "HND", "tensor:latent_kv"),
             (torch.cat((latent, latent), -1)[..., :512], "HND", "latent_kv"),  # strided
         ):
+            before = _counts(path).get("rules", {}).get(rule, 0)
             with pytest.raises((ValueError, RuntimeError)):
                 sm120.dsv41_fp4_quantize_pack_sparse_mla_cache(given, kv_layout=layout)
+            assert _counts(path)["rules"][rule] == before + 1, (rule, _counts(path))
     counts = _counts(path)
     assert counts["hit"] == 3, counts
     assert counts["rules"] == {"kv_layout": 1, "tensor:latent_kv": 1, "latent_kv": 1}, counts
