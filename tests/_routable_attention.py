@@ -179,6 +179,77 @@ def _append_mla(c: Any) -> Any:
     return Call(name, (*args, x["kv_last_page_len"]), {})
 
 
+def _bytes(t: Any) -> Any:
+    return t.view(torch.uint8)
+
+
+def _nvfp4_append(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "nvfp4_quantize_append_paged_kv_cache_kv8_d128_ps16"
+    x, _ = c.inputs(name, nnz=3, batch_size=2, num_pages=6, num_kv_indices=4)
+    args = (x["append_key"], x["append_value"], x["batch_indices"], x["positions"])
+    args += ((_bytes(x["k_cache"]), _bytes(x["v_cache"])), (x["k_scale_cache"], x["v_scale_cache"]))
+    args += (x["kv_indices"], x["kv_indptr"], x["kv_last_page_len"], 0.5, 2.0)
+    return Call(name, args, {"kv_layout": "NHD"})
+
+
+def _nvfp4_append_slots(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping_kv8_d128_ps16"
+    x, _ = c.inputs(name, nnz=3, num_pages=2)
+    args = (x["append_key"], x["append_value"], x["slot_mapping"])
+    args += ((_bytes(x["k_cache"]), _bytes(x["v_cache"])), (x["k_scale_cache"], x["v_scale_cache"]))
+    return Call(name, (*args, x["k_scale"], 1.5), {"kv_layout": "NHD"})
+
+
+def _nvfp4_append_mla(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "nvfp4_quantize_append_paged_mla_kv_cache_ckv512_kpe64"
+    x, _ = c.inputs(name, nnz_kv=3, batch_size=2, num_pages=8, page_size=4, num_kv_indices=4)
+    args = (x["append_ckv"], x["append_kpe"], x["batch_indices"], x["positions"])
+    args += (_bytes(x["ckv_cache"]), x["ckv_sf_cache"], x["kpe_cache"], x["kv_indices"])
+    return Call(name, (*args, x["kv_indptr"], x["kv_last_page_len"], 0.5, 0.25), {})
+
+
+def _dsv41_fp4_pack(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "dsv41_fp4_quantize_pack_sparse_mla_cache_ps64"
+    x, _ = c.inputs(name, num_pages=2)
+    # HND, as the definition's output: FlashInfer's template describes an NHD call's
+    # [pages, page_size, 1, bytes] (the same bytes) in the other order.
+    return Call(name, (x["latent_kv"],), {"kv_layout": "HND"})
+
+
+def _dsv41_fp4_append(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "dsv41_fp4_quantize_append_sparse_mla_cache_ps64"
+    x, _ = c.inputs(name, num_tokens=3, num_pages=2)
+    return Call(name, (x["latent_kv"], x["slot_mapping"], x["cache"].view(torch.uint8)), {})
+
+
+def _dsv41_fp8_pack(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "dsv41_fp8_quantize_pack_sparse_mla_cache_ps64"
+    x, _ = c.inputs(name, num_pages=2)
+    # HND, as the definition's output: FlashInfer's template describes an NHD call's
+    # [pages, page_size, 1, bytes] (the same bytes) in the other order.
+    return Call(name, (x["latent_kv"],), {"kv_layout": "HND"})
+
+
+def _dsv41_fp8_append(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "dsv41_fp8_quantize_append_sparse_mla_cache_ps64"
+    x, _ = c.inputs(name, num_tokens=3, num_pages=2)
+    return Call(name, (x["latent_kv"], x["slot_mapping"], x["cache"].view(torch.uint8)), {})
+
+
 def _block_sparse(c: Any) -> Any:
     from _routable_calls import Call
 
@@ -275,6 +346,21 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.pod.BatchPODWithPagedKVCacheWrapper.run": _batch_pod,
     "flashinfer.cudnn.decode.cudnn_batch_decode_with_kv_cache": _cudnn_decode,
     "flashinfer.page.append_paged_mla_kv_cache": _append_mla,
+    "flashinfer.page.nvfp4_quantize_append_paged_kv_cache": _nvfp4_append,
+    "flashinfer.page.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping": _nvfp4_append_slots,
+    "flashinfer.page.nvfp4_quantize_append_paged_mla_kv_cache": _nvfp4_append_mla,
+    "flashinfer.mla._sparse_mla_sm120._api.dsv41_fp4_quantize_pack_sparse_mla_cache": (
+        _dsv41_fp4_pack
+    ),
+    "flashinfer.mla._sparse_mla_sm120._api.dsv41_fp4_quantize_append_sparse_mla_cache": (
+        _dsv41_fp4_append
+    ),
+    "flashinfer.mla._sparse_mla_sm120._api.dsv41_fp8_quantize_pack_sparse_mla_cache": (
+        _dsv41_fp8_pack
+    ),
+    "flashinfer.mla._sparse_mla_sm120._api.dsv41_fp8_quantize_append_sparse_mla_cache": (
+        _dsv41_fp8_append
+    ),
     "flashinfer.sparse.BlockSparseAttentionWrapper.run": _block_sparse,
     "flashinfer.sparse.VariableBlockSparseAttentionWrapper.run": _var_block_sparse,
     "flashinfer.cake_vsa.run_cake_vsa": _cake_vsa,
