@@ -143,6 +143,19 @@ def _silu_nvfp4(c: Catalogue) -> Call:
     return Call(name, (x["input"], x["global_scale"]), kwargs)
 
 
+def _silu_mxfp8(c: Catalogue) -> Call:
+    # FlashInfer takes rows in multiples of 128 only.
+    name = "silu_and_mul_mxfp8_forward_row_k24576"
+    x, _ = c.inputs(name, M=128)
+    return Call(name, (x["gated_input"],), {"rowwise": True, "colwise": False})
+
+
+def _silu_mxfp8_backward(c: Catalogue) -> Call:
+    name = "silu_and_mul_mxfp8_backward_row_k24576"
+    x, _ = c.inputs(name, M=128)
+    return Call(name, (x["gated_input"], x["grad_output"]), {"rowwise": True, "colwise": False})
+
+
 def _nvfp4_kv_dequant(c: Catalogue) -> Call:
     name = "nvfp4_kv_dequantize_paged_h8_dk128_dv128_ps16"
     x, _ = c.inputs(name, batch_size=2, max_seq_len=5, num_pages=3, block_table_stride=2)
@@ -183,4 +196,6 @@ ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.quantization.fp4_quantization.fp4_quantize": _fp4,
     "flashinfer.quantization.fp4_quantization.silu_and_mul_nvfp4_quantize": _silu_nvfp4,
     "flashinfer.quantization.fp4_quantization.nvfp4_kv_dequantize_paged": _nvfp4_kv_dequant,
+    "flashinfer.gated_act_mxfp8.silu_and_mul_mxfp8_quantize": _silu_mxfp8,
+    "flashinfer.gated_act_mxfp8.silu_and_mul_mxfp8_quantize_backward": _silu_mxfp8_backward,
 }

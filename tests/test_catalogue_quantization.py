@@ -675,3 +675,134 @@ def test_an_nvfp4_kv_dequantize_call_the_definition_does_not_model_falls_back(ch
     assert not seen
     (counted,) = rt.stats()[DEQUANT_PATH]["rules"]
     assert rule in counted
+
+
+# ---------------------------------------------------------------------------------------
+# silu_and_mul_mxfp8_quantize and its backward (Note [gated mxfp8])
+# ---------------------------------------------------------------------------------------
+
+GATED_MXFP8 = {
+    "forward": (
+        "silu_and_mul_mxfp8_forward_row_k24576",
+        "flashinfer.gated_act_mxfp8.silu_and_mul_mxfp8_quantize",
+    ),
+    "backward": (
+        "silu_and_mul_mxfp8_backward_row_k24576",
+        "flashinfer.gated_act_mxfp8.silu_and_mul_mxfp8_quantize_backward",
+    ),
+}
+
+
+def _gated_call(direction, x, grad, **kwargs):
+    from flashinfer import gated_act_mxfp8 as fi_gated
+
+    if direction == "forward":
+        return fi_gated.silu_and_mul_mxfp8_quantize(x, **kwargs)
+    return fi_gated.silu_and_mul_mxfp8_quantize_backward(x, grad, **kwargs)
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_gated_mxfp8_rowwise_calls_are_routed_with_swizzled_e8m0_scales(direction):
+    name, _ = GATED_MXFP8[direction]
+    x, grad, given = _bf16(128, 24576, scale=1.0), _bf16(128, 12288, seed=1, scale=1.0), []
+
+    def solution(**inputs):
+        given.append((inputs, _reference(name)(**inputs)))
+        return given[-1][1]
+
+    with rt.enable_apply({name: solution}, strict=True):
+        row_q, col_q, row_s, col_s = _gated_call(direction, x, grad)
+    ((inputs, (ref_q, _, ref_s, _)),) = given
+    assert torch.equal(inputs["gated_input"], x)
+    width = 12288 if direction == "forward" else 24576
+    assert row_q.dtype == torch.float8_e4m3fn and row_q.shape == (128, width)
+    assert torch.equal(row_q.view(torch.uint8), ref_q.view(torch.uint8))
+    # As FlashInfer returns them: e8m0 bytes [M, O / 32] in the 128x4 layout; empty
+    # column-wise outputs.
+    assert row_s.dtype == torch.float8_e8m0fnu and row_s.shape == (128, width // 32)
+    # The 128x4 index of each scale (row r, column c), as the kernel computes it
+    # (data/csrc/gated_act_mxfp8/gated_act_mxfp8_fwd_row.cu, scale_index).
+    r = torch.arange(128).unsqueeze(1)
+    c = torch.arange(width // 32).unsqueeze(0)
+    index = (
+        ((r >> 7) * (width // 128) + (c >> 2)) * 512 + (r & 31) * 16 + (r >> 5 & 3) * 4 + (c & 3)
+    )
+    want = torch.zeros(128 * width // 32, dtype=torch.uint8)
+    want[index.reshape(-1)] = ref_s.view(torch.uint8).reshape(-1)
+    assert torch.equal(row_s.view(torch.uint8).reshape(-1), want)
+    assert col_q.shape == col_s.shape == (0,) and col_s.dtype == torch.float8_e8m0fnu
+    assert col_q.dtype == torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize(
+    ("rows", "kwargs", "rule"),
+    [
+        (128, {"colwise": True}, "colwise"),
+        (128, {"rowwise": False, "colwise": True}, "rowwise"),
+        (64, {}, "gated_input"),
+    ],
+)
+def test_a_gated_mxfp8_call_the_definition_does_not_model_falls_back(direction, rows, kwargs, rule):
+    name, path = GATED_MXFP8[direction]
+    x, grad, seen = _bf16(rows, 24576), _bf16(rows, 12288, seed=1), []
+    with rt.enable_apply({name: _recorder(name, seen)}):
+        with pytest.raises(FLASHINFER_ON_CPU):
+            _gated_call(direction, x, grad, **kwargs)
+    assert not seen
+    (counted,) = rt.stats()[path]["rules"]
+    assert rule in counted
+
+
+def _gated_logical(direction, x, grad):
+    """FlashInfer's template's bf16 result before quantization (trace/templates/
+    gated_act_mxfp8.py), with torch's sigmoid."""
+    k = x.shape[1] // 2
+    gate, up = x[:, :k].float(), x[:, k:].float()
+    if direction == "forward":
+        return (torch.nn.functional.silu(gate) * up).bfloat16()
+    sig = torch.sigmoid(gate)
+    silu = gate * sig
+    dact = silu * (1.0 - sig) + sig
+    return torch.cat((((dact * grad.float()) * up).bfloat16(), (silu * grad.float()).bfloat16()), 1)
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_gated_mxfp8_reference_is_mxfp8_of_the_swiglu_with_rceil_scales(direction):
+    name, _ = GATED_MXFP8[direction]
+    x, grad = _bf16(128, 24576, seed=3, scale=1.0), _bf16(128, 12288, seed=4, scale=1.0)
+    x[0, :32] = 0.0  # a zero gate: a zero block of the forward result, scale byte 0
+    args = (x,) if direction == "forward" else (x, grad)
+    q, col_q, scales, col_s = _reference(name)(*args)
+    assert col_q.numel() == col_s.numel() == 0
+    h = _gated_logical(direction, x, grad).float()
+    rows, width = h.shape
+    blocks = h.reshape(rows, -1, 32)
+    s = scales.view(torch.uint8).to(torch.int32)
+    if direction == "forward":
+        assert s[0, 0] == 0 and (q[0, :32].float() == 0).all()
+    # RCEIL: the smallest power of two that brings the block's amax within 448.
+    amax = blocks.abs().amax(-1)
+    scale = torch.pow(2.0, (s - 127).float())
+    live = amax > 0
+    assert (amax[live] / scale[live] <= 448.0).all()
+    assert (amax[live] / scale[live] > 224.0).all()
+    # The values: the template's bf16 result (torch's sigmoid: one bf16 step apart at
+    # most), divided by the scale and rounded to e4m3.
+    deq = q.float().reshape(rows, -1, 32) * scale.unsqueeze(-1)
+    err = (deq - blocks).abs()
+    assert (err <= blocks.abs() * 2**-4 * 1.1 + scale.unsqueeze(-1) * 2**-9).all()
+    # Bit for bit, but for values whose bf16 activation the approximate exp moves a step:
+    # e4m3 of the template's result over 2^ceil(log2(amax / 448)), computed in float64.
+    agree = (q.view(torch.uint8) == _reference_mxfp8_rceil(h)).float().mean()
+    assert agree > 0.999
+
+
+def _reference_mxfp8_rceil(h):
+    """e4m3 bytes of h over 2^ceil(log2(amax / 448)) per block of 32, computed in float64."""
+    blocks = h.double().reshape(h.shape[0], -1, 32)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    e = torch.ceil(torch.log2(amax / 448.0)).clamp(min=-127)
+    e = torch.where(amax > 0, e, torch.full_like(e, -127.0))
+    q = (blocks / torch.pow(2.0, e)).float().clamp(-448, 448).to(torch.float8_e4m3fn)
+    return q.reshape(h.shape).view(torch.uint8)
