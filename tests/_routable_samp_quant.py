@@ -156,6 +156,13 @@ def _silu_mxfp8_backward(c: Catalogue) -> Call:
     return Call(name, (x["gated_input"], x["grad_output"]), {"rowwise": True, "colwise": False})
 
 
+def _silu_nvfp4_experts(c: Catalogue) -> Call:
+    name = "silu_and_mul_scaled_nvfp4_experts_quantize_k4096"
+    x, _ = c.inputs(name, B=2, M=3)
+    args = (x["a"], x["mask"], x["a_global_sf"])
+    return Call(name, args, {"nvfp4_4over6": None})
+
+
 def _nvfp4_kv_dequant(c: Catalogue) -> Call:
     name = "nvfp4_kv_dequantize_paged_h8_dk128_dv128_ps16"
     x, _ = c.inputs(name, batch_size=2, max_seq_len=5, num_pages=3, block_table_stride=2)
@@ -196,6 +203,7 @@ ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.quantization.fp4_quantization.fp4_quantize": _fp4,
     "flashinfer.quantization.fp4_quantization.silu_and_mul_nvfp4_quantize": _silu_nvfp4,
     "flashinfer.quantization.fp4_quantization.nvfp4_kv_dequantize_paged": _nvfp4_kv_dequant,
+    "flashinfer.activation.silu_and_mul_scaled_nvfp4_experts_quantize": _silu_nvfp4_experts,
     "flashinfer.gated_act_mxfp8.silu_and_mul_mxfp8_quantize": _silu_mxfp8,
     "flashinfer.gated_act_mxfp8.silu_and_mul_mxfp8_quantize_backward": _silu_mxfp8_backward,
 }

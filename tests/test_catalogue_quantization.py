@@ -806,3 +806,51 @@ def _reference_mxfp8_rceil(h):
     e = torch.where(amax > 0, e, torch.full_like(e, -127.0))
     q = (blocks / torch.pow(2.0, e)).float().clamp(-448, 448).to(torch.float8_e4m3fn)
     return q.reshape(h.shape).view(torch.uint8)
+
+
+# ---------------------------------------------------------------------------------------
+# silu_and_mul_scaled_nvfp4_experts_quantize
+# ---------------------------------------------------------------------------------------
+
+EXPERTS = "silu_and_mul_scaled_nvfp4_experts_quantize_k4096"
+EXPERTS_PATH = "flashinfer.activation.silu_and_mul_scaled_nvfp4_experts_quantize"
+
+
+def test_silu_nvfp4_experts_calls_are_routed_and_quantize_each_experts_tokens():
+    a = _bf16(2, 6, 4096, seed=5, scale=1.0)
+    mask, gs, seen = torch.tensor([6, 2], dtype=torch.int32), torch.tensor([200.0, 150.0]), []
+    with rt.enable_apply({EXPERTS: _recorder(EXPERTS, seen)}, strict=True):
+        q, sf = flashinfer.silu_and_mul_scaled_nvfp4_experts_quantize(a, mask, gs)
+    assert len(seen) == 1
+    # As FlashInfer returns them (fp4_quantization.py): [B, M, K/2] bytes permuted to
+    # [M, K/2, B]; per expert, the 128x4 layout of [M padded to 128, 128 scales], viewed
+    # [32, 4, M tiles, 4, K tiles, B].
+    assert q.dtype == torch.uint8 and q.shape == (6, 1024, 2)
+    assert q.stride() == (1024, 1, 6 * 1024)
+    assert sf.dtype == torch.float8_e4m3fn and sf.shape == (32, 4, 1, 4, 32, 2)
+    storage = sf.permute(5, 2, 4, 0, 1, 3).reshape(2, -1).view(torch.uint8)
+    for b in range(2):
+        n = int(mask[b])
+        gate, up = a[b, :, :2048].float(), a[b, :, 2048:].float()
+        h = (gate / (1.0 + torch.exp(-gate)) * up).to(torch.bfloat16)
+        # The catalogue's NVFP4 recipe (fp4_quantize) on the expert's tokens and scale.
+        want_q, want_sf = _reference("fp4_quantize_k4096")(h[:n], gs[b : b + 1])
+        assert torch.equal(q[:n, :, b], want_q.view(torch.uint8))
+        assert (q[n:, :, b] == 0).all()
+        linear = torch.zeros(6, 128, dtype=torch.uint8)
+        linear[:n] = want_sf.view(torch.uint8)
+        assert torch.equal(storage[b], _swizzled_128x4(linear))
+
+
+def test_a_silu_nvfp4_experts_call_the_definition_does_not_model_falls_back():
+    from flashinfer.quantization import NVFP44Over6Config
+
+    a, mask, seen = _bf16(2, 4, 4096), torch.tensor([4, 1], dtype=torch.int32), []
+    gs = torch.tensor([200.0, 150.0])
+    with rt.enable_apply({EXPERTS: _recorder(EXPERTS, seen)}):
+        with pytest.raises(FLASHINFER_ON_CPU):
+            flashinfer.silu_and_mul_scaled_nvfp4_experts_quantize(
+                a, mask, gs, nvfp4_4over6=NVFP44Over6Config()
+            )
+    assert not seen
+    assert rt.stats()[EXPERTS_PATH]["rules"] == {"nvfp4_4over6": 1}

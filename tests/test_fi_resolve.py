@@ -257,6 +257,9 @@ NOT_LANDING = {
     # Its template reads K from the packed FP4 activation (two values a byte: K / 2) and
     # the weight's scales as [K, N / block_size], where they are [K / 16 padded, N padded].
     "flashinfer.gemm.gemm_base.mm_fp4": "misread",
+    # Its template's axes are all var (the input's width among them) and it describes the
+    # mask, a token count per expert [B], as [B, M, K_doubled]: the JSON names no width.
+    "flashinfer.activation.silu_and_mul_scaled_nvfp4_experts_quantize": "ambiguous",
 }
 
 
