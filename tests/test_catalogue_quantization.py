@@ -854,3 +854,74 @@ def test_a_silu_nvfp4_experts_call_the_definition_does_not_model_falls_back():
             )
     assert not seen
     assert rt.stats()[EXPERTS_PATH]["rules"] == {"nvfp4_4over6": 1}
+
+
+# ---------------------------------------------------------------------------------------
+# mxfp8_grouped_quantize
+# ---------------------------------------------------------------------------------------
+
+GROUPED = "mxfp8_grouped_quantize_k4096"
+GROUPED_PATH = "flashinfer.quantization.fp8_quantization.mxfp8_grouped_quantize"
+
+
+def test_mxfp8_grouped_calls_are_routed_and_quantize_each_groups_rows():
+    a = _bf16(2, 6, 4096, seed=6)
+    a[0, 0, :32] = 0.0  # an all-zero block: scale byte 0
+    mask, seen = torch.tensor([6, 2], dtype=torch.int32), []
+    with rt.enable_apply({GROUPED: _recorder(GROUPED, seen)}, strict=True):
+        q, sf = flashinfer.mxfp8_grouped_quantize(a, mask)
+    assert len(seen) == 1
+    # As FlashInfer returns them (fp8_quantization.py): [B, M, K] permuted to [M, K, B];
+    # per group, the 128x4 layout of [M padded to 128, K / 32] bytes, viewed
+    # [32, 4, M tiles, 4, K tiles, B].
+    assert q.dtype == torch.float8_e4m3fn and q.shape == (6, 4096, 2)
+    assert q.stride() == (4096, 1, 6 * 4096)
+    assert sf.dtype == torch.uint8 and sf.shape == (32, 4, 1, 4, 32, 2)
+    storage = sf.permute(5, 2, 4, 0, 1, 3).reshape(2, -1)
+    for b in range(2):
+        n = int(mask[b])
+        # The catalogue's mxfp8_quantize on the group's valid rows: the same format
+        # (its kernel rounds amax * (1/448) up, this one amax / 448: the same exponent
+        # but at the rare amax where the two roundings part).
+        want_q, want_sf = _reference("mxfp8_quantize_k4096")(a[b, :n])
+        assert torch.equal(q[:n, :, b].view(torch.uint8), want_q.view(torch.uint8))
+        assert (q[n:, :, b].float() == 0).all()
+        linear = torch.zeros(6, 128, dtype=torch.uint8)
+        linear[:n] = want_sf.view(torch.uint8)
+        assert torch.equal(storage[b], _swizzled_128x4(linear))
+    assert storage[0][0] == 0 and (q[0, :32, 0].float() == 0).all()
+
+
+def test_a_cake_mxfp8_grouped_call_falls_back():
+    seen: list = []
+    mask = torch.tensor([2, 1], dtype=torch.int32)
+    with rt.enable_apply({GROUPED: _recorder(GROUPED, seen)}):
+        with pytest.raises(FLASHINFER_ON_CPU):
+            flashinfer.mxfp8_grouped_quantize(_bf16(2, 2, 4096), mask, backend="cake")
+    assert not seen
+    assert rt.stats()[GROUPED_PATH]["rules"] == {"backend": 1}
+
+
+# ---------------------------------------------------------------------------------------
+# nvfp4_quantize_smooth
+# ---------------------------------------------------------------------------------------
+
+
+def test_nvfp4_smooth_calls_are_routed_and_quantize_the_smoothed_input():
+    name, seen = "nvfp4_quantize_smooth_n3072", []
+    x = _bf16(5, 3072, seed=7, scale=1.0)
+    pqs = (torch.rand(3072, generator=torch.Generator().manual_seed(8)) + 0.5).bfloat16()
+    gs = torch.tensor([160.0])
+    with rt.enable_apply({name: _recorder(name, seen)}, strict=True):
+        xq, sf = flashinfer.nvfp4_quantize_smooth(x, pqs, gs)
+        xq2, sf2 = flashinfer.nvfp4_quantize_smooth(x, pqs, gs, enable_pdl=True, backend="cutlass")
+    assert len(seen) == 2 and torch.equal(xq, xq2) and torch.equal(sf, sf2)
+    # As FlashInfer returns them (gemm_svdquant.py): uint8 [M, N/2], and the scales' flat
+    # 128x4 buffer of 128 padded rows times 192 scale columns.
+    assert xq.dtype == sf.dtype == torch.uint8 and xq.shape == (5, 1536)
+    assert sf.shape == (128 * 192,)
+    # fp4_quantize of the bf16 product: the catalogue's NVFP4 recipe.
+    h = (x.float() * pqs.float()).bfloat16()
+    want_q, want_sf = _reference("fp4_quantize_k4096")(h, gs)
+    assert torch.equal(xq, want_q.view(torch.uint8))
+    assert torch.equal(sf, _swizzled_128x4(want_sf.view(torch.uint8)))
