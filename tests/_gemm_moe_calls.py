@@ -33,6 +33,7 @@ DEEPGEMM = "batch_deepgemm_fp8_nt_groupwise_n256_k256"
 SM90 = "fp8_blockscale_gemm_sm90_n256_k256"
 MM_FP4 = "gemm_fp4_N8192_K1024"
 MM_MXFP8 = "gemm_mxfp8_N8192_K1024"
+BMM_MXFP8 = "bmm_mxfp8_N512_K128"
 
 
 def _call(*args, **kwargs):
@@ -155,6 +156,16 @@ def mm_mxfp8(c: Catalogue) -> Any:
     )
     kwargs = {"out": c.buffer(MM_MXFP8, "C", axes), "out_dtype": torch.bfloat16}
     return _call(MM_MXFP8, args, kwargs | {"use_8x4_sf_layout": False, "backend": "cutlass"})
+
+
+def bmm_mxfp8(c: Catalogue) -> Any:
+    # Two batch entries of 3 rows: each entry's scales padded to 128 rows of 4 columns.
+    sizes = {"a_scale_size": 2 * 128 * 4, "b_scale_size": 2 * 512 * 4}
+    x, axes = c.inputs(BMM_MXFP8, batch_size=2, M=3, **sizes)
+    # As mxfp8_quantize returns the scales (uint8), B the column-major view of [N, K].
+    args = (x["A"], x["B"].transpose(1, 2).contiguous().transpose(1, 2))
+    args += (x["A_scale"].view(torch.uint8), x["B_scale"].view(torch.uint8), torch.bfloat16)
+    return _call(BMM_MXFP8, args, {"out": c.buffer(BMM_MXFP8, "C", axes), "backend": "cudnn"})
 
 
 CUTLASS_MOE = "cutlass_fused_moe_e8_h256_i128_topk2"
@@ -381,4 +392,5 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.gemm.fp8_blockscale_gemm_sm90": fp8_blockscale_gemm_sm90,
     "flashinfer.gemm.mm_fp4": mm_fp4,
     "flashinfer.gemm.mm_mxfp8": mm_mxfp8,
+    "flashinfer.gemm.bmm_mxfp8": bmm_mxfp8,
 }

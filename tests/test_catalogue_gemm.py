@@ -166,6 +166,7 @@ DEFAULTS_ROUTE = [
     "flashinfer.gemm.fp8_blockscale_gemm_sm90",
     "flashinfer.gemm.mm_fp4",
     "flashinfer.gemm.mm_mxfp8",
+    "flashinfer.gemm.bmm_mxfp8",
 ]
 
 
@@ -263,6 +264,7 @@ def test_mm_bf16_hands_the_solution_the_column_major_weight_as_given(monkeypatch
         ("flashinfer.gemm.mm_mxfp8", "use_8x4_sf_layout", True, "use_8x4_sf_layout"),
         ("flashinfer.gemm.mm_mxfp8", "out_dtype", torch.float16, "out_dtype"),
         ("flashinfer.gemm.mm_mxfp8", "backend", "trtllm", "backend"),
+        ("flashinfer.gemm.bmm_mxfp8", "dtype", torch.float16, "dtype"),
     ],
 )
 def test_parameters_the_definition_does_not_model_are_refused(
@@ -640,4 +642,30 @@ def test_mm_mxfp8_of_mxfp8_quantized_operands_is_flashinfers_template_reference(
     theirs = templates._mm_mxfp8_reference(qa, qw.T, a_sf, w_sf)
     _close(out.result, theirs, atol=1e-2, rtol=1e-2)
     exact = a.float() @ w.float().T
+    assert (out.result.float() - exact).abs().mean() < 0.05 * exact.abs().mean()
+
+
+def test_bmm_mxfp8_of_mxfp8_quantized_operands_is_flashinfers_template_reference(monkeypatch):
+    # Each batch entry quantized on its own and the scale buffers concatenated, as
+    # FlashInfer's template (_bmm_mxfp8_init) builds them; B the transposed views.
+    path, name = "flashinfer.gemm.bmm_mxfp8", "bmm_mxfp8_N512_K128"
+    g = torch.Generator().manual_seed(13)
+    a = torch.randn(2, 5, 128, generator=g).to(torch.bfloat16)
+    w = torch.randn(2, 512, 128, generator=g).to(torch.bfloat16)
+    quantize = compile_paths([str(ROOT / "definitions" / "quantization.fidef")]).module
+    (q,) = [d for d in quantize.definitions if d.name == "mxfp8_quantize_k4096"]
+    namespace: dict = {}
+    exec(q.reference, namespace)
+    qa, sa = zip(*(namespace["run"](x) for x in a))
+    qw, sw = zip(*(namespace["run"](x) for x in w))
+    a_sf = torch.cat([_swizzled_128x4(s.view(torch.uint8)).reshape(-1) for s in sa])
+    w_sf = torch.cat([_swizzled_128x4(s.view(torch.uint8)).reshape(-1) for s in sw])
+    A, B = torch.stack(qa), torch.stack(qw).transpose(1, 2)
+    out = _route(monkeypatch, path, name, (A, B, a_sf, w_sf, torch.bfloat16), {})
+    seen = _hit(out)
+    assert seen["A_scale"].shape == (2 * 128 * 4,) and seen["B_scale"].shape == (2 * 512 * 4,)
+    assert seen["B"].shape == (2, 128, 512) and seen["B"].stride() == (512 * 128, 1, 128)
+    theirs = templates._bmm_mxfp8_reference(A, B, a_sf, w_sf, torch.bfloat16)
+    _close(out.result, theirs, atol=1e-2, rtol=1e-2)
+    exact = torch.matmul(a.float(), w.float().transpose(1, 2))
     assert (out.result.float() - exact).abs().mean() < 0.05 * exact.abs().mean()
