@@ -168,6 +168,19 @@ def bmm_mxfp8(c: Catalogue) -> Any:
     return _call(BMM_MXFP8, args, {"out": c.buffer(BMM_MXFP8, "C", axes), "backend": "cudnn"})
 
 
+SVDQUANT = "gemm_nvfp4_svdquant_N3072_K3072_r32"
+
+
+def mm_nvfp4_svdquant(c: Catalogue) -> Any:
+    x, axes = c.inputs(SVDQUANT, M=3, M_padded=128)
+    # As nvfp4_quantize_smooth returns them: uint8 values and flat uint8 scale buffers.
+    args = (x["a"].view(torch.uint8), x["b"].view(torch.uint8))
+    args += (x["a_sf"].view(torch.uint8).reshape(-1), x["b_sf"].view(torch.uint8).reshape(-1))
+    args += (x["alpha"].reshape(1), x["d"], x["l1"])
+    kwargs = {"bias": x["bias"], "out": c.buffer(SVDQUANT, "C", axes)}
+    return _call(SVDQUANT, args, kwargs | {"backend": "cutlass", "enable_pdl": True})
+
+
 CUTLASS_MOE = "cutlass_fused_moe_e8_h256_i128_topk2"
 
 
@@ -393,4 +406,5 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.gemm.mm_fp4": mm_fp4,
     "flashinfer.gemm.mm_mxfp8": mm_mxfp8,
     "flashinfer.gemm.bmm_mxfp8": bmm_mxfp8,
+    "flashinfer.gemm.gemm_svdquant.mm_nvfp4_svdquant": mm_nvfp4_svdquant,
 }

@@ -669,3 +669,56 @@ def test_bmm_mxfp8_of_mxfp8_quantized_operands_is_flashinfers_template_reference
     _close(out.result, theirs, atol=1e-2, rtol=1e-2)
     exact = torch.matmul(a.float(), w.float().transpose(1, 2))
     assert (out.result.float() - exact).abs().mean() < 0.05 * exact.abs().mean()
+
+
+def _swizzled_flat(scales: torch.Tensor) -> torch.Tensor:
+    """_swizzled_128x4, flat, its index computed for every scale at once."""
+    m, c = scales.shape
+    cols = -(-c // 4) * 4
+    r, k = torch.arange(m).unsqueeze(1), torch.arange(c).unsqueeze(0)
+    offset = (
+        k % 4 + (k // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + (r // 128) * 128 * cols
+    )
+    out = torch.zeros(-(-m // 128) * 128 * cols, dtype=scales.dtype)
+    out[offset.reshape(-1)] = scales.reshape(-1)
+    return out
+
+
+def test_mm_nvfp4_svdquant_is_the_nvfp4_gemm_plus_the_lora_correction(monkeypatch):
+    # The activation as FlashInfer's template makes it (_mm_nvfp4_svdquant_init), quantized
+    # by the catalogue's nvfp4_quantize_smooth; a residual weight of random e2m1 bytes and
+    # e4m3 scales (quantizing a 3072 x 3072 one by the reference recipe costs seconds).
+    path, name = (
+        "flashinfer.gemm.gemm_svdquant.mm_nvfp4_svdquant",
+        "gemm_nvfp4_svdquant_N3072_K3072_r32",
+    )
+    g = torch.Generator().manual_seed(14)
+    x = torch.randn(5, 3072, generator=g).to(torch.bfloat16)
+    pqs = (torch.rand(3072, generator=g) + 0.5).to(torch.bfloat16)
+    b = torch.randint(0, 256, (3072, 1536), generator=g, dtype=torch.uint8)
+    b_sf = (torch.rand(3072, 192, generator=g) * 2 + 0.25).to(torch.float8_e4m3fn)
+    l1 = (torch.randn(3072, 32, generator=g) / 32**0.5).to(torch.bfloat16)
+    l2 = (torch.randn(32, 3072, generator=g) / 3072**0.5).to(torch.bfloat16)
+    bias = torch.randn(3072, generator=g).to(torch.bfloat16)
+    x_hat = (x.float() * pqs.float()).to(torch.bfloat16)
+    x_gs = (448 * 6 / x_hat.float().abs().max()).reshape(1)
+    a, a_sf = _reference("nvfp4_quantize_smooth_n3072")(x, pqs, x_gs)
+    a_flat, b_flat = _swizzled_flat(a_sf.view(torch.uint8)), _swizzled_flat(b_sf.view(torch.uint8))
+    alpha = (1.0 / (x_gs * 100.0)).float()
+    d = torch.mm(x_hat, l2.t().contiguous())
+    l1_scaled = (l1.float() / alpha.item()).to(torch.bfloat16)
+    args = (a.view(torch.uint8), b, a_flat, b_flat, alpha, d, l1_scaled)
+    out = _route(monkeypatch, path, name, args, {"bias": bias})
+    seen = _hit(out)
+    assert seen["a_sf"].shape == (128, 192) and seen["b_sf"].shape == (3072, 192)
+    assert torch.equal(seen["b_sf"].view(torch.uint8).reshape(-1), b_flat)
+    # The residual term is the catalogue's NVFP4 GEMM (gemm_fp4, whose reference reads its
+    # shapes from the operands), the correction alpha * d @ l1.T, then the bias.
+    residual = _reference("gemm_fp4_N4096_K4096")(
+        seen["a"], seen["b"], seen["a_sf"], seen["b_sf"], None
+    ).float()
+    lora = d.float() @ l1_scaled.float().T
+    want = alpha * (residual + lora) + bias.float()
+    _close(out.result, want.to(torch.bfloat16), atol=5e-2, rtol=2e-2)
+    # The correction carries L1 at its own scale: alpha * l1 / alpha.
+    assert ((alpha * lora - d.float() @ l1.float().T).abs() < 1e-1).all()
