@@ -181,6 +181,19 @@ def mm_nvfp4_svdquant(c: Catalogue) -> Any:
     return _call(SVDQUANT, args, kwargs | {"backend": "cutlass", "enable_pdl": True})
 
 
+SVDQUANT_LINEAR = "svdquant_linear_N3072_K3072_r32"
+
+
+def svdquant_linear(c: Catalogue) -> Any:
+    x, _ = c.inputs(SVDQUANT_LINEAR, M=3)
+    # As FlashInfer takes them: uint8 weight bytes and its flat uint8 scale buffer.
+    args = (x["x"], x["weight_fp4"].view(torch.uint8))
+    args += (x["weight_sf"].view(torch.uint8).reshape(-1), x["alpha"].reshape(1))
+    args += (x["pre_quant_scale"], x["l2t_smoothed"], x["l1_scaled"], x["global_scale"])
+    kwargs = {"bias": x["bias"], "enable_pdl": True, "backend": "cutlass"}
+    return _call(SVDQUANT_LINEAR, args, kwargs)
+
+
 CUTLASS_MOE = "cutlass_fused_moe_e8_h256_i128_topk2"
 
 
@@ -407,4 +420,5 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.gemm.mm_mxfp8": mm_mxfp8,
     "flashinfer.gemm.bmm_mxfp8": bmm_mxfp8,
     "flashinfer.gemm.gemm_svdquant.mm_nvfp4_svdquant": mm_nvfp4_svdquant,
+    "flashinfer.gemm.gemm_svdquant.svdquant_linear": svdquant_linear,
 }

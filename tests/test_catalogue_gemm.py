@@ -722,3 +722,35 @@ def test_mm_nvfp4_svdquant_is_the_nvfp4_gemm_plus_the_lora_correction(monkeypatc
     _close(out.result, want.to(torch.bfloat16), atol=5e-2, rtol=2e-2)
     # The correction carries L1 at its own scale: alpha * l1 / alpha.
     assert ((alpha * lora - d.float() @ l1.float().T).abs() < 1e-1).all()
+
+
+def test_svdquant_linear_is_smooth_quantization_then_the_svdquant_gemm(monkeypatch):
+    path, name = "flashinfer.gemm.gemm_svdquant.svdquant_linear", "svdquant_linear_N3072_K3072_r32"
+    g = torch.Generator().manual_seed(15)
+    x = torch.randn(5, 3072, generator=g).to(torch.bfloat16)
+    pqs = (torch.rand(3072, generator=g) + 0.5).to(torch.bfloat16)
+    w = torch.randint(0, 256, (3072, 1536), generator=g, dtype=torch.uint8)
+    w_sf = _swizzled_flat((torch.rand(3072, 192, generator=g) * 2 + 0.25).to(torch.float8_e4m3fn))
+    l2t = (torch.randn(3072, 32, generator=g) / 3072**0.5).to(torch.bfloat16)
+    l1 = (torch.randn(3072, 32, generator=g) * 20).to(torch.bfloat16)
+    x_gs = (448 * 6 / (x.float() * pqs.float()).abs().max()).reshape(1)
+    alpha = (1.0 / (x_gs * 100.0)).float()
+    args = (x, w, w_sf.view(torch.uint8), alpha, pqs, l2t, l1, x_gs)
+    out = _route(monkeypatch, path, name, args, {"bias": None})
+    _hit(out)
+    # FlashInfer's chain (gemm_svdquant.py) through the catalogue's references:
+    # nvfp4_quantize_smooth, the bf16 LoRA-down product, then mm_nvfp4_svdquant.
+    a, a_sf = _reference("nvfp4_quantize_smooth_n3072")(x, pqs, x_gs)
+    down = torch.mm(x, l2t)
+    a_sf = _swizzled_flat(a_sf.view(torch.uint8)).reshape(128, 192).view(torch.float8_e4m3fn)
+    want = _reference("gemm_nvfp4_svdquant_N3072_K3072_r32")(
+        a,
+        w.view(torch.float4_e2m1fn_x2),
+        a_sf,
+        w_sf.reshape(3072, 192),
+        alpha.reshape(()),
+        down,
+        l1,
+        None,
+    )
+    _close(out.result, want, atol=5e-2, rtol=2e-2)
