@@ -381,6 +381,7 @@ NOT_FROM_THE_DEFINITION = {
     # template describes the per-sequence state only.
     "gdn_decode_pool": "pool mode: `state=None`",
     "flashinfer.gemm.gemm_base.bmm_fp8": "the output's `dtype`",
+    "flashinfer.gemm.gemm_base.bmm_mxfp8": "the output's `dtype`",
     "flashinfer.gemm.gemm_base.batch_deepgemm_fp8_nt_groupwise": "`expected_m`, a rule",
 }
 
