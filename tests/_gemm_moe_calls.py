@@ -33,6 +33,7 @@ DEEPGEMM = "batch_deepgemm_fp8_nt_groupwise_n256_k256"
 SM90 = "fp8_blockscale_gemm_sm90_n256_k256"
 MM_FP4 = "gemm_fp4_N8192_K1024"
 MM_MXFP8 = "gemm_mxfp8_N8192_K1024"
+BMM_MXFP8 = "bmm_mxfp8_N512_K128"
 
 
 def _call(*args, **kwargs):
@@ -155,6 +156,42 @@ def mm_mxfp8(c: Catalogue) -> Any:
     )
     kwargs = {"out": c.buffer(MM_MXFP8, "C", axes), "out_dtype": torch.bfloat16}
     return _call(MM_MXFP8, args, kwargs | {"use_8x4_sf_layout": False, "backend": "cutlass"})
+
+
+def bmm_mxfp8(c: Catalogue) -> Any:
+    # Two batch entries of 3 rows: each entry's scales padded to 128 rows of 4 columns.
+    sizes = {"a_scale_size": 2 * 128 * 4, "b_scale_size": 2 * 512 * 4}
+    x, axes = c.inputs(BMM_MXFP8, batch_size=2, M=3, **sizes)
+    # As mxfp8_quantize returns the scales (uint8), B the column-major view of [N, K].
+    args = (x["A"], x["B"].transpose(1, 2).contiguous().transpose(1, 2))
+    args += (x["A_scale"].view(torch.uint8), x["B_scale"].view(torch.uint8), torch.bfloat16)
+    return _call(BMM_MXFP8, args, {"out": c.buffer(BMM_MXFP8, "C", axes), "backend": "cudnn"})
+
+
+SVDQUANT = "gemm_nvfp4_svdquant_N3072_K3072_r32"
+
+
+def mm_nvfp4_svdquant(c: Catalogue) -> Any:
+    x, axes = c.inputs(SVDQUANT, M=3, M_padded=128)
+    # As nvfp4_quantize_smooth returns them: uint8 values and flat uint8 scale buffers.
+    args = (x["a"].view(torch.uint8), x["b"].view(torch.uint8))
+    args += (x["a_sf"].view(torch.uint8).reshape(-1), x["b_sf"].view(torch.uint8).reshape(-1))
+    args += (x["alpha"].reshape(1), x["d"], x["l1"])
+    kwargs = {"bias": x["bias"], "out": c.buffer(SVDQUANT, "C", axes)}
+    return _call(SVDQUANT, args, kwargs | {"backend": "cutlass", "enable_pdl": True})
+
+
+SVDQUANT_LINEAR = "svdquant_linear_N3072_K3072_r32"
+
+
+def svdquant_linear(c: Catalogue) -> Any:
+    x, _ = c.inputs(SVDQUANT_LINEAR, M=3)
+    # As FlashInfer takes them: uint8 weight bytes and its flat uint8 scale buffer.
+    args = (x["x"], x["weight_fp4"].view(torch.uint8))
+    args += (x["weight_sf"].view(torch.uint8).reshape(-1), x["alpha"].reshape(1))
+    args += (x["pre_quant_scale"], x["l2t_smoothed"], x["l1_scaled"], x["global_scale"])
+    kwargs = {"bias": x["bias"], "enable_pdl": True, "backend": "cutlass"}
+    return _call(SVDQUANT_LINEAR, args, kwargs)
 
 
 CUTLASS_MOE = "cutlass_fused_moe_e8_h256_i128_topk2"
@@ -633,4 +670,7 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.gemm.fp8_blockscale_gemm_sm90": fp8_blockscale_gemm_sm90,
     "flashinfer.gemm.mm_fp4": mm_fp4,
     "flashinfer.gemm.mm_mxfp8": mm_mxfp8,
+    "flashinfer.gemm.bmm_mxfp8": bmm_mxfp8,
+    "flashinfer.gemm.gemm_svdquant.mm_nvfp4_svdquant": mm_nvfp4_svdquant,
+    "flashinfer.gemm.gemm_svdquant.svdquant_linear": svdquant_linear,
 }

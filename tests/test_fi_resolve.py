@@ -267,6 +267,9 @@ NOT_LANDING = {
     # Its template reads K from the packed FP4 activation (two values a byte: K / 2) and
     # the weight's scales as [K, N / block_size], where they are [K / 16 padded, N padded].
     "flashinfer.gemm.gemm_base.mm_fp4": "misread",
+    # Its template's axes are all var (the input's width among them) and it describes the
+    # mask, a token count per expert [B], as [B, M, K_doubled]: the JSON names no width.
+    "flashinfer.activation.silu_and_mul_scaled_nvfp4_experts_quantize": "ambiguous",
 }
 
 
@@ -413,6 +416,7 @@ NOT_FROM_THE_DEFINITION = {
     # template describes the per-sequence state only.
     "gdn_decode_pool": "pool mode: `state=None`",
     "flashinfer.gemm.gemm_base.bmm_fp8": "the output's `dtype`",
+    "flashinfer.gemm.gemm_base.bmm_mxfp8": "the output's `dtype`",
     "flashinfer.gemm.gemm_base.batch_deepgemm_fp8_nt_groupwise": "`expected_m`, a rule",
 }
 
