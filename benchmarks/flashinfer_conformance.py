@@ -550,6 +550,142 @@ def _page_cases() -> list[Case]:
 
         label = f"{name} page_size={page_size} tokens per request={per_request}"
         out.append(Case(api, label, mla, {name: solution(name)}))
+    return out + _nvfp4_page_cases()
+
+
+def _nvfp4_caches(num_pages, page_size, kv_heads, dim, seed):
+    """Random packed NVFP4 K/V pages [pages, page_size, heads, dim / 2] and E4M3 scales."""
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    shape = (num_pages, page_size, kv_heads)
+    k, v = (
+        torch.randint(0, 256, (*shape, dim // 2), generator=gen, device=DEV, dtype=torch.uint8)
+        for _ in range(2)
+    )
+    ks, vs = (rnd(*shape, dim // 16, seed=seed + i).abs().to(torch.float8_e4m3fn) for i in (1, 2))
+    return k, v, ks, vs
+
+
+def _nvfp4_page_cases() -> list[Case]:
+    """The NVFP4 paged-cache appends: software E2M1 rounding, so they run on SM90."""
+    import flashinfer
+
+    out = []
+    api = "flashinfer.page.nvfp4_quantize_append_paged_kv_cache"
+    for dim, layout, stacked, scales in (
+        (128, "NHD", False, (1.0, 1.0)),
+        (128, "HND", True, (0.02, 0.5)),
+        (64, "NHD", False, (0.25, 3.0)),
+    ):
+        name = f"nvfp4_quantize_append_paged_kv_cache_kv8_d{dim}_ps16"
+
+        def call(dim=dim, layout=layout, stacked=stacked, scales=scales):
+            lay = _paged_layout(21, 3, 16, dim=dim)
+            lens = (lay["indptr"][1:] - lay["indptr"][:-1] - 1) * 16 + lay["last"]
+            # The last two positions of each sequence.
+            rows = [(b, p) for b, n in enumerate(lens.tolist()) for p in range(max(0, n - 2), n)]
+            batch_indices = torch.tensor([b for b, _ in rows], device=DEV, dtype=torch.int32)
+            positions = torch.tensor([p for _, p in rows], device=DEV, dtype=torch.int32)
+            k, v, ks, vs = _nvfp4_caches(lay["num_pages"], 16, 8, dim, seed=22)
+            cache, sf = _kv(layout, k, v, stacked), _kv(layout, ks, vs, stacked)
+            flashinfer.page.nvfp4_quantize_append_paged_kv_cache(
+                rnd(len(rows), 8, dim, seed=23, scale=3.0),
+                rnd(len(rows), 8, dim, seed=24),
+                batch_indices,
+                positions,
+                cache,
+                sf,
+                lay["indices"],
+                lay["indptr"],
+                lay["last"],
+                *scales,
+                kv_layout=layout,
+            )
+            found = (*cache, *sf) if isinstance(cache, tuple) else (cache, sf)
+            return tuple(t.view(torch.uint8) for t in found)
+
+        label = f"{name} {layout} {'stacked' if stacked else 'tuple'} scales={scales}"
+        out.append(Case(api, label, call, {name: solution(name)}))
+
+    def half():
+        k, v, ks, vs = _nvfp4_caches(4, 16, 8, 128, seed=25)
+        one = torch.zeros(1, device=DEV, dtype=torch.int32)
+        flashinfer.page.nvfp4_quantize_append_paged_kv_cache(
+            rnd(1, 8, 128, seed=26, dtype=torch.float16),
+            rnd(1, 8, 128, seed=27, dtype=torch.float16),
+            one,
+            one,
+            (k, v),
+            (ks, vs),
+            one,
+            torch.tensor([0, 1], device=DEV, dtype=torch.int32),
+            one + 1,
+            1.0,
+            1.0,
+        )
+        return (k, v, ks.view(torch.uint8), vs.view(torch.uint8))
+
+    name = "nvfp4_quantize_append_paged_kv_cache_kv8_d128_ps16"
+    out.append(Case(api, f"{name} float16 rows", half, {name: solution(name)}, "tensor:append_key"))
+
+    api = "flashinfer.page.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping"
+    for dim, layout, scale_kind in ((128, "NHD", "float"), (64, "HND", "tensor")):
+        name = f"nvfp4_quantize_append_paged_kv_cache_with_slot_mapping_kv8_d{dim}_ps16"
+
+        def slots(dim=dim, layout=layout, scale_kind=scale_kind):
+            k, v, ks, vs = _nvfp4_caches(5, 16, 8, dim, seed=31)
+            cache, sf = _kv(layout, k, v, False), _kv(layout, ks, vs, False)
+            # Distinct slots, one negative (skipped) and one past the cache; two padding rows.
+            mapping = torch.tensor([3, 77, -1, 16, 80, 40, 0], device=DEV, dtype=torch.int32)
+            if scale_kind == "tensor":
+                scales = (torch.tensor([0.3], device=DEV), torch.tensor([1.7], device=DEV))
+            else:
+                scales = (0.3, 1.7)
+            flashinfer.page.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
+                rnd(9, 8, dim, seed=32, scale=2.0),
+                rnd(9, 8, dim, seed=33),
+                mapping,
+                cache,
+                sf,
+                *scales,
+                kv_layout=layout,
+            )
+            return tuple(t.view(torch.uint8) for t in (*cache, *sf))
+
+        out.append(Case(api, f"{name} {layout} {scale_kind} scales", slots, {name: solution(name)}))
+
+    api = "flashinfer.page.nvfp4_quantize_append_paged_mla_kv_cache"
+    name = "nvfp4_quantize_append_paged_mla_kv_cache_ckv512_kpe64"
+    for page_size, scales in ((1, (1.0, 1.0)), (64, (0.05, 0.02))):
+
+        def mla(page_size=page_size, scales=scales):
+            lay = _paged_layout(41, 3, page_size, kv_heads=1, dim=64)
+            lens = (lay["indptr"][1:] - lay["indptr"][:-1] - 1) * page_size + lay["last"]
+            rows = [(b, p) for b, n in enumerate(lens.tolist()) for p in range(max(0, n - 3), n)]
+            batch_indices = torch.tensor([b for b, _ in rows], device=DEV, dtype=torch.int32)
+            positions = torch.tensor([p for _, p in rows], device=DEV, dtype=torch.int32)
+            gen = torch.Generator(device=DEV).manual_seed(42)
+            n = lay["num_pages"]
+            ckv = torch.randint(0, 256, (n, page_size, 256), generator=gen, device=DEV)
+            ckv = ckv.to(torch.uint8)
+            ckv_sf = rnd(n, page_size, 32, seed=43).abs().to(torch.float8_e4m3fn)
+            kpe = rnd(n, page_size, 64, seed=44).to(torch.float8_e4m3fn)
+            flashinfer.page.nvfp4_quantize_append_paged_mla_kv_cache(
+                rnd(len(rows), 512, seed=45, scale=2.0),
+                rnd(len(rows), 64, seed=46, scale=8.0),
+                batch_indices,
+                positions,
+                ckv,
+                ckv_sf,
+                kpe,
+                lay["indices"],
+                lay["indptr"],
+                lay["last"],
+                *scales,
+            )
+            return (ckv, ckv_sf.view(torch.uint8), kpe.view(torch.uint8))
+
+        label = f"{name} page_size={page_size} scales={scales}"
+        out.append(Case(api, label, mla, {name: solution(name)}))
     return out
 
 
@@ -1954,6 +2090,99 @@ def _moe_routing_cases() -> list[Case]:
     return out
 
 
+# ---------------------------------------------------------------------------------------
+# CuTe-DSL MoE (moe_cute_dsl.fidef): the SM90 bfloat16 kernel runs on an H100
+# ---------------------------------------------------------------------------------------
+
+
+def _needs_sm90() -> str | None:
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) == (9, 0):
+        return None
+    return (
+        "FlashInfer's cute_dsl_fused_moe_bf16 runs only on SM90; this GPU is "
+        f"SM{major}{minor} (apply on is still checked: the call must be routed)"
+    )
+
+
+def _moe_cute_dsl_cases() -> list[Case]:
+    out = []
+    # (definition, seq_len, gpt-oss's SwiGLU, expert-parallel rank, a keyword, the rule)
+    grid = (
+        ("cute_dsl_fused_moe_bf16_e128_h2048_i768_topk8", 1, False, False, {}, None),
+        ("cute_dsl_fused_moe_bf16_e128_h2048_i768_topk8", 37, False, True, {}, None),
+        ("cute_dsl_fused_moe_bf16_e32_h2880_i2880_topk4", 16, True, False, {}, None),
+        (
+            "cute_dsl_fused_moe_bf16_e32_h2880_i2880_topk4",
+            5,
+            True,
+            False,
+            {"use_fused_finalize": False},
+            None,
+        ),
+        (
+            "cute_dsl_fused_moe_bf16_e32_h2880_i2880_topk4",
+            4,
+            False,
+            False,
+            {"situ_beta": 4.0},
+            "situ_beta",
+        ),
+        (
+            "cute_dsl_fused_moe_bf16_e128_h2048_i768_topk8",
+            4,
+            False,
+            False,
+            {"activation_type": 8},
+            "activation_type",
+        ),
+    )
+    for name, seq_len, oai, ep, extra, rule in grid:
+        consts = dict(CATALOGUE[name][0].consts)
+
+        def fused(name=name, seq_len=seq_len, oai=oai, ep=ep, extra=extra, consts=consts):
+            import flashinfer.fused_moe
+
+            x = _inputs(name, 141, seq_len=seq_len)
+            e, k = consts["num_local_experts"], consts["top_k"]
+            ids, kwargs = x["token_selected_experts"], dict(extra)
+            if ep:
+                # Rank 1 of 2: global experts e..2e-1; ids of rank 0's experts add nothing.
+                ids = torch.where(ids % 3 == 0, ids, ids + e).to(torch.int32)
+                kwargs |= {"num_local_experts": e, "local_expert_offset": e}
+            if oai:
+                kwargs |= {
+                    k_: float(x[k_]) for k_ in ("swiglu_alpha", "swiglu_beta", "swiglu_limit")
+                }
+            return _results(
+                flashinfer.fused_moe.cute_dsl_fused_moe_bf16(
+                    x["x"],
+                    ids,
+                    x["token_final_scales"],
+                    x["w1_weight"],
+                    x["w2_weight"],
+                    2 * e if ep else e,
+                    k,
+                    **kwargs,
+                )
+            )
+
+        label = f"{name} seq_len={seq_len}" + (" oai" if oai else "") + (" ep" if ep else "")
+        label += "".join(f" {k_}={v}" for k_, v in extra.items())
+        out.append(
+            Case(
+                "flashinfer.fused_moe.cute_dsl_fused_moe_bf16",
+                label,
+                fused,
+                {name: solution(name)},
+                expect=rule,
+                needs=_needs_sm90,
+                variant=f"moe_cute_dsl:{name}:{int(oai)}",
+            )
+        )
+    return out
+
+
 GROUPS = {
     "norm": _norm_cases,
     "activation": _activation_cases,
@@ -1973,6 +2202,7 @@ GROUPS = {
     "gdn": _gdn_cases,
     "moe": _moe_cases,
     "moe_routing": _moe_routing_cases,
+    "moe_cute_dsl": _moe_cute_dsl_cases,
     "decode": _decode_cases,
     "prefill": _prefill_cases,
     "ragged": _ragged_cases,
@@ -2019,6 +2249,17 @@ _SM100_ONLY = {
     "trtllm_fp4_block_scale_routed_moe",
     "prims_ts_bf16_moe",
     "prims_ts_bf16_routed_moe",
+    # Prims-TS runs on SM100/SM103/SM107; its partitioned forms on SM107 only.
+    "prims_ts_fp4_block_scale_moe",
+    "prims_ts_fp4_block_scale_routed_moe",
+    "prims_ts_fp8_per_tensor_scale_moe",
+    "prims_ts_bf16_moe_partitioned",
+    "prims_ts_fp8_per_tensor_scale_moe_partitioned",
+    "prims_ts_fp4_block_scale_moe_partitioned",
+    # CuTe-DSL block-scaled MoE: SM100/SM103 (and SM107 for W4A4).
+    "cute_dsl_fused_moe",
+    "cute_dsl_fused_moe_nvfp4",
+    "cute_dsl_fused_moe_mxfp8_mxfp4",
     "gated_delta_rule_replayssm_commit",
     "chunk_gated_delta_rule2",
     "chunk_gated_delta_product",
@@ -2029,6 +2270,11 @@ _SM100_ONLY = {
     "msa_sparse_attention",
     "msa_sparse_decode_attention",
     "ssd_combined_fwd",
+    # The DeepSeek-V4.1 sparse-MLA cache writers: a module built for SM120 only.
+    "dsv41_fp4_quantize_pack_sparse_mla_cache",
+    "dsv41_fp4_quantize_append_sparse_mla_cache",
+    "dsv41_fp8_quantize_pack_sparse_mla_cache",
+    "dsv41_fp8_quantize_append_sparse_mla_cache",
 }
 
 

@@ -33,6 +33,7 @@ DEEPGEMM = "batch_deepgemm_fp8_nt_groupwise_n256_k256"
 SM90 = "fp8_blockscale_gemm_sm90_n256_k256"
 MM_FP4 = "gemm_fp4_N8192_K1024"
 MM_MXFP8 = "gemm_mxfp8_N8192_K1024"
+BMM_MXFP8 = "bmm_mxfp8_N512_K128"
 
 
 def _call(*args, **kwargs):
@@ -155,6 +156,42 @@ def mm_mxfp8(c: Catalogue) -> Any:
     )
     kwargs = {"out": c.buffer(MM_MXFP8, "C", axes), "out_dtype": torch.bfloat16}
     return _call(MM_MXFP8, args, kwargs | {"use_8x4_sf_layout": False, "backend": "cutlass"})
+
+
+def bmm_mxfp8(c: Catalogue) -> Any:
+    # Two batch entries of 3 rows: each entry's scales padded to 128 rows of 4 columns.
+    sizes = {"a_scale_size": 2 * 128 * 4, "b_scale_size": 2 * 512 * 4}
+    x, axes = c.inputs(BMM_MXFP8, batch_size=2, M=3, **sizes)
+    # As mxfp8_quantize returns the scales (uint8), B the column-major view of [N, K].
+    args = (x["A"], x["B"].transpose(1, 2).contiguous().transpose(1, 2))
+    args += (x["A_scale"].view(torch.uint8), x["B_scale"].view(torch.uint8), torch.bfloat16)
+    return _call(BMM_MXFP8, args, {"out": c.buffer(BMM_MXFP8, "C", axes), "backend": "cudnn"})
+
+
+SVDQUANT = "gemm_nvfp4_svdquant_N3072_K3072_r32"
+
+
+def mm_nvfp4_svdquant(c: Catalogue) -> Any:
+    x, axes = c.inputs(SVDQUANT, M=3, M_padded=128)
+    # As nvfp4_quantize_smooth returns them: uint8 values and flat uint8 scale buffers.
+    args = (x["a"].view(torch.uint8), x["b"].view(torch.uint8))
+    args += (x["a_sf"].view(torch.uint8).reshape(-1), x["b_sf"].view(torch.uint8).reshape(-1))
+    args += (x["alpha"].reshape(1), x["d"], x["l1"])
+    kwargs = {"bias": x["bias"], "out": c.buffer(SVDQUANT, "C", axes)}
+    return _call(SVDQUANT, args, kwargs | {"backend": "cutlass", "enable_pdl": True})
+
+
+SVDQUANT_LINEAR = "svdquant_linear_N3072_K3072_r32"
+
+
+def svdquant_linear(c: Catalogue) -> Any:
+    x, _ = c.inputs(SVDQUANT_LINEAR, M=3)
+    # As FlashInfer takes them: uint8 weight bytes and its flat uint8 scale buffer.
+    args = (x["x"], x["weight_fp4"].view(torch.uint8))
+    args += (x["weight_sf"].view(torch.uint8).reshape(-1), x["alpha"].reshape(1))
+    args += (x["pre_quant_scale"], x["l2t_smoothed"], x["l1_scaled"], x["global_scale"])
+    kwargs = {"bias": x["bias"], "enable_pdl": True, "backend": "cutlass"}
+    return _call(SVDQUANT_LINEAR, args, kwargs)
 
 
 CUTLASS_MOE = "cutlass_fused_moe_e8_h256_i128_topk2"
@@ -325,6 +362,123 @@ def prims_ts_bf16_routed_moe(c: Catalogue) -> Any:
     return _call(PT_BF16_ROUTED, args, kwargs | _bf16_moe_tail(c, PT_BF16_ROUTED, axes))
 
 
+PT_BF16_PARTITIONED = "prims_ts_bf16_moe_partitioned_renorm_tpnn_topk2_e8_h256_i128"
+
+
+def prims_ts_bf16_moe_partitioned(c: Catalogue) -> Any:
+    from flashinfer.prims_ts.moe.partition import MoePartitionResources
+
+    # Its streams must be green contexts of a GPU; the routed call never reads them.
+    resources = object.__new__(MoePartitionResources)
+    x, axes = c.inputs(PT_BF16_PARTITIONED, seq_len=5)
+    gemm1 = (x["gemm1_weights_0"], x["gemm1_weights_1"])
+    gemm2 = (x["gemm2_weights_0"], x["gemm2_weights_1"])
+    args = (x["routing_logits"].bfloat16(), None, None, None, x["hidden_states"], gemm1, gemm2)
+    args += (8, 2, None, None, 128, 0, 8, resources, "tp_n_tp_n")
+    kwargs = {"routed_scaling_factor": None, "routing_method_type": 1, "norm_topk_prob": True}
+    return _call(PT_BF16_PARTITIONED, args, kwargs | _bf16_moe_tail(c, PT_BF16_PARTITIONED, axes))
+
+
+PT_FP4_RENORM = "prims_ts_fp4_block_scale_moe_renorm_topk2_e8_h256_i128"
+PT_FP4_ROUTED = "prims_ts_fp4_block_scale_routed_moe_topk2_e8_h256"
+
+
+def _prims_ts_fp4_weights(x: dict) -> tuple:
+    """``_fp4_weights`` with the three output scales Prims-TS requires, at ones."""
+    ones = torch.ones(8)
+    return _fp4_weights(x)[:-3] + (ones, ones.clone(), ones.clone())
+
+
+def _prims_ts_fp4_tail() -> dict:
+    kwargs: dict = {"weight_layout": 0, "do_finalize": True, "enable_pdl": True}
+    kwargs |= {"activation_type": 3, "per_token_scale": None, "output": None}
+    return kwargs | {"tune_max_num_tokens": 1024}
+
+
+def prims_ts_fp4_block_scale_moe(c: Catalogue) -> Any:
+    x, _ = c.inputs(PT_FP4_RENORM, seq_len=5)
+    args = (x["routing_logits"].bfloat16(), None, x["hidden_states"])
+    args += (*_prims_ts_fp4_weights(x), 8, 2, None, None, 128, 0, 8, None)
+    kwargs = {"routing_method_type": 1, "norm_topk_prob": True, "routing_replay_out": None}
+    kwargs |= {"routing_input_mode": 0, "topk_ids": None, "topk_weights": None}
+    kwargs |= {"num_fused_shared_experts": 0}
+    return _call(PT_FP4_RENORM, args, kwargs | _prims_ts_fp4_tail())
+
+
+def prims_ts_fp4_block_scale_routed_moe(c: Catalogue) -> Any:
+    x, _ = c.inputs(PT_FP4_ROUTED, seq_len=5)
+    args = (x["topk_ids"], None, x["hidden_states"], *_prims_ts_fp4_weights(x))
+    args += (8, 2, None, None, 128, int(x["local_expert_offset"]), 8, 1.0)
+    return _call(PT_FP4_ROUTED, args, {"routing_method_type": 1} | _prims_ts_fp4_tail())
+
+
+PT_FP4_PARTITIONED = "prims_ts_fp4_block_scale_moe_partitioned_renorm_tpnn_topk2_e8_h256_i128"
+
+
+def prims_ts_fp4_block_scale_moe_partitioned(c: Catalogue) -> Any:
+    from flashinfer.prims_ts.moe.partition import MoePartitionResources
+
+    # Its streams must be green contexts of a GPU; the routed call never reads them.
+    resources = object.__new__(MoePartitionResources)
+    x, _ = c.inputs(PT_FP4_PARTITIONED, seq_len=5)
+
+    def pair(key: str) -> tuple:
+        return (x[f"{key}_0"].view(torch.uint8), x[f"{key}_1"].view(torch.uint8))
+
+    ones = torch.ones(8)
+    args = (x["routing_logits"].bfloat16(), None, None, None, x["hidden_states"], None)
+    args += (pair("gemm1_weights"), pair("gemm1_weights_scale"), pair("gemm2_weights"))
+    args += (pair("gemm2_weights_scale"), ones, ones.clone(), ones.clone())
+    args += (8, 2, None, None, 128, 0, 8, resources, "tp_n_tp_n")
+    kwargs = {"routed_scaling_factor": None, "routing_method_type": 1, "norm_topk_prob": True}
+    kwargs |= {"routing_replay_out": None, "gemm1_alpha": x.get("gemm1_alpha")}
+    kwargs |= {"gemm1_beta": x.get("gemm1_beta"), "gemm1_clamp_limit": x.get("gemm1_clamp_limit")}
+    return _call(PT_FP4_PARTITIONED, args, kwargs | _prims_ts_fp4_tail())
+
+
+PT_FP8_PER_TENSOR = "prims_ts_fp8_per_tensor_scale_moe_renorm_topk2_e8_h256_i128"
+
+
+def prims_ts_fp8_per_tensor_scale_moe(c: Catalogue) -> Any:
+    x, axes = c.inputs(PT_FP8_PER_TENSOR, seq_len=5)
+    args = (x["routing_logits"], None, x["hidden_states"], x["gemm1_weights"])
+    args += (x["output1_scales_scalar"], x["output1_scales_gate_scalar"])
+    args += (x["gemm2_weights"], x["output2_scales_scalar"])
+    args += (8, 2, None, None, 128, 0, 8, None, False)
+    kwargs: dict = {"routing_method_type": 1, "do_finalize": True, "enable_pdl": False}
+    kwargs |= {"tune_max_num_tokens": 1024, "activation_type": 3, "norm_topk_prob": True}
+    kwargs |= {"routing_replay_out": None, "gemm1_clamp_limit": None, "weight_layout": 0}
+    kwargs |= {"fc1_per_channel_weight_scale": None, "fc2_per_channel_weight_scale": None}
+    return _call(
+        PT_FP8_PER_TENSOR,
+        args,
+        kwargs | {"output": c.buffer(PT_FP8_PER_TENSOR, "output", axes)},
+    )
+
+
+PT_FP8_PER_TENSOR_PARTITIONED = (
+    "prims_ts_fp8_per_tensor_scale_moe_partitioned_renorm_tpnn_topk2_e8_h256_i128"
+)
+
+
+def prims_ts_fp8_per_tensor_scale_moe_partitioned(c: Catalogue) -> Any:
+    from flashinfer.prims_ts.moe.partition import MoePartitionResources
+
+    # Its streams must be green contexts of a GPU; the routed call never reads them.
+    resources = object.__new__(MoePartitionResources)
+    name = PT_FP8_PER_TENSOR_PARTITIONED
+    x, axes = c.inputs(name, seq_len=5)
+    args = (x["routing_logits"], None, None, None, x["hidden_states"])
+    args += ((x["gemm1_weights_0"], x["gemm1_weights_1"]), x["output1_scales_scalar"])
+    args += (x["output1_scales_gate_scalar"], (x["gemm2_weights_0"], x["gemm2_weights_1"]))
+    args += (x["output2_scales_scalar"], 8, 2, None, None, 128, 0, 8, resources, "tp_n_tp_n")
+    kwargs: dict = {"routed_scaling_factor": None, "use_routing_scales_on_input": False}
+    kwargs |= {"routing_method_type": 1, "do_finalize": True, "enable_pdl": False}
+    kwargs |= {"tune_max_num_tokens": 1024, "activation_type": 3, "norm_topk_prob": True}
+    kwargs |= {"routing_replay_out": None, "weight_layout": 0}
+    return _call(name, args, kwargs | {"output": c.buffer(name, "output", axes)})
+
+
 SM90_SCALES = "sm90_mixed_gemm_scale_interleave_g32_i8"
 SM90_WEIGHTS = "sm90_mixed_gemm_weight_interleave_fp4_fp8"
 
@@ -343,6 +497,117 @@ def sm90_weight_interleave(c: Catalogue) -> Any:
     return _call(SM90_WEIGHTS, (weight,), {"quant_type": "fp4_fp8"})
 
 
+CUTE_DSL_BF16 = "cute_dsl_fused_moe_bf16_e8_h256_i128_topk2"
+
+
+def cute_dsl_fused_moe_bf16(c: Catalogue) -> Any:
+    x, axes = c.inputs(CUTE_DSL_BF16, seq_len=5)
+    args = (x["x"], x["token_selected_experts"], x["token_final_scales"])
+    args += (x["w1_weight"], x["w2_weight"], 8, 2)
+    kwargs: dict = {"num_local_experts": 8, "local_expert_offset": int(x["local_expert_offset"])}
+    kwargs |= {"use_fused_finalize": False, "moe_output": c.buffer(CUTE_DSL_BF16, "output", axes)}
+    kwargs |= {"enable_pdl": False, "activation_type": 3}
+    kwargs |= {"swiglu_alpha": float(x["swiglu_alpha"]), "swiglu_beta": float(x["swiglu_beta"])}
+    kwargs |= {"swiglu_limit": float(x["swiglu_limit"]), "situ_beta": None}
+    kwargs |= {"situ_linear_beta": None, "intermediate_buffer": None, "tactic": None}
+    return _call(CUTE_DSL_BF16, args, kwargs)
+
+
+CUTE_DSL_W4A4 = "cute_dsl_fused_moe_w4a4_e8_h256_i128_topk2"
+
+
+def cute_dsl_fused_moe(c: Catalogue) -> Any:
+    x, axes = c.inputs(CUTE_DSL_W4A4, seq_len=5)
+    u8 = torch.uint8
+    # FlashInfer's uint8 bytes; the activation's scales as its runner passes them, [T, H / 16, 1].
+    args = (x["x"].view(u8), x["x_sf"].view(u8).unsqueeze(-1), x["token_selected_experts"])
+    args += (x["token_final_scales"], x["w1_weight"].view(u8), x["w1_weight_sf"].view(u8))
+    args += (x["w1_alpha"], x["fc2_input_scale"].reshape(1), x["w2_weight"].view(u8))
+    args += (x["w2_weight_sf"].view(u8), x["w2_alpha"], 8, 2)
+    kwargs: dict = {"num_local_experts": 8, "local_expert_offset": int(x["local_expert_offset"])}
+    kwargs |= {"output_dtype": torch.bfloat16, "use_fused_finalize": False}
+    kwargs |= {"moe_output": c.buffer(CUTE_DSL_W4A4, "output", axes), "aux_stream": None}
+    kwargs |= {"enable_pdl": False, "activation_type": 3}
+    kwargs |= {"swiglu_alpha": float(x["swiglu_alpha"]), "swiglu_beta": float(x["swiglu_beta"])}
+    kwargs |= {"swiglu_limit": float(x["swiglu_limit"]), "situ_beta": None}
+    kwargs |= {"situ_linear_beta": None, "quant_mode": "w4a4", "per_token_scale": None}
+    kwargs |= {"tactic": None, "localized_weights": None, "localized_streams": None}
+    kwargs |= {"localized_sm_count": None, "localized_memset_stream": None}
+    kwargs |= {"localized_allow_nonlocalized": False, "autotune_use_cuda_graph": False}
+    return _call(CUTE_DSL_W4A4, args, kwargs)
+
+
+CUTE_DSL_NVFP4 = "cute_dsl_fused_moe_nvfp4_e8_h256_i128_topk2"
+CUTE_DSL_WRAPPER = "cute_dsl_moe_wrapper_w4a4_e8_h256_i128_topk2"
+
+
+def cute_dsl_fused_moe_nvfp4(c: Catalogue) -> Any:
+    call = cute_dsl_fused_moe(c)
+    kwargs = {k: v for k, v in call.kwargs.items() if k != "tactic"}
+    return _call(CUTE_DSL_NVFP4, call.args, kwargs)
+
+
+def cute_dsl_moe_wrapper(c: Catalogue) -> Any:
+    from flashinfer.fused_moe import ActivationType, CuteDslMoEWrapper
+
+    x, _ = c.inputs(CUTE_DSL_WRAPPER, seq_len=5)
+    # What CuteDslMoEWrapper.__init__ keeps (it needs an SM100 GPU to run).
+    wrapper = object.__new__(CuteDslMoEWrapper)
+    wrapper.__dict__ |= {"num_experts": 8, "top_k": 2, "num_local_experts": 8}
+    wrapper.__dict__ |= {"hidden_size": 256, "intermediate_size": 128, "quant_mode": "w4a4"}
+    wrapper.__dict__ |= {"local_expert_offset": int(x["local_expert_offset"])}
+    wrapper.__dict__ |= {"output_dtype": torch.bfloat16, "activation_type": ActivationType.Swiglu}
+    wrapper.__dict__ |= {"swiglu_alpha": float(x["swiglu_alpha"])}
+    wrapper.__dict__ |= {"swiglu_beta": float(x["swiglu_beta"])}
+    wrapper.__dict__ |= {"swiglu_limit": float(x["swiglu_limit"])}
+    wrapper.__dict__ |= {"situ_beta": None, "situ_linear_beta": None}
+    u8 = torch.uint8
+    args = (wrapper, x["x"].view(u8), x["x_sf"].view(u8), x["token_selected_experts"])
+    args += (x["token_final_scales"], x["w1_weight"].view(u8), x["w1_weight_sf"].view(u8))
+    args += (x["w1_alpha"], x["fc2_input_scale"].reshape(1), x["w2_weight"].view(u8))
+    args += (x["w2_weight_sf"].view(u8), x["w2_alpha"])
+    return _call(CUTE_DSL_WRAPPER, args, {"tactic": None, "per_token_scale": None})
+
+
+CUTE_DSL_W4A8 = "cute_dsl_fused_moe_mxfp8_mxfp4_e8_h256_i128_topk2"
+CUTE_DSL_W4A8_WRAPPER = "cute_dsl_mxfp8_mxfp4_moe_wrapper_e8_h256_i128_topk2"
+
+
+def _w4a8_tensors(x: dict) -> tuple:
+    """From x to w2_alpha, as FlashInfer takes them (uint8 bytes), less the wrapper's."""
+    u8 = torch.uint8
+    args = (x["x"], x["x_sf"].view(u8), x["token_selected_experts"], x["token_final_scales"])
+    args += (x["w1_weight"].view(u8), x["w1_weight_sf"].view(u8), x["w1_alpha"])
+    return args + (x["w2_weight"].view(u8), x["w2_weight_sf"].view(u8), x["w2_alpha"])
+
+
+def cute_dsl_fused_moe_mxfp8_mxfp4(c: Catalogue) -> Any:
+    x, axes = c.inputs(CUTE_DSL_W4A8, seq_len=5)
+    args = _w4a8_tensors(x) + (8, 2)
+    kwargs: dict = {"num_local_experts": 8, "local_expert_offset": int(x["local_expert_offset"])}
+    kwargs |= {"moe_output": c.buffer(CUTE_DSL_W4A8, "output", axes), "aux_stream": None}
+    kwargs |= {"tactic": None, "enable_pdl": False, "activation_type": 3}
+    kwargs |= {"swiglu_alpha": float(x["swiglu_alpha"]), "swiglu_beta": float(x["swiglu_beta"])}
+    return _call(CUTE_DSL_W4A8, args, kwargs | {"swiglu_limit": float(x["swiglu_limit"])})
+
+
+def cute_dsl_mxfp8_mxfp4_moe_wrapper(c: Catalogue) -> Any:
+    from flashinfer.fused_moe import ActivationType, CuteDslMxfp8Mxfp4MoEWrapper
+
+    x, _ = c.inputs(CUTE_DSL_W4A8_WRAPPER, seq_len=5)
+    # What the wrapper's __init__ keeps (it needs an SM100 GPU to run).
+    wrapper = object.__new__(CuteDslMxfp8Mxfp4MoEWrapper)
+    wrapper.__dict__ |= {"num_experts": 8, "top_k": 2, "num_local_experts": 8}
+    wrapper.__dict__ |= {"hidden_size": 256, "intermediate_size": 128, "quant_mode": "w4a8"}
+    wrapper.__dict__ |= {"local_expert_offset": int(x["local_expert_offset"])}
+    wrapper.__dict__ |= {"output_dtype": torch.bfloat16, "activation_type": ActivationType.Swiglu}
+    wrapper.__dict__ |= {"swiglu_alpha": float(x["swiglu_alpha"])}
+    wrapper.__dict__ |= {"swiglu_beta": float(x["swiglu_beta"])}
+    wrapper.__dict__ |= {"swiglu_limit": float(x["swiglu_limit"])}
+    wrapper.__dict__ |= {"situ_beta": None, "situ_linear_beta": None}
+    return _call(CUTE_DSL_W4A8_WRAPPER, (wrapper,) + _w4a8_tensors(x), {"tactic": None})
+
+
 ALPHAMOE_INTERLEAVE = "alphamoe_interleave_gated_weights_h256_i128"
 
 
@@ -357,6 +622,24 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.fused_moe.interleave_moe_weights_for_sm90_mixed_gemm": sm90_weight_interleave,
     "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_moe": prims_ts_bf16_moe,
     "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_routed_moe": prims_ts_bf16_routed_moe,
+    "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_moe_partitioned": (
+        prims_ts_bf16_moe_partitioned
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_moe": (
+        prims_ts_fp4_block_scale_moe
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_routed_moe": (
+        prims_ts_fp4_block_scale_routed_moe
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_moe_partitioned": (
+        prims_ts_fp4_block_scale_moe_partitioned
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp8_op.prims_ts_fp8_per_tensor_scale_moe": (
+        prims_ts_fp8_per_tensor_scale_moe
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp8_op.prims_ts_fp8_per_tensor_scale_moe_partitioned": (
+        prims_ts_fp8_per_tensor_scale_moe_partitioned
+    ),
     "flashinfer.fused_moe.fused_topk_deepseek": fused_topk_deepseek,
     "flashinfer.fused_moe.hash_topk.hash_topk": hash_topk,
     "flashinfer.fused_moe.trtllm_fp4_block_scale_moe": trtllm_fp4_block_scale_moe,
@@ -366,6 +649,12 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.fused_moe.trtllm_fp8_block_scale_routed_moe": fp8_block_scale_routed_moe,
     "flashinfer.fused_moe.trtllm_fp8_per_tensor_scale_routed_moe": fp8_per_tensor_scale_routed_moe,
     "flashinfer.fused_moe.cutlass_fused_moe": cutlass_fused_moe,
+    "flashinfer.fused_moe.cute_dsl_fused_moe_bf16": cute_dsl_fused_moe_bf16,
+    "flashinfer.fused_moe.cute_dsl_fused_moe": cute_dsl_fused_moe,
+    "flashinfer.fused_moe.cute_dsl_fused_moe_nvfp4": cute_dsl_fused_moe_nvfp4,
+    "flashinfer.fused_moe.CuteDslMoEWrapper.run": cute_dsl_moe_wrapper,
+    "flashinfer.fused_moe.cute_dsl_fused_moe_mxfp8_mxfp4": cute_dsl_fused_moe_mxfp8_mxfp4,
+    "flashinfer.fused_moe.CuteDslMxfp8Mxfp4MoEWrapper.run": cute_dsl_mxfp8_mxfp4_moe_wrapper,
     "flashinfer.gemm.mm_bf16": mm_bf16,
     "flashinfer.gemm.bmm_bf16": bmm_bf16,
     "flashinfer.gemm.tinygemm_bf16": tinygemm_bf16,
@@ -381,4 +670,7 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.gemm.fp8_blockscale_gemm_sm90": fp8_blockscale_gemm_sm90,
     "flashinfer.gemm.mm_fp4": mm_fp4,
     "flashinfer.gemm.mm_mxfp8": mm_mxfp8,
+    "flashinfer.gemm.bmm_mxfp8": bmm_mxfp8,
+    "flashinfer.gemm.gemm_svdquant.mm_nvfp4_svdquant": mm_nvfp4_svdquant,
+    "flashinfer.gemm.gemm_svdquant.svdquant_linear": svdquant_linear,
 }

@@ -199,6 +199,103 @@ def _cute_mla(c: Catalogue) -> Any:
     return Call(CUTE_MLA_NAME, args, kwargs, cute_mla_plan(), state)
 
 
+SPARSE_NAME = "prims_ts_block_sparse_h32_kv8_d128_qb64_kb64"
+SPARSE_WRAPPER_NAME = "prims_ts_block_sparse_wrapper_h32_kv8_d128_qb64_kb64"
+PAGED_SPARSE_NAME = "prims_ts_paged_block_sparse_h32_kv8_d128_qb64_kb64_ps64"
+PAGED_SPARSE_WRAPPER_NAME = "prims_ts_paged_block_sparse_wrapper_h32_kv8_d128_qb64_kb64_ps64"
+
+
+def sparse_case(c: Catalogue, name: str, seed: int = 0, **axes: int) -> tuple[dict, dict]:
+    """Two requests of 80 queries (two BSR rows) over 160 keys (three KV blocks)."""
+    sizes = {"batch_size": 2, "seq_len_q": 80, "seq_len_kv": 160, "num_pattern_heads": 8}
+    return c.inputs(name, seed=seed, **(sizes | axes))
+
+
+def paged_sparse_case(c: Catalogue, name: str, seed: int = 0, **axes: int) -> tuple[dict, dict]:
+    """Two requests of 80 queries over three pages of 64 (129..192 keys each)."""
+    sizes = {"batch_size": 2, "seq_len_q": 80, "num_pages": 7, "max_pages_per_seq": 3}
+    return c.inputs(name, seed=seed, **(sizes | {"num_pattern_heads": 8} | axes))
+
+
+def _sparse(c: Catalogue) -> Any:
+    from _routable_calls import Call
+
+    x, axes = sparse_case(c, SPARSE_NAME)
+    args = (x["q"], x["k"], x["v"], x["block_indptr"], x["block_indices"], 64, 64)
+    kwargs: dict = {"exact_block_bits": None, "k_summary": None, "v_summary": None}
+    kwargs |= {"kv_valid_bits": None, "use_block_sparse": True, "sparse_format": "bsr"}
+    kwargs |= {"use_proxy_routes": False, "mask_type": "causal"}
+    kwargs |= {"share_pattern_across_kv_heads": False, "sm_scale": 0.1}
+    kwargs |= {"out": c.buffer(SPARSE_NAME, "output", axes), "sage": None, "sage_config": None}
+    return Call(SPARSE_NAME, args, kwargs)
+
+
+def sparse_wrapper_plan(**changes: Any) -> tuple[tuple, dict]:
+    """Every parameter of BlockSparseTSWrapper.plan at a routable value."""
+    args = (2, 80, 160, 32, 8, 128, 64, 64)
+    kwargs: dict = {"device": "cpu", "use_block_sparse": True, "max_blocks_per_row": 3}
+    kwargs |= {"use_kv_valid_bits": False, "sparse_format": "bsr", "use_proxy_routes": False}
+    kwargs |= {"mask_type": "causal", "share_pattern_across_kv_heads": False}
+    kwargs |= {"q_data_type": torch.bfloat16, "k_data_type": torch.bfloat16}
+    kwargs |= {"v_data_type": None, "kv_data_type": None, "o_data_type": torch.bfloat16}
+    kwargs |= {"sage_config": None}
+    return args, kwargs | changes
+
+
+def _sparse_wrapper(c: Catalogue) -> Any:
+    from _routable_calls import Call
+
+    name = SPARSE_WRAPPER_NAME
+    x, axes = sparse_case(c, name)
+    args = (x["q"], x["k"], x["v"], x["block_indptr"], x["block_indices"])
+    kwargs: dict = {"exact_block_bits": None, "k_summary": None, "v_summary": None}
+    kwargs |= {"kv_valid_bits": None, "sm_scale": 0.1, "out": c.buffer(name, "output", axes)}
+    kwargs |= {"validate": False, "sage": None}
+    return Call(name, args, kwargs, sparse_wrapper_plan(), {"_plan_state": sparse_plan_state()})
+
+
+def sparse_plan_state(**changes: Any) -> SimpleNamespace:
+    """Of the state a block-sparse plan publishes, what FlashInfer's trace templates read."""
+    state = {"use_block_sparse": True, "sparse_format": "bsr", "use_proxy_routes": False}
+    return SimpleNamespace(**(state | {"share_pattern_across_kv_heads": False} | changes))
+
+
+def _paged_sparse(c: Catalogue) -> Any:
+    from _routable_calls import Call
+
+    name = PAGED_SPARSE_NAME
+    x, axes = paged_sparse_case(c, name)
+    args = (x["q"], (x["k_cache"], x["v_cache"]), x["block_tables"], x["seq_lens_kv"])
+    args += (x["block_indptr"], x["block_indices"], 64, 64)
+    kwargs: dict = {"max_seq_len_kv": 192, "kv_valid_bits": None, "mask_type": "causal"}
+    kwargs |= {"share_pattern_across_kv_heads": False, "sm_scale": 0.1}
+    kwargs |= {"out": c.buffer(name, "output", axes)}
+    return Call(name, args, kwargs)
+
+
+def paged_sparse_wrapper_plan(**changes: Any) -> tuple[tuple, dict]:
+    """Every parameter of BlockSparsePagedTSWrapper.plan at a routable value."""
+    args = (2, 80, 192, 32, 8, 128, 64, 64, 64)
+    kwargs: dict = {"device": "cpu", "max_blocks_per_row": 3, "use_kv_valid_bits": False}
+    kwargs |= {"mask_type": "causal", "share_pattern_across_kv_heads": False}
+    kwargs |= {"q_data_type": torch.bfloat16, "kv_data_type": torch.bfloat16}
+    kwargs |= {"o_data_type": torch.bfloat16}
+    return args, kwargs | changes
+
+
+def _paged_sparse_wrapper(c: Catalogue) -> Any:
+    from _routable_calls import Call
+
+    name = PAGED_SPARSE_WRAPPER_NAME
+    x, axes = paged_sparse_case(c, name)
+    args = (x["q"], (x["k_cache"], x["v_cache"]), x["block_tables"], x["seq_lens_kv"])
+    args += (x["block_indptr"], x["block_indices"])
+    kwargs: dict = {"kv_valid_bits": None, "sm_scale": 0.1}
+    kwargs |= {"out": c.buffer(name, "output", axes), "validate": False}
+    state = {"_plan_state": sparse_plan_state()}
+    return Call(name, args, kwargs, paged_sparse_wrapper_plan(), state)
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.cute_dsl.attention.wrappers.batch_mla.BatchMLADecodeCuteDSLWrapper.run": (
         _cute_mla
@@ -210,4 +307,12 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.attention.prims_ts.decode.BatchDecodePagedTSWrapper.run": _wrapper,
     "flashinfer.attention.prims_ts.mla_decode.batch_mla_decode_with_paged_kv_cache": _mla,
     "flashinfer.attention.prims_ts.mla_decode.BatchMLADecodePagedTSWrapper.run": _mla_wrapper,
+    "flashinfer.attention.prims_ts.block_sparse.block_sparse_attention": _sparse,
+    "flashinfer.attention.prims_ts.block_sparse.BlockSparseTSWrapper.run": _sparse_wrapper,
+    "flashinfer.attention.prims_ts.block_sparse.block_sparse_attention_with_paged_kv_cache": (
+        _paged_sparse
+    ),
+    "flashinfer.attention.prims_ts.block_sparse.BlockSparsePagedTSWrapper.run": (
+        _paged_sparse_wrapper
+    ),
 }

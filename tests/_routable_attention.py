@@ -179,6 +179,77 @@ def _append_mla(c: Any) -> Any:
     return Call(name, (*args, x["kv_last_page_len"]), {})
 
 
+def _bytes(t: Any) -> Any:
+    return t.view(torch.uint8)
+
+
+def _nvfp4_append(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "nvfp4_quantize_append_paged_kv_cache_kv8_d128_ps16"
+    x, _ = c.inputs(name, nnz=3, batch_size=2, num_pages=6, num_kv_indices=4)
+    args = (x["append_key"], x["append_value"], x["batch_indices"], x["positions"])
+    args += ((_bytes(x["k_cache"]), _bytes(x["v_cache"])), (x["k_scale_cache"], x["v_scale_cache"]))
+    args += (x["kv_indices"], x["kv_indptr"], x["kv_last_page_len"], 0.5, 2.0)
+    return Call(name, args, {"kv_layout": "NHD"})
+
+
+def _nvfp4_append_slots(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping_kv8_d128_ps16"
+    x, _ = c.inputs(name, nnz=3, num_pages=2)
+    args = (x["append_key"], x["append_value"], x["slot_mapping"])
+    args += ((_bytes(x["k_cache"]), _bytes(x["v_cache"])), (x["k_scale_cache"], x["v_scale_cache"]))
+    return Call(name, (*args, x["k_scale"], 1.5), {"kv_layout": "NHD"})
+
+
+def _nvfp4_append_mla(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "nvfp4_quantize_append_paged_mla_kv_cache_ckv512_kpe64"
+    x, _ = c.inputs(name, nnz_kv=3, batch_size=2, num_pages=8, page_size=4, num_kv_indices=4)
+    args = (x["append_ckv"], x["append_kpe"], x["batch_indices"], x["positions"])
+    args += (_bytes(x["ckv_cache"]), x["ckv_sf_cache"], x["kpe_cache"], x["kv_indices"])
+    return Call(name, (*args, x["kv_indptr"], x["kv_last_page_len"], 0.5, 0.25), {})
+
+
+def _dsv41_fp4_pack(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "dsv41_fp4_quantize_pack_sparse_mla_cache_ps64"
+    x, _ = c.inputs(name, num_pages=2)
+    # HND, as the definition's output: FlashInfer's template describes an NHD call's
+    # [pages, page_size, 1, bytes] (the same bytes) in the other order.
+    return Call(name, (x["latent_kv"],), {"kv_layout": "HND"})
+
+
+def _dsv41_fp4_append(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "dsv41_fp4_quantize_append_sparse_mla_cache_ps64"
+    x, _ = c.inputs(name, num_tokens=3, num_pages=2)
+    return Call(name, (x["latent_kv"], x["slot_mapping"], x["cache"].view(torch.uint8)), {})
+
+
+def _dsv41_fp8_pack(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "dsv41_fp8_quantize_pack_sparse_mla_cache_ps64"
+    x, _ = c.inputs(name, num_pages=2)
+    # HND, as the definition's output: FlashInfer's template describes an NHD call's
+    # [pages, page_size, 1, bytes] (the same bytes) in the other order.
+    return Call(name, (x["latent_kv"],), {"kv_layout": "HND"})
+
+
+def _dsv41_fp8_append(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "dsv41_fp8_quantize_append_sparse_mla_cache_ps64"
+    x, _ = c.inputs(name, num_tokens=3, num_pages=2)
+    return Call(name, (x["latent_kv"], x["slot_mapping"], x["cache"].view(torch.uint8)), {})
+
+
 def _block_sparse(c: Any) -> Any:
     from _routable_calls import Call
 
@@ -239,6 +310,31 @@ def _cudnn_prefill(c: Any) -> Any:
     return Call(name, args, kwargs)
 
 
+CAKE_NAME = "cake_vsa_run_h24_kv24_d128_blk64"
+
+
+def cake_plan(x: dict, **changes: Any) -> dict:
+    """What plan_cake_vsa returns for a block mask over blocks of 64, of the keys
+    run_cake_vsa's route reads (its workspaces and route metadata left out)."""
+    mask = x["block_mask"]
+    plan: dict = {"M": x["q"].shape[0], "N": x["k"].shape[0], "R": 64, "C": 64}
+    plan |= {"mb": mask.shape[1], "nb": mask.shape[2], "num_qo_heads": 24}
+    plan |= {"num_kv_heads": 24, "head_dim": 128, "dtype": torch.bfloat16}
+    plan |= {"sm_scale": 0.1, "block_mask": mask, "kv_block_lens": None}
+    plan |= {"indptr": None, "indices": None, "q2k_indices": None, "workspace": {}}
+    return plan | changes
+
+
+def _cake_vsa(c: Any) -> Any:
+    from _routable_calls import Call
+
+    x, axes = c.inputs(CAKE_NAME, num_blocks_row=2, num_blocks_col=3)
+    x["block_mask"][:, 0, 1] = False  # the first block row skips the middle block
+    args = (cake_plan(x), x["q"], x["k"], x["v"])
+    kwargs = {"out": c.buffer(CAKE_NAME, "output", axes), "lse": None, "return_lse": False}
+    return Call(CAKE_NAME, args, kwargs | {"backend": "cake"})
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.decode.single_decode_with_kv_cache": _single_decode,
     "flashinfer.prefill.single_prefill_with_kv_cache": _single_prefill,
@@ -250,7 +346,23 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.pod.BatchPODWithPagedKVCacheWrapper.run": _batch_pod,
     "flashinfer.cudnn.decode.cudnn_batch_decode_with_kv_cache": _cudnn_decode,
     "flashinfer.page.append_paged_mla_kv_cache": _append_mla,
+    "flashinfer.page.nvfp4_quantize_append_paged_kv_cache": _nvfp4_append,
+    "flashinfer.page.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping": _nvfp4_append_slots,
+    "flashinfer.page.nvfp4_quantize_append_paged_mla_kv_cache": _nvfp4_append_mla,
+    "flashinfer.mla._sparse_mla_sm120._api.dsv41_fp4_quantize_pack_sparse_mla_cache": (
+        _dsv41_fp4_pack
+    ),
+    "flashinfer.mla._sparse_mla_sm120._api.dsv41_fp4_quantize_append_sparse_mla_cache": (
+        _dsv41_fp4_append
+    ),
+    "flashinfer.mla._sparse_mla_sm120._api.dsv41_fp8_quantize_pack_sparse_mla_cache": (
+        _dsv41_fp8_pack
+    ),
+    "flashinfer.mla._sparse_mla_sm120._api.dsv41_fp8_quantize_append_sparse_mla_cache": (
+        _dsv41_fp8_append
+    ),
     "flashinfer.sparse.BlockSparseAttentionWrapper.run": _block_sparse,
     "flashinfer.sparse.VariableBlockSparseAttentionWrapper.run": _var_block_sparse,
+    "flashinfer.cake_vsa.run_cake_vsa": _cake_vsa,
     "flashinfer.cudnn.prefill.cudnn_batch_prefill_with_kv_cache": _cudnn_prefill,
 }

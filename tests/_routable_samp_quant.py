@@ -105,6 +105,12 @@ def _mxfp8(c: Catalogue) -> Call:
     return Call(name, (x["input"],), kwargs)
 
 
+def _mxfp8_grouped(c: Catalogue) -> Call:
+    name = "mxfp8_grouped_quantize_k4096"
+    x, _ = c.inputs(name, B=2, M=3)
+    return Call(name, (x["a"], x["mask"]), {"backend": "cutile"})
+
+
 def _mxfp4(c: Catalogue) -> Call:
     name = "mxfp4_quantize_k4096"
     x, _ = c.inputs(name, M=3)
@@ -135,12 +141,39 @@ def _fp4(c: Catalogue) -> Call:
     return Call(name, (x["input"], x["global_scale"]), kwargs)
 
 
+def _nvfp4_smooth(c: Catalogue) -> Call:
+    name = "nvfp4_quantize_smooth_n3072"
+    x, _ = c.inputs(name, M=3)
+    args = (x["x"], x["pre_quant_scale"], x["global_scale"])
+    return Call(name, args, {"enable_pdl": True, "backend": "cute-dsl"})
+
+
 def _silu_nvfp4(c: Catalogue) -> Call:
     name = "silu_and_mul_nvfp4_quantize_k28672"
     x, _ = c.inputs(name, M=3)
     kwargs = {"sf_vec_size": 16, "is_sf_swizzled_layout": True, "is_sf_8x4_layout": False}
     kwargs |= {"enable_pdl": True, "nvfp4_4over6": None}
     return Call(name, (x["input"], x["global_scale"]), kwargs)
+
+
+def _silu_mxfp8(c: Catalogue) -> Call:
+    # FlashInfer takes rows in multiples of 128 only.
+    name = "silu_and_mul_mxfp8_forward_row_k24576"
+    x, _ = c.inputs(name, M=128)
+    return Call(name, (x["gated_input"],), {"rowwise": True, "colwise": False})
+
+
+def _silu_mxfp8_backward(c: Catalogue) -> Call:
+    name = "silu_and_mul_mxfp8_backward_row_k24576"
+    x, _ = c.inputs(name, M=128)
+    return Call(name, (x["gated_input"], x["grad_output"]), {"rowwise": True, "colwise": False})
+
+
+def _silu_nvfp4_experts(c: Catalogue) -> Call:
+    name = "silu_and_mul_scaled_nvfp4_experts_quantize_k4096"
+    x, _ = c.inputs(name, B=2, M=3)
+    args = (x["a"], x["mask"], x["a_global_sf"])
+    return Call(name, args, {"nvfp4_4over6": None})
 
 
 def _nvfp4_kv_dequant(c: Catalogue) -> Call:
@@ -177,10 +210,15 @@ ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.topk.top_k_page_table_transform": _page_table,
     "flashinfer.topk_varlen.topk_varlen.top_k_varlen": _varlen,
     "flashinfer.quantization.fp8_quantization.mxfp8_quantize": _mxfp8,
+    "flashinfer.quantization.fp8_quantization.mxfp8_grouped_quantize": _mxfp8_grouped,
     "flashinfer.quantization.fp4_quantization.mxfp4_quantize": _mxfp4,
     "flashinfer.quantization.fp4_quantization.nvfp4_kv_quantize": _nvfp4_kv,
     "flashinfer.quantization.fp4_quantization.nvfp4_quantize": _nvfp4,
     "flashinfer.quantization.fp4_quantization.fp4_quantize": _fp4,
     "flashinfer.quantization.fp4_quantization.silu_and_mul_nvfp4_quantize": _silu_nvfp4,
+    "flashinfer.gemm.gemm_svdquant.nvfp4_quantize_smooth": _nvfp4_smooth,
     "flashinfer.quantization.fp4_quantization.nvfp4_kv_dequantize_paged": _nvfp4_kv_dequant,
+    "flashinfer.activation.silu_and_mul_scaled_nvfp4_experts_quantize": _silu_nvfp4_experts,
+    "flashinfer.gated_act_mxfp8.silu_and_mul_mxfp8_quantize": _silu_mxfp8,
+    "flashinfer.gated_act_mxfp8.silu_and_mul_mxfp8_quantize_backward": _silu_mxfp8_backward,
 }

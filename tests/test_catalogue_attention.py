@@ -775,6 +775,356 @@ def test_mla_append_routes_in_place_and_refuses_a_missing_cache_or_another_dtype
 
 
 # ---------------------------------------------------------------------------------------
+# NVFP4 page appends
+# ---------------------------------------------------------------------------------------
+
+_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def _e2m1_codes(x):
+    """Independently: the nearest E2M1 magnitude to each x, ties to the even code, with x's
+    sign bit; what FlashInfer's threshold chain computes."""
+    dist = (x.abs().unsqueeze(-1) - _E2M1).abs()
+    nearest = dist == dist.min(dim=-1, keepdim=True).values
+    even = torch.arange(8) % 2 == 0
+    code = torch.where(
+        (nearest & even).any(-1), (nearest & even).int().argmax(-1), nearest.int().argmax(-1)
+    )
+    return code | torch.signbit(x).int() << 3
+
+
+def _unpack(packed):
+    b = packed.view(torch.uint8).int()
+    return torch.stack((b & 15, b >> 4), dim=-1).flatten(-2)
+
+
+def _nvfp4_rows(append_key, scale, sf):
+    """The codes FlashInfer's kernel writes for rows of 16-blocks with scales sf: it
+    multiplies by the reciprocal of sf * scale (a value that divides to a tie may not)."""
+    blocks = append_key.float().reshape(*append_key.shape[:-1], -1, 16)
+    scaled = blocks * (1.0 / (sf.float() * scale)).unsqueeze(-1)
+    return _e2m1_codes(scaled).flatten(-2).int()
+
+
+def test_nvfp4_append_rounds_the_kernels_ties_and_writes_only_the_named_slots():
+    name = "nvfp4_quantize_append_paged_kv_cache_kv8_d64_ps16"
+    x, _ = _catalogue().inputs(name, nnz=3, batch_size=2, num_pages=5, num_kv_indices=4)
+    x["batch_indices"] = torch.tensor([0, 1, 1], dtype=torch.int32)
+    x["positions"] = torch.tensor([3, 17, 2], dtype=torch.int32)
+    x["kv_indices"] = torch.tensor([4, 0, 2, 1], dtype=torch.int32)
+    x["kv_indptr"] = torch.tensor([0, 1, 4], dtype=torch.int32)
+    x["k_scale"], x["v_scale"] = 1.0, 0.5
+    # Token 0, head 0, block 0: amax 6 gives the scale 1 exactly, then every rounding tie.
+    ties = [6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.0, -0.25, -0.3, 0.0, -6.0, 4.9, 0.7]
+    x["append_key"][0, 0, :16] = torch.tensor([*ties, 1.0]).to(torch.bfloat16)
+    x["append_key"][0, 0, 16:32] = 0.0  # an all-zero block: scale 0, codes 0
+    k, v, ks, vs = _reference(name)(**x)
+    codes = _unpack(k[4, 3, 0])
+    expected = [7, 0, 2, 2, 4, 4, 6, 6, 8, 8, 9, 0, 15, 6, 1, 2]
+    assert codes[:16].tolist() == expected
+    assert codes[16:32].tolist() == [0] * 16 and ks[4, 3, 0, 1].float().item() == 0.0
+    assert ks[4, 3, 0, 0].float().item() == 1.0
+    # Every block: sf = e4m3(amax / (6 * scale)), values the nearest codes of x / (sf * scale).
+    for i, (page, slot) in enumerate(((4, 3), (2, 1), (0, 2))):
+        for cache, scales, rows, scale in (
+            (k, ks, x["append_key"], 1.0),
+            (v, vs, x["append_value"], 0.5),
+        ):
+            amax = rows[i].float().reshape(8, -1, 16).abs().amax(-1)
+            sf = (amax / (6 * scale)).to(torch.float8_e4m3fn)
+            assert torch.equal(scales[page, slot].view(torch.uint8), sf.view(torch.uint8))
+            ok = sf.float() > 0
+            want = torch.where(ok.repeat_interleave(16, -1), _nvfp4_rows(rows[i], scale, sf), 0)
+            assert torch.equal(_unpack(cache[page, slot]), want)
+    written = {(4, 3), (2, 1), (0, 2)}
+    for page in range(5):
+        for slot in range(16):
+            if (page, slot) not in written:
+                assert torch.equal(
+                    k[page, slot].view(torch.uint8), x["k_cache"][page, slot].view(torch.uint8)
+                )
+                assert torch.equal(
+                    vs[page, slot].view(torch.uint8),
+                    x["v_scale_cache"][page, slot].view(torch.uint8),
+                )
+
+
+def _bytes_of(t):
+    return t.view(torch.uint8)
+
+
+def test_nvfp4_append_routes_either_layout_in_place_and_refuses_what_flashinfer_does():
+    name = "nvfp4_quantize_append_paged_kv_cache_kv8_d64_ps16"
+    x, _ = _catalogue().inputs(name, seed=2, nnz=3, batch_size=2, num_pages=4, num_kv_indices=3)
+    expected = [_bytes_of(t) for t in _reference(name)(**x)]
+    meta = (x["kv_indices"], x["kv_indptr"], x["kv_last_page_len"])
+    head = (x["append_key"], x["append_value"], x["batch_indices"], x["positions"])
+    k, v = _bytes_of(x["k_cache"]).clone(), _bytes_of(x["v_cache"]).clone()
+    ks, vs = x["k_scale_cache"].clone(), x["v_scale_cache"].clone()
+    # HND, stacked: [pages, 2, heads, page_size, dim].
+    stacked = torch.stack((k, v), 1).transpose(2, 3).contiguous()
+    stacked_sf = torch.stack((ks, vs), 1).transpose(2, 3).contiguous()
+    args = (*head, (k, v), (ks, vs), *meta, x["k_scale"], x["v_scale"])
+    hnd = (*head, stacked, stacked_sf, *meta, x["k_scale"], x["v_scale"])
+    half = (x["append_key"].half(), x["append_value"].half(), *args[2:])
+    cases = [
+        ({}, {"k_scale": x["k_scale"], "kv_last_page_len": x["kv_last_page_len"]}),
+        ({"__args__": hnd, "kv_layout": "HND"}, {"v_scale": x["v_scale"]}),
+        ({"__args__": half}, "tensor:append_key"),
+        ({"__args__": (*args[:9], 0.0, 1.0)}, ("k_scale", ValueError)),
+        ({"__args__": (*args[:9], 1.0, math.nan)}, ("v_scale", ValueError)),
+        ({"kv_layout": "XYZ"}, ("paged_kv_cache", KeyError)),
+    ]
+    path = "flashinfer.page.nvfp4_quantize_append_paged_kv_cache"
+    _route(path, name, (args, {"kv_layout": "NHD"}), cases)
+    # Both routed calls wrote their caches in place, as FlashInfer's kernel does.
+    assert all(torch.equal(a, b) for a, b in zip((k, v, _bytes_of(ks), _bytes_of(vs)), expected))
+    nhd = stacked.transpose(2, 3)
+    assert torch.equal(nhd[:, 0], expected[0]) and torch.equal(nhd[:, 1], expected[1])
+    assert torch.equal(_bytes_of(stacked_sf.transpose(2, 3)[:, 1]), expected[3])
+
+
+def test_nvfp4_append_by_slot_skips_negative_slots_and_padding_rows():
+    name = "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping_kv8_d64_ps16"
+    x, _ = _catalogue().inputs(name, seed=3, nnz=4, num_pages=2)
+    x["slot_mapping"] = torch.tensor([17, -1, 0, 32], dtype=torch.int32)  # 32: past the cache
+    k, v, ks, vs = _reference(name)(**x)
+    run = _reference("nvfp4_quantize_append_paged_kv_cache_kv8_d64_ps16")
+    # The same rows appended by (sequence, position) over pages [1, 0] land alike.
+    by_pos = {**{n: x[n] for n in ("append_key", "append_value", "k_cache", "v_cache")}}
+    by_pos |= {"k_scale_cache": x["k_scale_cache"], "v_scale_cache": x["v_scale_cache"]}
+    by_pos |= {"k_scale": x["k_scale"].item(), "v_scale": x["v_scale"].item()}
+    by_pos["append_key"] = x["append_key"][[0, 2]]
+    by_pos["append_value"] = x["append_value"][[0, 2]]
+    by_pos |= {"batch_indices": torch.tensor([0, 1], dtype=torch.int32)}
+    by_pos |= {"positions": torch.tensor([1, 0], dtype=torch.int32)}
+    by_pos |= {"kv_indices": torch.tensor([1, 0], dtype=torch.int32)}
+    by_pos |= {"kv_indptr": torch.tensor([0, 1, 2], dtype=torch.int32)}
+    by_pos["kv_last_page_len"] = torch.tensor([2, 1], dtype=torch.int32)
+    theirs = run(**by_pos)
+    for ours, other in zip((k, v, ks, vs), theirs):
+        assert torch.equal(_bytes_of(ours), _bytes_of(other))
+    # Routed: rows past the slots are padding the solution does not see, and a float scale
+    # becomes the one-element tensor FlashInfer makes of it.
+    pad = _bf16(1, 8, 64, seed=9)
+    args = (torch.cat((x["append_key"], pad)), torch.cat((x["append_value"], pad)))
+    args += (x["slot_mapping"],)
+    caches = (_bytes_of(x["k_cache"]).clone(), _bytes_of(x["v_cache"]).clone())
+    sfs = (x["k_scale_cache"].clone(), x["v_scale_cache"].clone())
+    args += (caches, sfs, x["k_scale"], x["v_scale"].item())
+    wide = (*args[:5], x["k_scale"].double(), x["v_scale"])
+    cases = [
+        ({}, {"k_scale": x["k_scale"], "v_scale": x["v_scale"], "append_key": x["append_key"]}),
+        ({"__args__": (*args[:2], x["slot_mapping"].long(), *args[3:])}, "tensor:slot_mapping"),
+        ({"__args__": (args[0][:3], *args[1:])}, ("tensor:append_value", ValueError)),
+        ({"__args__": wide}, ("tensor:k_scale", ValueError)),
+        ({"__args__": (*args[:5], -x["k_scale"], 1.0)}, ("k_scale", ValueError)),
+    ]
+    path = "flashinfer.page.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping"
+    _route(path, name, (args, {}), cases)
+    assert torch.equal(caches[0], _bytes_of(k)) and torch.equal(_bytes_of(sfs[1]), _bytes_of(vs))
+
+
+def test_nvfp4_mla_append_takes_exact_reciprocals_and_keeps_the_rope_part_in_fp8():
+    name = "nvfp4_quantize_append_paged_mla_kv_cache_ckv512_kpe64"
+    x, _ = _catalogue().inputs(
+        name, seed=4, nnz_kv=3, batch_size=2, num_pages=6, page_size=4, num_kv_indices=4
+    )  # fmt: skip
+    x["batch_indices"] = torch.tensor([0, 1, 1], dtype=torch.int32)
+    x["positions"] = torch.tensor([2, 5, 5], dtype=torch.int32)  # the last one wins
+    x["kv_indices"] = torch.tensor([4, 0, 3, 5], dtype=torch.int32)
+    x["kv_indptr"] = torch.tensor([0, 1, 4], dtype=torch.int32)
+    x["ckv_scale"], x["kpe_scale"] = 0.75, 0.1
+    x["append_kpe"][2, :2] = torch.tensor([1e4, -1e4]).to(torch.bfloat16)  # saturates
+    ckv, sf, kpe = _reference(name)(**x)
+    for i, (page, slot) in ((0, (4, 2)), (2, (3, 1))):
+        rows = x["append_ckv"][i].float().reshape(-1, 16)
+        inv6 = torch.tensor(1.0) / (6 * torch.tensor(0.75))
+        want_sf = (rows.abs().amax(-1) * inv6).to(torch.float8_e4m3fn)
+        assert torch.equal(_bytes_of(sf[page, slot]), _bytes_of(want_sf))
+        assert torch.equal(_unpack(ckv[page, slot]), _nvfp4_rows(x["append_ckv"][i], 0.75, want_sf))
+        rope = (x["append_kpe"][i].float() * (1 / torch.tensor(0.1))).clamp(-448, 448)
+        assert torch.equal(_bytes_of(kpe[page, slot]), _bytes_of(rope.to(torch.float8_e4m3fn)))
+    assert kpe[3, 1, :2].float().tolist() == [448.0, -448.0]
+    # Dequantized, the cache holds the rows to within NVFP4's step.
+    grid = _E2M1[_unpack(ckv[4, 2]) & 7] * torch.where(_unpack(ckv[4, 2]) >= 8, -1.0, 1.0)
+    back = grid.reshape(-1, 16) * sf[4, 2].float().unsqueeze(-1) * 0.75
+    rows = x["append_ckv"][0].float().reshape(-1, 16)
+    assert ((back - rows).abs() <= rows.abs().amax(-1, keepdim=True) / 6 * 1.01).all()
+    untouched = [(p, s) for p in range(6) for s in range(4) if (p, s) not in ((4, 2), (3, 1))]
+    assert all(
+        torch.equal(_bytes_of(ckv[p, s]), _bytes_of(x["ckv_cache"][p, s])) for p, s in untouched
+    )
+    # Routed in place; a scale out of float32's normal range is FlashInfer's to refuse.
+    order = ["append_ckv", "append_kpe", "batch_indices", "positions", "ckv_cache"]
+    order += ["ckv_sf_cache", "kpe_cache", "kv_indices", "kv_indptr", "kv_last_page_len"]
+    args = [x[k].clone() for k in order]
+    args[4] = _bytes_of(args[4])
+    args = (*args, 0.75, 0.1)
+    cases = [
+        ({}, {"ckv_scale": 0.75, "kpe_scale": 0.1}),
+        ({"__args__": (*args[:10], 1e-40, 0.1)}, ("ckv_scale", ValueError)),
+        ({"__args__": (*args[:10], 0.75, -1.0)}, ("kpe_scale", ValueError)),
+        (
+            {"__args__": (*args[:6], args[6].view(torch.uint8), *args[7:])},
+            ("tensor:kpe_cache", ValueError),
+        ),
+    ]
+    path = "flashinfer.page.nvfp4_quantize_append_paged_mla_kv_cache"
+    _route(path, name, (args, {}), cases)
+    assert torch.equal(args[4], _bytes_of(ckv)) and torch.equal(_bytes_of(args[5]), _bytes_of(sf))
+    assert torch.equal(_bytes_of(args[6]), _bytes_of(kpe))
+
+
+def test_v41_fp4_pack_lays_out_data_rows_then_scale_rows_and_poisons_non_finite_groups():
+    name = "dsv41_fp4_quantize_pack_sparse_mla_cache_ps64"
+    x, _ = _catalogue().inputs(name, num_pages=2)
+    latent = x["latent_kv"]
+    # Page 1, slot 3: group 0 has amax 6 (scale 1) and every rounding tie; group 1 an
+    # infinity, group 2 a NaN; group 3 is tiny (its scale clamps at 2^-9).
+    ties = [6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.0, -0.25, -0.3, 0.0, -6.0, 5.5, 0.7, 1.0]
+    latent[1, 3, :16] = torch.tensor(ties).to(torch.bfloat16)
+    latent[1, 3, 20], latent[1, 3, 40] = math.inf, math.nan
+    latent[1, 3, 48:64] = 1e-4
+    out = _reference(name)(latent_kv=latent).view(torch.uint8)
+    page = out[1].reshape(-1)
+    data, scales = page[: 64 * 256].reshape(64, 256), page[64 * 256 :].reshape(64, 32)
+    # Ties go to the even code.
+    assert _unpack(data[3, :8]).tolist() == [7, 0, 2, 2, 4, 4, 6, 6, 8, 8, 9, 0, 15, 7, 1, 2]
+    assert scales[3, 0].item() == 0x38  # E4M3 1.0
+    assert scales[3, 1].item() == scales[3, 2].item() == 0x7F and data[3, 8:24].eq(0).all()
+    assert scales[3, 3].item() == 0x01  # 2^-9, the smallest E4M3 subnormal
+    # Every group: scale e4m3(amax / 6), codes the nearest of x / scale.
+    rows = latent[0].float().reshape(64, 32, 16)
+    want = (rows.abs().amax(-1) / 6).clamp(2**-9, 448).to(torch.float8_e4m3fn)
+    assert torch.equal(out[0].reshape(-1)[64 * 256 :].reshape(64, 32), want.view(torch.uint8))
+    codes = _e2m1_codes(rows / want.float().unsqueeze(-1)).reshape(64, 512).int()
+    assert torch.equal(_unpack(out[0].reshape(-1)[: 64 * 256].reshape(64, 256)), codes)
+
+
+def test_v41_fp4_pack_routes_every_input_layout_and_returns_flashinfers_shape():
+    import flashinfer.mla._sparse_mla_sm120._api as sm120
+
+    name = "dsv41_fp4_quantize_pack_sparse_mla_cache_ps64"
+    x, _ = _catalogue().inputs(name, seed=5, num_pages=2)
+    latent = x["latent_kv"]
+    expected = _reference(name)(latent_kv=latent).view(torch.uint8).reshape(2, 64, 288)
+    path = "flashinfer.mla._sparse_mla_sm120._api.dsv41_fp4_quantize_pack_sparse_mla_cache"
+    with rt.enable_apply({name: _reference(name)}):
+        for given, layout, shape in (
+            (latent, "HND", (2, 1, 64, 288)),
+            (latent.unsqueeze(1), "NHD", (2, 64, 1, 288)),
+            (latent.unsqueeze(2), "HND", (2, 1, 64, 288)),
+        ):
+            cache = sm120.dsv41_fp4_quantize_pack_sparse_mla_cache(given, kv_layout=layout)
+            assert cache.dtype == torch.uint8 and tuple(cache.shape) == shape
+            assert torch.equal(cache.reshape(2, 64, 288), expected)
+        # FlashInfer refuses these before its kernel, with its own message.
+        for given, layout, rule in (
+            (latent, "XYZ", "kv_layout"),
+            (latent[0], "HND", "tensor:latent_kv"),
+            (torch.cat((latent, latent), -1)[..., :512], "HND", "latent_kv"),  # strided
+        ):
+            before = _counts(path).get("rules", {}).get(rule, 0)
+            with pytest.raises((ValueError, RuntimeError)):
+                sm120.dsv41_fp4_quantize_pack_sparse_mla_cache(given, kv_layout=layout)
+            assert _counts(path)["rules"][rule] == before + 1, (rule, _counts(path))
+    counts = _counts(path)
+    assert counts["hit"] == 3, counts
+    assert counts["rules"] == {"kv_layout": 1, "tensor:latent_kv": 1, "latent_kv": 1}, counts
+
+
+def test_v41_fp4_append_writes_the_first_row_of_each_slot_in_place_of_a_strided_cache():
+    import flashinfer.mla._sparse_mla_sm120._api as sm120
+
+    name = "dsv41_fp4_quantize_append_sparse_mla_cache_ps64"
+    x, _ = _catalogue().inputs(name, seed=6, num_tokens=5, num_pages=2)
+    # Slot 70 twice (the first row wins), a negative slot and one past the cache.
+    x["slot_mapping"] = torch.tensor([70, 3, -1, 70, 128], dtype=torch.int32)
+    out = _reference(name)(**x).view(torch.uint8)
+    # Independently: the rows packed as whole pages, then the two written slots copied over.
+    pack = _reference("dsv41_fp4_quantize_pack_sparse_mla_cache_ps64")
+    rows = torch.zeros(2, 64, 512, dtype=torch.bfloat16)
+    rows[1, 6], rows[0, 3] = x["latent_kv"][0], x["latent_kv"][1]
+    packed = pack(latent_kv=rows).view(torch.uint8).reshape(2, -1)
+    want = x["cache"].view(torch.uint8).reshape(2, -1).clone()
+    for page, entry in ((1, 6), (0, 3)):
+        for lo, n in ((entry * 256, 256), (64 * 256 + entry * 32, 32)):
+            want[page, lo : lo + n] = packed[page, lo : lo + n]
+    assert torch.equal(out.reshape(2, -1), want)
+    # Routed into a page-strided 2-D view of a larger allocation, and into the NHD form.
+    path = "flashinfer.mla._sparse_mla_sm120._api.dsv41_fp4_quantize_append_sparse_mla_cache"
+    block = torch.zeros(2, 64 * 288 + 512, dtype=torch.uint8)
+    block[:, : 64 * 288] = x["cache"].view(torch.uint8).reshape(2, -1)
+    flat = block[:, : 64 * 288]
+    nhd = x["cache"].view(torch.uint8).clone().unsqueeze(2)
+    with rt.enable_apply({name: _reference(name)}):
+        sm120.dsv41_fp4_quantize_append_sparse_mla_cache(x["latent_kv"], x["slot_mapping"], flat)
+        sm120.dsv41_fp4_quantize_append_sparse_mla_cache(x["latent_kv"], x["slot_mapping"], nhd)
+        # FlashInfer refuses these before its kernel, with its own message.
+        for latent, slots, cache in (
+            (x["latent_kv"], x["slot_mapping"], nhd.view(torch.int8)),
+            (x["latent_kv"], x["slot_mapping"].long(), nhd),
+        ):
+            with pytest.raises((ValueError, RuntimeError)):
+                sm120.dsv41_fp4_quantize_append_sparse_mla_cache(latent, slots, cache)
+    assert torch.equal(flat.reshape(2, -1), want) and block[:, 64 * 288 :].eq(0).all()
+    assert torch.equal(nhd.reshape(2, -1), want)
+    counts = _counts(path)
+    assert counts["hit"] == 2, counts
+    # The int8 cache, left flat, gives no page size: no key, FlashInfer's call.
+    assert counts["rules"] == {"key": 1, "tensor:slot_mapping": 1}, counts
+
+
+def test_v41_fp8_pack_and_append_use_power_of_two_group_scales_and_flashinfers_layout():
+    import flashinfer.mla._sparse_mla_sm120._api as sm120
+
+    pack = _reference("dsv41_fp8_quantize_pack_sparse_mla_cache_ps64")
+    x, _ = _catalogue().inputs("dsv41_fp8_quantize_pack_sparse_mla_cache_ps64", num_pages=1)
+    latent = x["latent_kv"]
+    latent[0, 5, 32:64] = 0.0  # amax floored at 1e-4: the smallest scale, 2^-13
+    latent[0, 5, 64:67] = torch.tensor([math.inf, -1.0, 2.0])  # an infinite group
+    latent[0, 5, 100] = math.nan  # a NaN group
+    latent[0, 5, 128:160] = 448.0 * 4  # amax / 448 = 4 exactly: scale 2^2, values 448
+    out = pack(latent_kv=latent).view(torch.uint8).reshape(-1)
+    data, scales = out[: 64 * 512].reshape(64, 512), out[64 * 512 :].reshape(64, 16)
+    assert scales[5, 1:5].tolist() == [127 - 13, 0xFF, 0xFF, 127 + 2]
+    assert data[5, 64:67].tolist() == [0x7F, 0x80, 0x00] and data[5, 96:128].eq(0x7F).all()
+    assert data[5, 128:160].eq(0x7E).all()  # E4M3 448
+    # Independently, on the other rows: scale 2^ceil(log2(max(amax / 448, 1e-4))).
+    rows = latent[0, :5].double().reshape(5, 16, 32)
+    k = torch.ceil(torch.log2((rows.abs().amax(-1) / 448).clamp(min=1e-4))).int()
+    assert torch.equal(scales[:5].int(), k + 127)
+    want = (rows / torch.pow(2.0, k).unsqueeze(-1).double()).float().to(torch.float8_e4m3fn)
+    assert torch.equal(data[:5], want.view(torch.uint8).reshape(5, 512))
+    # The append writes those bytes for the first row of each valid slot, in place.
+    name = "dsv41_fp8_quantize_append_sparse_mla_cache_ps64"
+    a, _ = _catalogue().inputs(name, seed=7, num_tokens=4, num_pages=1)
+    a["latent_kv"] = latent[0, [5, 2, 9, 2]].contiguous()
+    a["slot_mapping"] = torch.tensor([5, 2, -3, 2], dtype=torch.int32)
+    before = a["cache"].view(torch.uint8).reshape(-1).clone()
+    cache = a["cache"].view(torch.uint8).unsqueeze(1)  # HND
+    packer = "dsv41_fp8_quantize_pack_sparse_mla_cache_ps64"
+    with rt.enable_apply({name: _reference(name), packer: pack}):
+        sm120.dsv41_fp8_quantize_append_sparse_mla_cache(
+            a["latent_kv"], a["slot_mapping"], cache
+        )  # fmt: skip
+        packed = sm120.dsv41_fp8_quantize_pack_sparse_mla_cache(latent, kv_layout="NHD")
+    assert tuple(packed.shape) == (1, 64, 1, 528) and torch.equal(packed.reshape(-1), out)
+    after = cache.reshape(-1)
+    for slot in (5, 2):
+        for lo, n in ((slot * 512, 512), (64 * 512 + slot * 16, 16)):
+            assert torch.equal(after[lo : lo + n], out[lo : lo + n])
+    untouched = torch.ones(64 * 528, dtype=torch.bool)
+    for slot in (5, 2):
+        untouched[slot * 512 : slot * 512 + 512] = False
+        untouched[64 * 512 + slot * 16 : 64 * 512 + slot * 16 + 16] = False
+    assert torch.equal(after[untouched], before[untouched])
+    path = "flashinfer.mla._sparse_mla_sm120._api.dsv41_fp8_quantize_append_sparse_mla_cache"
+    assert _counts(path)["hit"] == 1
+
+
+# ---------------------------------------------------------------------------------------
 # Block-sparse attention
 # ---------------------------------------------------------------------------------------
 

@@ -166,6 +166,7 @@ DEFAULTS_ROUTE = [
     "flashinfer.gemm.fp8_blockscale_gemm_sm90",
     "flashinfer.gemm.mm_fp4",
     "flashinfer.gemm.mm_mxfp8",
+    "flashinfer.gemm.bmm_mxfp8",
 ]
 
 
@@ -263,6 +264,7 @@ def test_mm_bf16_hands_the_solution_the_column_major_weight_as_given(monkeypatch
         ("flashinfer.gemm.mm_mxfp8", "use_8x4_sf_layout", True, "use_8x4_sf_layout"),
         ("flashinfer.gemm.mm_mxfp8", "out_dtype", torch.float16, "out_dtype"),
         ("flashinfer.gemm.mm_mxfp8", "backend", "trtllm", "backend"),
+        ("flashinfer.gemm.bmm_mxfp8", "dtype", torch.float16, "dtype"),
     ],
 )
 def test_parameters_the_definition_does_not_model_are_refused(
@@ -641,3 +643,114 @@ def test_mm_mxfp8_of_mxfp8_quantized_operands_is_flashinfers_template_reference(
     _close(out.result, theirs, atol=1e-2, rtol=1e-2)
     exact = a.float() @ w.float().T
     assert (out.result.float() - exact).abs().mean() < 0.05 * exact.abs().mean()
+
+
+def test_bmm_mxfp8_of_mxfp8_quantized_operands_is_flashinfers_template_reference(monkeypatch):
+    # Each batch entry quantized on its own and the scale buffers concatenated, as
+    # FlashInfer's template (_bmm_mxfp8_init) builds them; B the transposed views.
+    path, name = "flashinfer.gemm.bmm_mxfp8", "bmm_mxfp8_N512_K128"
+    g = torch.Generator().manual_seed(13)
+    a = torch.randn(2, 5, 128, generator=g).to(torch.bfloat16)
+    w = torch.randn(2, 512, 128, generator=g).to(torch.bfloat16)
+    quantize = compile_paths([str(ROOT / "definitions" / "quantization.fidef")]).module
+    (q,) = [d for d in quantize.definitions if d.name == "mxfp8_quantize_k4096"]
+    namespace: dict = {}
+    exec(q.reference, namespace)
+    qa, sa = zip(*(namespace["run"](x) for x in a))
+    qw, sw = zip(*(namespace["run"](x) for x in w))
+    a_sf = torch.cat([_swizzled_128x4(s.view(torch.uint8)).reshape(-1) for s in sa])
+    w_sf = torch.cat([_swizzled_128x4(s.view(torch.uint8)).reshape(-1) for s in sw])
+    A, B = torch.stack(qa), torch.stack(qw).transpose(1, 2)
+    out = _route(monkeypatch, path, name, (A, B, a_sf, w_sf, torch.bfloat16), {})
+    seen = _hit(out)
+    assert seen["A_scale"].shape == (2 * 128 * 4,) and seen["B_scale"].shape == (2 * 512 * 4,)
+    assert seen["B"].shape == (2, 128, 512) and seen["B"].stride() == (512 * 128, 1, 128)
+    theirs = templates._bmm_mxfp8_reference(A, B, a_sf, w_sf, torch.bfloat16)
+    _close(out.result, theirs, atol=1e-2, rtol=1e-2)
+    exact = torch.matmul(a.float(), w.float().transpose(1, 2))
+    assert (out.result.float() - exact).abs().mean() < 0.05 * exact.abs().mean()
+
+
+def _swizzled_flat(scales: torch.Tensor) -> torch.Tensor:
+    """_swizzled_128x4, flat, its index computed for every scale at once."""
+    m, c = scales.shape
+    cols = -(-c // 4) * 4
+    r, k = torch.arange(m).unsqueeze(1), torch.arange(c).unsqueeze(0)
+    offset = (
+        k % 4 + (k // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + (r // 128) * 128 * cols
+    )
+    out = torch.zeros(-(-m // 128) * 128 * cols, dtype=scales.dtype)
+    out[offset.reshape(-1)] = scales.reshape(-1)
+    return out
+
+
+def test_mm_nvfp4_svdquant_is_the_nvfp4_gemm_plus_the_lora_correction(monkeypatch):
+    # The activation as FlashInfer's template makes it (_mm_nvfp4_svdquant_init), quantized
+    # by the catalogue's nvfp4_quantize_smooth; a residual weight of random e2m1 bytes and
+    # e4m3 scales (quantizing a 3072 x 3072 one by the reference recipe costs seconds).
+    path, name = (
+        "flashinfer.gemm.gemm_svdquant.mm_nvfp4_svdquant",
+        "gemm_nvfp4_svdquant_N3072_K3072_r32",
+    )
+    g = torch.Generator().manual_seed(14)
+    x = torch.randn(5, 3072, generator=g).to(torch.bfloat16)
+    pqs = (torch.rand(3072, generator=g) + 0.5).to(torch.bfloat16)
+    b = torch.randint(0, 256, (3072, 1536), generator=g, dtype=torch.uint8)
+    b_sf = (torch.rand(3072, 192, generator=g) * 2 + 0.25).to(torch.float8_e4m3fn)
+    l1 = (torch.randn(3072, 32, generator=g) / 32**0.5).to(torch.bfloat16)
+    l2 = (torch.randn(32, 3072, generator=g) / 3072**0.5).to(torch.bfloat16)
+    bias = torch.randn(3072, generator=g).to(torch.bfloat16)
+    x_hat = (x.float() * pqs.float()).to(torch.bfloat16)
+    x_gs = (448 * 6 / x_hat.float().abs().max()).reshape(1)
+    a, a_sf = _reference("nvfp4_quantize_smooth_n3072")(x, pqs, x_gs)
+    a_flat, b_flat = _swizzled_flat(a_sf.view(torch.uint8)), _swizzled_flat(b_sf.view(torch.uint8))
+    alpha = (1.0 / (x_gs * 100.0)).float()
+    d = torch.mm(x_hat, l2.t().contiguous())
+    l1_scaled = (l1.float() / alpha.item()).to(torch.bfloat16)
+    args = (a.view(torch.uint8), b, a_flat, b_flat, alpha, d, l1_scaled)
+    out = _route(monkeypatch, path, name, args, {"bias": bias})
+    seen = _hit(out)
+    assert seen["a_sf"].shape == (128, 192) and seen["b_sf"].shape == (3072, 192)
+    assert torch.equal(seen["b_sf"].view(torch.uint8).reshape(-1), b_flat)
+    # The residual term is the catalogue's NVFP4 GEMM (gemm_fp4, whose reference reads its
+    # shapes from the operands), the correction alpha * d @ l1.T, then the bias.
+    residual = _reference("gemm_fp4_N4096_K4096")(
+        seen["a"], seen["b"], seen["a_sf"], seen["b_sf"], None
+    ).float()
+    lora = d.float() @ l1_scaled.float().T
+    want = alpha * (residual + lora) + bias.float()
+    _close(out.result, want.to(torch.bfloat16), atol=5e-2, rtol=2e-2)
+    # The correction carries L1 at its own scale: alpha * l1 / alpha.
+    assert ((alpha * lora - d.float() @ l1.float().T).abs() < 1e-1).all()
+
+
+def test_svdquant_linear_is_smooth_quantization_then_the_svdquant_gemm(monkeypatch):
+    path, name = "flashinfer.gemm.gemm_svdquant.svdquant_linear", "svdquant_linear_N3072_K3072_r32"
+    g = torch.Generator().manual_seed(15)
+    x = torch.randn(5, 3072, generator=g).to(torch.bfloat16)
+    pqs = (torch.rand(3072, generator=g) + 0.5).to(torch.bfloat16)
+    w = torch.randint(0, 256, (3072, 1536), generator=g, dtype=torch.uint8)
+    w_sf = _swizzled_flat((torch.rand(3072, 192, generator=g) * 2 + 0.25).to(torch.float8_e4m3fn))
+    l2t = (torch.randn(3072, 32, generator=g) / 3072**0.5).to(torch.bfloat16)
+    l1 = (torch.randn(3072, 32, generator=g) * 20).to(torch.bfloat16)
+    x_gs = (448 * 6 / (x.float() * pqs.float()).abs().max()).reshape(1)
+    alpha = (1.0 / (x_gs * 100.0)).float()
+    args = (x, w, w_sf.view(torch.uint8), alpha, pqs, l2t, l1, x_gs)
+    out = _route(monkeypatch, path, name, args, {"bias": None})
+    _hit(out)
+    # FlashInfer's chain (gemm_svdquant.py) through the catalogue's references:
+    # nvfp4_quantize_smooth, the bf16 LoRA-down product, then mm_nvfp4_svdquant.
+    a, a_sf = _reference("nvfp4_quantize_smooth_n3072")(x, pqs, x_gs)
+    down = torch.mm(x, l2t)
+    a_sf = _swizzled_flat(a_sf.view(torch.uint8)).reshape(128, 192).view(torch.float8_e4m3fn)
+    want = _reference("gemm_nvfp4_svdquant_N3072_K3072_r32")(
+        a,
+        w.view(torch.float4_e2m1fn_x2),
+        a_sf,
+        w_sf.reshape(3072, 192),
+        alpha.reshape(()),
+        down,
+        l1,
+        None,
+    )
+    _close(out.result, want, atol=5e-2, rtol=2e-2)

@@ -787,3 +787,76 @@ def test_fused_rmsnorm_silu_routes_bfloat16_output_and_refuses_fp8():
     run = _reference("fused_rmsnorm_silu_h128")
     assert torch.equal(returned[0], run(x, w, 1e-6))
     assert returned[1] is out and torch.equal(out, run(x, w, 1e-5))
+
+
+# ---------------------------------------------------------------------------------------
+# rmsnorm_fp4quant
+# ---------------------------------------------------------------------------------------
+
+FP4Q = "rmsnorm_fp4quant_h4096"
+FP4Q_PATH = "flashinfer.cute_dsl.rmsnorm_fp4quant.rmsnorm_fp4quant"
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def test_rmsnorm_fp4quant_calls_are_routed_into_the_callers_buffer_and_layout():
+    from fibgen.runtime import enable_apply
+
+    x, w = _bf16(5, 4096, seed=21), (torch.rand(4096) + 0.5).to(torch.bfloat16)
+    gs, seen = torch.tensor([150.0]), []
+
+    def solution(**inputs):
+        seen.append(inputs)
+        return _reference(FP4Q)(**inputs)
+
+    y = torch.empty(5, 2048, dtype=torch.float4_e2m1fn_x2)
+
+    def fn(*args, **kwargs):  # the patched API, looked up at each call
+        return flashinfer.rmsnorm_fp4quant(*args, **kwargs)
+
+    with enable_apply({FP4Q: solution}, strict=True):
+        q, linear = fn(x, w, y_fp4=y, global_scale=gs)
+        q2, swizzled = fn(x, w, global_scale=gs, is_sf_swizzled_layout=True, enable_pdl=True)
+        q3, _ = fn(x, w)
+    assert len(seen) == 3 and q is y and torch.equal(q.view(torch.uint8), q2.view(torch.uint8))
+    # None stands for a global scale of 1.
+    assert torch.equal(seen[2]["global_scale"], torch.ones(1)) and seen[0]["eps"] == 1e-6
+    assert linear.dtype == swizzled.dtype == torch.float8_e4m3fn
+    assert linear.shape == (5, 256) and swizzled.shape == (128 * 256,)
+    r = torch.arange(5).unsqueeze(1)
+    k = torch.arange(256).unsqueeze(0)
+    index = k % 4 + (k // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4
+    assert torch.equal(swizzled.view(torch.uint8)[index], linear.view(torch.uint8))
+    # Against FlashInfer's template reference (rmsnorm in float32, then absmax / 6 scales):
+    # the kernel rounds x * weight to bf16 first, so scales and values agree up to that.
+    theirs_q, theirs_sf = fi_norm._rmsnorm_fp4quant_reference(x, w, global_scale=gs)
+    assert (linear.view(torch.uint8) == theirs_sf.view(torch.uint8)).float().mean() > 0.97
+    table = torch.tensor(E2M1)
+    b = q.view(torch.uint8).long()
+    values = torch.stack([table[b & 15], table[b >> 4]], -1).flatten(-2)
+    deq = values * linear.float().repeat_interleave(16, -1) / gs
+    xf = x.float()
+    exact = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
+    # NVFP4's error: within a quarter of each block's scale step of 1 (e2m1's 0.5 at most
+    # half-way, 2 near 6), by block.
+    step = linear.float().repeat_interleave(16, -1) / gs
+    assert ((deq - exact).abs() <= step * 1.01 + 1e-3).all()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "rule"),
+    [
+        ({"block_size": 32}, "block_size"),
+        ({"scale_format": "ue8m0"}, "scale_format"),
+        ({"block_scale": torch.empty(5, 256, dtype=torch.float8_e4m3fn)}, "block_scale"),
+    ],
+)
+def test_an_rmsnorm_fp4quant_call_the_definition_does_not_model_falls_back(kwargs, rule):
+    from fibgen.runtime import enable_apply
+
+    seen: list = []
+    with enable_apply({FP4Q: lambda **i: seen.append(i)}):
+        with pytest.raises(FLASHINFER_ON_CPU):
+            flashinfer.rmsnorm_fp4quant(_bf16(5, 4096), _bf16(4096, seed=1), **kwargs)
+    assert not seen
+    (counted,) = rt.stats()[FP4Q_PATH]["rules"]
+    assert rule in counted

@@ -675,3 +675,253 @@ def test_an_nvfp4_kv_dequantize_call_the_definition_does_not_model_falls_back(ch
     assert not seen
     (counted,) = rt.stats()[DEQUANT_PATH]["rules"]
     assert rule in counted
+
+
+# ---------------------------------------------------------------------------------------
+# silu_and_mul_mxfp8_quantize and its backward (Note [gated mxfp8])
+# ---------------------------------------------------------------------------------------
+
+GATED_MXFP8 = {
+    "forward": (
+        "silu_and_mul_mxfp8_forward_row_k24576",
+        "flashinfer.gated_act_mxfp8.silu_and_mul_mxfp8_quantize",
+    ),
+    "backward": (
+        "silu_and_mul_mxfp8_backward_row_k24576",
+        "flashinfer.gated_act_mxfp8.silu_and_mul_mxfp8_quantize_backward",
+    ),
+}
+
+
+def _gated_call(direction, x, grad, **kwargs):
+    from flashinfer import gated_act_mxfp8 as fi_gated
+
+    if direction == "forward":
+        return fi_gated.silu_and_mul_mxfp8_quantize(x, **kwargs)
+    return fi_gated.silu_and_mul_mxfp8_quantize_backward(x, grad, **kwargs)
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_gated_mxfp8_rowwise_calls_are_routed_with_swizzled_e8m0_scales(direction):
+    name, _ = GATED_MXFP8[direction]
+    x, grad, given = _bf16(128, 24576, scale=1.0), _bf16(128, 12288, seed=1, scale=1.0), []
+
+    def solution(**inputs):
+        given.append((inputs, _reference(name)(**inputs)))
+        return given[-1][1]
+
+    with rt.enable_apply({name: solution}, strict=True):
+        row_q, col_q, row_s, col_s = _gated_call(direction, x, grad)
+    ((inputs, (ref_q, _, ref_s, _)),) = given
+    assert torch.equal(inputs["gated_input"], x)
+    width = 12288 if direction == "forward" else 24576
+    assert row_q.dtype == torch.float8_e4m3fn and row_q.shape == (128, width)
+    assert torch.equal(row_q.view(torch.uint8), ref_q.view(torch.uint8))
+    # As FlashInfer returns them: e8m0 bytes [M, O / 32] in the 128x4 layout; empty
+    # column-wise outputs.
+    assert row_s.dtype == torch.float8_e8m0fnu and row_s.shape == (128, width // 32)
+    # The 128x4 index of each scale (row r, column c), as the kernel computes it
+    # (data/csrc/gated_act_mxfp8/gated_act_mxfp8_fwd_row.cu, scale_index).
+    r = torch.arange(128).unsqueeze(1)
+    c = torch.arange(width // 32).unsqueeze(0)
+    index = (
+        ((r >> 7) * (width // 128) + (c >> 2)) * 512 + (r & 31) * 16 + (r >> 5 & 3) * 4 + (c & 3)
+    )
+    want = torch.zeros(128 * width // 32, dtype=torch.uint8)
+    want[index.reshape(-1)] = ref_s.view(torch.uint8).reshape(-1)
+    assert torch.equal(row_s.view(torch.uint8).reshape(-1), want)
+    assert col_q.shape == col_s.shape == (0,) and col_s.dtype == torch.float8_e8m0fnu
+    assert col_q.dtype == torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize(
+    ("rows", "kwargs", "rule"),
+    [
+        (128, {"colwise": True}, "colwise"),
+        (128, {"rowwise": False, "colwise": True}, "rowwise"),
+        (64, {}, "gated_input"),
+    ],
+)
+def test_a_gated_mxfp8_call_the_definition_does_not_model_falls_back(direction, rows, kwargs, rule):
+    name, path = GATED_MXFP8[direction]
+    x, grad, seen = _bf16(rows, 24576), _bf16(rows, 12288, seed=1), []
+    with rt.enable_apply({name: _recorder(name, seen)}):
+        with pytest.raises(FLASHINFER_ON_CPU):
+            _gated_call(direction, x, grad, **kwargs)
+    assert not seen
+    (counted,) = rt.stats()[path]["rules"]
+    assert rule in counted
+
+
+def _gated_logical(direction, x, grad):
+    """FlashInfer's template's bf16 result before quantization (trace/templates/
+    gated_act_mxfp8.py), with torch's sigmoid."""
+    k = x.shape[1] // 2
+    gate, up = x[:, :k].float(), x[:, k:].float()
+    if direction == "forward":
+        return (torch.nn.functional.silu(gate) * up).bfloat16()
+    sig = torch.sigmoid(gate)
+    silu = gate * sig
+    dact = silu * (1.0 - sig) + sig
+    return torch.cat((((dact * grad.float()) * up).bfloat16(), (silu * grad.float()).bfloat16()), 1)
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_gated_mxfp8_reference_is_mxfp8_of_the_swiglu_with_rceil_scales(direction):
+    name, _ = GATED_MXFP8[direction]
+    x, grad = _bf16(128, 24576, seed=3, scale=1.0), _bf16(128, 12288, seed=4, scale=1.0)
+    x[0, :32] = 0.0  # a zero gate: a zero block of the forward result, scale byte 0
+    args = (x,) if direction == "forward" else (x, grad)
+    q, col_q, scales, col_s = _reference(name)(*args)
+    assert col_q.numel() == col_s.numel() == 0
+    h = _gated_logical(direction, x, grad).float()
+    rows, width = h.shape
+    blocks = h.reshape(rows, -1, 32)
+    s = scales.view(torch.uint8).to(torch.int32)
+    if direction == "forward":
+        assert s[0, 0] == 0 and (q[0, :32].float() == 0).all()
+    # RCEIL: the smallest power of two that brings the block's amax within 448.
+    amax = blocks.abs().amax(-1)
+    scale = torch.pow(2.0, (s - 127).float())
+    live = amax > 0
+    assert (amax[live] / scale[live] <= 448.0).all()
+    assert (amax[live] / scale[live] > 224.0).all()
+    # The values: the template's bf16 result (torch's sigmoid: one bf16 step apart at
+    # most), divided by the scale and rounded to e4m3.
+    deq = q.float().reshape(rows, -1, 32) * scale.unsqueeze(-1)
+    err = (deq - blocks).abs()
+    assert (err <= blocks.abs() * 2**-4 * 1.1 + scale.unsqueeze(-1) * 2**-9).all()
+    # Bit for bit, but for values whose bf16 activation the approximate exp moves a step:
+    # e4m3 of the template's result over 2^ceil(log2(amax / 448)), computed in float64.
+    agree = (q.view(torch.uint8) == _reference_mxfp8_rceil(h)).float().mean()
+    assert agree > 0.999
+
+
+def _reference_mxfp8_rceil(h):
+    """e4m3 bytes of h over 2^ceil(log2(amax / 448)) per block of 32, computed in float64."""
+    blocks = h.double().reshape(h.shape[0], -1, 32)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    e = torch.ceil(torch.log2(amax / 448.0)).clamp(min=-127)
+    e = torch.where(amax > 0, e, torch.full_like(e, -127.0))
+    q = (blocks / torch.pow(2.0, e)).float().clamp(-448, 448).to(torch.float8_e4m3fn)
+    return q.reshape(h.shape).view(torch.uint8)
+
+
+# ---------------------------------------------------------------------------------------
+# silu_and_mul_scaled_nvfp4_experts_quantize
+# ---------------------------------------------------------------------------------------
+
+EXPERTS = "silu_and_mul_scaled_nvfp4_experts_quantize_k4096"
+EXPERTS_PATH = "flashinfer.activation.silu_and_mul_scaled_nvfp4_experts_quantize"
+
+
+def test_silu_nvfp4_experts_calls_are_routed_and_quantize_each_experts_tokens():
+    a = _bf16(2, 6, 4096, seed=5, scale=1.0)
+    mask, gs, seen = torch.tensor([6, 2], dtype=torch.int32), torch.tensor([200.0, 150.0]), []
+    with rt.enable_apply({EXPERTS: _recorder(EXPERTS, seen)}, strict=True):
+        q, sf = flashinfer.silu_and_mul_scaled_nvfp4_experts_quantize(a, mask, gs)
+    assert len(seen) == 1
+    # As FlashInfer returns them (fp4_quantization.py): [B, M, K/2] bytes permuted to
+    # [M, K/2, B]; per expert, the 128x4 layout of [M padded to 128, 128 scales], viewed
+    # [32, 4, M tiles, 4, K tiles, B].
+    assert q.dtype == torch.uint8 and q.shape == (6, 1024, 2)
+    assert q.stride() == (1024, 1, 6 * 1024)
+    assert sf.dtype == torch.float8_e4m3fn and sf.shape == (32, 4, 1, 4, 32, 2)
+    storage = sf.permute(5, 2, 4, 0, 1, 3).reshape(2, -1).view(torch.uint8)
+    for b in range(2):
+        n = int(mask[b])
+        gate, up = a[b, :, :2048].float(), a[b, :, 2048:].float()
+        h = (gate / (1.0 + torch.exp(-gate)) * up).to(torch.bfloat16)
+        # The catalogue's NVFP4 recipe (fp4_quantize) on the expert's tokens and scale.
+        want_q, want_sf = _reference("fp4_quantize_k4096")(h[:n], gs[b : b + 1])
+        assert torch.equal(q[:n, :, b], want_q.view(torch.uint8))
+        assert (q[n:, :, b] == 0).all()
+        linear = torch.zeros(6, 128, dtype=torch.uint8)
+        linear[:n] = want_sf.view(torch.uint8)
+        assert torch.equal(storage[b], _swizzled_128x4(linear))
+
+
+def test_a_silu_nvfp4_experts_call_the_definition_does_not_model_falls_back():
+    from flashinfer.quantization import NVFP44Over6Config
+
+    a, mask, seen = _bf16(2, 4, 4096), torch.tensor([4, 1], dtype=torch.int32), []
+    gs = torch.tensor([200.0, 150.0])
+    with rt.enable_apply({EXPERTS: _recorder(EXPERTS, seen)}):
+        with pytest.raises(FLASHINFER_ON_CPU):
+            flashinfer.silu_and_mul_scaled_nvfp4_experts_quantize(
+                a, mask, gs, nvfp4_4over6=NVFP44Over6Config()
+            )
+    assert not seen
+    assert rt.stats()[EXPERTS_PATH]["rules"] == {"nvfp4_4over6": 1}
+
+
+# ---------------------------------------------------------------------------------------
+# mxfp8_grouped_quantize
+# ---------------------------------------------------------------------------------------
+
+GROUPED = "mxfp8_grouped_quantize_k4096"
+GROUPED_PATH = "flashinfer.quantization.fp8_quantization.mxfp8_grouped_quantize"
+
+
+def test_mxfp8_grouped_calls_are_routed_and_quantize_each_groups_rows():
+    a = _bf16(2, 6, 4096, seed=6)
+    a[0, 0, :32] = 0.0  # an all-zero block: scale byte 0
+    mask, seen = torch.tensor([6, 2], dtype=torch.int32), []
+    with rt.enable_apply({GROUPED: _recorder(GROUPED, seen)}, strict=True):
+        q, sf = flashinfer.mxfp8_grouped_quantize(a, mask)
+    assert len(seen) == 1
+    # As FlashInfer returns them (fp8_quantization.py): [B, M, K] permuted to [M, K, B];
+    # per group, the 128x4 layout of [M padded to 128, K / 32] bytes, viewed
+    # [32, 4, M tiles, 4, K tiles, B].
+    assert q.dtype == torch.float8_e4m3fn and q.shape == (6, 4096, 2)
+    assert q.stride() == (4096, 1, 6 * 4096)
+    assert sf.dtype == torch.uint8 and sf.shape == (32, 4, 1, 4, 32, 2)
+    storage = sf.permute(5, 2, 4, 0, 1, 3).reshape(2, -1)
+    for b in range(2):
+        n = int(mask[b])
+        # The catalogue's mxfp8_quantize on the group's valid rows: the same format
+        # (its kernel rounds amax * (1/448) up, this one amax / 448: the same exponent
+        # but at the rare amax where the two roundings part).
+        want_q, want_sf = _reference("mxfp8_quantize_k4096")(a[b, :n])
+        assert torch.equal(q[:n, :, b].view(torch.uint8), want_q.view(torch.uint8))
+        assert (q[n:, :, b].float() == 0).all()
+        linear = torch.zeros(6, 128, dtype=torch.uint8)
+        linear[:n] = want_sf.view(torch.uint8)
+        assert torch.equal(storage[b], _swizzled_128x4(linear))
+    assert storage[0][0] == 0 and (q[0, :32, 0].float() == 0).all()
+
+
+def test_a_cake_mxfp8_grouped_call_falls_back():
+    seen: list = []
+    mask = torch.tensor([2, 1], dtype=torch.int32)
+    with rt.enable_apply({GROUPED: _recorder(GROUPED, seen)}):
+        with pytest.raises(FLASHINFER_ON_CPU):
+            flashinfer.mxfp8_grouped_quantize(_bf16(2, 2, 4096), mask, backend="cake")
+    assert not seen
+    assert rt.stats()[GROUPED_PATH]["rules"] == {"backend": 1}
+
+
+# ---------------------------------------------------------------------------------------
+# nvfp4_quantize_smooth
+# ---------------------------------------------------------------------------------------
+
+
+def test_nvfp4_smooth_calls_are_routed_and_quantize_the_smoothed_input():
+    name, seen = "nvfp4_quantize_smooth_n3072", []
+    x = _bf16(5, 3072, seed=7, scale=1.0)
+    pqs = (torch.rand(3072, generator=torch.Generator().manual_seed(8)) + 0.5).bfloat16()
+    gs = torch.tensor([160.0])
+    with rt.enable_apply({name: _recorder(name, seen)}, strict=True):
+        xq, sf = flashinfer.nvfp4_quantize_smooth(x, pqs, gs)
+        xq2, sf2 = flashinfer.nvfp4_quantize_smooth(x, pqs, gs, enable_pdl=True, backend="cutlass")
+    assert len(seen) == 2 and torch.equal(xq, xq2) and torch.equal(sf, sf2)
+    # As FlashInfer returns them (gemm_svdquant.py): uint8 [M, N/2], and the scales' flat
+    # 128x4 buffer of 128 padded rows times 192 scale columns.
+    assert xq.dtype == sf.dtype == torch.uint8 and xq.shape == (5, 1536)
+    assert sf.shape == (128 * 192,)
+    # fp4_quantize of the bf16 product: the catalogue's NVFP4 recipe.
+    h = (x.float() * pqs.float()).bfloat16()
+    want_q, want_sf = _reference("fp4_quantize_k4096")(h, gs)
+    assert torch.equal(xq, want_q.view(torch.uint8))
+    assert torch.equal(sf, _swizzled_128x4(want_sf.view(torch.uint8)))

@@ -242,6 +242,16 @@ NOT_LANDING = {
     # The Prims-TS backends of the same kernels, traced by the same templates.
     "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_moe": "misread",
     "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_routed_moe": "misread",
+    "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_moe_partitioned": "misread",
+    # Its template reads bfloat16 routing logits, as the others, and the three output scales
+    # as inputs, which the definition holds to ones by rule.
+    "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_moe_partitioned": (
+        "misread"
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_moe": "misread",
+    "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_routed_moe": (
+        "misread"
+    ),
     # Its template gives the outputs [num_tokens, topk] whatever num_fused_shared_experts
     # says ("the trace covers the routed path"): a call with a fused shared expert, whose
     # outputs hold one more slot, lands on the definition without one.
@@ -257,6 +267,9 @@ NOT_LANDING = {
     # Its template reads K from the packed FP4 activation (two values a byte: K / 2) and
     # the weight's scales as [K, N / block_size], where they are [K / 16 padded, N padded].
     "flashinfer.gemm.gemm_base.mm_fp4": "misread",
+    # Its template's axes are all var (the input's width among them) and it describes the
+    # mask, a token count per expert [B], as [B, M, K_doubled]: the JSON names no width.
+    "flashinfer.activation.silu_and_mul_scaled_nvfp4_experts_quantize": "ambiguous",
 }
 
 
@@ -355,6 +368,24 @@ NOT_FROM_THE_DEFINITION = {
     "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_routed_moe": (
         "parameters only its rules fix"
     ),
+    "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_moe_partitioned": (
+        "parameters only its rules fix"
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_moe": (
+        "parameters only its rules fix"
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_routed_moe": (
+        "parameters only its rules fix"
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp8_op.prims_ts_fp8_per_tensor_scale_moe": (
+        "parameters only its rules fix"
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp8_op.prims_ts_fp8_per_tensor_scale_moe_partitioned": (
+        "parameters only its rules fix"
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_moe_partitioned": (
+        "parameters only its rules fix"
+    ),
     "flashinfer.fused_moe.core.trtllm_fp4_block_scale_moe": "parameters only its rules fix",
     "flashinfer.fused_moe.core.trtllm_fp4_block_scale_routed_moe": "parameters only its rules fix",
     "flashinfer.fused_moe.core.trtllm_fp8_block_scale_routed_moe": "parameters only its rules fix",
@@ -374,10 +405,18 @@ NOT_FROM_THE_DEFINITION = {
     "flashinfer.attention.prims_ts.mla_decode.batch_mla_decode_with_paged_kv_cache": (
         "`causal`, a `let` of `mask_type`"
     ),
+    "flashinfer.attention.prims_ts.block_sparse.block_sparse_attention": (
+        "`causal`, a `let` of `mask_type`"
+    ),
+    "flashinfer.attention.prims_ts.block_sparse.block_sparse_attention_with_paged_kv_cache": (
+        "`max_seq_len_kv`, a capacity no definition holds"
+    ),
+    "flashinfer.cake_vsa.run_cake_vsa": "the `plan` dict its `let`s read the mask from",
     # By family: pool mode passes `state=None` and the pool as `initial_state`; FlashInfer's
     # template describes the per-sequence state only.
     "gdn_decode_pool": "pool mode: `state=None`",
     "flashinfer.gemm.gemm_base.bmm_fp8": "the output's `dtype`",
+    "flashinfer.gemm.gemm_base.bmm_mxfp8": "the output's `dtype`",
     "flashinfer.gemm.gemm_base.batch_deepgemm_fp8_nt_groupwise": "`expected_m`, a rule",
 }
 

@@ -309,10 +309,13 @@ def _zeros_solution(name, seen):
             if t.shape is not None and isinstance(value, torch.Tensor):
                 axes.update(zip(t.shape, value.shape))
         device = next(v.device for v in inputs.values() if isinstance(v, torch.Tensor))
+        # Zero bytes of an FP4 output (torch fills no float4_e2m1fn_x2 tensor): two +0 codes.
         outputs = tuple(
             torch.zeros(
-                [axes[a] for a in t.shape], dtype=routable.torch_dtype(t.dtype), device=device
-            )
+                [axes[a] for a in t.shape],
+                dtype=torch.uint8 if "float4" in t.dtype else routable.torch_dtype(t.dtype),
+                device=device,
+            ).view(routable.torch_dtype(t.dtype))
             for t in d.outputs
         )
         return outputs[0] if len(outputs) == 1 else outputs

@@ -259,6 +259,58 @@ def test_sparse_indices_and_unique_rows():
         assert len(set(row)) == 16 and max(row) < 32
 
 
+def bsr_spec(kv_heads: int) -> InputSpec:
+    """A BSR matrix per request and pattern head (1 or every KV head), as block-sparse
+    attention takes it: offsets absolute into one tensor of column blocks."""
+    return InputSpec(
+        name="bsr",
+        axes=(
+            ("b", "var", None),
+            ("kv", "const", kv_heads),
+            ("p", "var", None),
+            ("rows", "var", None),
+            ("nnz", "var", None),
+            ("blocks", "const", 5),
+        ),
+        inputs=(
+            ("indptr", "int32", ("b", "p", "rows"), False, "indptr(over=idx, max_len=blocks)"),
+            ("idx", "int32", ("nnz",), False, "bsr_indices(indptr, blocks)"),
+        ),
+        constraints=("p == 1 or p == kv",),
+    )
+
+
+@pytest.mark.parametrize("kv_heads", [2, 24])
+def test_an_n_d_indptr_chains_its_rows_and_bsr_indices_ascend_in_each_segment(kv_heads):
+    x, axes = generate_inputs_with_axes(bsr_spec(kv_heads), {"b": 3, "rows": 4})
+    # A constraint met only at 1 or kv (no power of two when kv is 24, below the default when
+    # it is 2) still finds its value.
+    assert axes["p"] == kv_heads
+    indptr = x["indptr"]
+    assert indptr.shape == (3, kv_heads, 4)
+    flat = indptr.reshape(-1, 4)
+    assert int(flat[0, 0]) == 0 and int(flat[-1, -1]) == axes["nnz"] == x["idx"].numel()
+    assert torch.equal(flat[1:, 0], flat[:-1, -1])  # each row starts where the one before ends
+    lengths = (flat[:, 1:] - flat[:, :-1]).flatten()
+    assert int(lengths.min()) >= 1 and int(lengths.max()) <= 5
+    for row in flat.tolist():
+        for start, end in zip(row[:-1], row[1:]):
+            seg = x["idx"][start:end].tolist()
+            assert seg == sorted(set(seg)) and 0 <= min(seg) and max(seg) < 5
+
+
+def test_bsr_indices_refuse_a_segment_longer_than_the_blocks():
+    spec = bsr_spec(2)
+    spec = InputSpec(
+        name=spec.name,
+        axes=spec.axes,
+        inputs=(spec.inputs[0], ("idx", "int32", ("nnz",), False, "bsr_indices(indptr, 2)")),
+        constraints=spec.constraints,
+    )
+    with pytest.raises(InputGenerationError, match="distinct blocks below 2"):
+        generate_inputs_with_axes(spec, {"b": 1, "rows": 2, "p": 1, "nnz": 6})
+
+
 def test_fp8_paged_with_scales_decodes_to_finite_values():
     spec = InputSpec(
         name="fp8cache",

@@ -42,8 +42,10 @@ from typing import Any, Literal
 #   parameter that takes a float or a per-row tensor a scalar: `temperature`, `top_p`);
 # * a rank-0 tensor and one whose every known size is 1 (`A_scale` of `[scalar]`);
 # * a byte tensor (`uint8`, what FP4 and UE8M0 data are stored in when passed) and one of a
-#   dtype of at most a byte (`float4_e2m1`, `int8`); torch's packed `float4_e2m1fn_x2` and
-#   the language's `float4_e2m1` (Note [fp4] of the runtime); index tensors of `int32`,
+#   dtype of at most a byte (`float4_e2m1`, `int8`); UE8M0 scales FlashInfer returns as
+#   torch's `float8_e8m0fnu` and the `int8` bytes the language holds them in (it has no
+#   UE8M0 dtype); torch's packed `float4_e2m1fn_x2` and the language's `float4_e2m1`
+#   (Note [fp4] of the runtime); index tensors of `int32`,
 #   `uint32` and `int64` (the kernels take one or another; the language has no unsigned
 #   index dtype);
 # * a tensor FlashInfer lists among the inputs that the definition has among its outputs (a
@@ -156,6 +158,8 @@ def _dtypes_agree(fi: str, cat: str) -> bool:
     if fi == cat:
         return True
     if fi == "uint8" and cat in _BYTE_HELD:
+        return True
+    if fi == "float8_e8m0fnu" and cat == "int8":
         return True
     return fi in _INDEX and cat in _INDEX
 

@@ -51,7 +51,8 @@ HINT_SIGNATURES: dict[str, HintSignature] = {
         tensor_params=("over", "at_least"),
         meaning=(
             "offsets 0 <= ... <= len(over) of n+1 segments; each segment holds min_len..max_len "
-            "rows (default 1..8) and, with at_least=OTHER_INDPTR, at least ceil(other/unit) rows"
+            "rows (default 1..8) and, with at_least=OTHER_INDPTR, at least ceil(other/unit) rows; "
+            "an N-D indptr chains its rows (last dim), each starting where the one before ends"
         ),
     ),
     "indices": HintSignature(
@@ -59,6 +60,17 @@ HINT_SIGNATURES: dict[str, HintSignature] = {
         keywords=("unique",),
         required=("below",),
         meaning="integers in [0, below); unique=True makes each row (last dim) free of repeats",
+    ),
+    "bsr_indices": HintSignature(
+        positional=("indptr", "below"),
+        keywords=(),
+        required=("indptr", "below"),
+        tensor_params=("indptr",),
+        meaning=(
+            "the column blocks of a BSR matrix: each segment of INDPTR (each row of an N-D "
+            "one, offsets absolute into this tensor) holds distinct, ascending integers in "
+            "[0, below)"
+        ),
     ),
     "sparse_indices": HintSignature(
         positional=("below",),

@@ -65,13 +65,14 @@ def _batch_axis(family: ir.Family) -> tuple[str | None, int]:
             continue
         kind = t.gen.kind
         if kind == "indptr":
-            indptr_lengths.append(t.shape[0])
-            derived.add(t.shape[0])
+            derived.add(t.shape[-1])
+            if len(t.shape) == 1:
+                indptr_lengths.append(t.shape[0])
             over = shapes.get(_hint_arg(t.gen, "over", 0) or "")
             if over:
                 derived.add(over[0])
-        elif kind in ("indices", "sparse_indices"):
-            below = _hint_arg(t.gen, "below", 0)
+        elif kind in ("indices", "sparse_indices", "bsr_indices"):
+            below = _hint_arg(t.gen, "below", 1 if kind == "bsr_indices" else 0)
             if below is not None:
                 derived |= _names(below)
         elif kind == "last_page_len":

@@ -87,6 +87,8 @@ class Fills:
             return self._make_last_page_len(name, dtype, shape_names)
         if kind == "indices":
             return self._make_indices(name, dtype, shape_names)
+        if kind == "bsr_indices":
+            return self._make_bsr_indices(name, dtype, shape_names)
         shape = tuple(self.axes[d] for d in shape_names)
         if kind == "sparse_indices":
             return self._make_sparse_indices(name, dtype, shape)
@@ -199,12 +201,19 @@ class Fills:
         return seg
 
     def _make_indptr(self, name: str, dtype: str, shape_names: tuple) -> torch.Tensor:
-        if len(shape_names) != 1:
-            raise InputGenerationError(f"{self.spec.name}: indptr `{name}` must be 1-D")
-        length = self.axes[shape_names[0]]
+        if not shape_names:
+            raise InputGenerationError(f"{self.spec.name}: indptr `{name}` must be 1-D or more")
+        length = self.axes[shape_names[-1]]
         if length < 1:
             raise InputGenerationError(f"{self.spec.name}: indptr `{name}` needs length >= 1")
-        n = length - 1
+        # An N-D indptr (BSR rows per batch and head) chains its rows: each row's segments
+        # follow the previous row's, its offsets absolute into the one tensor they index.
+        rows = math.prod(self.axes[d] for d in shape_names[:-1])
+        n = (length - 1) * rows
+        if len(shape_names) > 1 and self.bound[name].get("at_least") is not None:
+            raise InputGenerationError(
+                f"{self.spec.name}: indptr `{name}` of rank {len(shape_names)} takes no at_least"
+            )
         over = bare_name(self.bound[name]["over"]) or self.bound[name]["over"]
         total_axis = self._first_axis(over)
         min_len = int(self._arg(name, "min_len", DEFAULT_MIN_LEN))
@@ -242,7 +251,12 @@ class Fills:
         offsets = [0]
         for s in seg:
             offsets.append(offsets[-1] + s)
-        return torch.tensor(offsets, dtype=torch_dtype(dtype))
+        if len(shape_names) == 1:
+            return torch.tensor(offsets, dtype=torch_dtype(dtype))
+        per_row = length - 1
+        chained = [offsets[r * per_row : (r + 1) * per_row + 1] for r in range(rows)]
+        shape = tuple(self.axes[d] for d in shape_names)
+        return torch.tensor(chained, dtype=torch_dtype(dtype)).reshape(shape)
 
     def _make_last_page_len(self, name: str, dtype: str, shape_names: tuple) -> torch.Tensor:
         indptr = self._tensor_arg(name, "indptr")
@@ -309,6 +323,29 @@ class Fills:
                 )
             x = x.reshape(shape)
         return x.to(torch_dtype(dtype))
+
+    def _make_bsr_indices(self, name: str, dtype: str, shape_names: tuple) -> torch.Tensor:
+        """The column blocks of a BSR matrix: each segment of ``indptr`` (every row of an N-D
+        one, its offsets absolute into this tensor) gets distinct, ascending integers in
+        [0, below); entries no segment covers stay 0."""
+        indptr = self._tensor_arg(name, "indptr")
+        assert indptr is not None  # a required argument of the hint
+        if len(shape_names) != 1:
+            raise InputGenerationError(f"{self.spec.name}: bsr_indices `{name}` must be 1-D")
+        below = int(self._arg(name, "below"))
+        offsets = indptr.reshape(-1, indptr.shape[-1]).long()
+        total = self.axes[shape_names[0]]
+        out = torch.zeros(total, dtype=torch.int64)
+        for row in offsets.tolist():
+            for start, end in zip(row[:-1], row[1:]):
+                if end - start > below or not 0 <= start <= end <= total:
+                    raise InputGenerationError(
+                        f"{self.spec.name}: `{name}` cannot hold the segment {start}..{end} of "
+                        f"distinct blocks below {below} in {total} entries"
+                    )
+                chosen = torch.randperm(below, generator=self.rng)[: end - start]
+                out[start:end] = chosen.sort().values
+        return out.to(torch_dtype(dtype))
 
     def _make_sparse_indices(self, name: str, dtype: str, shape: tuple) -> torch.Tensor:
         below = int(self._arg(name, "below"))

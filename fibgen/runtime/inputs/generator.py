@@ -27,6 +27,9 @@ def _show(value: Any) -> str:
     return repr(value)
 
 
+_SCAN = 4096  # values above the default tried one by one where no power of two holds
+
+
 class Generator(Fills):
     """Makes one definition's inputs: derives the var axes, orders the inputs, checks the
     constraints; ``Fills`` makes each input."""
@@ -176,7 +179,12 @@ class Generator(Fills):
         while not holds(hi):
             hi *= 2
             if hi > 2**31:
-                return x  # unsatisfiable from here: the constraint check will report it
+                # No power of two holds: a constraint met at single values
+                # (`heads == 1 or heads == num_kv_heads`) is found by a short scan.
+                scan = [*range(x, x + _SCAN), *range(x - 1, 0, -1)]  # above, then below
+                found = next((v for v in scan if holds(v)), None)
+                # Otherwise unsatisfiable from here: the constraint check will report it.
+                return x if found is None else found
         lo = hi // 2
         while lo + 1 < hi:
             mid = (lo + hi) // 2
