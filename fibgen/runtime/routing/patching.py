@@ -135,8 +135,9 @@ def patch(
 #   assigns it too. Its cake and VSA backends return from plan() before assigning it, so a
 #   wrapper of those backends never has the stamp and its runs are not routed. The same
 #   holds for VariableBlockSparseAttentionWrapper.
-# - the PrimTS decode and MLA decode wrappers: ``_plan_state``, the new frozen record every
-#   successful plan() publishes (a failed re-plan leaves the previous one); no forward().
+# - the PrimTS decode, MLA decode and block-sparse (contiguous and paged) wrappers:
+#   ``_plan_state``, the new record every successful plan() publishes (a failed re-plan
+#   leaves the previous one); no forward().
 # - BatchPrefillCuteDSLWrapper: ``_mask_spec``, a new MaskSpec built by every plan() that
 #   gets past its checks; no forward().
 # - BatchMLADecodeCuteDSLWrapper: ``_variant``, a new StandardAttention built by every plan()
@@ -159,6 +160,8 @@ PLAN_STATE = {
     "flashinfer.sparse.VariableBlockSparseAttentionWrapper.plan": "_pos_encoding_mode",
     "flashinfer.attention.prims_ts.decode.BatchDecodePagedTSWrapper.plan": "_plan_state",
     "flashinfer.attention.prims_ts.mla_decode.BatchMLADecodePagedTSWrapper.plan": "_plan_state",
+    "flashinfer.attention.prims_ts.block_sparse.BlockSparseTSWrapper.plan": "_plan_state",
+    "flashinfer.attention.prims_ts.block_sparse.BlockSparsePagedTSWrapper.plan": "_plan_state",
     "flashinfer.cute_dsl.attention.wrappers.batch_prefill.BatchPrefillCuteDSLWrapper.plan": (
         "_mask_spec"
     ),
