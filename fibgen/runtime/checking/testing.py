@@ -111,7 +111,7 @@ def cases(
     """Expand a generated table into cases, paths resolved against the test file."""
     here = Path(test_file).resolve().parent
     root = _repo_root(here)
-    out = []
+    out: list[Case] = []
     for entry in entries:
         for axes in entry.axes:
             out.append(
