@@ -801,7 +801,8 @@ E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3
 def test_rmsnorm_fp4quant_calls_are_routed_into_the_callers_buffer_and_layout():
     from fibgen.runtime import enable_apply
 
-    x, w = _bf16(5, 4096, seed=21), (torch.rand(4096) + 0.5).to(torch.bfloat16)
+    x = _bf16(5, 4096, seed=21)
+    w = (torch.rand(4096, generator=torch.Generator().manual_seed(4)) + 0.5).to(torch.bfloat16)
     gs, seen = torch.tensor([150.0]), []
 
     def solution(**inputs):
@@ -837,9 +838,10 @@ def test_rmsnorm_fp4quant_calls_are_routed_into_the_callers_buffer_and_layout():
     xf = x.float()
     exact = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
     # NVFP4's error: within a quarter of each block's scale step of 1 (e2m1's 0.5 at most
-    # half-way, 2 near 6), by block.
+    # half-way, 2 near 6), by block, plus the bf16 rounding of x * weight the kernel makes
+    # first (4.99 steps may round to 5.01, hence to 6). Weights of seed 4 meet such a value.
     step = linear.float().repeat_interleave(16, -1) / gs
-    assert ((deq - exact).abs() <= step * 1.01 + 1e-3).all()
+    assert ((deq - exact).abs() <= step + exact.abs() * 2**-8 + 1e-3).all()
 
 
 @pytest.mark.parametrize(
