@@ -8,6 +8,7 @@ repository checkout. Tests that need it call ``require_shared()`` and are skippe
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from pathlib import Path
@@ -19,6 +20,20 @@ SHARED_DIR: Path = Path(
 )
 DATASET_DIR: Path = SHARED_DIR / "flashinfer-trace"
 SCHEMAS_DIR: Path = SHARED_DIR / "reference" / "schemas"
+ROOT: Path = Path(__file__).resolve().parents[1]
+
+
+@functools.cache
+def catalogue_module():
+    """The built-in catalogue (``definitions/``) compiled once per test process: a dozen test
+    files read it, several to a worker, at about 5 s a compile."""
+    from fibgen.compiler import compile_paths
+
+    result = compile_paths([str(ROOT / "definitions")])
+    if not result.ok:
+        messages = "\n".join(str(d) for d in result.diagnostics)
+        pytest.fail(f"the catalogue does not compile:\n{messages}")
+    return result.module
 
 
 def require_shared(*parts: str) -> Path:

@@ -24,14 +24,13 @@ from typing import Any
 import pytest
 import torch
 
-from _shared import require_module
+from _shared import catalogue_module, require_module
 
 require_module("flashinfer", "flashinfer-python 0.7.2.post1 is not installed (see .ci/run)")
 
 import _attn_b_calls as calls  # noqa: E402
 import _routable_calls as routable  # noqa: E402
 import fibgen.runtime as rt  # noqa: E402
-from fibgen.compiler import compile_paths  # noqa: E402
 from fibgen.runtime.routing import patching  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,9 +43,7 @@ pytestmark = [
 
 @functools.cache
 def _module():
-    result = compile_paths([str(ROOT / "definitions")])
-    assert result.ok, "the catalogue does not compile"
-    return result.module
+    return catalogue_module()
 
 
 @functools.cache

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from _shared import require_module
+from _shared import catalogue_module, require_module
 
 require_module("flashinfer", "flashinfer-python 0.7.2.post1 is not installed (see .ci/run)")
 
@@ -46,9 +46,7 @@ pytestmark = [
 
 @functools.cache
 def _catalogue():
-    result = compile_paths([str(ROOT / "definitions")])
-    assert result.ok, "the catalogue does not compile"
-    return routable.Catalogue(result.module)
+    return routable.Catalogue(catalogue_module())
 
 
 @functools.cache

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import torch
-from _shared import require_module
+from _shared import catalogue_module, require_module
 
 require_module("flashinfer", "flashinfer-python 0.7.2.post1 is not installed (see .ci/run)")
 
@@ -32,7 +32,6 @@ import _prims_ts_calls as calls  # noqa: E402
 import _routable_calls as routable  # noqa: E402
 
 import fibgen.runtime as rt  # noqa: E402
-from fibgen.compiler import compile_paths  # noqa: E402
 from fibgen.runtime.routing import patching  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,9 +48,7 @@ PLAN = "flashinfer.attention.prims_ts.decode.BatchDecodePagedTSWrapper.plan"
 
 @functools.cache
 def _catalogue():
-    result = compile_paths([str(ROOT / "definitions")])
-    assert result.ok, "the catalogue does not compile"
-    return routable.Catalogue(result.module)
+    return routable.Catalogue(catalogue_module())
 
 
 @functools.cache

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from _shared import DATASET_DIR, require_shared
+from _shared import DATASET_DIR, catalogue_module, require_shared
 
 # Slow as a whole: every reference of the catalogue run beside the dataset's.
 pytestmark = pytest.mark.slow
@@ -42,14 +42,9 @@ DATASET_PATHS = sorted((DATASET_DIR / "definitions").glob("*/*.json"))
 
 @functools.cache
 def _catalogue():
-    from fibgen.compiler import compile_paths
-
-    result = compile_paths([str(p) for p in CATALOGUE])
-    if not result.ok:
-        messages = "\n".join(str(d) for d in result.diagnostics)
-        pytest.fail(f"the catalogue does not compile:\n{messages}")
-    families = {f.name: f for f in result.module.families()}
-    return {d.name: (d, families[d.family]) for d in result.module.definitions}
+    module = catalogue_module()
+    families = {f.name: f for f in module.families()}
+    return {d.name: (d, families[d.family]) for d in module.definitions}
 
 
 @pytest.fixture(scope="module")

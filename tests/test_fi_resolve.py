@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _shared import require_module
+from _shared import catalogue_module, require_module
 
 from fibgen.format.fi_resolve import entry_point_of, resolve
 
@@ -303,16 +303,14 @@ def routed():
     require_module("flashinfer", FLASHINFER)
     import _routable_calls as routable
 
-    from fibgen.compiler import compile_paths
     from fibgen.format.fi_apis import traced_apis
 
-    result = compile_paths([str(ROOT / "definitions")])
-    assert result.module is not None
+    module = catalogue_module()
     generated = {}
     for path in (ROOT / "generated" / "definitions").rglob("*.json"):
         data = json.loads(path.read_text(encoding="utf-8"))
         generated[data["name"]] = data
-    return routable, routable.Catalogue(result.module), traced_apis(), generated
+    return routable, routable.Catalogue(module), traced_apis(), generated
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ import warnings
 import pytest
 import torch
 
-from _shared import require_module
+from _shared import catalogue_module, require_module
 
 require_module("flashinfer", "flashinfer-python 0.7.2.post1 is not installed (see .ci/run)")
 
@@ -26,7 +26,6 @@ import _flashinfer_cpu as cpu  # noqa: E402
 import _routable_calls as routable  # noqa: E402
 import flashinfer  # noqa: E402
 import fibgen.runtime as rt  # noqa: E402
-from fibgen.compiler import compile_paths  # noqa: E402
 from fibgen.runtime.routing import patching  # noqa: E402
 from fibgen.runtime.routing.state import OUTCOMES  # noqa: E402
 
@@ -42,9 +41,7 @@ pytestmark = [
 
 @functools.cache
 def _module():
-    result = compile_paths([str(ROOT / "definitions")])
-    assert result.ok, "the catalogue does not compile"
-    return result.module
+    return catalogue_module()
 
 
 def _families():
