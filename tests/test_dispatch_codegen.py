@@ -235,3 +235,24 @@ def test_generated_result_codes_are_the_runtimes():
     assert refusals.rule_text(("eps",), refusals.NO_KEY) == "key"
     assert refusals.rule_text(("eps",), refusals.UNEVALUABLE) == "unevaluable"
     assert refusals.rule_text(("eps",), 0) == "eps"
+
+
+@pytest.mark.parametrize(
+    "expr, black_writes",
+    [
+        ("append_key[:slot_mapping.shape[0]]", "append_key[: slot_mapping.shape[0]]"),
+        ("x[n + 1:]", "x[n + 1 :]"),
+        ("x[1:2]", "x[1:2]"),
+        ("d['k'][::2]", 'd["k"][::2]'),
+        ("2.0 ** (-126) <= s <= 3.402823466e+38", "2.0 ** (-126) <= s <= 3.402823466e38"),
+        ("x ** (n + 1)", "x ** (n + 1)"),
+    ],
+)
+def test_let_and_rule_expressions_are_written_as_black_writes_them(expr, black_writes):
+    # A `let` that slices by a shape (the slot-mapping page append) and a rule bounding a
+    # scale by float32's range made dispatchers black would rewrite.
+    import ast
+
+    from fibgen.codegen.python.dispatch.rules import unparse
+
+    assert unparse(ast.parse(expr, mode="eval")) == black_writes

@@ -8,6 +8,7 @@ when there are enough of them to pay for it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -28,6 +29,16 @@ def _format_one(text: str) -> str:
     import black
 
     return black.format_str(text, mode=_mode())
+
+
+@functools.lru_cache(maxsize=None)
+def format_one_line(expr: str) -> str:
+    """One Python expression as black writes it, on one line whatever its length."""
+    import black
+
+    prefix = "_ = "
+    text = black.format_str(prefix + expr + "\n", mode=black.Mode(line_length=1 << 20))
+    return text.strip()[len(prefix) :]
 
 
 # Lines black leaves long: a one-line docstring, and a name bound to one string literal.

@@ -83,8 +83,26 @@ def _rename(text: str, spell: Callable[[str], str | None]) -> str:
 
 
 def unparse(tree: ast.AST) -> str:
-    """``ast.unparse``, with string literals in black's quotes."""
-    text = ast.unparse(tree)
+    """``ast.unparse``, as black writes it: string literals in black's quotes, and where
+    ast.unparse spells otherwise (a slice's colon, a float's exponent, ``**``) black's own
+    spelling (``x[: n.shape[0]]``, ``3.4e38``)."""
+    text = _quoted(ast.unparse(tree))
+    if any(_black_respells(node) for node in ast.walk(tree)):
+        from fibgen.codegen.python.pyformat import format_one_line
+
+        text = format_one_line(text)
+    return text
+
+
+def _black_respells(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Slice)
+        or (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow))
+        or (isinstance(node, ast.Constant) and isinstance(node.value, (float, complex)))
+    )
+
+
+def _quoted(text: str) -> str:
     if "'" not in text:
         return text
     # ast.unparse writes one line: string tokens are replaced by their column offsets.
