@@ -18,27 +18,40 @@ if not torch.cuda.is_available():
 # FIBGEN_CACHE_DIR at a temporary folder would each build it again; its own tests build it.
 os.environ.setdefault("FIBGEN_NATIVE", "0")
 
-# The files that take a minute or more of one worker, longest first. Workers take files in
-# collection order (`--dist loadfile`), so these go first: started last, one of them kept a
-# worker busy for minutes after the other had finished everything else. Order only; every
-# test runs.
+# The files that take a minute or more of one worker, longest first (`--durations=0` of the
+# whole suite, summed per file). Workers take files in collection order (`--dist loadfile`),
+# so these go first: started last, one of them kept a worker busy for minutes after the other
+# had finished everything else. Order only; every test runs.
 _LONG_FIRST = (
-    "tests/test_bench_ray.py",
     "tests/test_catalogue_refs.py",
+    "tests/test_bench_ray.py",
+    "tests/test_scaffold.py",
+    "tests/test_docs.py",
+    "tests/test_build.py",
+    "tests/test_runtime_solutions.py",
+    "tests/test_builders.py",
+    "tests/test_cli_errors.py",
+    "tests/test_flashinfer_conformance.py",
     "tests/test_flashinfer_apply.py",
-    "tests/test_catalogue_attn_b.py",
-    "tests/test_catalogue_prims_ts.py",
+    "tests/test_bench_paths.py",
+    "tests/test_tracing.py",
+    "tests/test_bench_isolation.py",
+    "tests/test_catalogue_gemm.py",
     "tests/test_catalogue_moe_cute_dsl.py",
     "tests/test_catalogue_prims_ts_block_sparse.py",
-    "tests/test_catalogue_moe_prims_ts.py",
-    "tests/test_docs.py",
-    "tests/test_bench_triton.py",
-    "tests/test_builders.py",
-    "tests/test_fi_resolve.py",
-    "tests/test_cli_errors.py",
-    "tests/test_build.py",
+    "tests/test_expressions.py",
     "tests/test_fuzz.py",
+    "tests/test_bench_hardening.py",
+    "tests/test_catalogue_attn_b.py",
+    "tests/test_catalogue_prims_ts.py",
+    "tests/test_catalogue_moe.py",
+    "tests/test_catalogue_moe_prims_ts.py",
+    "tests/test_fi_resolve.py",
+    "generated/tests/test_gemm_mxfp8.py",
     "generated/tests/test_gemm.py",
+    "generated/tests/test_gemm_fp4.py",
+    "tests/test_bench_triton.py",
+    "tests/test_tests_target.py",
     "generated/tests/test_gdn_replayssm_commit.py",
     "tests/test_cuda_target.py",
     "tests/test_loop.py",
