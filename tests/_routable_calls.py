@@ -408,3 +408,8 @@ ROUTABLE |= _GEMM_MOE
 from _prims_ts_calls import ROUTABLE as _PRIMS_TS  # noqa: E402
 
 ROUTABLE |= _PRIMS_TS
+
+# The MiniMax-H3 APIs of minimax_h3.fidef, kept in a module of their own.
+from _routable_minimax import ROUTABLE as _MINIMAX  # noqa: E402
+
+ROUTABLE |= _MINIMAX

@@ -1,0 +1,204 @@
+"""The MiniMax-H3 families of minimax_h3.fidef, held to the real FlashInfer 0.7.2 on the CPU.
+
+Routing: FlashInfer's own entry points are called with apply on and a solution that records
+what it is given and returns what the reference does; the send buffers come back in the
+caller's tensors, the scales in the per-destination 128x4 layout (Note [minimax send-buffer
+scales]), checked against the catalogue's fp4_quantize and mxfp8_quantize on each
+destination's rows, laid out one scale at a time. A call the definitions do not model is
+refused, counted with its rule, and goes to FlashInfer itself, which raises here.
+
+The bf16 pre-attention reference is checked on a narrow hidden size against the formula
+written out in float64 (its roundings to bf16 where the kernel rounds).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import pytest
+import torch
+from _routable_minimax import BF16, PACK_MXFP8, PACK_NVFP4, bf16_call, pack_call
+from _shared import catalogue_module, require_module
+
+require_module("flashinfer", "flashinfer-python 0.7.2.post1 is not installed (see .ci/run)")
+
+import flashinfer.diffusion_ops as diffusion_ops  # noqa: E402
+
+import fibgen.runtime as rt  # noqa: E402
+
+PACK_PATH = "flashinfer.cake_minimax_h3.MiniMaxH3QkvQuantizePack.run"
+BF16_PATH = "flashinfer.diffusion_ops.minimax_h3.minimax_h3_bf16_pre_attention"
+pytestmark = pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning")
+
+
+@functools.cache
+def _catalogue():
+    from _routable_calls import Catalogue
+
+    return Catalogue(catalogue_module())
+
+
+@functools.cache
+def _reference(name):
+    d = _catalogue().defs[name]
+    namespace: dict = {}
+    exec(d.reference, namespace)
+    return namespace["run"]
+
+
+@pytest.fixture(autouse=True)
+def _off():
+    yield
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rt.disable_apply()
+
+
+def _recorder(name, seen):
+    def solution(**inputs):
+        seen.append(inputs)
+        return _reference(name)(**inputs)
+
+    return solution
+
+
+def _swizzled(scales: torch.Tensor) -> torch.Tensor:
+    """[R, C] scale bytes in the 128x4 layout, rows padded to 128 with zeros, one at a time."""
+    r_n, c_n = scales.shape
+    out = torch.zeros(-(-r_n // 128) * 128 * c_n, dtype=torch.uint8)
+    for r in range(r_n):
+        for c in range(c_n):
+            offset = c % 4 + (c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4
+            out[offset + (r // 128) * 128 * c_n] = scales[r, c]
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# MiniMaxH3QkvQuantizePack.run
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [PACK_NVFP4, PACK_MXFP8])
+def test_qkv_pack_calls_are_routed_into_the_callers_send_buffer(name):
+    call, seen = pack_call(_catalogue(), name), []
+    op, kw = call.args[0], call.kwargs
+    nvfp4 = name == PACK_NVFP4
+    with rt.enable_apply({name: _recorder(name, seen)}, strict=True):
+        out_q, out_sf = op.run(**kw)
+    assert len(seen) == 1
+    assert out_q is kw["out_q"] and out_sf is kw["out_sf"]
+    p, m = out_q.shape[0], out_q.shape[1]
+    hdst = 56 // p
+    # Destination p, token t, local head h, kind c is head p * hdst + h of q, k or v: each
+    # row quantized as the catalogue's fp4_quantize / mxfp8_quantize quantize a row.
+    rows = torch.stack((kw["q"], kw["k"], kw["v"]), dim=2)  # [M, 56, 3, 128]
+    if nvfp4:
+        quantize = _reference("fp4_quantize_k4096")
+        gs = kw["out_global_scale"]
+    else:
+        quantize = _reference("mxfp8_quantize_k4096")
+    for dst in range(p):
+        mine = rows[:, dst * hdst : (dst + 1) * hdst].reshape(-1, 128)
+        want_q, want_sf = quantize(mine, gs) if nvfp4 else quantize(mine)
+        got_q = out_q[dst].reshape(mine.shape[0], -1).view(torch.uint8)
+        assert torch.equal(got_q, want_q.view(torch.uint8))
+        # The caller's 0xFF filler is overwritten everywhere: padding rows are zero.
+        assert torch.equal(out_sf[dst], _swizzled(want_sf.view(torch.uint8)))
+    assert m * hdst * 3 % 128 != 0  # the instance exercises the padding rows
+
+
+def test_a_qkv_pack_call_with_tensors_it_was_not_bound_to_falls_back():
+    call, seen = pack_call(_catalogue(), PACK_MXFP8), []
+    op, kw = call.args[0], dict(call.kwargs)
+    kw["q"] = kw["q"].clone()
+    with rt.enable_apply({PACK_MXFP8: _recorder(PACK_MXFP8, seen)}):
+        with pytest.raises(ValueError, match="cannot be rebound"):
+            op.run(**kw)
+    assert not seen
+    assert sum(rt.stats()[PACK_PATH]["rules"].values()) == 1
+
+
+# ---------------------------------------------------------------------------------------
+# minimax_h3_bf16_pre_attention
+# ---------------------------------------------------------------------------------------
+
+
+def _bf(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.bfloat16).double()
+
+
+def _pre_attention_by_hand(x, xw, scale, shift, index, w, qw, kw, cache, pos, p, eps, qk_eps):
+    """The kernel's formula in float64, rounded to bf16 where the kernel rounds."""
+    m = x.shape[0]
+    xd = x.double()
+    n = _bf(xw.double() * xd / (xd.pow(2).mean(-1, keepdim=True) + eps).sqrt())
+    a = torch.zeros_like(n)
+    for t in range(m):
+        i = int(index[t])
+        if 0 <= i < scale.shape[0]:
+            a[t] = _bf(n[t] * _bf(scale[i].double() + 1) + shift[i].double())
+    y = _bf(a @ w.double().t()).reshape(m, 3, -1, 128)
+    out = torch.empty(m, y.shape[2], 3, 128, dtype=torch.float64)
+    for t in range(m):
+        r = min(max(int(pos[t]), 0), cache.shape[0] - 1)
+        cos, sin = cache[r, :48].double(), cache[r, 48:].double()
+        for c, nw in ((0, qw), (1, kw)):
+            h = y[t, c]
+            h = _bf(nw.double() * h / (h.pow(2).mean(-1, keepdim=True) + qk_eps).sqrt())
+            lo, hi = h[:, :48].clone(), h[:, 48:96].clone()
+            h[:, :48], h[:, 48:96] = lo * cos - hi * sin, hi * cos + lo * sin
+            out[t, :, c] = h
+        out[t, :, 2] = y[t, 2]
+    heads = y.shape[2]
+    return out.reshape(m, p, heads // p, 3, 128).permute(1, 0, 2, 3, 4)
+
+
+def test_bf16_pre_attention_reference_is_the_kernels_formula():
+    # A narrow stand-in (hidden 64, 4 heads): the reference reads its sizes from the tensors.
+    g = torch.Generator().manual_seed(3)
+
+    def rnd(*shape, s=1.0):
+        return (torch.randn(*shape, generator=g) * s).bfloat16()
+
+    m, hidden, heads, p = 5, 64, 4, 2
+    x, xw = rnd(m, hidden), (torch.rand(hidden, generator=g) + 0.5).bfloat16()
+    scale, shift = rnd(3, hidden, s=0.3), rnd(3, hidden, s=0.3)
+    index = torch.tensor([0, 2, 1, 3, -1])  # 3 and -1: outside the table, zero rows
+    w = rnd(3 * heads * 128, hidden, s=0.2)
+    qw, kw = rnd(128, s=0.2) + 1, rnd(128, s=0.2) + 1
+    cache = rnd(4, 96)
+    pos = torch.tensor([0, 3, 9, -2, 1])  # clamped into the cache's 4 rows
+    out = torch.zeros(p, m, heads // p, 3, 128, dtype=torch.bfloat16)
+    run = _reference(BF16)
+    got = run(x, xw, scale, shift, index, w, qw, kw, cache, pos, out, 1e-5, 1e-3)
+    want = _pre_attention_by_hand(x, xw, scale, shift, index, w, qw, kw, cache, pos, p, 1e-5, 1e-3)
+    assert got.shape == out.shape and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), want, atol=2e-2, rtol=2e-2)
+    assert (got[:, 3:].double() == 0).sum() > 0 and (got[:, 3:, :, 2] == 0).all()
+
+
+def test_bf16_pre_attention_calls_are_routed_with_its_defaults():
+    call, seen = bf16_call(_catalogue()), []
+    kw = dict(call.kwargs)
+    kw.pop("qk_eps"), kw.pop("rope_positions")  # None: eps and the identity
+    with rt.enable_apply({BF16: _recorder(BF16, seen)}, strict=True):
+        got = diffusion_ops.minimax_h3_bf16_pre_attention(*call.args, **kw)
+    assert len(seen) == 1 and got is kw["out"]
+    (inputs,) = seen
+    assert inputs["qk_eps"] == inputs["eps"] == 1e-5
+    assert torch.equal(inputs["rope_positions"], torch.arange(3))
+    p = kw["ulysses_degree"]
+    assert got.shape == (p, 3, 56 // p, 3, 128) and got.abs().sum() > 0
+
+
+def test_a_bf16_pre_attention_call_with_a_short_rope_cache_falls_back():
+    call, seen = bf16_call(_catalogue()), []
+    args, kw = list(call.args), dict(call.kwargs)
+    args[8] = args[8][:2]  # 2 cache rows for 3 tokens, and no positions
+    kw["rope_positions"] = None
+    with rt.enable_apply({BF16: _recorder(BF16, seen)}):
+        with pytest.raises(ValueError, match="rope_cos_sin has 2 rows"):
+            diffusion_ops.minimax_h3_bf16_pre_attention(*args, **kw)
+    assert not seen
+    assert sum(rt.stats()[BF16_PATH]["rules"].values()) == 1
