@@ -72,3 +72,39 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.cake_minimax_h3.MiniMaxH3QkvQuantizePack.run": lambda c: pack_call(c, PACK_NVFP4),
     "flashinfer.diffusion_ops.minimax_h3.minimax_h3_bf16_pre_attention": bf16_call,
 }
+
+
+MXFP8 = "minimax_h3_mxfp8_pre_attention_p8_hdst7_d128"
+
+
+def mxfp8_call(c: Any, m: int = 3) -> Any:
+    """A MiniMaxH3Mxfp8PreAttention.run call: the projection weight (115 MB of e4m3) is
+    made here, ones but for a random first 64 columns; its scales vary by row and block."""
+    from _routable_calls import Call
+    from flashinfer.cake_minimax_h3 import MiniMaxH3Mxfp8PreAttention
+
+    g = torch.Generator().manual_seed(1)
+
+    def rnd(*shape: int, s: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * s).bfloat16()
+
+    weight = torch.ones(21504, 5376, dtype=torch.float8_e4m3fn)
+    weight[:, :64] = torch.randn(21504, 64, generator=g).to(torch.float8_e4m3fn)
+    kwargs: dict = {"x": rnd(m, 5376), "x_norm_weight": rnd(5376, s=0.1) + 1}
+    kwargs |= {"adaln_scale": rnd(9, 5376, s=0.2), "adaln_shift": rnd(9, 5376, s=0.2)}
+    kwargs["adaln_index"] = torch.randint(0, 9, (m,), generator=g, dtype=torch.int32)
+    kwargs["qkv_weight_q"] = weight
+    sf = torch.randint(112, 122, (21504 * 168,), generator=g, dtype=torch.int32)
+    kwargs["qkv_weight_sf"] = sf.to(torch.uint8)
+    kwargs |= {"q_norm_weight": rnd(128, s=0.1) + 1, "k_norm_weight": rnd(128, s=0.1) + 1}
+    kwargs["rope_cos_sin"] = rnd(m, 96).clamp(-1, 1)
+    kwargs["out_q"] = torch.zeros(8, m, 7, 3, 128, dtype=torch.float8_e4m3fn)
+    kwargs["out_sf"] = torch.full((8, scale_stride(m, 8, 4)), 0xFF, dtype=torch.uint8)
+    kwargs |= {"debug_q_bf16": None, "debug_k_bf16": None}
+    # What __init__ keeps; it needs an SM100 GPU to run.
+    op = object.__new__(MiniMaxH3Mxfp8PreAttention)
+    op.__dict__["_bound_tensors"] = dict(kwargs)
+    return Call(MXFP8, (op,), kwargs)
+
+
+ROUTABLE["flashinfer.cake_minimax_h3.MiniMaxH3Mxfp8PreAttention.run"] = mxfp8_call

@@ -202,3 +202,79 @@ def test_a_bf16_pre_attention_call_with_a_short_rope_cache_falls_back():
             diffusion_ops.minimax_h3_bf16_pre_attention(*args, **kw)
     assert not seen
     assert sum(rt.stats()[BF16_PATH]["rules"].values()) == 1
+
+
+# ---------------------------------------------------------------------------------------
+# MiniMaxH3Mxfp8PreAttention.run
+# ---------------------------------------------------------------------------------------
+
+MXFP8_PATH = "flashinfer.cake_minimax_h3.MiniMaxH3Mxfp8PreAttention.run"
+
+
+def _swizzle_rows(scales: torch.Tensor) -> torch.Tensor:
+    """[R, C] bytes, R padded to 128, in the 128x4 layout (as mxfp8_quantize lays them out)."""
+    r, c = scales.shape
+    padded = torch.nn.functional.pad(scales, (0, 0, 0, (-r) % 128))
+    return padded.reshape(-1, 4, 32, c // 4, 4).permute(0, 3, 2, 1, 4).reshape(-1)
+
+
+def test_mxfp8_pre_attention_is_the_catalogues_quantize_gemm_and_pack():
+    from _routable_minimax import MXFP8, mxfp8_call
+
+    call, seen = mxfp8_call(_catalogue()), []
+    op, kw = call.args[0], call.kwargs
+    with rt.enable_apply({MXFP8: _recorder(MXFP8, seen)}, strict=True):
+        out_q, out_sf = op.run(**kw)
+    assert len(seen) == 1 and out_q is kw["out_q"] and out_sf is kw["out_sf"]
+    # The same pipeline from other families' references and the GEMM written out: the
+    # activation as mxfp8_quantize quantizes it; the projection, whose weight the builder
+    # makes 1 beyond its first 64 columns, as the block sums of the dequantized activation
+    # times each weight row's block scales, plus the first two blocks in full; Q/K norm and
+    # RoPE written out; the pack as minimax_h3_qkv_quantize_pack_mxfp8 packs bf16 q, k, v.
+    x, i = kw["x"].double(), kw["adaln_index"].long()
+    n = _bf(kw["x_norm_weight"].double() * x / (x.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt())
+    a = _bf(n * _bf(kw["adaln_scale"][i].double() + 1) + kw["adaln_shift"][i].double())
+    a_q, a_e = _reference("mxfp8_quantize_k4096")(a.bfloat16())
+    a_deq = (
+        a_q.double().reshape(3, 168, 32)
+        * torch.exp2(a_e.view(torch.uint8).double() - 127)[..., None]
+    )
+    w, w_sf = kw["qkv_weight_q"], kw["qkv_weight_sf"]
+    w_e = w_sf.reshape(168, 42, 32, 4, 4).permute(0, 3, 2, 1, 4).reshape(21504, 168)
+    w_scale = torch.exp2(w_e.double() - 127)  # [N, 168]
+    y = a_deq[:, 2:].sum(-1) @ w_scale[:, 2:].t()
+    head = w[:, :64].double().reshape(21504, 2, 32) * w_scale[:, :2, None]
+    y += a_deq[:, :2].reshape(3, 64) @ head.reshape(21504, 64).t()
+    y = _bf(y)
+    y = y.double().reshape(3, 56, 3, 128)  # [M, head, kind, d]
+    heads = []
+    for c, nw in ((0, kw["q_norm_weight"]), (1, kw["k_norm_weight"])):
+        h = y[:, :, c]
+        h = _bf(nw.double() * h / (h.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt())
+        cos = kw["rope_cos_sin"][:, None, :48].double()
+        sin = kw["rope_cos_sin"][:, None, 48:].double()
+        lo, hi = h[..., :48], h[..., 48:96]
+        heads.append(torch.cat((lo * cos - hi * sin, hi * cos + lo * sin, h[..., 96:]), -1))
+    q, k, v = (t.bfloat16() for t in (*heads, y[:, :, 2]))
+    want_q, want_sf = _reference(PACK_MXFP8.replace("_p2_hdst28", "_p8_hdst7"))(q, k, v)
+    same = out_q.view(torch.uint8) == want_q.view(torch.uint8)
+    # float64 here, float32 there: a value on an e4m3 rounding boundary may take the
+    # neighbouring code.
+    assert same.float().mean() > 0.995
+    want_sf = torch.stack([_swizzle_rows(s.reshape(-1, 4).view(torch.uint8)) for s in want_sf])
+    assert (out_sf == want_sf).float().mean() > 0.995
+
+
+def test_an_mxfp8_pre_attention_call_asking_for_debug_outputs_falls_back():
+    from _routable_minimax import MXFP8, mxfp8_call
+
+    call, seen = mxfp8_call(_catalogue(), m=1), []
+    op, kw = call.args[0], dict(call.kwargs)
+    debug = torch.zeros(1, 56, 128, dtype=torch.bfloat16)
+    kw |= {"debug_q_bf16": debug, "debug_k_bf16": debug.clone()}
+    op.__dict__["_bound_tensors"] = dict(kw)
+    with rt.enable_apply({MXFP8: _recorder(MXFP8, seen)}):
+        with pytest.raises(Exception):  # noqa: B017 - FlashInfer's prepared route, absent here
+            op.run(**kw)
+    assert not seen
+    assert sum(rt.stats()[MXFP8_PATH]["rules"].values()) == 1

@@ -416,6 +416,9 @@ NOT_FROM_THE_DEFINITION = {
     "flashinfer.gemm.gemm_base.bmm_fp8": "the output's `dtype`",
     "flashinfer.gemm.gemm_base.bmm_mxfp8": "the output's `dtype`",
     "flashinfer.gemm.gemm_base.batch_deepgemm_fp8_nt_groupwise": "`expected_m`, a rule",
+    "flashinfer.diffusion_ops.minimax_h3.minimax_h3_bf16_pre_attention": (
+        "`rope_positions`, read through a `let` that stands for its None"
+    ),
 }
 
 
