@@ -108,3 +108,43 @@ def mxfp8_call(c: Any, m: int = 3) -> Any:
 
 
 ROUTABLE["flashinfer.cake_minimax_h3.MiniMaxH3Mxfp8PreAttention.run"] = mxfp8_call
+
+
+NVFP4 = "minimax_h3_nvfp4_pre_attention_p8_hdst7_d128"
+
+
+def nvfp4_call(c: Any, m: int = 3) -> Any:
+    """A MiniMaxH3Nvfp4PreAttention.run call: the projection weight (58 MB of E2M1 pairs) is
+    made here, 1.0 (code 2) but for a random first 64 values a row; its scales are random."""
+    from _routable_calls import Call
+    from flashinfer.cake_minimax_h3 import MiniMaxH3Nvfp4PreAttention
+
+    g = torch.Generator().manual_seed(2)
+
+    def rnd(*shape: int, s: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * s).bfloat16()
+
+    weight = torch.full((21504, 2688), 0x22, dtype=torch.uint8)
+    weight[:, :32] = torch.randint(0, 256, (21504, 32), generator=g, dtype=torch.int32).to(
+        torch.uint8
+    )
+    sf = (torch.rand(21504 * 336, generator=g) * 0.015 + 0.005).to(torch.float8_e4m3fn)
+    kwargs: dict = {"x": rnd(m, 5376), "x_norm_weight": rnd(5376, s=0.1) + 1}
+    kwargs |= {"adaln_scale": rnd(9, 5376, s=0.2), "adaln_shift": rnd(9, 5376, s=0.2)}
+    kwargs["adaln_index"] = torch.randint(0, 9, (m,), generator=g, dtype=torch.int32)
+    kwargs["x_global_scale"] = torch.tensor([400.0])
+    kwargs |= {"qkv_weight_q": weight, "qkv_weight_sf": sf.view(torch.uint8)}
+    kwargs["w_global_scale"] = torch.tensor([1.5])
+    kwargs |= {"q_norm_weight": rnd(128, s=0.1) + 1, "k_norm_weight": rnd(128, s=0.1) + 1}
+    kwargs["rope_cos_sin"] = rnd(m, 96).clamp(-1, 1)
+    kwargs["out_global_scale"] = torch.tensor([150.0])
+    kwargs["out_q"] = torch.zeros(8, m, 7, 3, 64, dtype=torch.uint8)
+    kwargs["out_sf"] = torch.full((8, scale_stride(m, 8, 8)), 0xFF, dtype=torch.uint8)
+    kwargs |= {"debug_q_bf16": None, "debug_k_bf16": None, "debug_adaln_bf16": None}
+    # What __init__ keeps; it needs an SM100 GPU to run.
+    op = object.__new__(MiniMaxH3Nvfp4PreAttention)
+    op.__dict__["_bound_tensors"] = dict(kwargs)
+    return Call(NVFP4, (op,), kwargs)
+
+
+ROUTABLE["flashinfer.cake_minimax_h3.MiniMaxH3Nvfp4PreAttention.run"] = nvfp4_call

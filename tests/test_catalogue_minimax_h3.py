@@ -278,3 +278,76 @@ def test_an_mxfp8_pre_attention_call_asking_for_debug_outputs_falls_back():
             op.run(**kw)
     assert not seen
     assert sum(rt.stats()[MXFP8_PATH]["rules"].values()) == 1
+
+
+# ---------------------------------------------------------------------------------------
+# MiniMaxH3Nvfp4PreAttention.run
+# ---------------------------------------------------------------------------------------
+
+NVFP4_PATH = "flashinfer.cake_minimax_h3.MiniMaxH3Nvfp4PreAttention.run"
+E2M1 = torch.tensor(
+    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+)
+
+
+def _unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 pairs, low nibble first, as float64 values."""
+    b = packed.view(torch.uint8).long()
+    return torch.stack((E2M1[b & 15], E2M1[b >> 4]), dim=-1).flatten(-2).double()
+
+
+def test_nvfp4_pre_attention_is_the_catalogues_quantize_gemm_and_pack():
+    from _routable_minimax import NVFP4, nvfp4_call
+
+    call, seen = nvfp4_call(_catalogue()), []
+    op, kw = call.args[0], call.kwargs
+    with rt.enable_apply({NVFP4: _recorder(NVFP4, seen)}, strict=True):
+        out_q, out_sf = op.run(**kw)
+    assert len(seen) == 1 and out_q is kw["out_q"] and out_sf is kw["out_sf"]
+    # The same pipeline from other families' references and the GEMM written out: the
+    # activation as fp4_quantize quantizes it with x_global_scale; the projection, whose
+    # weight the builder makes 1.0 beyond its first 64 values a row, as the block sums of
+    # the dequantized activation times each weight row's block scales, plus the first four
+    # blocks in full, times 1 / (x_global_scale * w_global_scale); Q/K norm and RoPE
+    # written out; the pack as minimax_h3_qkv_quantize_pack_nvfp4 packs bf16 q, k, v.
+    x, i = kw["x"].double(), kw["adaln_index"].long()
+    n = _bf(kw["x_norm_weight"].double() * x / (x.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt())
+    a = _bf(n * _bf(kw["adaln_scale"][i].double() + 1) + kw["adaln_shift"][i].double())
+    a_q, a_sf = _reference("fp4_quantize_k4096")(a.bfloat16(), kw["x_global_scale"])
+    a_deq = _unpack_e2m1(a_q).reshape(3, 336, 16) * a_sf.double()[..., None]
+    w_sf = kw["qkv_weight_sf"].view(torch.float8_e4m3fn).double()
+    w_sf = w_sf.reshape(168, 84, 32, 4, 4).permute(0, 3, 2, 1, 4).reshape(21504, 336)
+    y = a_deq[:, 4:].sum(-1) @ w_sf[:, 4:].t()
+    head = _unpack_e2m1(kw["qkv_weight_q"][:, :32]).reshape(21504, 4, 16) * w_sf[:, :4, None]
+    y += a_deq[:, :4].reshape(3, 64) @ head.reshape(21504, 64).t()
+    y = _bf(y / (kw["x_global_scale"].double() * kw["w_global_scale"].double()))
+    y = y.reshape(3, 56, 3, 128)  # [M, head, kind, d]
+    heads = []
+    for c, nw in ((0, kw["q_norm_weight"]), (1, kw["k_norm_weight"])):
+        h = y[:, :, c]
+        h = _bf(nw.double() * h / (h.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt())
+        cos = kw["rope_cos_sin"][:, None, :48].double()
+        sin = kw["rope_cos_sin"][:, None, 48:].double()
+        lo, hi = h[..., :48], h[..., 48:96]
+        heads.append(torch.cat((lo * cos - hi * sin, hi * cos + lo * sin, h[..., 96:]), -1))
+    q, k, v = (t.bfloat16() for t in (*heads, y[:, :, 2]))
+    want_q, want_sf = _reference(PACK_NVFP4)(q, k, v, kw["out_global_scale"])
+    same = out_q == want_q.view(torch.uint8)
+    # float64 here, float32 there: a value on an e2m1 rounding boundary may take the
+    # neighbouring code.
+    assert same.float().mean() > 0.99
+    want_sf = torch.stack([_swizzle_rows(s.reshape(-1, 8).view(torch.uint8)) for s in want_sf])
+    assert (out_sf == want_sf).float().mean() > 0.99
+
+
+def test_an_nvfp4_pre_attention_call_with_a_rebound_global_scale_falls_back():
+    from _routable_minimax import NVFP4, nvfp4_call
+
+    call, seen = nvfp4_call(_catalogue(), m=1), []
+    op, kw = call.args[0], dict(call.kwargs)
+    kw["x_global_scale"] = kw["x_global_scale"].clone()
+    with rt.enable_apply({NVFP4: _recorder(NVFP4, seen)}):
+        with pytest.raises(ValueError, match="cannot be rebound"):
+            op.run(**kw)
+    assert not seen
+    assert sum(rt.stats()[NVFP4_PATH]["rules"].values()) == 1
