@@ -218,6 +218,8 @@ def _swizzle_rows(scales: torch.Tensor) -> torch.Tensor:
     return padded.reshape(-1, 4, 32, c // 4, 4).permute(0, 3, 2, 1, 4).reshape(-1)
 
 
+# Seconds: the reference dequantizes the whole [21504, 5376] projection.
+@pytest.mark.slow
 def test_mxfp8_pre_attention_is_the_catalogues_quantize_gemm_and_pack():
     from _routable_minimax import MXFP8, mxfp8_call
 
@@ -296,6 +298,8 @@ def _unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((E2M1[b & 15], E2M1[b >> 4]), dim=-1).flatten(-2).double()
 
 
+# Seconds: the reference dequantizes the whole [21504, 5376] projection.
+@pytest.mark.slow
 def test_nvfp4_pre_attention_is_the_catalogues_quantize_gemm_and_pack():
     from _routable_minimax import NVFP4, nvfp4_call
 
