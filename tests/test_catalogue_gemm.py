@@ -267,7 +267,6 @@ def test_mm_bf16_hands_the_solution_the_column_major_weight_as_given(monkeypatch
         ("flashinfer.gemm.mm_mxfp8", "out_dtype", torch.float16, "out_dtype"),
         ("flashinfer.gemm.mm_mxfp8", "backend", "trtllm", "backend"),
         ("flashinfer.gemm.bmm_mxfp8", "dtype", torch.float16, "dtype"),
-        (MM_BF16_FP4_PATH, "backend", "cute-dsl-native", "backend"),
         (MM_BF16_FP4_PATH, "backend", "blackwell-tiled", "backend"),
         (MM_BF16_FP4_PATH, "block_size", 32, "block_size"),
         (MM_BF16_FP4_PATH, "out_dtype", torch.float16, "out_dtype"),
@@ -791,6 +790,27 @@ def test_mm_bf16_fp4_of_a_cudnn_prepared_weight_is_flashinfers_reference(monkeyp
     seen = _hit(out)
     assert seen["B"].dtype == torch.float4_e2m1fn_x2 and seen["B"].data_ptr() == b.data_ptr()
     assert seen["b_descale"] is sf and seen["alpha"].shape == ()
+    theirs = templates._mm_bf16_fp4_native_reference(a, b, swizzled.reshape(-1), alpha)
+    assert torch.equal(out.result, theirs)
+
+
+@pytest.mark.parametrize("flat", [True, False])
+def test_mm_bf16_fp4_of_a_canonical_weight_goes_to_the_swizzled_family(flat, monkeypatch):
+    # cute-dsl-native takes the weight as nvfp4_quantize leaves it: its scales the 128x4
+    # buffer, flat or 2-D. The linear family refuses the backend; the swizzled one routes it,
+    # and its result is FlashInfer's template reference bit for bit (alpha a power of two).
+    name = "gemm_bf16_fp4_swizzled_N2048_K7168"
+    g = torch.Generator().manual_seed(14)
+    a = torch.randn(3, 7168, generator=g).to(torch.bfloat16)
+    b = torch.randint(0, 256, (2048, 3584), dtype=torch.uint8, generator=g)
+    swizzled = (torch.rand(2048, 448, generator=g) * 3.75 + 0.25).to(torch.float8_e4m3fn)
+    alpha = torch.tensor([0.25])
+    sf = swizzled.view(torch.uint8).reshape(-1) if flat else swizzled
+    out = _route(
+        monkeypatch, MM_BF16_FP4_PATH, name, (a, b, sf, alpha), {"backend": "cute-dsl-native"}
+    )
+    seen = _hit(out)
+    assert seen["b_descale"].shape == (2048, 448) and seen["b_descale"].data_ptr() == sf.data_ptr()
     theirs = templates._mm_bf16_fp4_native_reference(a, b, swizzled.reshape(-1), alpha)
     assert torch.equal(out.result, theirs)
 
