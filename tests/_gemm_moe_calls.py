@@ -168,6 +168,46 @@ def bmm_mxfp8(c: Catalogue) -> Any:
     return _call(BMM_MXFP8, args, {"out": c.buffer(BMM_MXFP8, "C", axes), "backend": "cudnn"})
 
 
+MM_BF16_FP4 = "gemm_bf16_fp4_N2048_K7168"
+
+
+def mm_bf16_fp4(c: Catalogue) -> Any:
+    x, axes = c.inputs(MM_BF16_FP4, M=3)
+    # As prepare_bf16_fp4_weights(..., backend="cudnn") returns them: the packed weight as
+    # uint8, its scales linear e4m3.
+    args = (x["A"], x["B"].view(torch.uint8), x["b_descale"], x["alpha"].reshape(1))
+    kwargs = {"backend": "cudnn", "out_dtype": torch.bfloat16}
+    kwargs |= {"out": c.buffer(MM_BF16_FP4, "C", axes), "block_size": 16, "enable_pdl": False}
+    return _call(MM_BF16_FP4, args, kwargs)
+
+
+MASKED_NVFP4 = "grouped_gemm_nt_masked_nvfp4_n2048_k768"
+
+
+def grouped_gemm_nt_masked(c: Catalogue) -> Any:
+    x, axes = c.inputs(MASKED_NVFP4, num_groups=2, M=3, M_padded=128)
+
+    def scales(s: torch.Tensor) -> torch.Tensor:
+        # [G, rows, cols] swizzled -> the [32, 4, rows / 128, 4, cols / 4, G] view of it.
+        g, rows, cols = s.shape
+        return s.reshape(g, rows // 128, cols // 4, 32, 4, 4).permute(3, 4, 1, 5, 2, 0)
+
+    # As scaled_fp4_grouped_quantize returns the activation: uint8 [M, K / 2, G] views.
+    lhs = (x["a"].view(torch.uint8).permute(1, 2, 0), scales(x["a_sf"]))
+    rhs = (x["b"].view(torch.uint8).permute(1, 2, 0), scales(x["b_sf"]))
+    # The output as FlashInfer asks for it: an [M, N, G] view of group-major memory.
+    out = torch.zeros(axes["num_groups"], axes["M"], axes["N"], dtype=torch.bfloat16)
+    out = out.permute(1, 2, 0)
+    kwargs: dict = {"ab_dtype": "float4_e2m1fn", "sf_dtype": "float8_e4m3fn"}
+    kwargs |= {"c_dtype": "bfloat16", "sf_vec_size": 16, "topk_weights": None}
+    kwargs |= {"idx_src_info": None, "rank_src_info": None, "out_ptrs": None, "num_ranks": 0}
+    kwargs |= {"dst_signals": None, "sm_count": 148, "barrier_flag_local": None}
+    kwargs |= {"barrier_flag_multicast": None, "is_combine_fusion": False, "is_swap_ab": False}
+    kwargs |= {"mma_tiler_mn": (256, 128), "cluster_shape_mn": (2, 1)}
+    kwargs |= {"alpha": x["alpha"], "alpha_dtype": "float32"}
+    return _call(MASKED_NVFP4, (lhs, rhs, out, x["masked_m"]), kwargs)
+
+
 SVDQUANT = "gemm_nvfp4_svdquant_N3072_K3072_r32"
 
 
@@ -673,4 +713,8 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.gemm.bmm_mxfp8": bmm_mxfp8,
     "flashinfer.gemm.gemm_svdquant.mm_nvfp4_svdquant": mm_nvfp4_svdquant,
     "flashinfer.gemm.gemm_svdquant.svdquant_linear": svdquant_linear,
+    "flashinfer.gemm.gemm_bf16_fp4.mm_bf16_fp4": mm_bf16_fp4,
+    "flashinfer.gemm.kernels.grouped_gemm_masked_wrapper.grouped_gemm_nt_masked": (
+        grouped_gemm_nt_masked
+    ),
 }

@@ -267,6 +267,9 @@ NOT_LANDING = {
     # Its template reads K from the packed FP4 activation (two values a byte: K / 2) and
     # the weight's scales as [K, N / block_size], where they are [K / 16 padded, N padded].
     "flashinfer.gemm.gemm_base.mm_fp4": "misread",
+    # Its template describes the (data, scales) tuples lhs and rhs as single tensors
+    # [num_groups, max_m, K] and [num_groups, N, K]: the JSON names neither N nor K.
+    "flashinfer.gemm.kernels.grouped_gemm_masked_wrapper.grouped_gemm_nt_masked": "ambiguous",
     # Its template's axes are all var (the input's width among them) and it describes the
     # mask, a token count per expert [B], as [B, M, K_doubled]: the JSON names no width.
     "flashinfer.activation.silu_and_mul_scaled_nvfp4_experts_quantize": "ambiguous",
@@ -418,6 +421,13 @@ NOT_FROM_THE_DEFINITION = {
     "flashinfer.gemm.gemm_base.batch_deepgemm_fp8_nt_groupwise": "`expected_m`, a rule",
     "flashinfer.diffusion_ops.minimax_h3.minimax_h3_bf16_pre_attention": (
         "`rope_positions`, read through a `let` that stands for its None"
+    ),
+    # A required keyword no definition holds: which prepared layout the weight is in.
+    "flashinfer.gemm.gemm_bf16_fp4.mm_bf16_fp4": "`backend`, a rule",
+    # Its operands are (data, scales) tuples of permuted views, which its `let`s read
+    # group-major; the definition holds the group-major tensors.
+    "flashinfer.gemm.kernels.grouped_gemm_masked_wrapper.grouped_gemm_nt_masked": (
+        "tuples of views its `let`s read"
     ),
 }
 
