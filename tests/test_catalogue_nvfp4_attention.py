@@ -233,6 +233,56 @@ def test_fwd_calls_the_definition_does_not_model_fall_back(monkeypatch, kwargs, 
     assert originals[0]["q_fp4"].dtype == torch.uint8  # FlashInfer's own arguments
 
 
+def _with(args, **changes):
+    """The fwd arguments with some replaced by index: a0 is q_fp4, ..., a6 qk_correction."""
+    args = list(args)
+    for key, value in changes.items():
+        args[int(key[1:])] = value
+    return tuple(args)
+
+
+@pytest.mark.parametrize(
+    ("changes", "rule"),
+    [
+        # Rows that are not whole 128-token blocks.
+        (
+            {
+                "a0": torch.zeros(1, 32, 100, 64, dtype=torch.uint8),
+                "a3": torch.ones(1, 32, 100, 8).to(torch.float8_e4m3fn),
+            },
+            "q_fp4,k_fp4",
+        ),
+        # v's rows shorter than k's.
+        ({"a2": torch.zeros(1, 8, 128, 64, dtype=torch.uint8)}, "v_fp4_t,k_fp4,v_scale_t"),
+    ],
+)
+def test_fwd_calls_flashinfer_raises_for_are_left_to_it(monkeypatch, changes, rule):
+    args = _with(_fwd_args(), **changes)
+    result, seen, originals, counts = _route(monkeypatch, "nvfp4_attention_sm120_fwd", args, {})
+    assert counts["hit"] == 0 and not seen and result == "flashinfer" and len(originals) == 1
+    assert counts["rules"] == {rule: 1}, counts
+
+
+@pytest.mark.parametrize("unpadded_k_len", [0, 300, True, 200.0])
+def test_fwd_key_counts_flashinfer_raises_for_are_left_to_it(monkeypatch, unpadded_k_len):
+    kwargs = {"unpadded_k_len": unpadded_k_len}
+    result, seen, originals, counts = _route(
+        monkeypatch, "nvfp4_attention_sm120_fwd", _fwd_args(), kwargs
+    )
+    assert counts["hit"] == 0 and result == "flashinfer" and len(originals) == 1
+    assert counts["rules"] == {"unpadded_k_len,k_fp4": 1}, counts
+
+
+def test_quantize_calls_with_k_and_v_of_different_lengths_are_left_to_flashinfer(monkeypatch):
+    # 130 and 120 keys pad alike; FlashInfer raises for the mismatch.
+    q, k, v = _qkv(m=128, n=130)
+    result, seen, originals, counts = _route(
+        monkeypatch, "nvfp4_attention_sm120_quantize_qkv", (q, k, v[:, :, :120]), {}
+    )
+    assert counts["hit"] == 0 and result == "flashinfer" and len(originals) == 1
+    assert counts["rules"] == {"same_kv_shapes": 1}, counts
+
+
 def test_float16_quantize_calls_fall_back(monkeypatch):
     q, k, v = (t.half() for t in _qkv(m=128, n=128))
     result, seen, originals, counts = _route(
