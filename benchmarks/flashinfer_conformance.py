@@ -2275,6 +2275,9 @@ _SM100_ONLY = {
     "dsv41_fp4_quantize_append_sparse_mla_cache",
     "dsv41_fp8_quantize_pack_sparse_mla_cache",
     "dsv41_fp8_quantize_append_sparse_mla_cache",
+    # SageAttention 3's NVFP4 attention: a module built for SM120/SM121 only.
+    "nvfp4_attention_sm120_quantize_qkv",
+    "nvfp4_attention_sm120_fwd",
 }
 
 

@@ -273,6 +273,13 @@ NOT_LANDING = {
     # Its template's axes are all var (the input's width among them) and it describes the
     # mask, a token count per expert [B], as [B, M, K_doubled]: the JSON names no width.
     "flashinfer.activation.silu_and_mul_scaled_nvfp4_experts_quantize": "ambiguous",
+    # Its template leaves the head counts var: the instances of one head dim differ by their
+    # heads alone.
+    "flashinfer.nvfp4_attention_sm120.nvfp4_attention_sm120_fwd": "ambiguous",
+    # Its definition reads v in blocks of 16 keys ([.., padded_kv_len / 16, 16, head_dim], a
+    # `let` view), the only input that can bind the lengths of v_fp4_t's and v_scale_t's rows;
+    # FlashInfer's template describes the call's [.., kv_len, head_dim].
+    "flashinfer.nvfp4_attention_sm120.nvfp4_attention_sm120_quantize_qkv": "none",
 }
 
 
@@ -355,6 +362,10 @@ NOT_FROM_THE_DEFINITION = {
     "flashinfer.rope.apply_rope_with_cos_sin_cache_inplace": "a `let` view of the call's tensors",
     "flashinfer.rope.apply_rope_with_cos_sin_cache": "a `let` view of the call's tensors",
     "flashinfer.kda_decode.packed_fused_kda_decode": "per-row slots a `let` resolves",
+    # Its family's `let`s pad q, k and v to 128 tokens and view v in blocks of 16 keys.
+    "flashinfer.nvfp4_attention_sm120.nvfp4_attention_sm120_quantize_qkv": (
+        "a `let` view of the call's tensors"
+    ),
     # Parameters the families' rules fix (`local_num_experts == num_local_experts`,
     # `local_expert_offset`, `routed_scaling_factor`, the routing options) are named like no
     # axis or parameter.
