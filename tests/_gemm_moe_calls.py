@@ -608,6 +608,52 @@ def cute_dsl_mxfp8_mxfp4_moe_wrapper(c: Catalogue) -> Any:
     return _call(CUTE_DSL_W4A8_WRAPPER, (wrapper,) + _w4a8_tensors(x), {"tactic": None})
 
 
+B12X = "b12x_fused_moe_nvfp4_e8_h256_i128_topk2"
+B12X_WRAPPER = "b12x_moe_wrapper_nvfp4_e8_h256_i128_topk2"
+
+
+def _b12x_tensors(x: dict) -> tuple[tuple, dict]:
+    """The tensors as FlashInfer takes them: uint8 bytes, one shared FC2 input scale, and the
+    FC1 input scale given apart from w1_alpha (the definition's fc1_alpha is their product)."""
+    u8 = torch.uint8
+    args = (x["x"], x["w1_weight"].view(u8), x["w1_weight_sf"].view(u8))
+    args += (x["w2_weight"].view(u8), x["w2_weight_sf"].view(u8))
+    args += (x["token_selected_experts"], x["token_final_scales"])
+    igs = x["fc1_input_scale"]
+    kwargs = {"w1_alpha": x["fc1_alpha"] / igs, "w2_alpha": x["w2_alpha"]}
+    kwargs |= {"fc2_input_scale": x["fc2_input_scale"][:1].clone(), "input_global_scale": igs}
+    return args, kwargs
+
+
+def b12x_fused_moe(c: Catalogue) -> Any:
+    x, axes = c.inputs(B12X, seq_len=5)
+    args, kwargs = _b12x_tensors(x)
+    kwargs |= {"num_local_experts": 8, "expert_map": None}
+    kwargs |= {"output": c.buffer(B12X, "output", axes), "output_dtype": torch.bfloat16}
+    kwargs |= {"activation": "swigluoai_uninterleave", "swiglu_alpha": float(x["swiglu_alpha"])}
+    kwargs |= {"swiglu_beta": float(x["swiglu_beta"]), "swiglu_limit": float(x["swiglu_limit"])}
+    kwargs |= {"activation_precision": "fp4", "quant_mode": "nvfp4", "source_format": "modelopt"}
+    return _call(B12X, args + (8, 2), kwargs)
+
+
+def b12x_moe_wrapper(c: Catalogue) -> Any:
+    from flashinfer.fused_moe import B12xMoEWrapper
+
+    x, _ = c.inputs(B12X_WRAPPER, seq_len=5)
+    # What B12xMoEWrapper.__init__ keeps (it needs an SM120 GPU to run).
+    wrapper = object.__new__(B12xMoEWrapper)
+    wrapper.__dict__ |= {"num_experts": 8, "top_k": 2, "num_local_experts": 8}
+    wrapper.__dict__ |= {"hidden_size": 256, "intermediate_size": 128, "quant_mode": "nvfp4"}
+    wrapper.__dict__ |= {"activation_precision": "fp4", "source_format": "modelopt"}
+    wrapper.__dict__ |= {"expert_map": None, "output_dtype": torch.bfloat16}
+    wrapper.__dict__ |= {"activation": "swigluoai_uninterleave"}
+    wrapper.__dict__ |= {"swiglu_alpha": float(x["swiglu_alpha"])}
+    wrapper.__dict__ |= {"swiglu_beta": float(x["swiglu_beta"])}
+    wrapper.__dict__ |= {"swiglu_limit": float(x["swiglu_limit"])}
+    args, kwargs = _b12x_tensors(x)
+    return _call(B12X_WRAPPER, (wrapper,) + args, kwargs)
+
+
 ALPHAMOE_INTERLEAVE = "alphamoe_interleave_gated_weights_h256_i128"
 
 
@@ -655,6 +701,8 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.fused_moe.CuteDslMoEWrapper.run": cute_dsl_moe_wrapper,
     "flashinfer.fused_moe.cute_dsl_fused_moe_mxfp8_mxfp4": cute_dsl_fused_moe_mxfp8_mxfp4,
     "flashinfer.fused_moe.CuteDslMxfp8Mxfp4MoEWrapper.run": cute_dsl_mxfp8_mxfp4_moe_wrapper,
+    "flashinfer.fused_moe.b12x_fused_moe": b12x_fused_moe,
+    "flashinfer.fused_moe.B12xMoEWrapper.run": b12x_moe_wrapper,
     "flashinfer.gemm.mm_bf16": mm_bf16,
     "flashinfer.gemm.bmm_bf16": bmm_bf16,
     "flashinfer.gemm.tinygemm_bf16": tinygemm_bf16,
