@@ -654,6 +654,18 @@ def b12x_moe_wrapper(c: Catalogue) -> Any:
     return _call(B12X_WRAPPER, (wrapper,) + args, kwargs)
 
 
+MONO_MOE = "mono_moe_e8_h256_i128_topk2"
+
+
+def mono_moe(c: Catalogue) -> Any:
+    x, axes = c.inputs(MONO_MOE, seq_len=3)
+    args = (x["activations_in"], x["router_logits"], x["expert_weights_up"])
+    args += (x["expert_scales_up"], x["expert_weights_down"], x["expert_scales_down"], 2)
+    kwargs = {"scoring_func": "softmax", "renormalize": True}
+    kwargs |= {"out": c.buffer(MONO_MOE, "output", axes), "scratchpad": None}
+    return _call(MONO_MOE, args, kwargs | {"interleave_up": True})
+
+
 ALPHAMOE_INTERLEAVE = "alphamoe_interleave_gated_weights_h256_i128"
 
 
@@ -702,6 +714,7 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.fused_moe.cute_dsl_fused_moe_mxfp8_mxfp4": cute_dsl_fused_moe_mxfp8_mxfp4,
     "flashinfer.fused_moe.CuteDslMxfp8Mxfp4MoEWrapper.run": cute_dsl_mxfp8_mxfp4_moe_wrapper,
     "flashinfer.fused_moe.b12x_fused_moe": b12x_fused_moe,
+    "flashinfer.fused_moe.mono_moe": mono_moe,
     "flashinfer.fused_moe.B12xMoEWrapper.run": b12x_moe_wrapper,
     "flashinfer.gemm.mm_bf16": mm_bf16,
     "flashinfer.gemm.bmm_bf16": bmm_bf16,
