@@ -2087,6 +2087,35 @@ def _moe_routing_cases() -> list[Case]:
                 {name: solution(name)},
             )
         )
+    # Humming's MXFP4 preparation for FP8 activations: the logical rewrite, and the same
+    # interleaved for the SM90 GEMM (its weight interleave runs a CUDA kernel).
+    for interleave, max_range in ((False, 11), (True, 11)):
+        name = "sm90_mixed_gemm_humming_preprocess_" + ("r11" if interleave else "logical_r11")
+
+        def humming(interleave=interleave, max_range=max_range):
+            import flashinfer.fused_moe
+
+            w = torch.randint(
+                0, 256, (3, 256, 512), dtype=torch.uint8, device=DEV, generator=g(161)
+            )
+            raw = torch.randint(
+                108, 136, (3, 256, 32), dtype=torch.uint8, device=DEV, generator=g(162)
+            )
+            return _results(
+                flashinfer.fused_moe.preprocess_moe_weights_for_sm90_mixed_gemm_humming(
+                    w, raw, max_range, interleave=interleave
+                )
+            )
+
+        out.append(
+            Case(
+                "flashinfer.fused_moe.preprocess_moe_weights_for_sm90_mixed_gemm_humming",
+                f"{name} experts=3 rows=256 k=1024 max_range={max_range}",
+                humming,
+                {name: solution(name)},
+                variant="moe_prepare:sm90_weights",
+            )
+        )
     return out
 
 

@@ -666,6 +666,17 @@ def mono_moe(c: Catalogue) -> Any:
     return _call(MONO_MOE, args, kwargs | {"interleave_up": True})
 
 
+HUMMING = "sm90_mixed_gemm_humming_preprocess_r11"
+
+
+def humming_preprocess(c: Catalogue) -> Any:
+    x, _ = c.inputs(HUMMING, num_experts=2, row_blocks=4, k_blocks=2, m64_blocks=1, k128_blocks=1)
+    # FlashInfer's [E, rows, K / 2] and [E, rows, K / 32] uint8 bytes.
+    weight = x["weight"].reshape(2, 64, 64).view(torch.uint8)
+    raw_scale = x["raw_scale"].reshape(2, 64, 4).view(torch.uint8)
+    return _call(HUMMING, (weight, raw_scale, 11), {"interleave": True})
+
+
 ALPHAMOE_INTERLEAVE = "alphamoe_interleave_gated_weights_h256_i128"
 
 
@@ -715,6 +726,7 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.fused_moe.CuteDslMxfp8Mxfp4MoEWrapper.run": cute_dsl_mxfp8_mxfp4_moe_wrapper,
     "flashinfer.fused_moe.b12x_fused_moe": b12x_fused_moe,
     "flashinfer.fused_moe.mono_moe": mono_moe,
+    "flashinfer.fused_moe.preprocess_moe_weights_for_sm90_mixed_gemm_humming": humming_preprocess,
     "flashinfer.fused_moe.B12xMoEWrapper.run": b12x_moe_wrapper,
     "flashinfer.gemm.mm_bf16": mm_bf16,
     "flashinfer.gemm.bmm_bf16": bmm_bf16,
