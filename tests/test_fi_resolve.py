@@ -394,6 +394,9 @@ NOT_FROM_THE_DEFINITION = {
     "flashinfer.fused_moe.core.trtllm_fp8_per_tensor_scale_routed_moe": (
         "parameters only its rules fix"
     ),
+    # The definition holds w1_alpha folded with input_global_scale (fc1_alpha) and the FC1
+    # input scale apart (fc1_input_scale), by `let`s: neither is the call's w1_alpha.
+    "flashinfer.fused_moe.cute_dsl.b12x_moe.b12x_fused_moe": "`let`s that fold w1_alpha",
     # Arguments a call passes that no definition holds: a scratch buffer of its own kind,
     # a value the family's rules fix, an output's dtype, a packed tensor its `let` splits.
     "flashinfer.xqa.xqa": "its `semaphores` buffer",
