@@ -2087,6 +2087,35 @@ def _moe_routing_cases() -> list[Case]:
                 {name: solution(name)},
             )
         )
+    # Humming's MXFP4 preparation for FP8 activations: the logical rewrite, and the same
+    # interleaved for the SM90 GEMM (its weight interleave runs a CUDA kernel).
+    for interleave, max_range in ((False, 11), (True, 11)):
+        name = "sm90_mixed_gemm_humming_preprocess_" + ("r11" if interleave else "logical_r11")
+
+        def humming(interleave=interleave, max_range=max_range):
+            import flashinfer.fused_moe
+
+            w = torch.randint(
+                0, 256, (3, 256, 512), dtype=torch.uint8, device=DEV, generator=g(161)
+            )
+            raw = torch.randint(
+                108, 136, (3, 256, 32), dtype=torch.uint8, device=DEV, generator=g(162)
+            )
+            return _results(
+                flashinfer.fused_moe.preprocess_moe_weights_for_sm90_mixed_gemm_humming(
+                    w, raw, max_range, interleave=interleave
+                )
+            )
+
+        out.append(
+            Case(
+                "flashinfer.fused_moe.preprocess_moe_weights_for_sm90_mixed_gemm_humming",
+                f"{name} experts=3 rows=256 k=1024 max_range={max_range}",
+                humming,
+                {name: solution(name)},
+                variant="moe_prepare:sm90_weights",
+            )
+        )
     return out
 
 
@@ -2183,6 +2212,77 @@ def _moe_cute_dsl_cases() -> list[Case]:
     return out
 
 
+# ---------------------------------------------------------------------------------------
+# Single-kernel block-FP8 MoE (moe_monomoe.fidef): SM90a, the Qwen3.5-35B-A3B shape only
+# ---------------------------------------------------------------------------------------
+
+
+def _needs_sm90a() -> str | None:
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) == (9, 0):
+        return None
+    return (
+        "FlashInfer's mono_moe runs only on SM90a; this GPU is "
+        f"SM{major}{minor} (apply on is still checked: the call must be routed)"
+    )
+
+
+def _monomoe_cases() -> list[Case]:
+    out = []
+    name = "mono_moe_e256_h2048_i512_topk8"
+    # (seq_len, scoring_func, renormalize, pre-interleaved weights, top_k, the rule)
+    grid = (
+        (1, "softmax", True, False, 8, None),
+        (8, "softmax", True, False, 8, None),
+        (5, "softmax", False, False, 8, None),
+        (3, "sigmoid", True, False, 8, None),
+        (4, "sigmoid", False, True, 8, None),
+        (2, "softmax", True, False, 4, "top_k"),
+    )
+    for seq_len, scoring, renormalize, packed, top_k, rule in grid:
+
+        def mono(
+            seq_len=seq_len, scoring=scoring, renormalize=renormalize, packed=packed, top_k=top_k
+        ):
+            import flashinfer.fused_moe
+            from flashinfer.fused_moe.monomoe import interleave_for_tma_wgmma_up
+
+            x = _inputs(name, 151, seq_len=seq_len)
+            up = x["expert_weights_up"]
+            if packed:
+                up = interleave_for_tma_wgmma_up(up.clone())
+            return _results(
+                flashinfer.fused_moe.mono_moe(
+                    x["activations_in"],
+                    x["router_logits"],
+                    up,
+                    x["expert_scales_up"],
+                    x["expert_weights_down"],
+                    x["expert_scales_down"],
+                    top_k,
+                    scoring_func=scoring,
+                    renormalize=renormalize,
+                    interleave_up=not packed,
+                )
+            )
+
+        label = f"{name} seq_len={seq_len} {scoring} renormalize={renormalize}"
+        label += " interleave_up=False" if packed else ""
+        label += f" top_k={top_k}" if top_k != 8 else ""
+        out.append(
+            Case(
+                "flashinfer.fused_moe.mono_moe",
+                label,
+                mono,
+                {name: solution(name)},
+                expect=rule,
+                needs=_needs_sm90a,
+                variant="monomoe",
+            )
+        )
+    return out
+
+
 GROUPS = {
     "norm": _norm_cases,
     "activation": _activation_cases,
@@ -2203,6 +2303,7 @@ GROUPS = {
     "moe": _moe_cases,
     "moe_routing": _moe_routing_cases,
     "moe_cute_dsl": _moe_cute_dsl_cases,
+    "monomoe": _monomoe_cases,
     "decode": _decode_cases,
     "prefill": _prefill_cases,
     "ragged": _ragged_cases,

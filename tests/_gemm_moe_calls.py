@@ -648,6 +648,75 @@ def cute_dsl_mxfp8_mxfp4_moe_wrapper(c: Catalogue) -> Any:
     return _call(CUTE_DSL_W4A8_WRAPPER, (wrapper,) + _w4a8_tensors(x), {"tactic": None})
 
 
+B12X = "b12x_fused_moe_nvfp4_e8_h256_i128_topk2"
+B12X_WRAPPER = "b12x_moe_wrapper_nvfp4_e8_h256_i128_topk2"
+
+
+def _b12x_tensors(x: dict) -> tuple[tuple, dict]:
+    """The tensors as FlashInfer takes them: uint8 bytes, one shared FC2 input scale, and the
+    FC1 input scale given apart from w1_alpha (the definition's fc1_alpha is their product)."""
+    u8 = torch.uint8
+    args = (x["x"], x["w1_weight"].view(u8), x["w1_weight_sf"].view(u8))
+    args += (x["w2_weight"].view(u8), x["w2_weight_sf"].view(u8))
+    args += (x["token_selected_experts"], x["token_final_scales"])
+    igs = x["fc1_input_scale"]
+    kwargs = {"w1_alpha": x["fc1_alpha"] / igs, "w2_alpha": x["w2_alpha"]}
+    kwargs |= {"fc2_input_scale": x["fc2_input_scale"][:1].clone(), "input_global_scale": igs}
+    return args, kwargs
+
+
+def b12x_fused_moe(c: Catalogue) -> Any:
+    x, axes = c.inputs(B12X, seq_len=5)
+    args, kwargs = _b12x_tensors(x)
+    kwargs |= {"num_local_experts": 8, "expert_map": None}
+    kwargs |= {"output": c.buffer(B12X, "output", axes), "output_dtype": torch.bfloat16}
+    kwargs |= {"activation": "swigluoai_uninterleave", "swiglu_alpha": float(x["swiglu_alpha"])}
+    kwargs |= {"swiglu_beta": float(x["swiglu_beta"]), "swiglu_limit": float(x["swiglu_limit"])}
+    kwargs |= {"activation_precision": "fp4", "quant_mode": "nvfp4", "source_format": "modelopt"}
+    return _call(B12X, args + (8, 2), kwargs)
+
+
+def b12x_moe_wrapper(c: Catalogue) -> Any:
+    from flashinfer.fused_moe import B12xMoEWrapper
+
+    x, _ = c.inputs(B12X_WRAPPER, seq_len=5)
+    # What B12xMoEWrapper.__init__ keeps (it needs an SM120 GPU to run).
+    wrapper = object.__new__(B12xMoEWrapper)
+    wrapper.__dict__ |= {"num_experts": 8, "top_k": 2, "num_local_experts": 8}
+    wrapper.__dict__ |= {"hidden_size": 256, "intermediate_size": 128, "quant_mode": "nvfp4"}
+    wrapper.__dict__ |= {"activation_precision": "fp4", "source_format": "modelopt"}
+    wrapper.__dict__ |= {"expert_map": None, "output_dtype": torch.bfloat16}
+    wrapper.__dict__ |= {"activation": "swigluoai_uninterleave"}
+    wrapper.__dict__ |= {"swiglu_alpha": float(x["swiglu_alpha"])}
+    wrapper.__dict__ |= {"swiglu_beta": float(x["swiglu_beta"])}
+    wrapper.__dict__ |= {"swiglu_limit": float(x["swiglu_limit"])}
+    args, kwargs = _b12x_tensors(x)
+    return _call(B12X_WRAPPER, (wrapper,) + args, kwargs)
+
+
+MONO_MOE = "mono_moe_e8_h256_i128_topk2"
+
+
+def mono_moe(c: Catalogue) -> Any:
+    x, axes = c.inputs(MONO_MOE, seq_len=3)
+    args = (x["activations_in"], x["router_logits"], x["expert_weights_up"])
+    args += (x["expert_scales_up"], x["expert_weights_down"], x["expert_scales_down"], 2)
+    kwargs = {"scoring_func": "softmax", "renormalize": True}
+    kwargs |= {"out": c.buffer(MONO_MOE, "output", axes), "scratchpad": None}
+    return _call(MONO_MOE, args, kwargs | {"interleave_up": True})
+
+
+HUMMING = "sm90_mixed_gemm_humming_preprocess_r11"
+
+
+def humming_preprocess(c: Catalogue) -> Any:
+    x, _ = c.inputs(HUMMING, num_experts=2, row_blocks=4, k_blocks=2, m64_blocks=1, k128_blocks=1)
+    # FlashInfer's [E, rows, K / 2] and [E, rows, K / 32] uint8 bytes.
+    weight = x["weight"].reshape(2, 64, 64).view(torch.uint8)
+    raw_scale = x["raw_scale"].reshape(2, 64, 4).view(torch.uint8)
+    return _call(HUMMING, (weight, raw_scale, 11), {"interleave": True})
+
+
 ALPHAMOE_INTERLEAVE = "alphamoe_interleave_gated_weights_h256_i128"
 
 
@@ -695,6 +764,10 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.fused_moe.CuteDslMoEWrapper.run": cute_dsl_moe_wrapper,
     "flashinfer.fused_moe.cute_dsl_fused_moe_mxfp8_mxfp4": cute_dsl_fused_moe_mxfp8_mxfp4,
     "flashinfer.fused_moe.CuteDslMxfp8Mxfp4MoEWrapper.run": cute_dsl_mxfp8_mxfp4_moe_wrapper,
+    "flashinfer.fused_moe.b12x_fused_moe": b12x_fused_moe,
+    "flashinfer.fused_moe.mono_moe": mono_moe,
+    "flashinfer.fused_moe.preprocess_moe_weights_for_sm90_mixed_gemm_humming": humming_preprocess,
+    "flashinfer.fused_moe.B12xMoEWrapper.run": b12x_moe_wrapper,
     "flashinfer.gemm.mm_bf16": mm_bf16,
     "flashinfer.gemm.bmm_bf16": bmm_bf16,
     "flashinfer.gemm.tinygemm_bf16": tinygemm_bf16,

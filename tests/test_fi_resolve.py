@@ -252,6 +252,10 @@ NOT_LANDING = {
     "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_routed_moe": (
         "misread"
     ),
+    # Their template describes the weights' scales as 3-D [E, rows, K / 16], where the kernels
+    # take the 6-D MMA view (32, 4, rows / 128, 4, K / 64, E) of the swizzled scales.
+    "flashinfer.fused_moe.cute_dsl.b12x_moe.b12x_fused_moe": "none",
+    "flashinfer.fused_moe.cute_dsl.b12x_moe.B12xMoEWrapper.run": "none",
     # Its template gives the outputs [num_tokens, topk] whatever num_fused_shared_experts
     # says ("the trace covers the routed path"): a call with a fused shared expert, whose
     # outputs hold one more slot, lands on the definition without one.
@@ -404,6 +408,9 @@ NOT_FROM_THE_DEFINITION = {
     "flashinfer.fused_moe.core.trtllm_fp8_per_tensor_scale_routed_moe": (
         "parameters only its rules fix"
     ),
+    # The definition holds w1_alpha folded with input_global_scale (fc1_alpha) and the FC1
+    # input scale apart (fc1_input_scale), by `let`s: neither is the call's w1_alpha.
+    "flashinfer.fused_moe.cute_dsl.b12x_moe.b12x_fused_moe": "`let`s that fold w1_alpha",
     # Arguments a call passes that no definition holds: a scratch buffer of its own kind,
     # a value the family's rules fix, an output's dtype, a packed tensor its `let` splits.
     "flashinfer.xqa.xqa": "its `semaphores` buffer",
