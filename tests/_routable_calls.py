@@ -408,3 +408,8 @@ ROUTABLE |= _GEMM_MOE
 from _prims_ts_calls import ROUTABLE as _PRIMS_TS  # noqa: E402
 
 ROUTABLE |= _PRIMS_TS
+
+# AlphaMoE's fused MoE APIs and TensorRT-LLM's MXINT4 MoE, kept in a module of their own.
+from _routable_moe_alpha import ROUTABLE as _MOE_ALPHA  # noqa: E402
+
+ROUTABLE |= _MOE_ALPHA
