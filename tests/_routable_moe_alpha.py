@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 # What ``_routable_calls`` defines; imported lazily to avoid a cycle (it imports this module).
 Catalogue = Any
 Call = Any
@@ -30,6 +32,26 @@ def alphamoe_fp8_aligned(c: Catalogue) -> Call:
     return _call(ALPHAMOE_FP8, tuple(x[n] for n in names), kwargs | {"out": x["out"]})
 
 
+ALPHAMOE_NVFP4 = "alphamoe_nvfp4_aligned_moe_topk2_e8_h256_i128"
+
+
+def alphamoe_nvfp4_aligned(c: Catalogue) -> Call:
+    """Packed tensors as FlashInfer takes them (uint8), the prepared scale panels given."""
+    x, _ = c.inputs(ALPHAMOE_NVFP4, num_tokens=5, route_block_capacity=4)
+    u8 = torch.uint8
+    args = (x["hidden_states"].view(u8), x["hidden_states_scale"])
+    args += (x["gemm1_weights"].view(u8), x["gemm1_weights_scale"])
+    args += (x["gemm2_weights"].view(u8), x["gemm2_weights_scale"])
+    args += (x["output1_scale_gate_scalar"], x["output1_scale_scalar"], x["output2_scale_scalar"])
+    args += (x["sorted_token_ids"], x["expert_ids"], x["num_tokens_post_padded"])
+    args += (x["topk_weights"], x["out"], 2)
+    kwargs = {"block_m": 8, "routed_scaling_factor": float(x["routed_scaling_factor"])}
+    panels = {"w1_scale_prepared": torch.zeros(8, 16, 128, dtype=u8)}
+    panels |= {"w2_scale_prepared": torch.zeros(8, 8, 128, dtype=u8)}
+    return _call(ALPHAMOE_NVFP4, args, kwargs | panels)
+
+
 ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.fused_moe.alphamoe_fp8_block_scale_aligned_moe": alphamoe_fp8_aligned,
+    "flashinfer.fused_moe.alphamoe_nvfp4_aligned_moe": alphamoe_nvfp4_aligned,
 }

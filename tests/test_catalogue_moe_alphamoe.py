@@ -166,3 +166,119 @@ def test_fp8_reference_skips_sentinels_and_subtiles_past_the_extent():
     # The plan is read as given: a position twice adds its contribution twice.
     seeded = dict(a, out=full)
     assert torch.allclose(ref(**seeded).float(), 2 * full.float(), atol=6e-2, rtol=2e-2)
+
+
+# ---------------------------------------------------------------------------------------
+# alphamoe_nvfp4_aligned_moe
+# ---------------------------------------------------------------------------------------
+
+NVFP4 = "flashinfer.fused_moe.alphamoe_nvfp4_aligned_moe"
+
+
+def test_nvfp4_aligned_is_routed_into_out_and_returns_none(monkeypatch):
+    call = calls.alphamoe_nvfp4_aligned(_catalogue())
+    out = call.args[13]
+    start = out.clone()
+    outcome = _route(monkeypatch, NVFP4, call.name, call.args, call.kwargs)
+    seen = _hit(outcome)
+    assert outcome.result is None and seen["out"] is out
+    # The definition reads the packed bytes as E2M1 pairs; the prepared panels are not read.
+    assert seen["hidden_states"].dtype == torch.float4_e2m1fn_x2
+    assert "w1_scale_prepared" not in seen
+    assert torch.equal(out, _reference(call.name)(**{**seen, "out": start}))
+    assert not torch.equal(out, start)
+
+
+def test_nvfp4_aligned_with_another_block_m_falls_back(monkeypatch):
+    call = calls.alphamoe_nvfp4_aligned(_catalogue())
+    outcome = _route(monkeypatch, NVFP4, call.name, call.args, call.kwargs | {"block_m": 32})
+    _refused(outcome, "block_m")
+
+
+def _e2m1(code: int) -> float:
+    """One E2M1 code, from its bits: sign, two exponent bits, one mantissa bit."""
+    sign = -1.0 if code & 8 else 1.0
+    exp, man = (code >> 1) & 3, code & 1
+    return sign * (man * 0.5 if exp == 0 else 2.0 ** (exp - 1) * (1 + man / 2))
+
+
+GRID = torch.tensor([_e2m1(c) for c in range(8)])
+
+
+def _nvfp4_by_token(a: dict) -> torch.Tensor:
+    """Token by token, route by route: bit-decoded values, a grid search for the requant."""
+    table = torch.tensor([_e2m1(c) for c in range(16)])
+
+    def deq(packed, scale):
+        b = packed.view(torch.uint8).long()
+        v = torch.stack([table[b % 16], table[b // 16]], -1).flatten(-2)
+        return v * scale.float().repeat_interleave(16, -1)
+
+    def nvfp4(v):
+        out = torch.empty_like(v)
+        for g in range(0, v.numel(), 16):
+            block = v[g : g + 16]
+            s = (block.abs().max() / 6).clamp(min=1e-8).to(torch.float8_e4m3fn).float()
+            s = s if s > 0 else torch.tensor(1.0)
+            dist = ((block.abs() / s).clamp(max=6)[:, None] - GRID[None]).abs()
+            best = dist.min(-1, keepdim=True).values
+            # Ties go to the even code.
+            code = torch.where(dist == best, torch.arange(8) % 2 * 8 + torch.arange(8), 99).argmin(
+                -1
+            )
+            out[g : g + 16] = torch.sign(block) * GRID[code] * s
+        return out
+
+    x = deq(a["hidden_states"], a["hidden_states_scale"])
+    M, K = a["topk_weights"].shape
+    acc = a["out"].float().clone()
+    sorted_ids, experts = a["sorted_token_ids"].tolist(), a["expert_ids"].tolist()
+    for i, p in enumerate(sorted_ids[: int(a["num_tokens_post_padded"][0])]):
+        if p >= M * K:
+            continue
+        e, t = experts[i // 8], p // K
+        w13 = deq(a["gemm1_weights"][e], a["gemm1_weights_scale"][e])
+        h = w13 @ x[t]
+        half = h.shape[0] // 2
+        act = F.silu(h[:half] * a["output1_scale_gate_scalar"][e]) * (
+            h[half:] * a["output1_scale_scalar"][e]
+        )
+        y = deq(a["gemm2_weights"][e], a["gemm2_weights_scale"][e]) @ nvfp4(act)
+        acc[t] += y * a["output2_scale_scalar"][e] * a["topk_weights"][t, p % K] * 2.5
+    return acc
+
+
+def test_nvfp4_reference_is_the_moe_of_the_plan():
+    g = torch.Generator().manual_seed(3)
+    E, H, I, K, M = 8, 256, 128, 2, 5
+    e4m3 = torch.float8_e4m3fn
+
+    def packed(*shape):
+        return torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
+
+    def scales(*shape, lo, hi):
+        return (torch.rand(shape, generator=g) * (hi - lo) + lo).to(e4m3)
+
+    topk_ids, topk_w = routes(M, K, E, 3)
+    sorted_ids, expert_ids, extent = align(topk_ids, E, 8)
+    a = dict(
+        hidden_states=packed(M, H // 2), hidden_states_scale=scales(M, H // 16, lo=0.25, hi=2),
+        gemm1_weights=packed(E, 2 * I, H // 2),
+        gemm1_weights_scale=scales(E, 2 * I, H // 16, lo=0.01, hi=0.05),
+        gemm2_weights=packed(E, H, I // 2),
+        gemm2_weights_scale=scales(E, H, I // 16, lo=0.01, hi=0.05),
+        output1_scale_gate_scalar=torch.rand(E, generator=g) + 0.5,
+        output1_scale_scalar=torch.rand(E, generator=g) + 0.5,
+        output2_scale_scalar=torch.rand(E, generator=g) + 0.5,
+        sorted_token_ids=sorted_ids, expert_ids=expert_ids, num_tokens_post_padded=extent,
+        topk_weights=topk_w, routed_scaling_factor=2.5,
+        out=torch.randn(M, H, generator=g).bfloat16(),
+    )  # fmt: skip
+    expected = _nvfp4_by_token(a)
+    got = _reference(calls.ALPHAMOE_NVFP4)(
+        **{
+            **a,
+            **{k: a[k].view(torch.float4_e2m1fn_x2) for k in ("gemm1_weights", "gemm2_weights")},
+        },
+    )
+    torch.testing.assert_close(got.float(), expected, atol=3e-2, rtol=1e-2)
