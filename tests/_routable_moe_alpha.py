@@ -51,7 +51,25 @@ def alphamoe_nvfp4_aligned(c: Catalogue) -> Call:
     return _call(ALPHAMOE_NVFP4, args, kwargs | panels)
 
 
+MXINT4_DS = "trtllm_mxint4_block_scale_moe_ds_routing_topk4_ng4_kg2_e8_h256_i256"
+
+
+def trtllm_mxint4_block_scale_moe(c: Catalogue) -> Call:
+    x, _ = c.inputs(MXINT4_DS, seq_len=5)
+    u8 = torch.uint8
+    args = (x["routing_logits"], x["routing_bias"], x["hidden_states"])
+    args += (x["gemm1_weights"].view(u8), x["gemm1_weights_scale"])
+    args += (x["gemm1_alpha"], x["gemm1_beta"], x["gemm1_clamp_limit"])
+    args += (x["gemm2_weights"].view(u8), x["gemm2_weights_scale"], 16, 4, 4, 2, 256)
+    args += (int(x["local_expert_offset"]), 8, float(x["routed_scaling_factor"]))
+    kwargs: dict = {"routing_method_type": 2, "do_finalize": True, "enable_pdl": False}
+    kwargs |= {"output": None, "tune_max_num_tokens": 1024, "norm_topk_prob": True}
+    kwargs |= {"routing_replay_out": None, "valid_hidden_size": None}
+    return _call(MXINT4_DS, args, kwargs | {"valid_intermediate_size": None})
+
+
 ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.fused_moe.alphamoe_fp8_block_scale_aligned_moe": alphamoe_fp8_aligned,
     "flashinfer.fused_moe.alphamoe_nvfp4_aligned_moe": alphamoe_nvfp4_aligned,
+    "flashinfer.fused_moe.trtllm_mxint4_block_scale_moe": trtllm_mxint4_block_scale_moe,
 }
