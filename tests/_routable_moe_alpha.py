@@ -51,6 +51,32 @@ def alphamoe_nvfp4_aligned(c: Catalogue) -> Call:
     return _call(ALPHAMOE_NVFP4, args, kwargs | panels)
 
 
+ALPHAMOE_NVFP4_ROUTED = "alphamoe_nvfp4_routed_moe_topk2_e8_h256_i128"
+
+
+def alphamoe_nvfp4_routed(c: Catalogue) -> Call:
+    """The plan workspaces sized as FlashInfer asks, every prepared layout left None."""
+    x, _ = c.inputs(ALPHAMOE_NVFP4_ROUTED, num_tokens=5)
+    u8, i32 = torch.uint8, torch.int32
+    capacity = 5 * 2 + 8 * 7  # M * top_k + E * (block_m - 1), rounded to blocks below
+    args = (x["hidden_states"].view(u8), x["hidden_states_scale"])
+    args += (x["gemm1_weights"].view(u8), x["gemm1_weights_scale"])
+    args += (x["gemm2_weights"].view(u8), x["gemm2_weights_scale"])
+    args += (x["output1_scale_gate_scalar"], x["output1_scale_scalar"], x["output2_scale_scalar"])
+    args += (torch.zeros(capacity // 8 * 8, dtype=i32), torch.zeros(capacity // 8, dtype=i32))
+    args += (torch.zeros(1, dtype=i32), x["topk_weights"], x["out"], x["topk_ids"])
+    args += (torch.zeros(8 + 2, dtype=i32), 2)
+    kwargs: dict = {"block_m": 8, "routed_scaling_factor": float(x["routed_scaling_factor"])}
+    for name in ("w1_scale_prepared", "w2_scale_prepared", "w1_data_prepared"):
+        kwargs[name] = None
+    for name in ("w1_gate_up_data_prepared", "w1_gate_up_scale_prepared"):
+        kwargs[name] = None
+    for name in ("w1_scale_prepared_interleaved", "w2_data_prepared"):
+        kwargs[name] = None
+    kwargs |= {"w2_data_prepared_k256": None, "w2_scale_prepared_k256": None}
+    return _call(ALPHAMOE_NVFP4_ROUTED, args, kwargs | {"accumulate": True})
+
+
 MXINT4_DS = "trtllm_mxint4_block_scale_moe_ds_routing_topk4_ng4_kg2_e8_h256_i256"
 
 
@@ -71,5 +97,6 @@ def trtllm_mxint4_block_scale_moe(c: Catalogue) -> Call:
 ROUTABLE: dict[str, Callable[[Catalogue], Call]] = {
     "flashinfer.fused_moe.alphamoe_fp8_block_scale_aligned_moe": alphamoe_fp8_aligned,
     "flashinfer.fused_moe.alphamoe_nvfp4_aligned_moe": alphamoe_nvfp4_aligned,
+    "flashinfer.fused_moe.alphamoe_nvfp4_routed_moe": alphamoe_nvfp4_routed,
     "flashinfer.fused_moe.trtllm_mxint4_block_scale_moe": trtllm_mxint4_block_scale_moe,
 }

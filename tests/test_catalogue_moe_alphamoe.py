@@ -282,3 +282,43 @@ def test_nvfp4_reference_is_the_moe_of_the_plan():
         },
     )
     torch.testing.assert_close(got.float(), expected, atol=3e-2, rtol=1e-2)
+
+
+# ---------------------------------------------------------------------------------------
+# alphamoe_nvfp4_routed_moe
+# ---------------------------------------------------------------------------------------
+
+NVFP4_ROUTED = "flashinfer.fused_moe.alphamoe_nvfp4_routed_moe"
+
+
+def test_nvfp4_routed_adds_into_out_and_returns_it(monkeypatch):
+    call = calls.alphamoe_nvfp4_routed(_catalogue())
+    out = call.args[13]
+    start = out.clone()
+    outcome = _route(monkeypatch, NVFP4_ROUTED, call.name, call.args, call.kwargs)
+    seen = _hit(outcome)
+    assert outcome.result is out
+    assert not any(k in seen for k in ("sorted_token_ids", "cumsum_buffer", "block_m"))
+    assert torch.equal(out, _reference(call.name)(**{**seen, "out": start}))
+    assert not torch.equal(out, start)
+
+
+def test_nvfp4_routed_that_overwrites_out_falls_back(monkeypatch):
+    call = calls.alphamoe_nvfp4_routed(_catalogue())
+    kwargs = call.kwargs | {"accumulate": False}
+    _refused(_route(monkeypatch, NVFP4_ROUTED, call.name, call.args, kwargs), "accumulate")
+
+
+def test_nvfp4_routed_reference_is_the_aligned_one_over_the_plan_of_its_routes():
+    x, _ = _catalogue().inputs(calls.ALPHAMOE_NVFP4_ROUTED, num_tokens=6)
+    sorted_ids, expert_ids, extent = align(x["topk_ids"], 8, 8)
+    routed = _reference(calls.ALPHAMOE_NVFP4_ROUTED)(**x)
+    aligned_inputs = {k: v for k, v in x.items() if k != "topk_ids"}
+    aligned = _reference(calls.ALPHAMOE_NVFP4)(
+        **aligned_inputs,
+        sorted_token_ids=sorted_ids,
+        expert_ids=expert_ids,
+        num_tokens_post_padded=extent,
+    )
+    assert not torch.equal(routed, x["out"])
+    torch.testing.assert_close(routed, aligned, atol=0, rtol=1e-2)
