@@ -2361,6 +2361,11 @@ _SM100_ONLY = {
     "cute_dsl_fused_moe",
     "cute_dsl_fused_moe_nvfp4",
     "cute_dsl_fused_moe_mxfp8_mxfp4",
+    # AlphaMoE's W8A8 and NVFP4 megakernels: SM100/SM103; trtllm-gen MXINT4: SM100.
+    "alphamoe_fp8_block_scale_aligned_moe",
+    "alphamoe_nvfp4_aligned_moe",
+    "alphamoe_nvfp4_routed_moe",
+    "trtllm_mxint4_block_scale_moe",
     "gated_delta_rule_replayssm_commit",
     "chunk_gated_delta_rule2",
     "chunk_gated_delta_product",

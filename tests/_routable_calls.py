@@ -413,3 +413,8 @@ ROUTABLE |= _PRIMS_TS
 from _routable_minimax import ROUTABLE as _MINIMAX  # noqa: E402
 
 ROUTABLE |= _MINIMAX
+
+# AlphaMoE's fused MoE APIs and TensorRT-LLM's MXINT4 MoE, kept in a module of their own.
+from _routable_moe_alpha import ROUTABLE as _MOE_ALPHA  # noqa: E402
+
+ROUTABLE |= _MOE_ALPHA

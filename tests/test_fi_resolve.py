@@ -411,10 +411,14 @@ NOT_FROM_THE_DEFINITION = {
     # The definition holds w1_alpha folded with input_global_scale (fc1_alpha) and the FC1
     # input scale apart (fc1_input_scale), by `let`s: neither is the call's w1_alpha.
     "flashinfer.fused_moe.cute_dsl.b12x_moe.b12x_fused_moe": "`let`s that fold w1_alpha",
+    "flashinfer.fused_moe.core.trtllm_mxint4_block_scale_moe": "parameters only its rules fix",
     # Arguments a call passes that no definition holds: a scratch buffer of its own kind,
     # a value the family's rules fix, an output's dtype, a packed tensor its `let` splits.
     "flashinfer.xqa.xqa": "its `semaphores` buffer",
     "flashinfer.xqa.xqa_mla": "its `semaphores` buffer",
+    "flashinfer.fused_moe.alphamoe_nvfp4_sm100.alphamoe_nvfp4_routed_moe": (
+        "its routing-plan workspaces"
+    ),
     "flashinfer.cudnn.prefill.cudnn_batch_prefill_with_kv_cache": "`return_lse`, a rule",
     "flashinfer.prefill.fmha_v2_prefill_sm120": "`scale_softmax`, a rule",
     "flashinfer.prefill.fmha_v2_prefill_deepseek": "`scale_softmax`, a rule",
