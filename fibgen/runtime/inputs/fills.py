@@ -49,6 +49,7 @@ class Fills:
     inputs: dict[str, tuple[str, str, tuple[str, ...] | None, bool, Hint | None]]
     values: dict[str, Any]
     bound: dict[str, dict]
+    axis_scalars: set[str]
     nbytes: int
     memory: int | None
 
@@ -78,6 +79,8 @@ class Fills:
                 )
             return None
         if shape_names is None:
+            if name in self.axis_scalars:
+                return self.axes[name]  # the value of the var axis of its name
             return self._make_scalar(name, dtype, kind)
         if all(d in self.axes for d in shape_names):
             self._reserve(name, dtype, tuple(self.axes[d] for d in shape_names))

@@ -421,6 +421,10 @@ class Family(FamilyKey):
         for axis in self.f.axes:
             if not isinstance(axis, ir.VarAxis):
                 continue
+            if axis.scalar:
+                # The value of the scalar input of its name (Note [axes bound by a scalar]).
+                readers.append(f"{literal(axis.name)}: int({axis.name})")
+                continue
             carriers = [
                 (f"{t.name}.shape[{t.shape.index(axis.name) - len(t.shape)}]", t.optional)
                 for t in self.f.inputs
@@ -440,7 +444,7 @@ class Family(FamilyKey):
         axes = FunctionView(
             "_var_axes",
             ", ".join([*names, "**_buffers"]),
-            "The var-axis values of a call, read from the shapes of its inputs.",
+            "The var-axis values of a call, read from its inputs' shapes (or scalars).",
             ("return {" + ", ".join(readers) + "}",),
         )
         return inputs, axes
