@@ -408,3 +408,8 @@ ROUTABLE |= _GEMM_MOE
 from _prims_ts_calls import ROUTABLE as _PRIMS_TS  # noqa: E402
 
 ROUTABLE |= _PRIMS_TS
+
+# The paged MQA logits APIs of attention_dsa.fidef, kept in a module of their own.
+from _mqa_logits_calls import ROUTABLE as _MQA_LOGITS  # noqa: E402
+
+ROUTABLE |= _MQA_LOGITS
