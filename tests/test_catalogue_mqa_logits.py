@@ -27,6 +27,7 @@ from fibgen.runtime.routing import patching  # noqa: E402
 pytestmark = pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning")
 
 FP8 = "flashinfer.attn_scores.attn_scores.fp8_paged_mqa_logits"
+FP4 = "flashinfer.attn_scores.attn_scores.fp4_paged_mqa_logits"
 
 
 @functools.cache
@@ -115,3 +116,71 @@ def test_fp8_reference_agrees_with_flashinfers_template():
     finite = torch.isfinite(theirs)
     assert finite.any()
     torch.testing.assert_close(ours[finite], theirs[finite], rtol=1e-5, atol=1e-4)
+
+
+def test_fp4_logits_are_bfloat16_and_as_wide_as_max_seq_len(monkeypatch):
+    args, x, _ = calls.fp4_case(_catalogue(), max_seq_len=70)
+    result, seen, originals, counts = _route(monkeypatch, FP4, calls.FP4_NAME, args, {})
+    assert counts["hit"] == 1 and not originals, counts
+    (inputs,) = seen
+    assert inputs["max_seq_len"] == 70 and inputs["kv_fused"].dtype == torch.int8
+    assert result.shape == (4, 70) and result.dtype == torch.bfloat16
+    for row in range(4):
+        limit = int(x["seq_lens"][row // 2]) - 2 + row % 2
+        assert torch.isfinite(result[row, : limit + 1]).all()
+        assert torch.isneginf(result[row, limit + 1 :]).all()
+
+
+@pytest.mark.parametrize(
+    ("param", "value"),
+    [
+        ("sf_vec_size", 16),
+        ("output_dtype", torch.float32),
+        ("epi_dtype", torch.bfloat16),
+        ("is_kv_sf_interleaved", True),
+        ("out", torch.zeros(4, 128, dtype=torch.bfloat16)),
+    ],
+)
+def test_fp4_ruled_parameters_are_refused_at_other_values(monkeypatch, param, value):
+    args, _, _ = calls.fp4_case(_catalogue())
+    result, seen, originals, counts = _route(monkeypatch, FP4, calls.FP4_NAME, args, {param: value})
+    assert counts["hit"] == 0 and not seen and counts["rules"] == {param: 1}, counts
+    assert result == "flashinfer" and len(originals) == 1
+
+
+def test_fp4_reference_agrees_with_flashinfers_template_on_its_own_quantizer():
+    # Inputs made as FlashInfer's template makes them: bfloat16 values cast to MXFP4 by its
+    # per-token quantizer, so that the scales are what a real caller passes.
+    from flashinfer.trace.templates import attn_scores as t
+
+    torch.manual_seed(0)
+    batch, next_n, heads, dim, block = 2, 2, 64, 128, 64
+    seq_lens = torch.tensor([70, 5], dtype=torch.int32)
+    tables, num_blocks = t._make_paged_block_table(seq_lens, block, "cpu")
+    codes, sf = t._per_token_cast_to_fp4(torch.randn(batch * next_n * heads, dim), gran_k=32)
+    q = codes.view(torch.uint8).view(batch, next_n, heads, dim // 2)
+    q_sf = sf.view(torch.int32).view(batch, next_n, heads)
+    kv, _ = t._pack_kv_cache_fp4(torch.randn(num_blocks, block, 1, dim))
+    weights = torch.randn(batch * next_n, heads)
+    args = (q, q_sf, kv, weights, tables, seq_lens, 90)
+    theirs = t._fp4_paged_mqa_logits_reference(*args)
+    ours = _reference(calls.FP4_NAME)(
+        q.view(torch.float4_e2m1fn_x2), q_sf, kv.view(torch.int8), *args[3:]
+    )
+    assert ours.shape == theirs.shape == (4, 90) and ours.dtype == theirs.dtype
+    assert torch.equal(torch.isneginf(ours), torch.isneginf(theirs))
+    finite = torch.isfinite(theirs)
+    assert finite.sum() == 70 + 69 + 5 + 4
+    torch.testing.assert_close(ours[finite].float(), theirs[finite].float(), rtol=1e-2, atol=1e-2)
+
+
+def test_fp4_inputs_carry_ue8m0_scales_in_a_finite_range():
+    # `ue8m0_packed()` and `mxfp4_paged_with_scales()`: scale bytes are exponents 120..130.
+    _, x, axes = calls.fp4_case(_catalogue())
+    q_bytes = x["q_sf"].view(torch.uint8)
+    raw = x["kv_fused"].view(torch.uint8).reshape(axes["num_blocks"], -1)
+    kv_bytes = raw[:, 64 * 64 :]
+    for scale_bytes in (q_bytes, kv_bytes):
+        assert scale_bytes.numel() and scale_bytes.min() >= 120 and scale_bytes.max() <= 130
+    assert kv_bytes.numel() == axes["num_blocks"] * 64 * 4
+    assert len(set(q_bytes.flatten().tolist())) > 1  # not one value everywhere
