@@ -184,3 +184,72 @@ def test_fp4_inputs_carry_ue8m0_scales_in_a_finite_range():
         assert scale_bytes.numel() and scale_bytes.min() >= 120 and scale_bytes.max() <= 130
     assert kv_bytes.numel() == axes["num_blocks"] * 64 * 4
     assert len(set(q_bytes.flatten().tolist())) > 1  # not one value everywhere
+
+
+# ---------------------------------------------------------------------------------------
+# msa_proxy_score (attention_msa.fidef): max_k_tiles sizes the output
+# ---------------------------------------------------------------------------------------
+
+PROXY = "flashinfer.msa_ops.proxy_score.msa_proxy_score"
+
+
+def test_msa_proxy_without_max_k_tiles_gets_flashinfers_default_width(monkeypatch):
+    import _attn_b_calls as b
+
+    args, x, _ = b.msa_proxy_case(_catalogue())
+    result, seen, originals, counts = _route(monkeypatch, PROXY, b.PROXY_NAME, args, {})
+    assert counts["hit"] == 1 and not originals, counts
+    lengths = (x["cu_seqlens_k"][1:] - x["cu_seqlens_k"][:-1]).tolist()
+    tiles = max((n + 127) // 128 for n in lengths)
+    (inputs,) = seen
+    assert inputs["max_k_tiles"] == tiles and inputs["causal"] is True
+    assert result.shape == (4, tiles, x["q"].shape[0]) and result.dtype == torch.float32
+
+
+def test_msa_proxy_writes_a_callers_output_as_wide_as_max_k_tiles(monkeypatch):
+    import _attn_b_calls as b
+
+    args, x, axes = b.msa_proxy_case(_catalogue(), max_k_tiles=5)
+    output = torch.zeros(4, 5, axes["total_q"])
+    kwargs = {"max_k_tiles": 5, "output": output, "causal": False}
+    result, seen, _, counts = _route(monkeypatch, PROXY, b.PROXY_NAME, args, kwargs)
+    assert counts["hit"] == 1 and result is output, counts
+    assert seen[0]["max_k_tiles"] == 5 and seen[0]["causal"] is False
+    assert torch.isneginf(output[:, 2:]).all()  # no sequence has more than 200 keys
+
+
+@pytest.mark.parametrize(
+    ("param", "value"),
+    [
+        ("page_table", torch.zeros(2, 4, dtype=torch.int32)),
+        ("seqused_k", torch.ones(2, dtype=torch.int32)),
+        ("reduce_heads", True),
+        ("q_offset", 3),
+    ],
+)
+def test_msa_proxy_ruled_parameters_are_refused_at_other_values(monkeypatch, param, value):
+    import _attn_b_calls as b
+
+    args, _, _ = b.msa_proxy_case(_catalogue())
+    result, seen, originals, counts = _route(monkeypatch, PROXY, b.PROXY_NAME, args, {param: value})
+    assert counts["hit"] == 0 and not seen and counts["rules"] == {param: 1}, counts
+    assert result == "flashinfer" and len(originals) == 1
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_msa_proxy_reference_agrees_with_flashinfers_template(causal):
+    from flashinfer.trace.templates.msa import _msa_proxy_score_reference
+
+    torch.manual_seed(0)
+    # Two sequences over several 128-token blocks; the second has more queries than one block.
+    cu_q = torch.tensor([0, 3, 140], dtype=torch.int32)
+    cu_k = torch.tensor([0, 300, 600], dtype=torch.int32)
+    q, k = torch.randn(140, 4, 128).bfloat16(), torch.randn(600, 2, 128).bfloat16()
+    theirs = _msa_proxy_score_reference(q, k, cu_q, cu_k, causal=causal)
+    ours = _reference("msa_proxy_score_h4_kv4_d128")(q, k, cu_q, cu_k, causal, 3)
+    assert ours.shape == theirs.shape == (4, 3, 140)
+    assert torch.equal(torch.isneginf(ours), torch.isneginf(theirs))
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-3)
+    # A wider output is -inf past the blocks; a narrower one keeps the first blocks.
+    wide = _reference("msa_proxy_score_h4_kv4_d128")(q, k, cu_q, cu_k, causal, 5)
+    assert torch.equal(wide[:, :3], ours) and torch.isneginf(wide[:, 3:]).all()
