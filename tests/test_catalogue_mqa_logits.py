@@ -253,3 +253,52 @@ def test_msa_proxy_reference_agrees_with_flashinfers_template(causal):
     # A wider output is -inf past the blocks; a narrower one keeps the first blocks.
     wide = _reference("msa_proxy_score_h4_kv4_d128")(q, k, cu_q, cu_k, causal, 5)
     assert torch.equal(wide[:, :3], ours) and torch.isneginf(wide[:, 3:]).all()
+
+
+PROXY_FP4 = "flashinfer.msa_ops.proxy_score.msa_proxy_score_fp4"
+
+
+def test_msa_proxy_fp4_is_routed_with_flashinfers_uint8_bytes(monkeypatch):
+    import _attn_b_calls as b
+
+    args, x, _ = b.msa_proxy_fp4_case(_catalogue())
+    result, seen, originals, counts = _route(monkeypatch, PROXY_FP4, b.PROXY_FP4_NAME, args, {})
+    assert counts["hit"] == 1 and not originals, counts
+    (inputs,) = seen
+    assert inputs["q_scale"].dtype == torch.float8_e4m3fn
+    lengths = (x["cu_seqlens_k"][1:] - x["cu_seqlens_k"][:-1]).tolist()
+    tiles = max((n + 127) // 128 for n in lengths)
+    assert inputs["max_k_tiles"] == tiles and result.shape == (4, tiles, x["q_fp4"].shape[0])
+
+
+@pytest.mark.parametrize(
+    ("param", "value"),
+    [("page_table", torch.zeros(2, 4, dtype=torch.int32)), ("reduce_heads", True)],
+)
+def test_msa_proxy_fp4_ruled_parameters_are_refused_at_other_values(monkeypatch, param, value):
+    import _attn_b_calls as b
+
+    args, _, _ = b.msa_proxy_fp4_case(_catalogue())
+    result, seen, originals, counts = _route(
+        monkeypatch, PROXY_FP4, b.PROXY_FP4_NAME, args, {param: value}
+    )
+    assert counts["hit"] == 0 and not seen and counts["rules"] == {param: 1}, counts
+    assert result == "flashinfer" and len(originals) == 1
+
+
+def test_msa_proxy_fp4_reference_agrees_with_flashinfers_template():
+    import _attn_b_calls as b
+    from flashinfer.trace.templates.msa import _msa_proxy_score_fp4_reference
+
+    # 160 rows of Q scales: two row tiles of the 128x4 layout.
+    args, x, _ = b.msa_proxy_fp4_case(_catalogue(), seed=2, max_k_tiles=2, total_q=40)
+    assert x["q_scale"].numel() == 2 * 1024
+    theirs = _msa_proxy_score_fp4_reference(*args, causal=True)
+    ours = _reference(b.PROXY_FP4_NAME)(**x)
+    k_lengths = (x["cu_seqlens_k"][1:] - x["cu_seqlens_k"][:-1]).tolist()
+    assert ours.shape[1] == 2 and theirs.shape[1] == max((n + 127) // 128 for n in k_lengths)
+    width = min(2, theirs.shape[1])
+    assert torch.equal(torch.isneginf(ours[:, :width]), torch.isneginf(theirs[:, :width]))
+    finite = torch.isfinite(theirs[:, :width])
+    assert finite.any()
+    torch.testing.assert_close(ours[:, :width][finite], theirs[:, :width][finite])
