@@ -10,7 +10,6 @@ import statistics
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from fibgen.format.models import var_axis_scalars
 from fibgen.runtime.selection import hardware
 from fibgen.runtime.selection.policy import Policy, normalize_config, policy_of
 from fibgen.runtime.solutions.loading import BUILT_LANGUAGES, IMPORTED_LANGUAGES
@@ -137,6 +136,9 @@ def _bindings(definition: dict) -> list[list] | None:
     # Where each var axis can be read at call time: the first input whose shape names it
     # ([input, dim]), else the integer scalar input of its name ([input, None]; Note [axes
     # bound by a scalar] in fibgen/compiler/ir.py).
+    # Imported here: the selection modules import no pydantic at start-up.
+    from fibgen.format.models import var_axis_scalars
+
     out: list[list] = []
     scalars = var_axis_scalars(definition["axes"], definition["inputs"])
     for axis in _var_axes(definition):
