@@ -2327,6 +2327,11 @@ _SM100_ONLY = {
     "fmha_v2_prefill_sm120",
     "fmha_v2_prefill_deepseek",
     "msa_topk_select",
+    # Blackwell CuTe-DSL paged MQA logits (SM100/SM103/SM107), SM120/SM121 MSA proxy passes
+    "fp8_paged_mqa_logits",
+    "fp4_paged_mqa_logits",
+    "msa_proxy_score",
+    "msa_proxy_score_fp4",
     "rmsnorm_sigmoid_gate",
     "gated_residual_rmsnorm",
     "gated_residual_next_rmsnorm",

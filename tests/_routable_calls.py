@@ -418,3 +418,8 @@ ROUTABLE |= _MINIMAX
 from _routable_moe_alpha import ROUTABLE as _MOE_ALPHA  # noqa: E402
 
 ROUTABLE |= _MOE_ALPHA
+
+# The paged MQA logits APIs of attention_dsa.fidef, kept in a module of their own.
+from _mqa_logits_calls import ROUTABLE as _MQA_LOGITS  # noqa: E402
+
+ROUTABLE |= _MQA_LOGITS

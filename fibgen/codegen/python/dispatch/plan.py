@@ -262,6 +262,9 @@ class FamilyPlan:
                 dims.append(str(pinned))
             elif (scaled := self._scaled_field(axis, fields)) is not None:
                 dims.append(scaled)
+            elif isinstance(declared, ir.VarAxis) and declared.scalar:
+                # The value of the scalar input of its name (Note [axes bound by a scalar]).
+                dims.append(self.input_expr[axis])
             else:
                 carriers = [
                     f"{expr}.shape[{t.shape.index(axis) - len(t.shape)}]"
