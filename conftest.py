@@ -47,6 +47,8 @@ _LONG_FIRST = (
     "tests/test_catalogue_moe.py",
     "tests/test_catalogue_moe_prims_ts.py",
     "tests/test_fi_resolve.py",
+    "generated/tests/test_minimax_h3_mxfp8_pre_attention.py",
+    "generated/tests/test_minimax_h3_nvfp4_pre_attention.py",
     "generated/tests/test_gemm_mxfp8.py",
     "generated/tests/test_gemm.py",
     "generated/tests/test_gemm_fp4.py",

@@ -2087,6 +2087,35 @@ def _moe_routing_cases() -> list[Case]:
                 {name: solution(name)},
             )
         )
+    # Humming's MXFP4 preparation for FP8 activations: the logical rewrite, and the same
+    # interleaved for the SM90 GEMM (its weight interleave runs a CUDA kernel).
+    for interleave, max_range in ((False, 11), (True, 11)):
+        name = "sm90_mixed_gemm_humming_preprocess_" + ("r11" if interleave else "logical_r11")
+
+        def humming(interleave=interleave, max_range=max_range):
+            import flashinfer.fused_moe
+
+            w = torch.randint(
+                0, 256, (3, 256, 512), dtype=torch.uint8, device=DEV, generator=g(161)
+            )
+            raw = torch.randint(
+                108, 136, (3, 256, 32), dtype=torch.uint8, device=DEV, generator=g(162)
+            )
+            return _results(
+                flashinfer.fused_moe.preprocess_moe_weights_for_sm90_mixed_gemm_humming(
+                    w, raw, max_range, interleave=interleave
+                )
+            )
+
+        out.append(
+            Case(
+                "flashinfer.fused_moe.preprocess_moe_weights_for_sm90_mixed_gemm_humming",
+                f"{name} experts=3 rows=256 k=1024 max_range={max_range}",
+                humming,
+                {name: solution(name)},
+                variant="moe_prepare:sm90_weights",
+            )
+        )
     return out
 
 
@@ -2183,6 +2212,77 @@ def _moe_cute_dsl_cases() -> list[Case]:
     return out
 
 
+# ---------------------------------------------------------------------------------------
+# Single-kernel block-FP8 MoE (moe_monomoe.fidef): SM90a, the Qwen3.5-35B-A3B shape only
+# ---------------------------------------------------------------------------------------
+
+
+def _needs_sm90a() -> str | None:
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) == (9, 0):
+        return None
+    return (
+        "FlashInfer's mono_moe runs only on SM90a; this GPU is "
+        f"SM{major}{minor} (apply on is still checked: the call must be routed)"
+    )
+
+
+def _monomoe_cases() -> list[Case]:
+    out = []
+    name = "mono_moe_e256_h2048_i512_topk8"
+    # (seq_len, scoring_func, renormalize, pre-interleaved weights, top_k, the rule)
+    grid = (
+        (1, "softmax", True, False, 8, None),
+        (8, "softmax", True, False, 8, None),
+        (5, "softmax", False, False, 8, None),
+        (3, "sigmoid", True, False, 8, None),
+        (4, "sigmoid", False, True, 8, None),
+        (2, "softmax", True, False, 4, "top_k"),
+    )
+    for seq_len, scoring, renormalize, packed, top_k, rule in grid:
+
+        def mono(
+            seq_len=seq_len, scoring=scoring, renormalize=renormalize, packed=packed, top_k=top_k
+        ):
+            import flashinfer.fused_moe
+            from flashinfer.fused_moe.monomoe import interleave_for_tma_wgmma_up
+
+            x = _inputs(name, 151, seq_len=seq_len)
+            up = x["expert_weights_up"]
+            if packed:
+                up = interleave_for_tma_wgmma_up(up.clone())
+            return _results(
+                flashinfer.fused_moe.mono_moe(
+                    x["activations_in"],
+                    x["router_logits"],
+                    up,
+                    x["expert_scales_up"],
+                    x["expert_weights_down"],
+                    x["expert_scales_down"],
+                    top_k,
+                    scoring_func=scoring,
+                    renormalize=renormalize,
+                    interleave_up=not packed,
+                )
+            )
+
+        label = f"{name} seq_len={seq_len} {scoring} renormalize={renormalize}"
+        label += " interleave_up=False" if packed else ""
+        label += f" top_k={top_k}" if top_k != 8 else ""
+        out.append(
+            Case(
+                "flashinfer.fused_moe.mono_moe",
+                label,
+                mono,
+                {name: solution(name)},
+                expect=rule,
+                needs=_needs_sm90a,
+                variant="monomoe",
+            )
+        )
+    return out
+
+
 GROUPS = {
     "norm": _norm_cases,
     "activation": _activation_cases,
@@ -2203,6 +2303,7 @@ GROUPS = {
     "moe": _moe_cases,
     "moe_routing": _moe_routing_cases,
     "moe_cute_dsl": _moe_cute_dsl_cases,
+    "monomoe": _monomoe_cases,
     "decode": _decode_cases,
     "prefill": _prefill_cases,
     "ragged": _ragged_cases,
@@ -2226,6 +2327,11 @@ _SM100_ONLY = {
     "fmha_v2_prefill_sm120",
     "fmha_v2_prefill_deepseek",
     "msa_topk_select",
+    # Blackwell CuTe-DSL paged MQA logits (SM100/SM103/SM107), SM120/SM121 MSA proxy passes
+    "fp8_paged_mqa_logits",
+    "fp4_paged_mqa_logits",
+    "msa_proxy_score",
+    "msa_proxy_score_fp4",
     "rmsnorm_sigmoid_gate",
     "gated_residual_rmsnorm",
     "gated_residual_next_rmsnorm",
@@ -2260,6 +2366,11 @@ _SM100_ONLY = {
     "cute_dsl_fused_moe",
     "cute_dsl_fused_moe_nvfp4",
     "cute_dsl_fused_moe_mxfp8_mxfp4",
+    # AlphaMoE's W8A8 and NVFP4 megakernels: SM100/SM103; trtllm-gen MXINT4: SM100.
+    "alphamoe_fp8_block_scale_aligned_moe",
+    "alphamoe_nvfp4_aligned_moe",
+    "alphamoe_nvfp4_routed_moe",
+    "trtllm_mxint4_block_scale_moe",
     "gated_delta_rule_replayssm_commit",
     "chunk_gated_delta_rule2",
     "chunk_gated_delta_product",
@@ -2275,6 +2386,9 @@ _SM100_ONLY = {
     "dsv41_fp4_quantize_append_sparse_mla_cache",
     "dsv41_fp8_quantize_pack_sparse_mla_cache",
     "dsv41_fp8_quantize_append_sparse_mla_cache",
+    # SageAttention 3's NVFP4 attention: a module built for SM120/SM121 only.
+    "nvfp4_attention_sm120_quantize_qkv",
+    "nvfp4_attention_sm120_fwd",
 }
 
 

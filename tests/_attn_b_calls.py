@@ -311,3 +311,52 @@ def _msa_sparse_decode(c: Any) -> Any:
 
 
 ROUTABLE |= {"flashinfer.msa_ops.sparse_decode.msa_sparse_decode_attention": _msa_sparse_decode}
+
+
+PROXY_NAME = "msa_proxy_score_h4_kv4_d128"
+
+
+def msa_proxy_case(c: Any, seed: int = 0, max_k_tiles: int = 3) -> tuple[tuple, dict, dict]:
+    """(positional arguments of msa_proxy_score, the definition's inputs, axes)."""
+    x, axes = c.inputs(PROXY_NAME, seed=seed, len_indptr=3, max_k_tiles=max_k_tiles)
+    return (x["q"], x["k"], x["cu_seqlens_q"], x["cu_seqlens_k"]), x, axes
+
+
+def _msa_proxy(c: Any) -> Any:
+    from _routable_calls import Call
+
+    args, x, axes = msa_proxy_case(c)
+    kwargs: dict = {"page_table": None, "seqused_k": None, "causal": False}
+    kwargs |= {"max_seqlen_q": 8, "max_k_tiles": 3, "reduce_heads": False, "q_offset": None}
+    kwargs |= {"output": c.buffer(PROXY_NAME, "max_score", axes)}
+    return Call(PROXY_NAME, args, kwargs)
+
+
+ROUTABLE |= {"flashinfer.msa_ops.proxy_score.msa_proxy_score": _msa_proxy}
+
+
+PROXY_FP4_NAME = "msa_proxy_score_fp4_h4_kv4"
+
+
+def msa_proxy_fp4_case(
+    c: Any, seed: int = 0, max_k_tiles: int = 3, **more: int
+) -> tuple[tuple, dict, dict]:
+    """(positional arguments of msa_proxy_score_fp4 as FlashInfer takes them: uint8 codes
+    and scale bytes; the definition's inputs; axes)."""
+    x, axes = c.inputs(PROXY_FP4_NAME, seed=seed, len_indptr=3, max_k_tiles=max_k_tiles, **more)
+    args = tuple(x[n].view(torch.uint8) for n in ("q_fp4", "k_fp4", "q_scale", "k_scale"))
+    args += (x["q_global_scale"], x["k_global_scale"], x["cu_seqlens_q"], x["cu_seqlens_k"])
+    return args, x, axes
+
+
+def _msa_proxy_fp4(c: Any) -> Any:
+    from _routable_calls import Call
+
+    args, x, axes = msa_proxy_fp4_case(c)
+    kwargs: dict = {"page_table": None, "seqused_k": None, "causal": False}
+    kwargs |= {"max_seqlen_q": 8, "max_k_tiles": 3, "reduce_heads": False, "q_offset": None}
+    kwargs |= {"output": c.buffer(PROXY_FP4_NAME, "max_score", axes)}
+    return Call(PROXY_FP4_NAME, args, kwargs)
+
+
+ROUTABLE |= {"flashinfer.msa_ops.proxy_score.msa_proxy_score_fp4": _msa_proxy_fp4}

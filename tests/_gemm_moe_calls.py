@@ -168,6 +168,46 @@ def bmm_mxfp8(c: Catalogue) -> Any:
     return _call(BMM_MXFP8, args, {"out": c.buffer(BMM_MXFP8, "C", axes), "backend": "cudnn"})
 
 
+MM_BF16_FP4 = "gemm_bf16_fp4_N2048_K7168"
+
+
+def mm_bf16_fp4(c: Catalogue) -> Any:
+    x, axes = c.inputs(MM_BF16_FP4, M=3)
+    # As prepare_bf16_fp4_weights(..., backend="cudnn") returns them: the packed weight as
+    # uint8, its scales linear e4m3.
+    args = (x["A"], x["B"].view(torch.uint8), x["b_descale"], x["alpha"].reshape(1))
+    kwargs = {"backend": "cudnn", "out_dtype": torch.bfloat16}
+    kwargs |= {"out": c.buffer(MM_BF16_FP4, "C", axes), "block_size": 16, "enable_pdl": False}
+    return _call(MM_BF16_FP4, args, kwargs)
+
+
+MASKED_NVFP4 = "grouped_gemm_nt_masked_nvfp4_n2048_k768"
+
+
+def grouped_gemm_nt_masked(c: Catalogue) -> Any:
+    x, axes = c.inputs(MASKED_NVFP4, num_groups=2, M=3, M_padded=128)
+
+    def scales(s: torch.Tensor) -> torch.Tensor:
+        # [G, rows, cols] swizzled -> the [32, 4, rows / 128, 4, cols / 4, G] view of it.
+        g, rows, cols = s.shape
+        return s.reshape(g, rows // 128, cols // 4, 32, 4, 4).permute(3, 4, 1, 5, 2, 0)
+
+    # As scaled_fp4_grouped_quantize returns the activation: uint8 [M, K / 2, G] views.
+    lhs = (x["a"].view(torch.uint8).permute(1, 2, 0), scales(x["a_sf"]))
+    rhs = (x["b"].view(torch.uint8).permute(1, 2, 0), scales(x["b_sf"]))
+    # The output as FlashInfer asks for it: an [M, N, G] view of group-major memory.
+    out = torch.zeros(axes["num_groups"], axes["M"], axes["N"], dtype=torch.bfloat16)
+    out = out.permute(1, 2, 0)
+    kwargs: dict = {"ab_dtype": "float4_e2m1fn", "sf_dtype": "float8_e4m3fn"}
+    kwargs |= {"c_dtype": "bfloat16", "sf_vec_size": 16, "topk_weights": None}
+    kwargs |= {"idx_src_info": None, "rank_src_info": None, "out_ptrs": None, "num_ranks": 0}
+    kwargs |= {"dst_signals": None, "sm_count": 148, "barrier_flag_local": None}
+    kwargs |= {"barrier_flag_multicast": None, "is_combine_fusion": False, "is_swap_ab": False}
+    kwargs |= {"mma_tiler_mn": (256, 128), "cluster_shape_mn": (2, 1)}
+    kwargs |= {"alpha": x["alpha"], "alpha_dtype": "float32"}
+    return _call(MASKED_NVFP4, (lhs, rhs, out, x["masked_m"]), kwargs)
+
+
 SVDQUANT = "gemm_nvfp4_svdquant_N3072_K3072_r32"
 
 
@@ -608,6 +648,75 @@ def cute_dsl_mxfp8_mxfp4_moe_wrapper(c: Catalogue) -> Any:
     return _call(CUTE_DSL_W4A8_WRAPPER, (wrapper,) + _w4a8_tensors(x), {"tactic": None})
 
 
+B12X = "b12x_fused_moe_nvfp4_e8_h256_i128_topk2"
+B12X_WRAPPER = "b12x_moe_wrapper_nvfp4_e8_h256_i128_topk2"
+
+
+def _b12x_tensors(x: dict) -> tuple[tuple, dict]:
+    """The tensors as FlashInfer takes them: uint8 bytes, one shared FC2 input scale, and the
+    FC1 input scale given apart from w1_alpha (the definition's fc1_alpha is their product)."""
+    u8 = torch.uint8
+    args = (x["x"], x["w1_weight"].view(u8), x["w1_weight_sf"].view(u8))
+    args += (x["w2_weight"].view(u8), x["w2_weight_sf"].view(u8))
+    args += (x["token_selected_experts"], x["token_final_scales"])
+    igs = x["fc1_input_scale"]
+    kwargs = {"w1_alpha": x["fc1_alpha"] / igs, "w2_alpha": x["w2_alpha"]}
+    kwargs |= {"fc2_input_scale": x["fc2_input_scale"][:1].clone(), "input_global_scale": igs}
+    return args, kwargs
+
+
+def b12x_fused_moe(c: Catalogue) -> Any:
+    x, axes = c.inputs(B12X, seq_len=5)
+    args, kwargs = _b12x_tensors(x)
+    kwargs |= {"num_local_experts": 8, "expert_map": None}
+    kwargs |= {"output": c.buffer(B12X, "output", axes), "output_dtype": torch.bfloat16}
+    kwargs |= {"activation": "swigluoai_uninterleave", "swiglu_alpha": float(x["swiglu_alpha"])}
+    kwargs |= {"swiglu_beta": float(x["swiglu_beta"]), "swiglu_limit": float(x["swiglu_limit"])}
+    kwargs |= {"activation_precision": "fp4", "quant_mode": "nvfp4", "source_format": "modelopt"}
+    return _call(B12X, args + (8, 2), kwargs)
+
+
+def b12x_moe_wrapper(c: Catalogue) -> Any:
+    from flashinfer.fused_moe import B12xMoEWrapper
+
+    x, _ = c.inputs(B12X_WRAPPER, seq_len=5)
+    # What B12xMoEWrapper.__init__ keeps (it needs an SM120 GPU to run).
+    wrapper = object.__new__(B12xMoEWrapper)
+    wrapper.__dict__ |= {"num_experts": 8, "top_k": 2, "num_local_experts": 8}
+    wrapper.__dict__ |= {"hidden_size": 256, "intermediate_size": 128, "quant_mode": "nvfp4"}
+    wrapper.__dict__ |= {"activation_precision": "fp4", "source_format": "modelopt"}
+    wrapper.__dict__ |= {"expert_map": None, "output_dtype": torch.bfloat16}
+    wrapper.__dict__ |= {"activation": "swigluoai_uninterleave"}
+    wrapper.__dict__ |= {"swiglu_alpha": float(x["swiglu_alpha"])}
+    wrapper.__dict__ |= {"swiglu_beta": float(x["swiglu_beta"])}
+    wrapper.__dict__ |= {"swiglu_limit": float(x["swiglu_limit"])}
+    args, kwargs = _b12x_tensors(x)
+    return _call(B12X_WRAPPER, (wrapper,) + args, kwargs)
+
+
+MONO_MOE = "mono_moe_e8_h256_i128_topk2"
+
+
+def mono_moe(c: Catalogue) -> Any:
+    x, axes = c.inputs(MONO_MOE, seq_len=3)
+    args = (x["activations_in"], x["router_logits"], x["expert_weights_up"])
+    args += (x["expert_scales_up"], x["expert_weights_down"], x["expert_scales_down"], 2)
+    kwargs = {"scoring_func": "softmax", "renormalize": True}
+    kwargs |= {"out": c.buffer(MONO_MOE, "output", axes), "scratchpad": None}
+    return _call(MONO_MOE, args, kwargs | {"interleave_up": True})
+
+
+HUMMING = "sm90_mixed_gemm_humming_preprocess_r11"
+
+
+def humming_preprocess(c: Catalogue) -> Any:
+    x, _ = c.inputs(HUMMING, num_experts=2, row_blocks=4, k_blocks=2, m64_blocks=1, k128_blocks=1)
+    # FlashInfer's [E, rows, K / 2] and [E, rows, K / 32] uint8 bytes.
+    weight = x["weight"].reshape(2, 64, 64).view(torch.uint8)
+    raw_scale = x["raw_scale"].reshape(2, 64, 4).view(torch.uint8)
+    return _call(HUMMING, (weight, raw_scale, 11), {"interleave": True})
+
+
 ALPHAMOE_INTERLEAVE = "alphamoe_interleave_gated_weights_h256_i128"
 
 
@@ -655,6 +764,10 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.fused_moe.CuteDslMoEWrapper.run": cute_dsl_moe_wrapper,
     "flashinfer.fused_moe.cute_dsl_fused_moe_mxfp8_mxfp4": cute_dsl_fused_moe_mxfp8_mxfp4,
     "flashinfer.fused_moe.CuteDslMxfp8Mxfp4MoEWrapper.run": cute_dsl_mxfp8_mxfp4_moe_wrapper,
+    "flashinfer.fused_moe.b12x_fused_moe": b12x_fused_moe,
+    "flashinfer.fused_moe.mono_moe": mono_moe,
+    "flashinfer.fused_moe.preprocess_moe_weights_for_sm90_mixed_gemm_humming": humming_preprocess,
+    "flashinfer.fused_moe.B12xMoEWrapper.run": b12x_moe_wrapper,
     "flashinfer.gemm.mm_bf16": mm_bf16,
     "flashinfer.gemm.bmm_bf16": bmm_bf16,
     "flashinfer.gemm.tinygemm_bf16": tinygemm_bf16,
@@ -673,4 +786,8 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.gemm.bmm_mxfp8": bmm_mxfp8,
     "flashinfer.gemm.gemm_svdquant.mm_nvfp4_svdquant": mm_nvfp4_svdquant,
     "flashinfer.gemm.gemm_svdquant.svdquant_linear": svdquant_linear,
+    "flashinfer.gemm.gemm_bf16_fp4.mm_bf16_fp4": mm_bf16_fp4,
+    "flashinfer.gemm.kernels.grouped_gemm_masked_wrapper.grouped_gemm_nt_masked": (
+        grouped_gemm_nt_masked
+    ),
 }

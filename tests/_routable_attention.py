@@ -1,6 +1,6 @@
 """Calls that give every parameter and are routed, for the attention APIs of
 ``definitions/attention_single.fidef``, ``attention_cascade.fidef``, ``attention_batch.fidef``,
-``attention_page.fidef`` and ``attention_block_sparse.fidef`` (see ``_routable_calls`` for the convention): every value is one
+``attention_page.fidef``, ``attention_block_sparse.fidef`` and ``attention_nvfp4_sm120.fidef`` (see ``_routable_calls`` for the convention): every value is one
 the family's rules accept, a non-default one wherever a rule allows it (a window, a soft cap,
 an explicit scale, an ignored launch option), the default otherwise.
 """
@@ -335,6 +335,32 @@ def _cake_vsa(c: Any) -> Any:
     return Call(CAKE_NAME, args, kwargs | {"backend": "cake"})
 
 
+def _nvfp4_sm120_quantize(c: Any) -> Any:
+    from _routable_calls import Call
+
+    # One mean for all of q. Lengths in whole 128-token blocks, which FlashInfer's template
+    # can pair with the definition's padded ones (test_catalogue_nvfp4_attention.py pads).
+    name = "nvfp4_attention_sm120_quantize_qkv_h32_kv8_d128"
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 32, 128, 128, generator=g).bfloat16()
+    k, v = torch.randn(2, 1, 8, 256, 128, generator=g).bfloat16()
+    return Call(name, (q, k, v), {"per_block_mean": False})
+
+
+def _nvfp4_sm120_fwd(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "nvfp4_attention_sm120_fwd_h32_kv8_d128"
+    x, axes = c.inputs(name, batch_size=1, q_blocks=1, padded_kv_len=256)
+    packed = [x[n].view(torch.uint8) for n in ("q_fp4", "k_fp4", "v_fp4_t")]
+    scales = [x["q_scale"], x["k_scale"], x["v_scale_t"], x["qk_correction"][:, :, :1]]
+    kwargs: dict = {"sm_scale": None, "causal": False, "per_block_mean": False}
+    kwargs |= {"out": c.buffer(name, "output", axes), "lse": c.buffer(name, "lse", axes)}
+    kwargs |= {"out_dtype": torch.bfloat16, "softmax_scale": 0.1, "return_lse": True}
+    kwargs |= {"unpadded_k_len": 200}
+    return Call(name, (*packed, *scales), kwargs)
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.decode.single_decode_with_kv_cache": _single_decode,
     "flashinfer.prefill.single_prefill_with_kv_cache": _single_prefill,
@@ -365,4 +391,6 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.sparse.VariableBlockSparseAttentionWrapper.run": _var_block_sparse,
     "flashinfer.cake_vsa.run_cake_vsa": _cake_vsa,
     "flashinfer.cudnn.prefill.cudnn_batch_prefill_with_kv_cache": _cudnn_prefill,
+    "flashinfer.nvfp4_attention_sm120.nvfp4_attention_sm120_quantize_qkv": _nvfp4_sm120_quantize,
+    "flashinfer.nvfp4_attention_sm120.nvfp4_attention_sm120_fwd": _nvfp4_sm120_fwd,
 }

@@ -408,3 +408,18 @@ ROUTABLE |= _GEMM_MOE
 from _prims_ts_calls import ROUTABLE as _PRIMS_TS  # noqa: E402
 
 ROUTABLE |= _PRIMS_TS
+
+# The MiniMax-H3 APIs of minimax_h3.fidef, kept in a module of their own.
+from _routable_minimax import ROUTABLE as _MINIMAX  # noqa: E402
+
+ROUTABLE |= _MINIMAX
+
+# AlphaMoE's fused MoE APIs and TensorRT-LLM's MXINT4 MoE, kept in a module of their own.
+from _routable_moe_alpha import ROUTABLE as _MOE_ALPHA  # noqa: E402
+
+ROUTABLE |= _MOE_ALPHA
+
+# The paged MQA logits APIs of attention_dsa.fidef, kept in a module of their own.
+from _mqa_logits_calls import ROUTABLE as _MQA_LOGITS  # noqa: E402
+
+ROUTABLE |= _MQA_LOGITS

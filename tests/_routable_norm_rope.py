@@ -179,8 +179,22 @@ def _rmsnorm_fp4quant(c: Any) -> Any:
     return Call(name, (x["input"], x["weight"]), kwargs)
 
 
+def _add_rmsnorm_fp4quant(c: Any) -> Any:
+    from _routable_calls import Call
+
+    name = "add_rmsnorm_fp4quant_h4096"
+    x, axes = c.inputs(name, num_tokens=3)
+    kwargs = {"y_fp4": c.buffer(name, "y_fp4", axes), "block_scale": None}
+    kwargs |= {"global_scale": x["global_scale"], "eps": 1e-6, "block_size": 16}
+    kwargs |= {"scale_format": "e4m3", "is_sf_swizzled_layout": True}
+    kwargs |= {"output_both_sf_layouts": False, "block_scale_unswizzled": None}
+    kwargs |= {"enable_pdl": True, "y_out": None}
+    return Call(name, (x["input"], x["residual"], x["weight"]), kwargs)
+
+
 ROUTABLE: dict[str, Callable[[Any], Any]] = {
     "flashinfer.cute_dsl.rmsnorm_fp4quant.rmsnorm_fp4quant": _rmsnorm_fp4quant,
+    "flashinfer.cute_dsl.add_rmsnorm_fp4quant.add_rmsnorm_fp4quant": _add_rmsnorm_fp4quant,
     "flashinfer.norm.fused_rmsnorm_silu": _rmsnorm_silu,
     "flashinfer.norm.rmsnorm_sigmoid_gate": _sigmoid_gate,
     "flashinfer.norm.gated_residual_rmsnorm": _gated_residual,

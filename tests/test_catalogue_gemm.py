@@ -129,6 +129,9 @@ def _bound(call, path: str) -> dict:
     return inspect.signature(getattr(owner, attr)).bind(*call.args, **call.kwargs).arguments
 
 
+MM_BF16_FP4_PATH = "flashinfer.gemm.gemm_bf16_fp4.mm_bf16_fp4"
+MASKED_PATH = "flashinfer.gemm.kernels.grouped_gemm_masked_wrapper.grouped_gemm_nt_masked"
+
 # Parameters with a default that the FP8 mode of an API still needs given.
 SCALES = {"flashinfer.gemm.fp8_blockscale_gemm_sm90": ("input_scale", "weight_scale")}
 
@@ -165,6 +168,7 @@ DEFAULTS_ROUTE = [
     "flashinfer.gemm.mm_fp4",
     "flashinfer.gemm.mm_mxfp8",
     "flashinfer.gemm.bmm_mxfp8",
+    "flashinfer.gemm.gemm_bf16_fp4.mm_bf16_fp4",
 ]
 
 
@@ -263,6 +267,10 @@ def test_mm_bf16_hands_the_solution_the_column_major_weight_as_given(monkeypatch
         ("flashinfer.gemm.mm_mxfp8", "out_dtype", torch.float16, "out_dtype"),
         ("flashinfer.gemm.mm_mxfp8", "backend", "trtllm", "backend"),
         ("flashinfer.gemm.bmm_mxfp8", "dtype", torch.float16, "dtype"),
+        (MM_BF16_FP4_PATH, "backend", "blackwell-tiled", "backend"),
+        (MM_BF16_FP4_PATH, "block_size", 32, "block_size"),
+        (MM_BF16_FP4_PATH, "out_dtype", torch.float16, "out_dtype"),
+        (MM_BF16_FP4_PATH, "alpha", torch.ones(3), "alpha"),
     ],
 )
 def test_parameters_the_definition_does_not_model_are_refused(
@@ -321,6 +329,8 @@ def test_a_float16_out_buffer_is_refused(path, monkeypatch):
         ("flashinfer.gemm.mm_fp4", "alpha", None),
         ("flashinfer.gemm.mm_mxfp8", "backend", "cudnn"),
         ("flashinfer.gemm.mm_mxfp8", "backend", "auto"),
+        (MM_BF16_FP4_PATH, "backend", "blackwell-native"),
+        (MM_BF16_FP4_PATH, "alpha", None),
     ],
 )
 def test_launch_options_and_accepted_values_stay_routed(path, param, value, monkeypatch):
@@ -752,3 +762,152 @@ def test_svdquant_linear_is_smooth_quantization_then_the_svdquant_gemm(monkeypat
         None,
     )
     _close(out.result, want, atol=5e-2, rtol=2e-2)
+
+
+# ---------------------------------------------------------------------------------------
+# mm_bf16_fp4: a bfloat16 activation times an NVFP4 weight prepared for cuDNN
+# ---------------------------------------------------------------------------------------
+
+
+def test_mm_bf16_fp4_of_a_cudnn_prepared_weight_is_flashinfers_reference(monkeypatch):
+    # A canonical NVFP4 weight (packed bytes and its 128x4 scale buffer, as nvfp4_quantize
+    # leaves them), prepared as FlashInfer's cuDNN preparation does (_prepare_cudnn: the
+    # weight as it is, the scales unswizzled by _unswizzle_sf_128x4), then multiplied: the
+    # result is FlashInfer's template reference of the canonical weight, bit for bit (alpha
+    # a power of two, so that scaling the weight, as that reference does, or the product,
+    # as cuDNN and the definition do, round alike).
+    from flashinfer.gemm.gemm_bf16_fp4 import _unswizzle_sf_128x4
+
+    g = torch.Generator().manual_seed(13)
+    a = torch.randn(5, 7168, generator=g).to(torch.bfloat16)
+    b = torch.randint(0, 256, (2048, 3584), dtype=torch.uint8, generator=g)
+    swizzled = (torch.rand(2048, 448, generator=g) * 3.75 + 0.25).to(torch.float8_e4m3fn)
+    alpha = torch.tensor([0.5])
+    sf = _unswizzle_sf_128x4(swizzled.reshape(-1), 2048, 448).contiguous()
+    sf = sf.view(torch.float8_e4m3fn)
+    args = (a, b, sf, alpha)
+    out = _route(monkeypatch, MM_BF16_FP4_PATH, calls.MM_BF16_FP4, args, {"backend": "cudnn"})
+    seen = _hit(out)
+    assert seen["B"].dtype == torch.float4_e2m1fn_x2 and seen["B"].data_ptr() == b.data_ptr()
+    assert seen["b_descale"] is sf and seen["alpha"].shape == ()
+    theirs = templates._mm_bf16_fp4_native_reference(a, b, swizzled.reshape(-1), alpha)
+    assert torch.equal(out.result, theirs)
+
+
+@pytest.mark.parametrize("flat", [True, False])
+def test_mm_bf16_fp4_of_a_canonical_weight_goes_to_the_swizzled_family(flat, monkeypatch):
+    # cute-dsl-native takes the weight as nvfp4_quantize leaves it: its scales the 128x4
+    # buffer, flat or 2-D. The linear family refuses the backend; the swizzled one routes it,
+    # and its result is FlashInfer's template reference bit for bit (alpha a power of two).
+    name = "gemm_bf16_fp4_swizzled_N2048_K7168"
+    g = torch.Generator().manual_seed(14)
+    a = torch.randn(3, 7168, generator=g).to(torch.bfloat16)
+    b = torch.randint(0, 256, (2048, 3584), dtype=torch.uint8, generator=g)
+    swizzled = (torch.rand(2048, 448, generator=g) * 3.75 + 0.25).to(torch.float8_e4m3fn)
+    alpha = torch.tensor([0.25])
+    sf = swizzled.view(torch.uint8).reshape(-1) if flat else swizzled
+    out = _route(
+        monkeypatch, MM_BF16_FP4_PATH, name, (a, b, sf, alpha), {"backend": "cute-dsl-native"}
+    )
+    seen = _hit(out)
+    assert seen["b_descale"].shape == (2048, 448) and seen["b_descale"].data_ptr() == sf.data_ptr()
+    theirs = templates._mm_bf16_fp4_native_reference(a, b, swizzled.reshape(-1), alpha)
+    assert torch.equal(out.result, theirs)
+
+
+# ---------------------------------------------------------------------------------------
+# grouped_gemm_nt_masked: per expert, its first masked_m rows times its NVFP4 weight
+# ---------------------------------------------------------------------------------------
+
+
+def _masked_call(**overrides):
+    call = calls.ROUTABLE[MASKED_PATH](_catalogue())
+    lhs, rhs, out, masked_m = call.args
+    kwargs = dict(call.kwargs)
+    given = {"lhs": lhs, "rhs": rhs, "out": out, "masked_m": masked_m} | overrides
+    return (
+        given.pop("lhs"),
+        given.pop("rhs"),
+        given.pop("out"),
+        given.pop("masked_m"),
+        {
+            **kwargs,
+            **given,
+        },
+    )
+
+
+def test_grouped_gemm_nt_masked_writes_each_groups_rows_into_the_callers_view(monkeypatch):
+    from flashinfer.gemm.gemm_bf16_fp4 import _unswizzle_sf_128x4
+
+    lhs, rhs, out, _, kwargs = _masked_call()
+    masked_m = torch.tensor([2, 0], dtype=torch.int32)
+    out.fill_(7.0)  # [M, N, G]: what the call held before
+    result = _route(monkeypatch, MASKED_PATH, calls.MASKED_NVFP4, (lhs, rhs, out, masked_m), kwargs)
+    seen = _hit(result)
+    assert seen["a"].shape == (2, 3, 384) and seen["b_sf"].shape == (2, 2048, 48)
+    # The solution is handed the caller's memory, group-major, and writes into its view.
+    assert seen["a"].data_ptr() == lhs[0].data_ptr() and seen["b"].is_contiguous()
+    alpha = kwargs["alpha"]
+    for g, m in enumerate(masked_m.tolist()):
+        # Each group's scales unswizzled by FlashInfer's own helper, from the caller's buffer.
+        sfa = _unswizzle_sf_128x4(lhs[1][..., g].permute(2, 4, 0, 1, 3).reshape(-1), 3, 48)
+        sfb = _unswizzle_sf_128x4(rhs[1][..., g].permute(2, 4, 0, 1, 3).reshape(-1), 2048, 48)
+        x = _dequantize_nvfp4(lhs[0][..., g], sfa.view(torch.float8_e4m3fn))
+        w = _dequantize_nvfp4(rhs[0][..., g], sfb.view(torch.float8_e4m3fn))
+        expected = ((x[:m] @ w.T) * alpha[g]).to(torch.bfloat16)
+        assert torch.equal(out[:m, :, g], expected)
+        # Rows past masked_m: the kernel leaves them, the definition zeroes them.
+        assert (out[m:, :, g] == 0).all()
+
+
+@pytest.mark.parametrize(
+    ("param", "value", "rule"),
+    [
+        ("ab_dtype", "float8_e4m3fn", "ab_dtype"),
+        ("sf_dtype", "float8_e8m0fnu", "sf_dtype"),
+        ("sf_vec_size", 32, "sf_vec_size"),
+        ("c_dtype", "float16", "c_dtype"),
+        ("is_swap_ab", True, "is_swap_ab"),
+        ("num_ranks", 2, "num_ranks"),
+        ("dst_signals", torch.zeros(4, dtype=torch.int32), "dst_signals"),
+        ("alpha_dtype", "bfloat16", "alpha_dtype"),
+    ],
+)
+def test_a_grouped_gemm_nt_masked_mode_the_definition_does_not_model_is_refused(
+    param, value, rule, monkeypatch
+):
+    lhs, rhs, out, masked_m, kwargs = _masked_call(**{param: value})
+    result = _route(monkeypatch, MASKED_PATH, calls.MASKED_NVFP4, (lhs, rhs, out, masked_m), kwargs)
+    assert result.counts["hit"] == 0 and result.counts["fallback_guard"] == 1, result.counts
+    (counted,) = result.counts["rules"]
+    # FlashInfer's function gets the call as given.
+    bound = result.originals[0]
+    assert rule in counted and (bound[param] if param in bound else bound["kwargs"][param]) is value
+
+
+def test_a_grouped_gemm_nt_masked_operand_in_another_memory_order_is_refused(monkeypatch):
+    # The kernel reads data pointers group-major: a contiguous [M, K / 2, G] activation is
+    # other memory, which the definition does not read.
+    lhs, rhs, out, masked_m, kwargs = _masked_call()
+    moved = (lhs[0].contiguous(), lhs[1])
+    result = _route(
+        monkeypatch, MASKED_PATH, calls.MASKED_NVFP4, (moved, rhs, out, masked_m), kwargs
+    )
+    assert result.counts["hit"] == 0 and result.counts["fallback_guard"] == 1, result.counts
+    (counted,) = result.counts["rules"]
+    assert counted == "lhs"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"sm_count": None, "mma_tiler_mn": (128, 128), "cluster_shape_mn": (1, 1)},
+        {"alpha": None, "alpha_dtype": None},
+    ],
+)
+def test_grouped_gemm_nt_masked_launch_options_and_no_alpha_stay_routed(overrides, monkeypatch):
+    lhs, rhs, out, masked_m, kwargs = _masked_call(**overrides)
+    result = _route(monkeypatch, MASKED_PATH, calls.MASKED_NVFP4, (lhs, rhs, out, masked_m), kwargs)
+    seen = _hit(result)
+    assert torch.equal(out, _reference(calls.MASKED_NVFP4)(**seen))

@@ -435,3 +435,201 @@ def test_cute_dsl_mxfp8_mxfp4_wrapper_is_the_function_with_its_configuration(mon
     assert torch.equal(out.result, _reference(call.name)(**seen))
     call.args[0].activation_type = 6  # a wrapper built for ReLU2
     _refused(_route(monkeypatch, W4A8_WRAPPER, call.name, (), _bound(call, W4A8_WRAPPER)), "self")
+
+
+# ---------------------------------------------------------------------------------------
+# b12x_fused_moe and B12xMoEWrapper.run, NVFP4 (SM120)
+# ---------------------------------------------------------------------------------------
+
+B12X = "flashinfer.fused_moe.b12x_fused_moe"
+B12X_WRAPPER = "flashinfer.fused_moe.B12xMoEWrapper.run"
+
+
+def test_b12x_fused_moe_with_flashinfers_defaults_is_routed(monkeypatch):
+    call = calls.b12x_fused_moe(_catalogue())
+    bound = _bound(call, B12X)
+    required = ["x", "w1_weight", "w1_weight_sf", "w2_weight", "w2_weight_sf"]
+    required += ["token_selected_experts", "token_final_scales", "num_experts", "top_k"]
+    required += ["w1_alpha", "w2_alpha", "fc2_input_scale"]
+    out = _route(monkeypatch, B12X, call.name, (), {k: bound[k] for k in required})
+    seen = _hit(out)
+    # SiLU (the default activation): no clamp, no beta; x quantized with w1_alpha, which is
+    # also GEMM1's multiplier; one FC2 input scale for every expert.
+    assert (seen["swiglu_alpha"], seen["swiglu_beta"]) == (1.0, 0.0)
+    assert seen["swiglu_limit"] == FLOAT32_MAX
+    assert torch.equal(seen["fc1_input_scale"], bound["w1_alpha"])
+    assert torch.equal(seen["fc1_alpha"], bound["w1_alpha"])
+    assert torch.equal(seen["fc2_input_scale"], bound["fc2_input_scale"].expand(8))
+    assert seen["w1_weight"].dtype == torch.float4_e2m1fn_x2
+    assert seen["w1_weight"].data_ptr() == bound["w1_weight"].data_ptr()
+    assert torch.equal(out.result, _reference(call.name)(**seen))
+    assert out.result.abs().sum() > 0
+
+
+def test_b12x_fused_moe_folds_the_fc1_input_scale_into_gemm1s_multiplier(monkeypatch):
+    call = calls.b12x_fused_moe(_catalogue())
+    bound = _bound(call, B12X)
+    seen = _hit(_route(monkeypatch, B12X, call.name, (), bound))
+    igs, w1_alpha = bound["input_global_scale"], bound["w1_alpha"]
+    assert torch.equal(seen["fc1_input_scale"], igs)
+    assert torch.equal(seen["fc1_alpha"], w1_alpha * igs)
+    assert seen["swiglu_limit"] == 7.0 and seen["swiglu_beta"] == 1.0
+    # A scalar input_global_scale serves every expert.
+    scalar = bound | {"input_global_scale": torch.tensor([0.5])}
+    seen = _hit(_route(monkeypatch, B12X, call.name, (), scalar))
+    assert torch.equal(seen["fc1_input_scale"], torch.full((8,), 0.5))
+    assert torch.equal(seen["fc1_alpha"], w1_alpha * 0.5)
+
+
+def _e2m1_nearest_even(block: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
+    """FlashInfer's template quantizer's nibble codes, its ties (which it rounds to the lower
+    magnitude) rounded to even as the hardware's cvt.rn.satfinite.e2m1x2 rounds them."""
+    mag = block.abs()
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    odd_below = torch.tensor([False, True, False, True, False, True, False])
+    idx = torch.bucketize(mag, mids)  # a tie counts as below it
+    idx = torch.where(((mag.unsqueeze(-1) == mids) & odd_below).any(-1), idx + 1, idx)
+    return (idx | ((block < 0).to(torch.int64) << 3)) & 0x0F
+
+
+def _b12x_template_output(x: dict, s1: torch.Tensor, s2: torch.Tensor, w1: torch.Tensor):
+    from flashinfer.trace.templates.quantize import _fp4_quantize_reference
+
+    unpack = templates._dequantize_fp4_tensor
+    # x as the kernel quantizes it: global scale 0.5 divides, the reference's 2.0 multiplies.
+    hidden = unpack(*_fp4_quantize_reference(x["x"].float(), torch.tensor(2.0), 16), False)
+    w1 = unpack(w1, s1, is_ue8m0_scales=False) * x["fc1_alpha"].view(8, 1, 1)
+    w2 = unpack(x["w2_weight"].view(torch.uint8), s2, is_ue8m0_scales=False)
+    w2 = w2 * x["w2_alpha"].view(8, 1, 1)
+    ids, scales = x["token_selected_experts"].long(), x["token_final_scales"]
+    gs2 = torch.tensor(0.5)  # the kernel's 2.0
+    return templates._b12x_moe_run_experts(hidden, w1, w2, scales, ids, 0, 8, "fp4", gs2)
+
+
+def test_b12x_fused_moe_reference_is_flashinfers_expert_math(monkeypatch):
+    from flashinfer.trace.templates import quantize
+
+    monkeypatch.setattr(quantize, "_fp4_e2m1_quantize_block", _e2m1_nearest_even)
+    x, _ = _catalogue().inputs(calls.B12X, seed=3, seq_len=6)
+    e4m3 = torch.float8_e4m3fn
+    s1 = torch.rand(8, 256, 16, generator=torch.Generator().manual_seed(1)) * 0.015 + 0.005
+    s2 = torch.rand(8, 256, 8, generator=torch.Generator().manual_seed(2)) * 0.015 + 0.005
+    s1, s2 = s1.to(e4m3), s2.to(e4m3)
+    x["w1_weight_sf"] = _mma_view(s1.view(torch.uint8)).view(e4m3)
+    x["w2_weight_sf"] = _mma_view(s2.view(torch.uint8)).view(e4m3)
+    x["fc1_input_scale"] = torch.full((8,), 0.5)
+    x["fc2_input_scale"] = torch.full((8,), 2.0)
+    x["swiglu_alpha"], x["swiglu_beta"], x["swiglu_limit"] = 1.0, 0.0, FLOAT32_MAX
+    got = _reference(calls.B12X)(**x).float()
+    w1 = x["w1_weight"].view(torch.uint8)
+    expected = _b12x_template_output(x, s1, s2, w1).float()
+
+    # FlashInfer's template divides by the block scale where the kernel multiplies by its
+    # reciprocal, and keeps the activation in float32 where the kernel stores it in
+    # bfloat16: values near a rounding midpoint quantize to either neighbour. Those flips
+    # stay a few percent of the output; the wrong half as the gate, or x left unquantized,
+    # are far off.
+    def error(e):
+        return float((got - e).abs().mean() / e.abs().mean())
+
+    assert error(expected) < 0.06
+    swapped = torch.cat([w1[:, 128:], w1[:, :128]], dim=1)
+    assert error(_b12x_template_output(x, s1, s2, swapped).float()) > 0.5
+    unquantized = templates._b12x_moe_run_experts(
+        x["x"].float() * 2.0,
+        templates._dequantize_fp4_tensor(w1, s1, False) * x["fc1_alpha"].view(8, 1, 1),
+        templates._dequantize_fp4_tensor(x["w2_weight"].view(torch.uint8), s2, False)
+        * x["w2_alpha"].view(8, 1, 1),
+        x["token_final_scales"],
+        x["token_selected_experts"].long(),
+        0,
+        8,
+        "fp4",
+        torch.tensor(0.5),
+    )
+    assert error(unquantized.float()) > 0.12
+
+
+def test_b12x_fused_moe_skips_unrouted_slots():
+    x, _ = _catalogue().inputs(calls.B12X, seed=4, seq_len=4)
+    ref = _reference(calls.B12X)
+    full = ref(**x)
+    x["token_selected_experts"][1] = -1  # token 1: every slot unrouted
+    x["token_selected_experts"][2, 1] = -1  # token 2: its second slot
+    out = ref(**x)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    assert torch.equal(out[[0, 3]], full[[0, 3]]) and not torch.equal(out[2], full[2])
+
+
+@pytest.mark.parametrize(
+    ("param", "value", "rule"),
+    [
+        ("quant_mode", "mxfp4", "activation_precision,quant_mode"),
+        ("quant_mode", "w4a16", "activation_precision,quant_mode"),
+        ("expert_map", torch.arange(8, dtype=torch.int32), "expert_map"),
+        ("num_local_experts", 4, "num_local_experts,num_experts"),
+        ("output_dtype", torch.float16, "output_dtype"),
+        ("source_format", "compressed_tensors", "source_format"),
+        ("activation", "gelu_tanh", "activation"),
+        ("activation", "relu2", "activation"),
+        ("swiglu_limit", None, "swiglu_limit"),
+        ("fc2_input_scale", None, "fc2_input_scale"),
+    ],
+)
+def test_b12x_fused_moe_parameters_the_definition_does_not_model_are_refused(
+    monkeypatch, param, value, rule
+):
+    call = calls.b12x_fused_moe(_catalogue())
+    out = _route(monkeypatch, B12X, call.name, (), _bound(call, B12X) | {param: value})
+    _refused(out, rule)
+
+
+def test_b12x_fused_moe_in_bf16_precision_is_refused(monkeypatch):
+    call = calls.b12x_fused_moe(_catalogue())
+    kwargs = _bound(call, B12X) | {"quant_mode": None, "activation_precision": "bf16"}
+    _refused(_route(monkeypatch, B12X, call.name, (), kwargs), "activation_precision,quant_mode")
+    kwargs["activation_precision"] = "fp4"
+    _hit(_route(monkeypatch, B12X, call.name, (), kwargs))
+
+
+def test_b12x_wrapper_is_the_function_with_its_configuration(monkeypatch):
+    families = _catalogue().families
+    a = families["b12x_moe_wrapper_nvfp4"].model_dump()
+    b = families["b12x_fused_moe_nvfp4"].model_dump()
+    for key in ("name", "name_template", "api", "description", "rules", "inputs", "outputs"):
+        a.pop(key), b.pop(key)
+    assert _contract(a) == _contract(b)
+    call = calls.b12x_moe_wrapper(_catalogue())
+    out = _route(monkeypatch, B12X_WRAPPER, call.name, (), _bound(call, B12X_WRAPPER))
+    seen = _hit(out)
+    wrapper = call.args[0]
+    assert seen["swiglu_alpha"] == pytest.approx(wrapper.swiglu_alpha)
+    assert seen["swiglu_limit"] == wrapper.swiglu_limit == 7.0
+    assert torch.equal(out.result, _reference(call.name)(**seen))
+    # The function, given what the wrapper holds, computes the same.
+    same = calls.b12x_fused_moe(_catalogue())
+    again = _hit(_route(monkeypatch, B12X, same.name, (), _bound(same, B12X)))
+    assert seen.keys() == again.keys()
+    for k, v in seen.items():
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(v.view(torch.uint8), again[k].view(torch.uint8)), k
+        else:
+            assert v == again[k], k
+
+
+@pytest.mark.parametrize(
+    ("attr", "value", "rule"),
+    [
+        ("quant_mode", "mxfp4", "self"),
+        ("num_local_experts", 4, "self"),
+        ("top_k", 4, "self"),
+        ("expert_map", torch.arange(8, dtype=torch.int32), "self"),
+        ("output_dtype", torch.float16, "self"),
+        ("activation", "relu2", "self"),
+        ("swiglu_limit", None, "swiglu_limit"),
+    ],
+)
+def test_a_b12x_wrapper_configured_for_another_contract_falls_back(monkeypatch, attr, value, rule):
+    call = calls.b12x_moe_wrapper(_catalogue())
+    setattr(call.args[0], attr, value)
+    _refused(_route(monkeypatch, B12X_WRAPPER, call.name, (), _bound(call, B12X_WRAPPER)), rule)

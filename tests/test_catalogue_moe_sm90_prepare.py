@@ -24,6 +24,7 @@ from test_catalogue_gemm import (
     _hit,
     _off,  # noqa: F401  (the autouse fixture that turns apply off)
     _reference,
+    _refused,
     _route,
 )
 
@@ -304,3 +305,80 @@ def test_alphamoe_interleave_of_a_shape_with_no_instance_falls_back(monkeypatch)
     out = _route(monkeypatch, ALPHAMOE, "alphamoe_interleave_gated_weights_h256_i128", (w, s), {})
     assert out.counts["hit"] == 0 and not out.seen, out.counts
     assert out.result == "flashinfer"
+
+
+# ---------------------------------------------------------------------------------------
+# preprocess_moe_weights_for_sm90_mixed_gemm_humming: FlashInfer's torch helpers run on the
+# CPU (they only refuse tensors that are not on CUDA), then its two interleaves
+# ---------------------------------------------------------------------------------------
+
+HUMMING = "flashinfer.fused_moe.preprocess_moe_weights_for_sm90_mixed_gemm_humming"
+
+
+def _humming_bytes(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randint(0, 256, (2, 64, 64), generator=g, dtype=torch.uint8)
+    # Expert 0 spans 20 exponents (clamped to 11), expert 1 only 6.
+    spans = torch.tensor([20, 6]).view(2, 1, 1)
+    scale = 110 + (torch.rand(2, 64, 4, generator=g) * spans).round().to(torch.uint8)
+    return weight, scale
+
+
+def _flashinfer_logical(monkeypatch, weight, scale, max_range=11):
+    from flashinfer.fused_moe import prepare
+
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    offset, residual, delta = prepare._preprocess_humming_e8m0_weight_scale(scale, max_range)
+    payload = prepare._process_humming_mxfp4_w4a8_payload(weight, delta)
+    monkeypatch.undo()
+    return payload, offset, residual
+
+
+def test_the_humming_logical_reference_is_flashinfers_rewrite(monkeypatch):
+    weight, scale = _humming_bytes(0)
+    want = _flashinfer_logical(monkeypatch, weight, scale)
+    assert int((want[0] != weight).sum()) > 0  # the clamp rewrote some codes
+    got = _reference("sm90_mixed_gemm_humming_preprocess_logical_r11")(
+        weight.view(torch.int8), scale.view(torch.int8)
+    )
+    assert torch.equal(got[0].view(torch.uint8), want[0])
+    assert torch.equal(got[1].view(torch.uint8), want[1])
+    assert torch.equal(got[2], want[2])
+
+
+def test_the_humming_reference_is_the_rewrite_then_flashinfers_interleaves(monkeypatch):
+    weight, scale = _humming_bytes(1)
+    payload, offset, residual = _flashinfer_logical(monkeypatch, weight, scale)
+    from flashinfer.fused_moe.prepare import interleave_moe_scales_for_sm90_mixed_gemm
+
+    folded = inspect.unwrap(interleave_moe_scales_for_sm90_mixed_gemm)(offset)
+    interleaved = _reference("sm90_mixed_gemm_weight_interleave_fp4_fp8")(
+        payload.view(torch.int8).reshape(2, 4, 16, 2, 32)
+    )
+    got = _reference("sm90_mixed_gemm_humming_preprocess_r11")(
+        weight.view(torch.int8).reshape(2, 4, 16, 2, 32),
+        scale.view(torch.int8).reshape(2, 1, 64, 1, 4),
+    )
+    assert torch.equal(got[0], interleaved)
+    assert torch.equal(got[1].view(torch.uint8), folded)
+    assert torch.equal(got[2], residual)
+
+
+@pytest.mark.parametrize("interleave", [True, False])
+def test_a_humming_call_is_routed_by_its_layout_and_returns_uint8(monkeypatch, interleave):
+    weight, scale = _humming_bytes(2)
+    name = "sm90_mixed_gemm_humming_preprocess_" + ("r11" if interleave else "logical_r11")
+    out = _route(monkeypatch, HUMMING, name, (weight, scale), {"interleave": interleave})
+    seen = _hit(out)
+    assert seen["weight"].data_ptr() == weight.data_ptr()
+    processed, offsets, residual = out.result
+    assert processed.dtype == offsets.dtype == torch.uint8 and processed.shape == weight.shape
+    assert offsets.shape == ((2, 1, 1, 16, 16) if interleave else scale.shape)
+    assert residual.shape == (2,) and residual.dtype == torch.float32
+
+
+def test_a_humming_call_with_another_range_falls_back(monkeypatch):
+    # The definitions are Humming's range, 11: a call for 8 names none of them.
+    weight, scale = _humming_bytes(3)
+    name = "sm90_mixed_gemm_humming_preprocess_r11"
+    _refused(_route(monkeypatch, HUMMING, name, (weight, scale, 8), {}), None)

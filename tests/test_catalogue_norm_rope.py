@@ -862,3 +862,79 @@ def test_an_rmsnorm_fp4quant_call_the_definition_does_not_model_falls_back(kwarg
     assert not seen
     (counted,) = rt.stats()[FP4Q_PATH]["rules"]
     assert rule in counted
+
+
+# ---------------------------------------------------------------------------------------
+# add_rmsnorm_fp4quant
+# ---------------------------------------------------------------------------------------
+
+ADD_FP4Q = "add_rmsnorm_fp4quant_h4096"
+ADD_FP4Q_PATH = "flashinfer.cute_dsl.add_rmsnorm_fp4quant.add_rmsnorm_fp4quant"
+
+
+def test_add_rmsnorm_fp4quant_updates_the_residual_and_quantizes_the_sum():
+    from fibgen.runtime import enable_apply
+
+    x, r0 = _bf16(5, 4096, seed=22), _bf16(5, 4096, seed=23)
+    w = (torch.rand(4096, generator=torch.Generator().manual_seed(5)) + 0.5).to(torch.bfloat16)
+    gs, seen = torch.tensor([150.0]), []
+
+    def solution(**inputs):
+        seen.append({k: v.clone() if torch.is_tensor(v) else v for k, v in inputs.items()})
+        return _reference(ADD_FP4Q)(**inputs)
+
+    y = torch.empty(5, 2048, dtype=torch.float4_e2m1fn_x2)
+    r1, r2 = r0.clone(), r0.clone()
+    with enable_apply({ADD_FP4Q: solution}, strict=True):
+        q, linear = flashinfer.add_rmsnorm_fp4quant(x, r1, w, y_fp4=y, global_scale=gs)
+        q2, swizzled = flashinfer.add_rmsnorm_fp4quant(
+            x, r2, w, global_scale=gs, is_sf_swizzled_layout=True, enable_pdl=False
+        )
+    assert len(seen) == 2 and q is y and torch.equal(q.view(torch.uint8), q2.view(torch.uint8))
+    # The solution is given the residual as the call held it; the sum is left in it after.
+    assert torch.equal(seen[0]["residual"], r0) and seen[0]["eps"] == 1e-6
+    h = x.float() + r0.float()
+    assert torch.equal(r1, h.bfloat16()) and torch.equal(r2, r1)
+    assert linear.shape == (5, 256) and swizzled.shape == (128 * 256,)
+    r = torch.arange(5).unsqueeze(1)
+    k = torch.arange(256).unsqueeze(0)
+    index = k % 4 + (k // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4
+    assert torch.equal(swizzled.view(torch.uint8)[index], linear.view(torch.uint8))
+    # The kernel normalizes bf16(h) with the statistics of the float32 h, in float32: the
+    # dequantized values are within NVFP4's error (a quarter of a block's scale step of 1) of
+    # that, and the scales are those of FlashInfer's template reference (float32 h) but
+    # where bf16(h) moves a block's amax across an e4m3 step.
+    exact = h.bfloat16().float() * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
+    table = torch.tensor(E2M1)
+    b = q.view(torch.uint8).long()
+    values = torch.stack([table[b & 15], table[b >> 4]], -1).flatten(-2)
+    step = linear.float().repeat_interleave(16, -1) / gs
+    assert ((values * step - exact).abs() <= step + 1e-6).all()
+    sf_exact = (gs * exact.reshape(5, -1, 16).abs().amax(-1) / 6).to(torch.float8_e4m3fn)
+    assert torch.equal(linear.view(torch.uint8), sf_exact.view(torch.uint8))
+    _, theirs_sf = fi_norm._add_rmsnorm_fp4quant_reference(x, r0.clone(), w, global_scale=gs)
+    assert (linear.view(torch.uint8) == theirs_sf.view(torch.uint8)).float().mean() > 0.97
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "rule"),
+    [
+        ({"block_size": 32}, "block_size"),
+        ({"scale_format": "ue8m0"}, "scale_format"),
+        ({"block_scale": torch.empty(5, 256, dtype=torch.float8_e4m3fn)}, "block_scale"),
+        ({"output_both_sf_layouts": True}, "output_both_sf_layouts"),
+        ({"y_out": torch.empty(5, 4096, dtype=torch.bfloat16)}, "y_out"),
+    ],
+)
+def test_an_add_rmsnorm_fp4quant_call_the_definition_does_not_model_falls_back(kwargs, rule):
+    from fibgen.runtime import enable_apply
+
+    seen: list = []
+    residual = _bf16(5, 4096, seed=2)
+    before = residual.clone()
+    with enable_apply({ADD_FP4Q: lambda **i: seen.append(i)}):
+        with pytest.raises(FLASHINFER_ON_CPU):
+            flashinfer.add_rmsnorm_fp4quant(_bf16(5, 4096), residual, _bf16(4096, seed=1), **kwargs)
+    assert not seen and torch.equal(residual, before)
+    (counted,) = rt.stats()[ADD_FP4Q_PATH]["rules"]
+    assert rule in counted

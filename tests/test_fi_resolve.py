@@ -252,6 +252,10 @@ NOT_LANDING = {
     "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_routed_moe": (
         "misread"
     ),
+    # Their template describes the weights' scales as 3-D [E, rows, K / 16], where the kernels
+    # take the 6-D MMA view (32, 4, rows / 128, 4, K / 64, E) of the swizzled scales.
+    "flashinfer.fused_moe.cute_dsl.b12x_moe.b12x_fused_moe": "none",
+    "flashinfer.fused_moe.cute_dsl.b12x_moe.B12xMoEWrapper.run": "none",
     # Its template gives the outputs [num_tokens, topk] whatever num_fused_shared_experts
     # says ("the trace covers the routed path"): a call with a fused shared expert, whose
     # outputs hold one more slot, lands on the definition without one.
@@ -267,9 +271,19 @@ NOT_LANDING = {
     # Its template reads K from the packed FP4 activation (two values a byte: K / 2) and
     # the weight's scales as [K, N / block_size], where they are [K / 16 padded, N padded].
     "flashinfer.gemm.gemm_base.mm_fp4": "misread",
+    # Its template describes the (data, scales) tuples lhs and rhs as single tensors
+    # [num_groups, max_m, K] and [num_groups, N, K]: the JSON names neither N nor K.
+    "flashinfer.gemm.kernels.grouped_gemm_masked_wrapper.grouped_gemm_nt_masked": "ambiguous",
     # Its template's axes are all var (the input's width among them) and it describes the
     # mask, a token count per expert [B], as [B, M, K_doubled]: the JSON names no width.
     "flashinfer.activation.silu_and_mul_scaled_nvfp4_experts_quantize": "ambiguous",
+    # Its template leaves the head counts var: the instances of one head dim differ by their
+    # heads alone.
+    "flashinfer.nvfp4_attention_sm120.nvfp4_attention_sm120_fwd": "ambiguous",
+    # Its definition reads v in blocks of 16 keys ([.., padded_kv_len / 16, 16, head_dim], a
+    # `let` view), the only input that can bind the lengths of v_fp4_t's and v_scale_t's rows;
+    # FlashInfer's template describes the call's [.., kv_len, head_dim].
+    "flashinfer.nvfp4_attention_sm120.nvfp4_attention_sm120_quantize_qkv": "none",
 }
 
 
@@ -352,6 +366,10 @@ NOT_FROM_THE_DEFINITION = {
     "flashinfer.rope.apply_rope_with_cos_sin_cache_inplace": "a `let` view of the call's tensors",
     "flashinfer.rope.apply_rope_with_cos_sin_cache": "a `let` view of the call's tensors",
     "flashinfer.kda_decode.packed_fused_kda_decode": "per-row slots a `let` resolves",
+    # Its family's `let`s pad q, k and v to 128 tokens and view v in blocks of 16 keys.
+    "flashinfer.nvfp4_attention_sm120.nvfp4_attention_sm120_quantize_qkv": (
+        "a `let` view of the call's tensors"
+    ),
     # Parameters the families' rules fix (`local_num_experts == num_local_experts`,
     # `local_expert_offset`, `routed_scaling_factor`, the routing options) are named like no
     # axis or parameter.
@@ -390,10 +408,17 @@ NOT_FROM_THE_DEFINITION = {
     "flashinfer.fused_moe.core.trtllm_fp8_per_tensor_scale_routed_moe": (
         "parameters only its rules fix"
     ),
+    # The definition holds w1_alpha folded with input_global_scale (fc1_alpha) and the FC1
+    # input scale apart (fc1_input_scale), by `let`s: neither is the call's w1_alpha.
+    "flashinfer.fused_moe.cute_dsl.b12x_moe.b12x_fused_moe": "`let`s that fold w1_alpha",
+    "flashinfer.fused_moe.core.trtllm_mxint4_block_scale_moe": "parameters only its rules fix",
     # Arguments a call passes that no definition holds: a scratch buffer of its own kind,
     # a value the family's rules fix, an output's dtype, a packed tensor its `let` splits.
     "flashinfer.xqa.xqa": "its `semaphores` buffer",
     "flashinfer.xqa.xqa_mla": "its `semaphores` buffer",
+    "flashinfer.fused_moe.alphamoe_nvfp4_sm100.alphamoe_nvfp4_routed_moe": (
+        "its routing-plan workspaces"
+    ),
     "flashinfer.cudnn.prefill.cudnn_batch_prefill_with_kv_cache": "`return_lse`, a rule",
     "flashinfer.prefill.fmha_v2_prefill_sm120": "`scale_softmax`, a rule",
     "flashinfer.prefill.fmha_v2_prefill_deepseek": "`scale_softmax`, a rule",
@@ -416,6 +441,16 @@ NOT_FROM_THE_DEFINITION = {
     "flashinfer.gemm.gemm_base.bmm_fp8": "the output's `dtype`",
     "flashinfer.gemm.gemm_base.bmm_mxfp8": "the output's `dtype`",
     "flashinfer.gemm.gemm_base.batch_deepgemm_fp8_nt_groupwise": "`expected_m`, a rule",
+    "flashinfer.diffusion_ops.minimax_h3.minimax_h3_bf16_pre_attention": (
+        "`rope_positions`, read through a `let` that stands for its None"
+    ),
+    # A required keyword no definition holds: which prepared layout the weight is in.
+    "flashinfer.gemm.gemm_bf16_fp4.mm_bf16_fp4": "`backend`, a rule",
+    # Its operands are (data, scales) tuples of permuted views, which its `let`s read
+    # group-major; the definition holds the group-major tensors.
+    "flashinfer.gemm.kernels.grouped_gemm_masked_wrapper.grouped_gemm_nt_masked": (
+        "tuples of views its `let`s read"
+    ),
 }
 
 

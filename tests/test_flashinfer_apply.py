@@ -305,6 +305,8 @@ def _zeros_solution(name, seen):
             value = inputs.get(t.name)
             if t.shape is not None and isinstance(value, torch.Tensor):
                 axes.update(zip(t.shape, value.shape))
+        # A var axis bound by the scalar input of its name (`var scalar`) is its value.
+        axes.update((a.name, int(inputs[a.name])) for a in d.axes if a.scalar)
         device = next(v.device for v in inputs.values() if isinstance(v, torch.Tensor))
         # Zero bytes of an FP4 output (torch fills no float4_e2m1fn_x2 tensor): two +0 codes.
         outputs = tuple(

@@ -158,9 +158,10 @@ def family_of(group: _Group) -> ir.Family:
         and len(group.members) > 1
     }
     axes: list = []
+    scalars = first.scalar_axes
     for name, ax in first.axes.items():
         if ax.type == "var":
-            axes.append(ir.VarAxis(name=name, description=ax.description))
+            axes.append(ir.VarAxis(name=name, scalar=name in scalars, description=ax.description))
         else:
             value = ir.Expr(text=str(pinned[name])) if name in pinned else None
             axes.append(

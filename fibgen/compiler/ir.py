@@ -90,9 +90,32 @@ class Expr(Node):
 
 
 class VarAxis(Node):
+    """A var axis: its value is read from a call.
+
+    ``scalar`` False: from the shape of an input that carries it. ``scalar`` True
+    (``n : var scalar``): it is the value of the integer scalar input of the same name (Note
+    [axes bound by a scalar]).
+    """
+
     kind: Literal["var"] = "var"
     name: str
+    scalar: bool = False
     description: str | None = None
+
+
+# Note [axes bound by a scalar]
+# Most var axes are sizes of input tensors. Some kernels size an output by an integer argument
+# instead (FlashInfer's `fp8_paged_mqa_logits(..., max_seq_len)` returns `[rows, max_seq_len]`
+# logits), and no input carries that width. FlashInfer's trace templates bind such an axis by
+# name: a `Var` axis and a `Scalar` input of the same name, the axis taking the argument's
+# value. The definition JSON keeps that convention (a var axis and an integer scalar input of
+# one name; flashinfer-bench loads it unchanged), so fibgen reads it the same way wherever a
+# definition is read: a var axis that no input's shape carries, and that an integer scalar input
+# is named like, is that input's value (`var_axis_scalars` in fibgen/format/models/definition.py:
+# input generation makes the scalar equal to the axis, a call's var-axis key and the output
+# buffers read it). In a `.fidef` the binding is written, `max_seq_len : var scalar`, so that
+# the checker can hold it to the convention: the input exists, is a required integer scalar
+# without a generation hint, and no input's shape carries the axis too.
 
 
 class ConstAxis(Node):
@@ -446,6 +469,7 @@ class DefAxis(Node):
     name: str
     kind: Literal["var", "const"]
     value: int | None = None
+    scalar: bool = False  # a var axis bound by the scalar input of its name
     description: str | None = None
 
 

@@ -305,7 +305,7 @@ class Printer:
 
     def _axis_cols(self, a: ir.VarAxis | ir.ConstAxis) -> list[str]:
         if isinstance(a, ir.VarAxis):
-            kind = "var"
+            kind = "var scalar" if a.scalar else "var"
         else:
             kind = "const" + (f" {a.abbrev}" if a.abbrev else "")
             kind += f" = {a.value.text}" if a.value is not None else ""

@@ -95,6 +95,7 @@ def materialize(
     out: dict[str, Any] = {}
     generated: dict[str, Any] | None = None
     known = {name: value for name, kind, value in spec.axes if kind == "const"} | axes
+    scalars = {name: axis for axis, name in spec.scalar_axes().items()}
     for name, dtype, shape, optional, _ in spec.inputs:
         source = workload.inputs.get(name)
         if source is None:
@@ -102,6 +103,13 @@ def materialize(
                 raise WorkloadError(f"{_where(spec, workload, name)}: the workload has no entry")
             out[name] = None
         elif isinstance(source, ScalarInput):
+            if name in scalars and source.value != axes[scalars[name]]:
+                # The scalar is the axis's value (Note [axes bound by a scalar]).
+                raise WorkloadError(
+                    f"{_where(spec, workload, name)}: the scalar is {source.value!r}, but it "
+                    f"is the value of var axis {scalars[name]!r}, which the workload gives as "
+                    f"{axes[scalars[name]]}"
+                )
             out[name] = source.value
         elif isinstance(source, SafetensorsInput):
             out[name] = _load_tensor(spec, workload, name, dtype, shape, known, root, device)

@@ -135,6 +135,25 @@ HINT_SIGNATURES: dict[str, HintSignature] = {
             "page_size positive float32 scales"
         ),
     ),
+    "mxfp4_paged_with_scales": HintSignature(
+        positional=(),
+        keywords=(),
+        required=(),
+        meaning=(
+            "int8/uint8 bytes of a paged MXFP4 cache in FlashInfer's fused layout "
+            "[pages, page_size, 1, dim / 2 + 4]: per page, page_size * dim / 2 bytes of two "
+            "E2M1 codes each, then page_size int32 of four UE8M0 scale bytes (scales 1/128 to 8)"
+        ),
+    ),
+    "ue8m0_packed": HintSignature(
+        positional=(),
+        keywords=(),
+        required=(),
+        meaning=(
+            "int32 values of four packed UE8M0 scale bytes (the float32 exponent bytes of "
+            "scales 1/128 to 8), as FlashInfer's MXFP4 scale factors"
+        ),
+    ),
     "packed_topk": HintSignature(
         positional=("num_experts",),
         keywords=(),

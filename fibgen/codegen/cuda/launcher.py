@@ -148,7 +148,12 @@ def launcher_source(d: Def, family: ir.Family) -> str:
         no_kernel_message=cppliteral.string(f"{d.name}: no kernel for dtype "),
         ns=d.ns,
         check_inputs_params=",\n    ".join(["fibgen::Checker& check"] + input_params),
-        input_checks=[_check_line(d, t) for t in inputs if t.shape is not None],
+        input_checks=[_check_line(d, t) for t in inputs if t.shape is not None]
+        + [
+            f"check.scalar_axis({cppliteral.string(a.name)}, {cpp_ident(a.name)});"
+            for a in d.defn.axes
+            if a.scalar
+        ],
         dps_params_checker=",\n    ".join(["fibgen::Checker& check"] + dps_params),
         output_checks=[_check_line(d, t) for t in outputs if t.shape is not None],
         constraint_checks=_constraint_lines(d),

@@ -24,6 +24,13 @@ from fibgen.format.expressions import (
 )
 
 _REQUIRES = re.compile(r"^sm_?(\d{2,3})a?$")
+_INTEGER_DTYPES = ("int64", "int32", "int16", "int8")
+
+
+def _scalar_of_var(axis: ir.VarAxis | ir.ConstAxis, t: ir.Tensor) -> bool:
+    """Whether input ``t`` shares its name with var axis ``axis`` as the scalar that binds it
+    (or is meant to: `_var_axes_bound` reports what is wrong with it)."""
+    return isinstance(axis, ir.VarAxis) and (axis.scalar or t.shape is None)
 
 
 def _hint_signatures() -> dict | None:
@@ -114,6 +121,8 @@ class DeclarationChecks(CheckerBase):
                 )
             outputs[t.name] = t
         for name in list(inputs) + list(outputs):
+            if name in axes and name in inputs and _scalar_of_var(axes[name], inputs[name]):
+                continue  # an axis bound by its scalar (Note [axes bound by a scalar])
             if name in axes:
                 self.err(
                     f"tensor `{name}` has the name of an axis",
@@ -264,15 +273,104 @@ class DeclarationChecks(CheckerBase):
         return True
 
     def _var_axes_bound(self, v: FamilyView) -> None:
-        bound = {d for t in v.family.inputs for d in (t.shape or ())}
+        carriers: dict[str, tuple[ir.Tensor, int]] = {}
+        for t in v.family.inputs:
+            for i, d in enumerate(t.shape or ()):
+                carriers.setdefault(d, (t, i))
         for ax in v.family.axes:
-            if isinstance(ax, ir.VarAxis) and ax.name not in bound:
+            if not isinstance(ax, ir.VarAxis):
+                continue
+            if ax.scalar:
+                self._scalar_axis(v, ax, carriers.get(ax.name))
+            elif ax.name in carriers and ax.name in v.inputs and v.inputs[ax.name].shape is None:
+                tensor = carriers[ax.name][0]
+                self.err(
+                    f"tensor `{ax.name}` has the name of an axis",
+                    v.inputs[ax.name].span,
+                    help=f"var axis `{ax.name}` is read from the shape of `{tensor.name}`; a "
+                    "scalar input named like it would be read as its value too: rename the "
+                    "input",
+                )
+            elif ax.name not in carriers:
+                scalar = v.inputs.get(ax.name)
+                if scalar is not None and scalar.shape is None:
+                    self.err(
+                        f"var axis `{ax.name}` is bound by no input shape",
+                        ax.span,
+                        help=f"to take its value from the scalar input `{ax.name}`, write "
+                        f"`{ax.name} : var scalar`",
+                    )
+                    continue
                 self.err(
                     f"var axis `{ax.name}` is bound by no input shape",
                     ax.span,
                     help="a var axis takes its value from an input's shape at run time; "
-                    "use it in an input's shape, or make it `const`",
+                    "use it in an input's shape, make it `const`, or bind it by an integer "
+                    f"scalar input of its name with `{ax.name} : var scalar`",
                 )
+
+    def _scalar_axis(
+        self, v: FamilyView, ax: ir.VarAxis, carrier: tuple[ir.Tensor, int] | None
+    ) -> None:
+        """``n : var scalar``: the input ``n`` is a required integer scalar without a generation
+        hint, and no input's shape carries ``n`` too (Note [axes bound by a scalar])."""
+        t = v.inputs.get(ax.name)
+        if t is None:
+            where = " (it is an output)" if ax.name in v.outputs else ""
+            self.err(
+                f"var axis `{ax.name}` is bound by the scalar input `{ax.name}`, but "
+                f"`{v.family.name}` has no input `{ax.name}`{where}",
+                ax.span,
+                help=f"declare it among the inputs, `{ax.name} : int32 scalar`, where the "
+                "API passes it",
+            )
+            return
+        if t.shape is not None:
+            self.err(
+                f"var axis `{ax.name}` is bound by the scalar input `{ax.name}`, but input "
+                f"`{ax.name}` is a tensor",
+                t.span,
+                help=f"declare `{ax.name} : int32 scalar`, or drop `scalar` from the axis and "
+                "use it in a tensor's shape",
+            )
+            return
+        if t.dtype.kind != "concrete" or t.dtype.name not in _INTEGER_DTYPES:
+            shown = t.dtype.name if t.dtype.kind == "concrete" else f"dtype({t.dtype.name})"
+            if t.dtype.kind == "concrete" and t.dtype.name in v.dtype_params:
+                shown = f"the dtype parameter {t.dtype.name}"
+            self.err(
+                f"var axis `{ax.name}` is bound by the scalar input `{ax.name}`, whose dtype "
+                f"`{shown}` is not an integer",
+                t.dtype.span,
+                help=f"an axis is a size: declare the input with an integer dtype "
+                f"({', '.join(_INTEGER_DTYPES)})",
+            )
+        if t.optional:
+            self.err(
+                f"var axis `{ax.name}` is bound by the scalar input `{ax.name}`, which is "
+                "optional",
+                t.span,
+                help="a call without it would leave the axis without a value: make the input "
+                f"required (a rule `default {ax.name} = ...` says what an API's None stands "
+                "for)",
+            )
+        if t.gen is not None:
+            self.err(
+                f"the scalar input `{ax.name}` binds var axis `{ax.name}` and cannot have a "
+                "generation hint",
+                t.gen.span,
+                help="input generation makes it equal to the axis; bound the axis with a "
+                f"constraint such as `{ax.name} >= 1` instead",
+            )
+        if carrier is not None:
+            tensor, i = carrier
+            self.err(
+                f"var axis `{ax.name}` has two sources: the scalar input `{ax.name}` and the "
+                f"shape of `{tensor.name}`",
+                tensor.dim_spans[i] if i < len(tensor.dim_spans) else tensor.span,
+                help="the two may disagree at run time: drop `scalar` to read the axis from "
+                f"the shape of `{tensor.name}`, or give this dimension its own axis",
+            )
 
     def _constraints(self, v: FamilyView) -> None:
         known = self._expr_names(v)

@@ -243,6 +243,7 @@ class InstanceChecks(CheckerBase):
                     name=ax.name,
                     kind=ax.kind,
                     value=consts.get(ax.name) if ax.kind == "const" else None,
+                    scalar=isinstance(ax, ir.VarAxis) and ax.scalar,
                     description=ax.description,
                     span=ax.span,
                 )

@@ -47,9 +47,12 @@ class DeclarationLowering(LowerBase):
 
     def var_axis(self, meta: Meta, c: list) -> ir.VarAxis:
         name, *rest = c
-        return ir.VarAxis(
-            name=str(name), description=rest[0] if rest else None, span=self._span(meta)
-        )
+        scalar = any(isinstance(x, _VarScalar) for x in rest)
+        desc = next((x for x in rest if isinstance(x, str)), None)
+        return ir.VarAxis(name=str(name), scalar=scalar, description=desc, span=self._span(meta))
+
+    def var_scalar(self, meta: Meta, c: list) -> "_VarScalar":
+        return _VarScalar()
 
     def const_axis(self, meta: Meta, c: list) -> ir.ConstAxis:
         name, *rest = c
@@ -168,6 +171,10 @@ class _Abbrev:
 
 
 class _Optional:
+    __slots__ = ()
+
+
+class _VarScalar:
     __slots__ = ()
 
 

@@ -38,6 +38,7 @@ from fibgen.format.models.definition import (
     TensorSpec,
     constraint_problems,
     reference_problems,
+    var_axis_scalars,
 )
 from fibgen.format.models.names import MAX_NAME_LENGTH, NAME_RULE, name_problem
 from fibgen.format.models.solution import BuildSpec, Solution, SourceFile, source_path_problem
@@ -89,6 +90,7 @@ __all__ = [
     "constraint_problems",
     "name_problem",
     "reference_problems",
+    "var_axis_scalars",
     "source_path_problem",
     "workload_problems",
     # The annotation walker lived here; fibgen.format.schema_walk holds it now.

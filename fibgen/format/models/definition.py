@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import ast
-from typing import Annotated, Literal, Optional, Union
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field, field_validator, model_validator
 
@@ -84,9 +85,46 @@ class Definition(Model):
         return [name for name, axis in self.axes.items() if axis.type == "var"]
 
     @property
+    def scalar_axes(self) -> dict[str, str]:
+        """Var axes bound by an integer scalar input: axis -> input (``var_axis_scalars``)."""
+        return var_axis_scalars(self.axes, self.inputs)
+
+    @property
     def const_axes(self) -> dict[str, int]:
         """Const axis name -> value, in declaration order."""
         return {name: axis.value for name, axis in self.axes.items() if axis.type == "const"}
+
+
+INTEGER_DTYPES = ("int64", "int32", "int16", "int8")
+
+
+def var_axis_scalars(axes: Mapping[str, Any], inputs: Mapping[str, Any]) -> dict[str, str]:
+    """The var axes that an integer scalar input binds: axis name -> input name.
+
+    ``axes`` and ``inputs`` as a definition JSON holds them (dicts), or as the model does. A
+    var axis that no input's shape carries, and that a required integer scalar input
+    (``shape: null``) is named like, takes that input's value: FlashInfer's trace templates
+    bind such an axis by name (``max_seq_len`` of ``fp8_paged_mqa_logits``), see Note [axes
+    bound by a scalar] in fibgen/compiler/ir.py. An axis an input's shape carries is read
+    from the shape, as flashinfer-bench reads it.
+    """
+    carried = {d for t in inputs.values() for d in (_field(t, "shape") or ())}
+    out = {}
+    for name, axis in axes.items():
+        if _field(axis, "type") != "var" or name in carried or name not in inputs:
+            continue
+        t = inputs[name]
+        if (
+            _field(t, "shape") is None
+            and _field(t, "dtype") in INTEGER_DTYPES
+            and not _field(t, "optional")
+        ):
+            out[name] = name
+    return out
+
+
+def _field(node: Any, key: str) -> Any:
+    return node.get(key) if isinstance(node, Mapping) else getattr(node, key, None)
 
 
 def reference_problems(reference: str) -> list[str]:

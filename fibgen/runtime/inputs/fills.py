@@ -49,6 +49,7 @@ class Fills:
     inputs: dict[str, tuple[str, str, tuple[str, ...] | None, bool, Hint | None]]
     values: dict[str, Any]
     bound: dict[str, dict]
+    axis_scalars: set[str]
     nbytes: int
     memory: int | None
 
@@ -78,6 +79,8 @@ class Fills:
                 )
             return None
         if shape_names is None:
+            if name in self.axis_scalars:
+                return self.axes[name]  # the value of the var axis of its name
             return self._make_scalar(name, dtype, kind)
         if all(d in self.axes for d in shape_names):
             self._reserve(name, dtype, tuple(self.axes[d] for d in shape_names))
@@ -94,6 +97,10 @@ class Fills:
             return self._make_sparse_indices(name, dtype, shape)
         if kind == "fp8_paged_with_scales":
             return self._make_fp8_paged(name, dtype, shape)
+        if kind == "mxfp4_paged_with_scales":
+            return self._make_mxfp4_paged(name, dtype, shape)
+        if kind == "ue8m0_packed":
+            return self._make_ue8m0(name, dtype, shape)
         if kind == "packed_topk":
             return self._make_packed_topk(name, dtype, shape)
         return self._make_plain(name, dtype, shape, kind)
@@ -374,6 +381,30 @@ class Fills:
         scales = 0.01 + 0.09 * torch.rand((pages, page_size * heads), generator=self.rng)
         scale_bytes = scales.to(torch.float32).view(torch.uint8)
         raw = torch.cat([fp8, scale_bytes], dim=1).reshape(shape)
+        return raw.view(torch_dtype(dtype))
+
+    def _ue8m0_bytes(self, n: int) -> torch.Tensor:
+        # Exponent bytes 120..130: scales 2**-7 .. 2**3, far from 0 (a zero scale) and 255.
+        return torch.randint(120, 131, (n,), generator=self.rng, dtype=torch.int32).to(torch.uint8)
+
+    def _make_ue8m0(self, name: str, dtype: str, shape: tuple) -> torch.Tensor:
+        if dtype != "int32":
+            raise InputGenerationError(
+                f"{self.spec.name}: ue8m0_packed wants an int32 tensor, got {dtype} for `{name}`"
+            )
+        return self._ue8m0_bytes(4 * math.prod(shape)).view(torch.int32).reshape(shape)
+
+    def _make_mxfp4_paged(self, name: str, dtype: str, shape: tuple) -> torch.Tensor:
+        if len(shape) != 4 or shape[-1] <= 4 or dtype != "int8":
+            raise InputGenerationError(
+                f"{self.spec.name}: mxfp4_paged_with_scales wants an int8 tensor "
+                f"[pages, page_size, heads, dim / 2 + 4], got {dtype}{list(shape)} for `{name}`"
+            )
+        pages, page_size, heads, width = shape
+        # Every byte is two valid E2M1 codes (e2m1 has no NaN or Inf).
+        codes = torch.randint(0, 256, (pages, page_size * heads * (width - 4)), generator=self.rng)
+        scales = self._ue8m0_bytes(pages * page_size * heads * 4).reshape(pages, -1)
+        raw = torch.cat([codes.to(torch.uint8), scales], dim=1).reshape(shape)
         return raw.view(torch_dtype(dtype))
 
     def _make_packed_topk(self, name: str, dtype: str, shape: tuple) -> torch.Tensor:

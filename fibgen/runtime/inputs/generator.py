@@ -57,6 +57,9 @@ class Generator(Fills):
                 )
             self.axes[name] = value
         self.inputs = {i[0]: i for i in spec.inputs}
+        # Scalar inputs that are the value of a var axis of their name: made equal to it
+        # (Note [axes bound by a scalar] in fibgen/compiler/ir.py).
+        self.axis_scalars = set(spec.scalar_axes().values())
         self.values: dict[str, Any] = {}
         self.bound: dict[str, dict] = {}
         for name, _, _, _, hint in spec.inputs:
@@ -222,6 +225,8 @@ class Generator(Fills):
 
     def _needs(self, name: str) -> set[str]:
         """Unknown axes and ungenerated inputs that input ``name`` waits for."""
+        if name in self.axis_scalars:
+            return set() if name in self.axes else {name}  # the axis of its name
         _, _, shape, _, hint = self.inputs[name]
         provided = self._provides(name)
         texts: list[str] = list(shape or ())

@@ -15,6 +15,7 @@ import torch
 
 from fibgen.format.expressions import ExpressionError, check_expression
 from fibgen.format.hints import HintError, check_hint, parse_hint_text
+from fibgen.format.models import var_axis_scalars
 
 # (kind, positional argument texts, ((keyword, text), ...)): cheap to embed in generated code.
 Hint = tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]
@@ -111,6 +112,14 @@ class InputSpec:
         object.__setattr__(self, "inputs", tuple(norm))
         object.__setattr__(self, "axes", tuple((n, k, v) for n, k, v in self.axes))
         object.__setattr__(self, "constraints", tuple(self.constraints))
+
+    def scalar_axes(self) -> dict[str, str]:
+        """Var axes that an integer scalar input of their name gives: axis -> input (Note
+        [axes bound by a scalar] in fibgen/compiler/ir.py)."""
+        return var_axis_scalars(
+            {n: {"type": k} for n, k, _ in self.axes},
+            {i[0]: {"shape": i[2], "dtype": i[1], "optional": i[3]} for i in self.inputs},
+        )
 
     @classmethod
     def from_definition_json(cls, d: dict, hints: dict | None = None) -> "InputSpec":

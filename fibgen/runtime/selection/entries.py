@@ -162,7 +162,8 @@ def keyed_entry(root: Path, name: str, info: dict, policy: Policy) -> solutions.
     # Generated with the exact parameters, so that apply checks and calls it like any
     # solution and the key is read without building a dict or a signature per call.
     params = list(inputs) + (list(outputs) if dps else [])
-    reads = [f"{i}.shape[{d}]" for i, d in keyed["bind"]]
+    # A var axis bound by a scalar is the scalar's value (Note [axes bound by a scalar]).
+    reads = [f"int({i})" if d is None else f"{i}.shape[{d}]" for i, d in keyed["bind"]]
     key_expr = reads[0] if single else f"({', '.join(reads)},)"
     call_args = ", ".join(f"{p}={p}" for p in params)
     source = (

@@ -133,9 +133,18 @@ def _var_axes(definition: dict) -> list[str]:
 
 
 def _bindings(definition: dict) -> list[list] | None:
-    # Where each var axis can be read at call time: the first input whose shape names it.
-    out = []
+    # Where each var axis can be read at call time: the first input whose shape names it
+    # ([input, dim]), else the integer scalar input of its name ([input, None]; Note [axes
+    # bound by a scalar] in fibgen/compiler/ir.py).
+    # Imported here: the selection modules import no pydantic at start-up.
+    from fibgen.format.models import var_axis_scalars
+
+    out: list[list] = []
+    scalars = var_axis_scalars(definition["axes"], definition["inputs"])
     for axis in _var_axes(definition):
+        if axis in scalars:
+            out.append([scalars[axis], None])
+            continue
         for name, tensor in definition["inputs"].items():
             shape = tensor.get("shape") or []
             if axis in shape:

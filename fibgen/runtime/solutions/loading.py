@@ -581,10 +581,12 @@ def allocate_outputs(definition: Mapping[str, Any], inputs: Mapping[str, Any]) -
     """One empty buffer per output of ``definition`` (its JSON), sized from the inputs.
 
     Const axes come from the definition, var axes from the shapes of the input tensors that
-    carry them; the buffers go on the device of the first input tensor.
+    carry them, or from the integer scalar input of their name (Note [axes bound by a scalar]
+    in fibgen/compiler/ir.py); the buffers go on the device of the first input tensor.
     """
     import torch
 
+    from fibgen.format.models import var_axis_scalars
     from fibgen.runtime.inputs.make import torch_dtype
 
     axes = {n: a["value"] for n, a in definition["axes"].items() if a.get("type") == "const"}
@@ -595,6 +597,10 @@ def allocate_outputs(definition: Mapping[str, Any], inputs: Mapping[str, Any]) -
             device = device or value.device
             for axis, size in zip(spec.get("shape") or (), value.shape):
                 axes.setdefault(axis, int(size))
+    for axis, name in var_axis_scalars(definition["axes"], definition["inputs"]).items():
+        value = inputs.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            axes.setdefault(axis, value)
     out = {}
     for name, spec in definition["outputs"].items():
         shape = spec.get("shape")
@@ -607,7 +613,7 @@ def allocate_outputs(definition: Mapping[str, Any], inputs: Mapping[str, Any]) -
         if missing:
             raise ValueError(
                 f"{definition['name']}: cannot size output {name!r}: no input carries axis "
-                f"{', '.join(missing)}"
+                f"{', '.join(missing)} (nor gives it as a non-negative int)"
             )
         out[name] = torch.empty(
             [axes[a] for a in shape], dtype=torch_dtype(spec["dtype"]), device=device or "cpu"

@@ -35,7 +35,8 @@ call goes through ``_api.resolve`` once per key, and ``resolve`` hands every new
 - ``RETURNS``, ``DPS`` and ``INPLACE`` routes get the definition's inputs by keyword (and the
   output buffers, which the generated ``_var_axes`` ignores).
 
-The generated ``_var_axes`` reads each var axis from the shape of an input that carries it,
+The generated ``_var_axes`` reads each var axis from the shape of an input that carries it
+(or from the integer scalar input of its name, Note [axes bound by a scalar] in ir.py),
 as decided at generation time. Turning tracing off restores the routes and hooks.
 
 Note [missed calls]

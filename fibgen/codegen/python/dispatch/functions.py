@@ -418,8 +418,14 @@ class Family(FamilyKey):
             tuple(body),
         )
         readers = []
+        scalars = False
         for axis in self.f.axes:
             if not isinstance(axis, ir.VarAxis):
+                continue
+            if axis.scalar:
+                # The value of the scalar input of its name (Note [axes bound by a scalar]).
+                scalars = True
+                readers.append(f"{literal(axis.name)}: int({axis.name})")
                 continue
             carriers = [
                 (f"{t.name}.shape[{t.shape.index(axis.name) - len(t.shape)}]", t.optional)
@@ -440,7 +446,8 @@ class Family(FamilyKey):
         axes = FunctionView(
             "_var_axes",
             ", ".join([*names, "**_buffers"]),
-            "The var-axis values of a call, read from the shapes of its inputs.",
+            "The var-axis values of a call, read from the shapes of its inputs"
+            + (" and the scalars of their names." if scalars else "."),
             ("return {" + ", ".join(readers) + "}",),
         )
         return inputs, axes

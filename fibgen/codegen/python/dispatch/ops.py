@@ -215,7 +215,8 @@ class OpView:
         args = []
         for name, written in self._slots():
             if written:
-                args.append(buffers.get(name, name))
+                # An in-place argument a `default` rule fills in: the tensor it made.
+                args.append(buffers.get(name) or self.v.defaulted_tensor(name) or name)
             else:
                 args.append(f"{name} if isinstance({name}, _Tensor) else None")
         values = self._values()

@@ -262,6 +262,9 @@ class FamilyPlan:
                 dims.append(str(pinned))
             elif (scaled := self._scaled_field(axis, fields)) is not None:
                 dims.append(scaled)
+            elif isinstance(declared, ir.VarAxis) and declared.scalar:
+                # The value of the scalar input of its name (Note [axes bound by a scalar]).
+                dims.append(self.input_expr[axis])
             else:
                 carriers = [
                     f"{expr}.shape[{t.shape.index(axis) - len(t.shape)}]"
@@ -374,14 +377,28 @@ class FamilyPlan:
         element of a tuple argument or a plan parameter, the tensor the input reads.
         """
         if o.target in self.run_names:
-            return o.target  # `_target` found an input that reads the whole argument
-        t = next(t for t in self.f.inputs if t.name == o.target)
-        src = t.source
-        if src is None and t.name in self.run_names:
-            return t.name
-        if src is not None and not src.from_plan and src.index is None:
-            return src.param
-        return self.input_expr[t.name]
+            param = o.target  # `_target` found an input that reads the whole argument
+        else:
+            t = next(t for t in self.f.inputs if t.name == o.target)
+            src = t.source
+            if src is None and t.name in self.run_names:
+                param = t.name
+            elif src is not None and not src.from_plan and src.index is None:
+                param = src.param
+            else:
+                return self.input_expr[t.name]
+        return self.defaulted_tensor(param) or param
+
+    def defaulted_tensor(self, param: str) -> str | None:
+        """For an argument a `default` rule fills in and no `let` converts, the local that
+        holds the caller's tensor or, for a None, the one the rule made: what an API that
+        writes into it returns. None for any other argument."""
+        rules = [r for r in self.f.rules if getattr(r, "target", None) == param]
+        if not any(isinstance(r, ir.Default) for r in rules):
+            return None
+        if any(isinstance(r, ir.Let) for r in rules):
+            return None
+        return self.run_var.get(param)
 
     def returned(self) -> tuple[list[str], list[tuple[str, str]]]:
         """What the function returns: always, and (output, flag) when a flag asks."""
