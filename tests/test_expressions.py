@@ -245,20 +245,17 @@ def _holds_on_generated_inputs(spec: InputSpec, budget: int = 64 * 2**20) -> boo
 def _holds_on_declared_shapes(spec: InputSpec) -> None:
     """Each constraint over shapes alone holds on tensors of the declared shapes (meta
     tensors: no memory), for definitions whose inputs are too large to make."""
-    from fibgen.format.hints import DEFAULT_VAR_AXIS
+    from fibgen.runtime.inputs.generator import Generator
 
-    axes = {n: (v if k == "const" else DEFAULT_VAR_AXIS) for n, k, v in spec.axes}
-    # A var axis a constraint defines (`num_speculative_plus_1 == num_speculative + 1`) takes
-    # its value from the others, as input generation derives it.
-    var = {n for n, k, _ in spec.axes if k != "const"}
-    for text in spec.constraints:
-        left, eq, right = text.partition(" == ")
-        if eq and left.strip() in var and not (set(right.split()) & {left.strip()}):
-            try:
-                axes[left.strip()] = evaluate(right, dict(axes), ())
-            except Exception:  # noqa: BLE001 - not an axis-only expression: left as it is
-                pass
-    env = dict(axes)
+    # The var axes as input generation derives them (solving `a * b == c` for the one still
+    # unknown, the default for the first of several), without making any input.
+    gen = Generator(spec, {}, seed=0)
+    for name, _, _ in spec.axes:
+        gen._propagate()
+        if name not in gen.axes:
+            gen.axes[name] = gen._default_axis(name)
+    axes = dict(gen.axes)
+    env = {**spec.params, **axes}
     for name, _, shape, _, _ in spec.inputs:
         if shape is not None:
             env[name] = torch.empty([axes[d] for d in shape], device="meta")
