@@ -9,10 +9,12 @@ functions and of its paged decode wrapper (see ``_flashinfer_cpu`` for how they 
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
 import inspect
 import math
+import textwrap
 import warnings
 
 import pytest
@@ -102,11 +104,35 @@ def test_every_api_and_plan_line_is_the_installed_signature():
         for rule in fam.rules:
             if rule.kind != "keywords":
                 continue
-            real = inspect.signature(_live(rule.path)).parameters.values()
-            have = [(p.name, p.default) for p in real if p.kind is p.KEYWORD_ONLY]
+            have = _keywords_taken(_live(rule.path))
             want = [(p.name, eval(p.default, {})) for p in rule.params]
             assert have == want, f"{fam.name}: keywords of {rule.path}"
     assert len(set(checked)) >= 24
+
+
+def _keywords_taken(function) -> list[tuple[str, object]]:
+    """The keywords ``function`` takes through its ``**kwargs``, with their defaults: each
+    ``kwargs.pop("k", default)`` of its source in order where it reads them so (FlashInfer's
+    masked grouped GEMM takes its tiler so), else its keyword-only parameters."""
+    real = inspect.signature(function).parameters.values()
+    star = next((p.name for p in real if p.kind is p.VAR_KEYWORD), None)
+    popped = []
+    if star is not None:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "pop"
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == star
+                and len(node.args) == 2
+            ):
+                key, default = node.args
+                popped.append((node.lineno, ast.literal_eval(key), ast.literal_eval(default)))
+    if popped:
+        return [(key, default) for _, key, default in sorted(popped)]
+    return [(p.name, p.default) for p in real if p.kind is p.KEYWORD_ONLY]
 
 
 def test_the_cpu_twins_keep_the_real_signatures():
@@ -793,8 +819,6 @@ UNSTAMPED = {
 def test_every_wrapper_of_the_catalogue_has_a_plan_state_its_plan_and_forward_assign():
     # Note [plan state]: the attribute stamped must be assigned by every plan() and by every
     # method that changes what run() computes (forward, forward_return_lse).
-    import ast
-    import textwrap
 
     paths = {f.plan.path for f in _families() if f.plan is not None} - set(UNSTAMPED)
     assert paths <= set(patching.PLAN_STATE), paths - set(patching.PLAN_STATE)
