@@ -23,10 +23,14 @@ from test_catalogue_gemm import (
     _catalogue,
     _hit,
     _off,  # noqa: F401  (the autouse fixture that turns apply off)
+    _recorder,
     _reference,
     _refused,
     _route,
 )
+
+import fibgen.runtime as rt
+from fibgen.runtime.routing import patching
 
 pytestmark = pytest.mark.filterwarnings("ignore:fibgen. .* never matched:RuntimeWarning")
 
@@ -83,6 +87,32 @@ def test_fp8_aligned_without_out_starts_from_zero(monkeypatch):
     assert outcome.result.dtype == torch.bfloat16 and outcome.result.shape == (5, 256)
     zero = torch.zeros(5, 256, dtype=torch.bfloat16)
     assert torch.equal(outcome.result, _reference(call.name)(**{**seen, "out": zero}))
+
+
+def test_fp8_aligned_without_out_returns_the_same_tensor_compiled_as_eager(monkeypatch):
+    # The compiled dispatcher returns what the `default` rule made for out=None, as the
+    # eager one does (the generated op's written argument is that tensor, not the None).
+    dynamo = pytest.importorskip("torch._dynamo")
+    call = calls.alphamoe_fp8_aligned(_catalogue())
+    kwargs = {k: v for k, v in call.kwargs.items() if k not in ("out", "block_m")}
+    owner, attr = patching._locate(FP8)
+    originals: list = []
+    monkeypatch.setattr(owner, attr, _recorder(getattr(owner, attr), originals))
+    ref = _reference(call.name)
+    rt.enable_apply({call.name: lambda **inputs: ref(**inputs)})
+
+    def moe(*args):
+        return getattr(owner, attr)(*args, **kwargs)
+
+    eager = moe(*call.args)
+    dynamo.reset()
+    try:
+        compiled = torch.compile(moe, backend="eager", fullgraph=True)(*call.args)
+    finally:
+        dynamo.reset()
+    assert isinstance(eager, torch.Tensor) and isinstance(compiled, torch.Tensor)
+    assert eager.shape == (5, 256) and torch.equal(compiled, eager)
+    assert rt.stats()[FP8]["hit"] == 2 and not originals
 
 
 def test_fp8_aligned_with_another_block_m_falls_back(monkeypatch):
