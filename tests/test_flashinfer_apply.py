@@ -1011,3 +1011,33 @@ def test_a_family_without_returns_keeps_the_default_convention(path, returned, m
     result = getattr(owner, attr)(*call.args, **call.kwargs)
     assert result is (None if returned is None else given[returned])
     assert rt.stats()[path]["hit"] == 1
+
+
+def test_a_moe_call_of_another_top_k_is_not_routed_to_a_top_k_axis_definition(monkeypatch):
+    # moe_fp8_block_scale_ds_routing_topk_axis holds top_k as a const axis that sizes no
+    # input: a call asking for 4 experts a token must not reach the definition of 8.
+    from flashinfer.tllm_enums import ActivationType, Fp8QuantizationType
+
+    path = "flashinfer.fused_moe.trtllm_fp8_block_scale_moe"
+    name = "moe_fp8_block_scale_ds_routing_topk8_ng1_kg1_e48_h7168_i2048"
+    x, sizes = _catalogue().meta_inputs(name, seq_len=4)
+    tensors = ("routing_logits", "routing_bias", "hidden_states", "hidden_states_scale")
+    tensors += ("gemm1_weights", "gemm1_weights_scale", "gemm2_weights", "gemm2_weights_scale")
+    kwargs = {"routing_method_type": 2, "fp8_quantization_type": Fp8QuantizationType.DeepSeekFp8}
+    kwargs |= {"activation_type": ActivationType.Swiglu.value}
+    kwargs |= {"output": torch.empty(4, sizes["hidden_size"], dtype=torch.bfloat16, device="meta")}
+    owner, attr = patching._locate(path)
+    calls: list = []
+    monkeypatch.setattr(owner, attr, _recorder(getattr(owner, attr), calls))
+    for top_k in (8, 4):
+        args = tuple(x[k] for k in tensors) + (sizes["num_experts"], top_k, 1, 1)
+        args += (sizes["intermediate_size"], 0, sizes["num_local_experts"], 2.5)
+        seen: list = []
+        rt.enable_apply({name: _zeros_solution(name, seen)})
+        getattr(owner, attr)(*args, **kwargs)
+        counts = rt.stats()[path]
+        rt.disable_apply()
+        if top_k == 8:
+            assert len(seen) == 1 and counts["hit"] == 1 and not calls, counts
+        else:
+            assert not seen and counts["rules"] == {"top_k": 1} and len(calls) == 1, counts
