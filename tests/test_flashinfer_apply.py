@@ -1041,3 +1041,19 @@ def test_a_moe_call_of_another_top_k_is_not_routed_to_a_top_k_axis_definition(mo
             assert len(seen) == 1 and counts["hit"] == 1 and not calls, counts
         else:
             assert not seen and counts["rules"] == {"top_k": 1} and len(calls) == 1, counts
+
+
+def test_an_fp8_per_tensor_moe_call_of_another_top_k_is_refused(monkeypatch):
+    # The same for the per-tensor-scale MoE, whose definitions hold top_k as a const axis.
+    path = "flashinfer.fused_moe.trtllm_fp8_per_tensor_scale_moe"
+    call = routable.ROUTABLE[path](_catalogue())
+    owner, attr = patching._locate(path)
+    calls: list = []
+    monkeypatch.setattr(owner, attr, _recorder(getattr(owner, attr), calls))
+    assert call.args[9] == 8
+    args = (*call.args[:9], 4, *call.args[10:])
+    seen: list = []
+    rt.enable_apply({call.name: _zeros_solution(call.name, seen)})
+    getattr(owner, attr)(*args, **call.kwargs)
+    counts = rt.stats()[path]
+    assert not seen and counts["rules"] == {"top_k": 1} and len(calls) == 1, counts
