@@ -368,20 +368,31 @@ class Fills:
             out[r, :count] = chosen.sort().values if ascending else chosen
         return out.reshape(shape).to(torch_dtype(dtype))
 
-    def _make_fp8_paged(self, name: str, dtype: str, shape: tuple) -> torch.Tensor:
+    def _paged_with_scales(self, hint: str, row: str, name: str, dtype: str, shape: tuple) -> tuple:
+        """(pages, page_size, heads, width) of a paged cache whose pages end in four bytes of
+        scale per token and head, or a message naming the hint and the layout it wants."""
         if len(shape) != 4 or shape[-1] <= 4 or dtype != "int8":
             raise InputGenerationError(
-                f"{self.spec.name}: fp8_paged_with_scales wants an int8 tensor "
-                f"[pages, page_size, heads, dim + 4], got {dtype}{list(shape)} for `{name}`"
+                f"{self.spec.name}: {hint} wants an int8 tensor "
+                f"[pages, page_size, heads, {row} + 4], got {dtype}{list(shape)} for `{name}`"
             )
-        pages, page_size, heads, width = shape
-        dim = width - 4
-        values = torch.randn((pages, page_size * heads * dim), generator=self.rng)
+        return shape
+
+    @staticmethod
+    def _pages(
+        values: torch.Tensor, scales: torch.Tensor, shape: tuple, dtype: str
+    ) -> torch.Tensor:
+        """Each page's value bytes, then its scale bytes, viewed as the cache."""
+        raw = torch.cat([values, scales], dim=1).reshape(shape)
+        return raw.view(torch_dtype(dtype))
+
+    def _make_fp8_paged(self, name: str, dtype: str, shape: tuple) -> torch.Tensor:
+        args = ("fp8_paged_with_scales", "dim", name, dtype, shape)
+        pages, page_size, heads, width = self._paged_with_scales(*args)
+        values = torch.randn((pages, page_size * heads * (width - 4)), generator=self.rng)
         fp8 = values.to(torch.float8_e4m3fn).view(torch.uint8)
         scales = 0.01 + 0.09 * torch.rand((pages, page_size * heads), generator=self.rng)
-        scale_bytes = scales.to(torch.float32).view(torch.uint8)
-        raw = torch.cat([fp8, scale_bytes], dim=1).reshape(shape)
-        return raw.view(torch_dtype(dtype))
+        return self._pages(fp8, scales.to(torch.float32).view(torch.uint8), shape, dtype)
 
     def _ue8m0_bytes(self, n: int) -> torch.Tensor:
         # Exponent bytes 120..130: scales 2**-7 .. 2**3, far from 0 (a zero scale) and 255.
@@ -395,17 +406,12 @@ class Fills:
         return self._ue8m0_bytes(4 * math.prod(shape)).view(torch.int32).reshape(shape)
 
     def _make_mxfp4_paged(self, name: str, dtype: str, shape: tuple) -> torch.Tensor:
-        if len(shape) != 4 or shape[-1] <= 4 or dtype != "int8":
-            raise InputGenerationError(
-                f"{self.spec.name}: mxfp4_paged_with_scales wants an int8 tensor "
-                f"[pages, page_size, heads, dim / 2 + 4], got {dtype}{list(shape)} for `{name}`"
-            )
-        pages, page_size, heads, width = shape
+        args = ("mxfp4_paged_with_scales", "dim / 2", name, dtype, shape)
+        pages, page_size, heads, width = self._paged_with_scales(*args)
         # Every byte is two valid E2M1 codes (e2m1 has no NaN or Inf).
         codes = torch.randint(0, 256, (pages, page_size * heads * (width - 4)), generator=self.rng)
         scales = self._ue8m0_bytes(pages * page_size * heads * 4).reshape(pages, -1)
-        raw = torch.cat([codes.to(torch.uint8), scales], dim=1).reshape(shape)
-        return raw.view(torch_dtype(dtype))
+        return self._pages(codes.to(torch.uint8), scales, shape, dtype)
 
     def _make_packed_topk(self, name: str, dtype: str, shape: tuple) -> torch.Tensor:
         experts = int(self._arg(name, "num_experts"))
