@@ -115,6 +115,41 @@ def test_a_viewed_tensor_pairs_when_its_sizes_multiply_to_the_other():
     assert resolve(flat, [cat]).kind == "none"
 
 
+def test_a_tensor_viewed_in_the_middle_pairs_where_the_other_dimensions_agree():
+    # The definition reads v's keys in blocks of 16: [b, h, blocks, 16, d] of the call's
+    # [b, h, n, d].
+    cat = definition(
+        "quant_d128",
+        {"v": {"shape": ["b", "h", "blocks", "block", "d"], "dtype": "bfloat16"}},
+        {},
+        {
+            "b": {"type": "var"},
+            "h": {"type": "const", "value": 8},
+            "blocks": {"type": "var"},
+            "block": {"type": "const", "value": 16},
+            "d": {"type": "const", "value": 128},
+        },
+    )
+
+    def call(n: int | None = None, d: int = 128) -> dict:
+        length = {"type": "var"} if n is None else {"type": "const", "value": n}
+        axes = {"b": {"type": "var"}, "h": {"type": "var"}, "n": length}
+        axes["d"] = {"type": "const", "value": d}
+        v = {"shape": ["b", "h", "n", "d"], "dtype": "bfloat16"}
+        return definition("quant", {"v": v}, {}, axes)
+
+    r = resolve(call(), [cat])
+    assert (r.kind, r.definition) == ("resolved", "quant_d128"), r.describe()
+    assert "input `v` [b, h, n, d=128] is `v` [b, h=8, blocks, block=16, d=128] viewed" in (
+        r.differences
+    )
+    # The dimensions beside the viewed one must agree: another head dim does not pair.
+    assert resolve(call(d=64), [cat]).kind == "none"
+    # A known length the blocks of 16 do not divide does not pair; one they divide does.
+    assert resolve(call(n=24), [cat]).kind == "none"
+    assert resolve(call(n=48), [cat]).kind == "resolved"
+
+
 def test_what_flashinfer_says_less_precisely_still_pairs_and_is_said():
     axes = {"t": {"type": "var"}, "k": {"type": "const", "value": 64}}
     cat = definition(
@@ -277,13 +312,11 @@ NOT_LANDING = {
     # Its template's axes are all var (the input's width among them) and it describes the
     # mask, a token count per expert [B], as [B, M, K_doubled]: the JSON names no width.
     "flashinfer.activation.silu_and_mul_scaled_nvfp4_experts_quantize": "ambiguous",
-    # Its template leaves the head counts var: the instances of one head dim differ by their
-    # heads alone.
+    # Their template leaves the head counts var: the instances of one head dim differ by their
+    # heads alone. (The quantizer's definition reads v in blocks of 16 keys, [.., kv_len / 16,
+    # 16, head_dim], which pairs with the template's [.., kv_len, head_dim] as a view.)
     "flashinfer.nvfp4_attention_sm120.nvfp4_attention_sm120_fwd": "ambiguous",
-    # Its definition reads v in blocks of 16 keys ([.., padded_kv_len / 16, 16, head_dim], a
-    # `let` view), the only input that can bind the lengths of v_fp4_t's and v_scale_t's rows;
-    # FlashInfer's template describes the call's [.., kv_len, head_dim].
-    "flashinfer.nvfp4_attention_sm120.nvfp4_attention_sm120_quantize_qkv": "none",
+    "flashinfer.nvfp4_attention_sm120.nvfp4_attention_sm120_quantize_qkv": "ambiguous",
 }
 
 
@@ -366,7 +399,10 @@ NOT_FROM_THE_DEFINITION = {
     "flashinfer.rope.apply_rope_with_cos_sin_cache_inplace": "a `let` view of the call's tensors",
     "flashinfer.rope.apply_rope_with_cos_sin_cache": "a `let` view of the call's tensors",
     "flashinfer.kda_decode.packed_fused_kda_decode": "per-row slots a `let` resolves",
-    # Its family's `let`s pad q, k and v to 128 tokens and view v in blocks of 16 keys.
+    # Its family's `let`s pad q, k and v to 128 tokens and view v in blocks of 16 keys: a call
+    # of the definition's tensors would pass v as [.., kv_len / 16, 16, head_dim], of another
+    # shape than k's, which FlashInfer refuses (its template, which checks no shapes, would
+    # still describe it).
     "flashinfer.nvfp4_attention_sm120.nvfp4_attention_sm120_quantize_qkv": (
         "a `let` view of the call's tensors"
     ),

@@ -28,10 +28,12 @@ from typing import Any, Literal
 #   order, that agrees with it (FlashInfer's `input` is the catalogue's `x`); scalars only by
 #   name;
 # * a pair agrees when the dtypes are equal (or FlashInfer's is unknown) and each dimension
-#   whose size both know is the same size; where the ranks differ, the trailing dimensions of
-#   the longer shape are one view of the last of the shorter (FlashInfer's `query` is
-#   `[nnz, heads * head_size]`, the catalogue's `q` `[tokens, heads, head_size]`): their sizes
-#   multiply to it where all are known, divide it where some are var;
+#   whose size both know is the same size; where the ranks differ, consecutive dimensions of
+#   the longer shape are one view of one dimension of the shorter, the others the same in
+#   order (FlashInfer's `query` is `[nnz, heads * head_size]`, the catalogue's `q`
+#   `[tokens, heads, head_size]`; FlashInfer's `v` is `[batch, heads, kv_len, head_dim]`, a
+#   definition's `[batch, heads, kv_len / 16, 16, head_dim]`, its keys in blocks of 16): their
+#   sizes multiply to it where all are known, divide it where some are var;
 # * a const value FlashInfer reports that no paired dimension holds is compared with the
 #   catalogue's const axis of the same name, where it has one.
 #
@@ -167,19 +169,33 @@ def _dtypes_agree(fi: str, cat: str) -> bool:
 def _sizes_agree(fi: tuple[int | None, ...], cat: tuple[int | None, ...]) -> bool:
     """Whether two shapes can be the same tensor (Note [resolving FlashInfer's definitions])."""
     if len(fi) == len(cat):
-        return all(a is None or b is None or a == b for a, b in zip(fi, cat))
+        return _dims_agree(fi, cat)
     short, long = (fi, cat) if len(fi) < len(cat) else (cat, fi)
     if not short:
         return all(s is None or s == 1 for s in long)
-    head = len(short) - 1
-    if not all(a is None or b is None or a == b for a, b in zip(short[:head], long[:head])):
-        return False
-    merged, tail = short[head], long[head:]
-    known = [s for s in tail if s is not None]
-    product = math.prod(known)
+    # One dimension of the shorter shape is consecutive dimensions of the longer, viewed; the
+    # others are the same dimensions, in order.
+    extra = len(long) - len(short)
+    return any(
+        _dims_agree(short[:i], long[:i])
+        and _merges_to(short[i], long[i : i + extra + 1])
+        and _dims_agree(short[i + 1 :], long[i + extra + 1 :])
+        for i in range(len(short))
+    )
+
+
+def _dims_agree(a: tuple[int | None, ...], b: tuple[int | None, ...]) -> bool:
+    return all(x is None or y is None or x == y for x, y in zip(a, b))
+
+
+def _merges_to(merged: int | None, parts: tuple[int | None, ...]) -> bool:
+    """Whether dimensions of sizes ``parts`` can be viewed as one of size ``merged``: their
+    sizes multiply to it where all are known, divide it where some are var."""
     if merged is None:
         return True
-    if len(known) == len(tail):
+    known = [s for s in parts if s is not None]
+    product = math.prod(known)
+    if len(known) == len(parts):
         return merged == product
     return product > 0 and merged % product == 0
 
