@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -206,6 +207,88 @@ def test_a_scalar_paired_by_name_with_a_tensor_is_said_on_either_side():
     assert "input `top_p` is a scalar in FlashInfer's JSON and a tensor in the other" in (
         r.differences
     )
+
+
+def attention(name: str, heads: int | None, d: int = 128) -> dict:
+    """A definition of q [tokens, heads, d]; ``heads`` None: a var head count."""
+    axes = {
+        "tokens": {"type": "var"},
+        "heads": {"type": "var"} if heads is None else {"type": "const", "value": heads},
+        "d": {"type": "const", "value": d},
+    }
+    q = {"q": {"shape": ["tokens", "heads", "d"], "dtype": "bfloat16"}}
+    return definition(name, q, {}, axes, tags=("fi_api:flashinfer.attention.run",))
+
+
+ATTENTION = [attention("attn_h32_d128", 32), attention("attn_h64_d128", 64)]
+
+
+def test_the_workload_s_axes_tell_apart_what_the_json_cannot():
+    # FlashInfer's JSON leaves the head count var: both instances agree with it.
+    fi = attention("attn_d128", None)
+    assert resolve(fi, ATTENTION).kind == "ambiguous"
+    r = resolve(fi, ATTENTION, axes={"tokens": 7, "heads": 32})
+    assert (r.kind, r.definition) == ("resolved", "attn_h32_d128"), r.describe()
+    assert "heads=32 from the workload" in r.differences
+    assert "tokens=7 from the workload" not in r.differences  # it told nothing apart
+    assert resolve(fi, ATTENTION, axes={"heads": 64}).definition == "attn_h64_d128"
+    # A value no candidate holds: none, with the conflicts said.
+    r = resolve(fi, ATTENTION, axes={"heads": 48})
+    assert (r.kind, r.definition) == ("none", None)
+    assert r.candidates == ("attn_h32_d128", "attn_h64_d128")
+    assert r.differences[0].startswith("the workload's axes fit none of those that agree")
+    assert "`attn_h32_d128`: the workload's `heads` is 48, not 32" in r.differences[0]
+    # An axis no candidate holds const excludes none of them.
+    assert resolve(fi, ATTENTION, axes={"tokens": 7, "pages": 3}).kind == "ambiguous"
+
+
+def test_a_candidate_that_lacks_the_axis_or_holds_it_var_is_not_excluded_by_it():
+    any_heads = attention("attn_d128_any", None)
+    catalogue = ATTENTION + [any_heads]
+    fi = attention("attn_d128", None)
+    r = resolve(fi, catalogue, axes={"heads": 32})
+    assert (r.kind, r.candidates) == ("ambiguous", ("attn_d128_any", "attn_h32_d128"))
+    r = resolve(fi, catalogue, axes={"heads": 48})
+    assert (r.kind, r.definition) == ("resolved", "attn_d128_any"), r.describe()
+    assert "heads=48 from the workload" in r.differences
+    del any_heads["axes"]["heads"]
+    any_heads["inputs"]["q"]["shape"] = ["tokens", "hd"]  # q viewed [tokens, heads * d]
+    any_heads["axes"]["hd"] = {"type": "var"}
+    assert resolve(fi, catalogue, axes={"heads": 48}).definition == "attn_d128_any"
+
+
+def test_a_workload_value_that_contradicts_the_only_candidate_rules_it_out():
+    # The candidate of FlashInfer's name is "same" by the JSON alone; the workload's head
+    # count is the other instance's.
+    fi = attention("attn_h32_d128", None)
+    assert resolve(fi, ATTENTION).kind == "same"
+    assert resolve(fi, ATTENTION, axes={"heads": 32}).kind == "same"
+    r = resolve(fi, ATTENTION, axes={"heads": 64})
+    assert (r.kind, r.definition) == ("resolved", "attn_h64_d128"), r.describe()
+    # The only candidate: contradicted, none.
+    only = [ATTENTION[0]]
+    assert resolve(attention("attn", None), only).kind == "resolved"
+    r = resolve(attention("attn", None), only, axes={"heads": 64})
+    assert (r.kind, r.definition) == ("none", None)
+    assert "`attn_h32_d128`: the workload's `heads` is 64, not 32" in r.differences[0]
+    # A value the JSON itself holds otherwise: not one call, no candidate agrees. One it
+    # holds the same is no news.
+    fi = attention("attn_h32_d128", 32)
+    assert resolve(fi, ATTENTION, axes={"d": 128}).kind == "same"
+    r = resolve(fi, ATTENTION, axes={"d": 64})
+    assert r.kind == "none"
+    assert "the workload's `d`=64, where FlashInfer's JSON says 128" in r.differences[0]
+
+
+def test_a_workload_s_axes_of_another_kind_are_refused_clearly():
+    fi = attention("attn_d128", None)
+    for axes, said in (
+        ({"heads": "32"}, "the workload's axis 'heads' is '32', not a whole number"),
+        ({"heads": True}, "the workload's axis 'heads' is True, not a whole number"),
+        ([("heads", 32)], "the workload's axes are a mapping of axis names to sizes"),
+    ):
+        with pytest.raises(TypeError, match=re.escape(said)):
+            resolve(fi, ATTENTION, axes=axes)
 
 
 def test_no_candidates_and_no_entry_point_are_said():

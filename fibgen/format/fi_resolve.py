@@ -59,10 +59,26 @@ from typing import Any, Literal
 # call passed a tensor the definition has no place for. What else either side holds beyond
 # the pairs (FlashInfer's extra `residual` output, a scalar or an optional tensor the
 # catalogue keeps as a rule, a tensor FlashInfer's template does not describe) is a
-# difference to report. Of the candidates that agree, the one with
-# FlashInfer's name is "same"; else a single one is "resolved", several "ambiguous" (the JSON
-# does not say enough: an unknown page size), none "none", with the nearest candidate's
-# disagreements as the reason.
+# difference to report.
+#
+# A FlashInfer-Bench trace is a definition and a workload, whose `axes` record the values of
+# the definition's var axes for the call (read from its input tensors' shapes). Where they are
+# given (`resolve(..., axes=)`), each value of an axis that FlashInfer's JSON leaves var (or
+# const without a value, or does not name) is compared with the candidate's const axis of the
+# same name: one of another value does not agree; a candidate that lacks the axis, or holds it
+# var, is not excluded by it. They are compared by name only, not by the dimensions they
+# pair with: FlashInfer's templates misdescribe some shapes in ways that the JSON's var axes
+# hide (a permuted output, a padded stride, two dimensions viewed as one), and a value put
+# there would rule out the call's own definition. A workload value that the JSON's own const
+# value of its name contradicts is not one call: no candidate agrees.
+#
+# Of the candidates that agree, the one with FlashInfer's name is "same"; else a single one
+# is "resolved" (said "num_qo_heads=32 from the workload" where the workload's values chose
+# it among several the JSON agrees with), several "ambiguous" (the JSON and the workload do
+# not say enough: an unknown page size), none "none", with the reason: the workload's
+# conflicts where the JSON alone agrees with some, else the nearest candidate's
+# disagreements. A workload value that contradicts the candidate of FlashInfer's name, or the
+# only one that agrees, rules it out as any other.
 
 Kind = Literal["same", "resolved", "ambiguous", "none"]
 
@@ -353,23 +369,46 @@ class _Comparison:
                 self.conflicts.append(f"axis `{name}` is {value}, not {other}")
 
 
-def resolve(flashinfer: Mapping[str, Any], candidates: Iterable[Any]) -> Resolution:
+def resolve(
+    flashinfer: Mapping[str, Any],
+    candidates: Iterable[Any],
+    *,
+    axes: Mapping[str, int] | None = None,
+) -> Resolution:
     """Which of ``candidates`` (catalogue definitions: JSON or models, those that stand for
-    its entry point) the FlashInfer definition JSON ``flashinfer`` stands for (Note
-    [resolving FlashInfer's definitions])."""
+    its entry point) the FlashInfer definition JSON ``flashinfer`` stands for. ``axes``, the
+    values of its var axes that a workload of the call records (a FlashInfer-Bench trace's
+    ``workload.axes``), tells apart candidates the JSON alone cannot, and rules out those it
+    contradicts (Note [resolving FlashInfer's definitions])."""
+    workload = _workload_axes(axes)
     name = str(flashinfer.get("name"))
     entry = entry_point_of(flashinfer)
     tried = sorted((_as_json(c) for c in candidates), key=lambda c: str(c.get("name")))
+    contradicted = _contradicted(flashinfer, workload)
+    # The values of the axes the JSON leaves var (or does not name): what the workload adds.
+    # Those the JSON holds the comparisons have checked already.
+    said = flashinfer.get("axes") or {}
+    workload = {a: v for a, v in workload.items() if _const(said.get(a)) is None}
     comparisons = [(str(c.get("name")), _Comparison(flashinfer, c)) for c in tried]
-    agreeing = [(n, c) for n, c in comparisons if c.agrees]
+    # What the workload's values contradict of each candidate: its const axes of their names.
+    definitions = {str(c.get("name")): c for c in tried}
+    against = {n: contradicted + _workload_conflicts(c, workload) for n, c in definitions.items()}
+    by_json = [(n, c) for n, c in comparisons if c.agrees]  # those the JSON alone agrees with
+    agreeing = [(n, c) for n, c in by_json if not against[n]]
     exact = [(n, c) for n, c in agreeing if n == name]
     if exact:
         n, c = exact[0]
         return Resolution(name, entry, "same", n, (n,), tuple(c.differences))
     if len(agreeing) == 1:
         n, c = agreeing[0]
+        # Where the JSON alone left several: the workload's values that told them apart.
+        chosen = tuple(
+            f"{a}={v} from the workload"
+            for a, v in workload.items()
+            if any(_workload_conflicts(definitions[m], {a: v}) for m, _ in by_json if m != n)
+        )
         return Resolution(
-            name, entry, "resolved", n, (n,), (f"named `{n}`",) + tuple(c.differences)
+            name, entry, "resolved", n, (n,), (f"named `{n}`",) + chosen + tuple(c.differences)
         )
     if agreeing:
         names = tuple(n for n, _ in agreeing)
@@ -381,9 +420,56 @@ def resolve(flashinfer: Mapping[str, Any], candidates: Iterable[Any]) -> Resolut
             else "it names no entry point (no fi_api tag)"
         )
         return Resolution(name, entry, "none", None, (), (why,))
-    nearest_name, nearest = min(comparisons, key=lambda nc: (len(nc[1].conflicts), nc[0]))
-    why = f"nearest `{nearest_name}`: " + ", ".join(nearest.conflicts or ["nothing pairs"])
+    if by_json:
+        # The JSON agrees with some; the workload's values with none of those.
+        why = "the workload's axes fit none of those that agree: " + "; ".join(
+            f"`{n}`: " + ", ".join(against[n]) for n, _ in by_json
+        )
+        return Resolution(name, entry, "none", None, tuple(n for n, _ in by_json), (why,))
+    nearest_name, nearest = min(
+        comparisons, key=lambda nc: (len(nc[1].conflicts) + len(against[nc[0]]), nc[0])
+    )
+    conflicts = nearest.conflicts + against[nearest_name]
+    why = f"nearest `{nearest_name}`: " + ", ".join(conflicts or ["nothing pairs"])
     return Resolution(name, entry, "none", None, tuple(n for n, _ in comparisons), (why,))
+
+
+def _workload_axes(axes: Mapping[str, int] | None) -> dict[str, int]:
+    """The workload's axis values, checked: each a whole number, named."""
+    if axes is None:
+        return {}
+    if not isinstance(axes, Mapping):
+        raise TypeError(
+            "the workload's axes are a mapping of axis names to sizes "
+            f"(a trace's workload.axes), not {type(axes).__name__}"
+        )
+    checked = {}
+    for name, value in axes.items():
+        if not isinstance(name, str) or isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"the workload's axis {name!r} is {value!r}, not a whole number")
+        checked[name] = value
+    return checked
+
+
+def _contradicted(flashinfer: Mapping[str, Any], workload: Mapping[str, int]) -> list[str]:
+    """The workload's values that the JSON's own const values contradict: not one call."""
+    axes = flashinfer.get("axes") or {}
+    return [
+        f"the workload's `{name}`={value}, where FlashInfer's JSON says {said}"
+        for name, value in workload.items()
+        if (said := _const(axes.get(name))) is not None and said != value
+    ]
+
+
+def _workload_conflicts(cat: Mapping[str, Any], workload: Mapping[str, int]) -> list[str]:
+    """The workload's values that a definition's const axes of their names contradict (an
+    axis it lacks, or holds var, excludes nothing)."""
+    axes = cat.get("axes") or {}
+    return [
+        f"the workload's `{name}` is {value}, not {held}"
+        for name, value in workload.items()
+        if (held := _const(axes.get(name))) is not None and held != value
+    ]
 
 
 def _shared(agreeing: list[tuple[str, _Comparison]]) -> tuple[str, ...]:
