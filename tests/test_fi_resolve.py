@@ -4,7 +4,8 @@ First the matching rules on small definitions written here. Then FlashInfer 0.7.
 templates: for every routed entry point (a wrapper's run included), the definition JSON its
 template writes for a routed call (``tests/_routable_calls.py``); and for every instance of a
 routed function, for a call made from the instance's own inputs; each resolved against the
-definitions of the family that routes it.
+definitions of the family that routes it, with the workload's axes FlashInfer-Bench's tracer
+would record for the call.
 """
 
 from __future__ import annotations
@@ -304,12 +305,16 @@ def test_no_candidates_and_no_entry_point_are_said():
 
 # --------------------------------------------------------------- FlashInfer's own templates
 
-# What FlashInfer 0.7.2.post1's template writes for a routed call, where it does not land on
-# the call's definition, and why (the listing of issue 27 item 3), by canonical entry point:
-# "ambiguous" (the JSON does not say enough; the call's definition is among those it may be),
-# "none", or "misread" (the template misdescribes the call, so it lands on another definition
-# or on none: never on its own).
+# What FlashInfer 0.7.2.post1's template writes for a routed call, with the workload's axes
+# FlashInfer-Bench's tracer would record for it, where it does not land on the call's
+# definition, and why (the listing of issue 27 item 3), by canonical entry point:
+# "ambiguous" (the JSON and the workload's axes do not say enough; the call's definition is
+# among those it may be), "none", or "misread" (the template misdescribes the call, so it
+# lands on another definition or on none: never on its own).
 _NO_PAGE_SIZE = "ambiguous"  # a (k_cache, v_cache) tuple or an unknown layout: no page size
+# The routed call's definition is the only one of its head counts, so its call lands; those
+# of the other instances are ambiguous (the JSON holds no page size nor KV heads).
+_NO_PAGE_SIZE_BUT_ROUTED = "ambiguous but the routed call"
 NOT_LANDING = {
     # Its definition takes the slot of each row, which its `let` resolves from the packed
     # metadata (state_indices [N, 1] and query_start_loc) that FlashInfer's template records.
@@ -327,14 +332,15 @@ NOT_LANDING = {
     # Its template reads the page size from the second dimension of an HND cache.
     "flashinfer.rope.rope_quantize_fp8_append_paged_kv_cache": "misread",
     # Wrapper runs whose templates read a paged cache given as a tuple, or a layout the
-    # wrapper's plan holds: the page size and the KV heads are not in the JSON.
+    # wrapper's plan holds: the page size and the KV heads are not in the JSON, and the
+    # workload holds none (they are const axes of no value, read from no tensor).
     "flashinfer.cascade.MultiLevelCascadeAttentionWrapper.run": _NO_PAGE_SIZE,
     "flashinfer.attention._core.BatchAttention.run": _NO_PAGE_SIZE,
     "flashinfer.pod.PODWithPagedKVCacheWrapper.run": _NO_PAGE_SIZE,
     "flashinfer.pod.BatchPODWithPagedKVCacheWrapper.run": _NO_PAGE_SIZE,
-    "flashinfer.decode.trtllm_batch_decode_with_kv_cache": _NO_PAGE_SIZE,
-    "flashinfer.prefill.trtllm_batch_context_with_kv_cache": _NO_PAGE_SIZE,
-    "flashinfer.decode.xqa_batch_decode_with_kv_cache": _NO_PAGE_SIZE,
+    "flashinfer.decode.trtllm_batch_decode_with_kv_cache": _NO_PAGE_SIZE_BUT_ROUTED,
+    "flashinfer.prefill.trtllm_batch_context_with_kv_cache": _NO_PAGE_SIZE_BUT_ROUTED,
+    "flashinfer.decode.xqa_batch_decode_with_kv_cache": _NO_PAGE_SIZE_BUT_ROUTED,
     # Its template takes the query's length and the key's for the heads.
     "flashinfer.sparse.VariableBlockSparseAttentionWrapper.run": "misread",
     # Their templates read a 3-D MLA cache [pages, page_size, dim] as 4-D, the page size as
@@ -392,33 +398,61 @@ NOT_LANDING = {
     # Its template describes the (data, scales) tuples lhs and rhs as single tensors
     # [num_groups, max_m, K] and [num_groups, N, K]: the JSON names neither N nor K.
     "flashinfer.gemm.kernels.grouped_gemm_masked_wrapper.grouped_gemm_nt_masked": "ambiguous",
-    # Its template's axes are all var (the input's width among them) and it describes the
-    # mask, a token count per expert [B], as [B, M, K_doubled]: the JSON names no width.
-    "flashinfer.activation.silu_and_mul_scaled_nvfp4_experts_quantize": "ambiguous",
-    # Their template leaves the head counts var: the instances of one head dim differ by their
-    # heads alone. (The quantizer's definition reads v in blocks of 16 keys, [.., kv_len / 16,
-    # 16, head_dim], which pairs with the template's [.., kv_len, head_dim] as a view.)
-    "flashinfer.nvfp4_attention_sm120.nvfp4_attention_sm120_fwd": "ambiguous",
-    "flashinfer.nvfp4_attention_sm120.nvfp4_attention_sm120_quantize_qkv": "ambiguous",
 }
 
 
 def _lands_as_expected(r, name: str, expected: str | None, each_instance: bool = False) -> bool:
     """Whether ``r`` is what NOT_LANDING expects for a call of definition ``name``: its own
-    definition, else the listed kind. Of a "misread" entry, the routed call must not land
-    (the test says so when FlashInfer's template is fixed); its instances may."""
+    definition, else the listed kind. The routed call of an entry listed "misread", "none" or
+    "ambiguous" must not land on its own definition (the test says so when FlashInfer's
+    template is fixed, or the workload's axes tell the candidates apart: the entry is stale);
+    other instances may. Of an "ambiguous but the routed call" entry, the routed call must
+    land, the other instances land or are ambiguous."""
     own = r.kind in ("same", "resolved") and r.definition == name
     if expected is None:
         return own
     if expected == "misread where N != K":
         return each_instance or own
-    if expected == "misread":
+    if expected == _NO_PAGE_SIZE_BUT_ROUTED:
+        return own or (each_instance and r.kind == "ambiguous" and name in r.candidates)
+    if own or expected == "misread":
         return each_instance or not own
-    if own:
-        return True
     if expected == "ambiguous":
         return r.kind == "ambiguous" and name in r.candidates
     return r.kind == expected
+
+
+def _workload_axes(apis, api, arguments, written: dict) -> dict[str, int]:
+    """The axes FlashInfer-Bench's tracer records in the workload of a call traced as
+    ``written`` (``Definition.get_axes_values_from_inputs``): each var axis of FlashInfer's
+    JSON bound to the size of the call's tensor in a dimension it names. The tensor is the
+    one FlashInfer's template reads for the input (its `param`, its `tuple_idx`); an input
+    the call does not pass as a tensor (None, a tuple the template does not index), or whose
+    rank is not the JSON's, binds nothing, and an axis two tensors give different sizes is
+    left out (the tracer would record no workload)."""
+    from flashinfer.trace.template import Tensor, TraceTemplate
+
+    template = apis.template_object(api)
+    if not isinstance(template, TraceTemplate):
+        template = template(save_dir=None, name=None, **arguments)
+        if template is None:  # a dispatch function that traces nothing for the call
+            return {}
+    var = {n for n, a in (written.get("axes") or {}).items() if a.get("type") == "var"}
+    sizes: dict[str, set[int]] = {}
+    for key, spec in (written.get("inputs") or {}).items():
+        descriptor = template.inputs.get(key)
+        if spec.get("shape") is None or not isinstance(descriptor, Tensor):
+            continue
+        value = arguments.get(descriptor.param or key)
+        if descriptor.tuple_idx is not None:
+            fits = isinstance(value, (tuple, list)) and len(value) > descriptor.tuple_idx
+            value = value[descriptor.tuple_idx] if fits else None
+        if not isinstance(value, torch.Tensor) or value.dim() != len(spec["shape"]):
+            continue
+        for axis, size in zip(spec["shape"], value.shape):
+            if axis in var:
+                sizes.setdefault(axis, set()).add(int(size))
+    return {axis: next(iter(found)) for axis, found in sizes.items() if len(found) == 1}
 
 
 def _routed_paths() -> list[str]:
@@ -468,9 +502,12 @@ def test_flashinfer_trace_of_a_routed_call_lands_on_its_definition(path, routed)
     assert entry_point_of(written) == api.path
     family = catalogue.defs[call.name].family
     candidates = [generated[n] for n, d in catalogue.defs.items() if d.family == family]
-    r = resolve(written, candidates)
+    r = resolve(written, candidates, axes=_workload_axes(apis, api, bound.arguments, written))
     expected = NOT_LANDING.get(api.path)
-    assert _lands_as_expected(r, call.name, expected), f"{r.describe()}, expected {expected}"
+    stale = (
+        " (a stale NOT_LANDING entry: remove it)" if expected and r.definition == call.name else ""
+    )
+    assert _lands_as_expected(r, call.name, expected), f"{r.describe()}, expected {expected}{stale}"
 
 
 # Routed functions whose calls cannot be made from a definition's own tensors and values alone;
@@ -627,6 +664,7 @@ def _call_of(definition, family, function, catalogue) -> dict:
 def test_flashinfer_trace_of_every_instance_of_a_routed_function_lands_on_it(routed):
     routable, catalogue, apis, generated = routed
     checked, problems = 0, []
+    landed: dict[str, bool] = {}  # by entry point: whether every instance's call landed
     for family in catalogue.families.values():
         if family.api is None or family.plan is not None:
             continue
@@ -648,11 +686,21 @@ def test_flashinfer_trace_of_every_instance_of_a_routed_function_lands_on_it(rou
                 )
                 continue
             written = apis.trace_definition(api, arguments)
-            r = resolve(written, candidates)
+            axes = _workload_axes(apis, api, arguments, written)
+            r = resolve(written, candidates, axes=axes)
             checked += 1
             expected = NOT_LANDING.get(api.path)
             if not _lands_as_expected(r, d.name, expected, each_instance=True):
                 problems.append(f"{d.name}: {r.describe()}, expected {expected}")
+            own = r.kind in ("same", "resolved") and r.definition == d.name
+            landed[api.path] = landed.get(api.path, True) and own
+    # An entry whose routed call lands (checked by the test above) is stale once every other
+    # instance's call lands too.
+    problems += [
+        f"{path}: every instance's call lands on its own definition: a stale NOT_LANDING entry"
+        for path, expected in NOT_LANDING.items()
+        if expected == _NO_PAGE_SIZE_BUT_ROUTED and landed.get(path, False)
+    ]
     assert not problems, "\n".join(problems)
     # Every instance of the routed function families, but for those a call cannot be made
     # for from the definition alone.
