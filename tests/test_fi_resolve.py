@@ -278,7 +278,10 @@ def test_a_workload_value_that_contradicts_the_only_candidate_rules_it_out():
     assert resolve(fi, ATTENTION, axes={"d": 128}).kind == "same"
     r = resolve(fi, ATTENTION, axes={"d": 64})
     assert r.kind == "none"
-    assert "the workload's `d`=64, where FlashInfer's JSON says 128" in r.differences[0]
+    assert r.differences == (
+        "the workload is not of FlashInfer's JSON: the workload's `d`=64, where FlashInfer's "
+        "JSON says 128",
+    )
 
 
 def test_a_workload_s_axes_of_another_kind_are_refused_clearly():

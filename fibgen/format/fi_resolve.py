@@ -420,6 +420,9 @@ def resolve(
             else "it names no entry point (no fi_api tag)"
         )
         return Resolution(name, entry, "none", None, (), (why,))
+    if by_json and contradicted:
+        why = "the workload is not of FlashInfer's JSON: " + ", ".join(contradicted)
+        return Resolution(name, entry, "none", None, tuple(n for n, _ in by_json), (why,))
     if by_json:
         # The JSON agrees with some; the workload's values with none of those.
         why = "the workload's axes fit none of those that agree: " + "; ".join(
