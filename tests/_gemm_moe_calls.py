@@ -561,6 +561,39 @@ def prims_ts_fp8_block_scale_routed_moe(c: Catalogue) -> Any:
     return _call(name, args, kwargs | _prims_ts_fp8_block_tail(c, name, axes))
 
 
+PT_FP8_BLOCK_PARTITIONED = "prims_ts_fp8_block_scale_moe_partitioned_renorm_tpnn_topk2_e8_h256_i128"
+
+
+def prims_ts_fp8_block_scale_moe_partitioned(c: Catalogue) -> Any:
+    from flashinfer.fused_moe import Fp8QuantizationType
+    from flashinfer.prims_ts.moe.partition import MoePartitionResources
+
+    # Its streams must be green contexts of a GPU; the routed call never reads them.
+    resources = object.__new__(MoePartitionResources)
+    name = PT_FP8_BLOCK_PARTITIONED
+    x, axes = c.inputs(name, seq_len=5)
+
+    def pair(key: str, u8: bool = False) -> tuple:
+        shards = (x[f"{key}_0"], x[f"{key}_1"])
+        return tuple(s.view(torch.uint8) for s in shards) if u8 else shards
+
+    # float32 logits, and the activation scales as the flat storage FlashInfer's template
+    # describes.
+    args = (x["routing_logits"], None, None, None, x["hidden_states"])
+    args += (x["hidden_states_scale"].view(torch.uint8).flatten(), pair("gemm1_weights"))
+    args += (pair("gemm1_weights_scale", True), pair("gemm2_weights"))
+    args += (pair("gemm2_weights_scale", True), 8, 2, None, None, 128, 0, 8)
+    args += (resources, "tp_n_tp_n")
+    kwargs: dict = {"routed_scaling_factor": None, "routing_method_type": 1}
+    kwargs |= {"use_shuffled_weight": True, "weight_layout": 0, "do_finalize": True}
+    kwargs |= {"enable_pdl": False, "tune_max_num_tokens": 1024}
+    kwargs |= {"fp8_quantization_type": Fp8QuantizationType.MxFp8, "activation_type": 3}
+    kwargs |= {"norm_topk_prob": True, "routing_replay_out": None}
+    kwargs |= {"output": c.buffer(name, "output", axes), "gemm1_alpha": x.get("gemm1_alpha")}
+    kwargs |= {"gemm1_beta": x.get("gemm1_beta"), "gemm1_clamp_limit": x.get("gemm1_clamp_limit")}
+    return _call(name, args, kwargs)
+
+
 SM90_SCALES = "sm90_mixed_gemm_scale_interleave_g32_i8"
 SM90_WEIGHTS = "sm90_mixed_gemm_weight_interleave_fp4_fp8"
 
@@ -796,6 +829,9 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     ),
     "flashinfer.fused_moe.backends.prims_ts.fp8_op.prims_ts_fp8_block_scale_routed_moe": (
         prims_ts_fp8_block_scale_routed_moe
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp8_op.prims_ts_fp8_block_scale_moe_partitioned": (
+        prims_ts_fp8_block_scale_moe_partitioned
     ),
     "flashinfer.fused_moe.fused_topk_deepseek": fused_topk_deepseek,
     "flashinfer.fused_moe.hash_topk.hash_topk": hash_topk,
