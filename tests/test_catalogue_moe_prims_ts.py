@@ -651,6 +651,22 @@ def test_prims_ts_fp8_block_scale_calls_with_shuffled_weights_are_routed(monkeyp
     assert out.result.abs().sum() > 0
 
 
+def test_prims_ts_fp8_block_scale_deepseek_routing_reads_none_as_flashinfer_does(monkeypatch):
+    # FlashInfer's routing reads routed_scaling_factor None as 1 and routing_bias None as no
+    # bias: the call is routed with those values.
+    call = calls.prims_ts_fp8_block_scale_moe(_catalogue())
+    kwargs = _bound(call, FP8_BLOCK)
+    given = dict(kwargs)
+    kwargs |= {"routed_scaling_factor": None, "routing_bias": None}
+    out = _route(monkeypatch, FP8_BLOCK, call.name, (), kwargs)
+    seen = _hit(out)
+    assert float(seen["routed_scaling_factor"]) == 1.0
+    assert not seen["routing_bias"].any()
+    given |= {"routed_scaling_factor": 1.0, "routing_bias": torch.zeros(16).bfloat16()}
+    again = _route(monkeypatch, FP8_BLOCK, call.name, (), given)
+    assert torch.equal(out.result, again.result) and out.result.abs().sum() > 0
+
+
 @pytest.mark.parametrize("method", [1, 4])
 def test_prims_ts_fp8_block_scale_renormalize_routing_reaches_its_family(monkeypatch, method):
     name = "prims_ts_fp8_block_scale_moe_renorm_topk2_e8_h256_i128"
