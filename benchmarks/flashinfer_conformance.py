@@ -2362,6 +2362,9 @@ _SM100_ONLY = {
     "prims_ts_bf16_moe_partitioned",
     "prims_ts_fp8_per_tensor_scale_moe_partitioned",
     "prims_ts_fp4_block_scale_moe_partitioned",
+    "prims_ts_fp8_block_scale_moe",
+    "prims_ts_fp8_block_scale_routed_moe",
+    "prims_ts_fp8_block_scale_moe_partitioned",
     # CuTe-DSL block-scaled MoE: SM100/SM103 (and SM107 for W4A4).
     "cute_dsl_fused_moe",
     "cute_dsl_fused_moe_nvfp4",

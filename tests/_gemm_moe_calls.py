@@ -519,6 +519,81 @@ def prims_ts_fp8_per_tensor_scale_moe_partitioned(c: Catalogue) -> Any:
     return _call(name, args, kwargs | {"output": c.buffer(name, "output", axes)})
 
 
+PT_FP8_BLOCK_DS = "prims_ts_fp8_block_scale_moe_ds_routing_topk4_ng4_kg2_e8_h256_i128"
+PT_FP8_BLOCK_ROUTED = "prims_ts_fp8_block_scale_routed_moe_topk2_e8_h256"
+
+
+def _prims_ts_fp8_block_tail(c: Catalogue, name: str, axes: dict) -> dict:
+    """The keywords both Prims-TS FP8 block-scale APIs take, at values the families route."""
+    from flashinfer.fused_moe import Fp8QuantizationType
+
+    kwargs: dict = {"use_shuffled_weight": True, "weight_layout": 0, "do_finalize": True}
+    kwargs |= {"enable_pdl": False, "tune_max_num_tokens": 1024, "activation_type": 3}
+    kwargs |= {"fp8_quantization_type": Fp8QuantizationType.DeepSeekFp8}
+    kwargs |= {"gemm1_alpha": None, "gemm1_beta": None, "gemm1_clamp_limit": None}
+    kwargs |= {"gemm1_bias": None, "gemm2_bias": None}
+    return kwargs | {"output": c.buffer(name, "output", axes)}
+
+
+def _prims_ts_fp8_block_tensors(x: dict) -> tuple:
+    """From hidden_states to gemm2_weights_scale."""
+    args = (x["hidden_states"], x["hidden_states_scale"], x["gemm1_weights"])
+    return args + (x["gemm1_weights_scale"], x["gemm2_weights"], x["gemm2_weights_scale"])
+
+
+def prims_ts_fp8_block_scale_moe(c: Catalogue) -> Any:
+    x, axes = c.inputs(PT_FP8_BLOCK_DS, seq_len=5)
+    # float32 logits, which Prims-TS takes for DeepSeek-V3 routing as well as bfloat16 ones.
+    args = (x["routing_logits"], x["routing_bias"], *_prims_ts_fp8_block_tensors(x))
+    args += (16, 4, 4, 2, 128, int(x["local_expert_offset"]), 8)
+    args += (float(x["routed_scaling_factor"]),)
+    kwargs = {"routing_method_type": 2, "num_fused_shared_experts": 0, "norm_topk_prob": True}
+    kwargs |= {"routing_replay_out": None}
+    return _call(PT_FP8_BLOCK_DS, args, kwargs | _prims_ts_fp8_block_tail(c, PT_FP8_BLOCK_DS, axes))
+
+
+def prims_ts_fp8_block_scale_routed_moe(c: Catalogue) -> Any:
+    name = PT_FP8_BLOCK_ROUTED
+    x, axes = c.inputs(name, seq_len=5)
+    args = (x["topk_ids"], torch.zeros(16), *_prims_ts_fp8_block_tensors(x))
+    args += (16, 2, 1, 1, 128, int(x["local_expert_offset"]), 8, 1.0)
+    kwargs = {"routing_method_type": 2, "gemm1_lora_delta": None}
+    return _call(name, args, kwargs | _prims_ts_fp8_block_tail(c, name, axes))
+
+
+PT_FP8_BLOCK_PARTITIONED = "prims_ts_fp8_block_scale_moe_partitioned_renorm_tpnn_topk2_e8_h256_i128"
+
+
+def prims_ts_fp8_block_scale_moe_partitioned(c: Catalogue) -> Any:
+    from flashinfer.fused_moe import Fp8QuantizationType
+    from flashinfer.prims_ts.moe.partition import MoePartitionResources
+
+    # Its streams must be green contexts of a GPU; the routed call never reads them.
+    resources = object.__new__(MoePartitionResources)
+    name = PT_FP8_BLOCK_PARTITIONED
+    x, axes = c.inputs(name, seq_len=5)
+
+    def pair(key: str, u8: bool = False) -> tuple:
+        shards = (x[f"{key}_0"], x[f"{key}_1"])
+        return tuple(s.view(torch.uint8) for s in shards) if u8 else shards
+
+    # float32 logits, and the activation scales as the flat storage FlashInfer's template
+    # describes.
+    args = (x["routing_logits"], None, None, None, x["hidden_states"])
+    args += (x["hidden_states_scale"].view(torch.uint8).flatten(), pair("gemm1_weights"))
+    args += (pair("gemm1_weights_scale", True), pair("gemm2_weights"))
+    args += (pair("gemm2_weights_scale", True), 8, 2, None, None, 128, 0, 8)
+    args += (resources, "tp_n_tp_n")
+    kwargs: dict = {"routed_scaling_factor": None, "routing_method_type": 1}
+    kwargs |= {"use_shuffled_weight": True, "weight_layout": 0, "do_finalize": True}
+    kwargs |= {"enable_pdl": False, "tune_max_num_tokens": 1024}
+    kwargs |= {"fp8_quantization_type": Fp8QuantizationType.MxFp8, "activation_type": 3}
+    kwargs |= {"norm_topk_prob": True, "routing_replay_out": None}
+    kwargs |= {"output": c.buffer(name, "output", axes), "gemm1_alpha": x.get("gemm1_alpha")}
+    kwargs |= {"gemm1_beta": x.get("gemm1_beta"), "gemm1_clamp_limit": x.get("gemm1_clamp_limit")}
+    return _call(name, args, kwargs)
+
+
 SM90_SCALES = "sm90_mixed_gemm_scale_interleave_g32_i8"
 SM90_WEIGHTS = "sm90_mixed_gemm_weight_interleave_fp4_fp8"
 
@@ -748,6 +823,15 @@ ROUTABLE: dict[str, Callable[[Any], Any]] = {
     ),
     "flashinfer.fused_moe.backends.prims_ts.fp8_op.prims_ts_fp8_per_tensor_scale_moe_partitioned": (
         prims_ts_fp8_per_tensor_scale_moe_partitioned
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp8_op.prims_ts_fp8_block_scale_moe": (
+        prims_ts_fp8_block_scale_moe
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp8_op.prims_ts_fp8_block_scale_routed_moe": (
+        prims_ts_fp8_block_scale_routed_moe
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp8_op.prims_ts_fp8_block_scale_moe_partitioned": (
+        prims_ts_fp8_block_scale_moe_partitioned
     ),
     "flashinfer.fused_moe.fused_topk_deepseek": fused_topk_deepseek,
     "flashinfer.fused_moe.hash_topk.hash_topk": hash_topk,

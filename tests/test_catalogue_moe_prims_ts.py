@@ -626,3 +626,277 @@ def test_prims_ts_fp4_moe_partitioned_unmodelled_parameters_are_refused(monkeypa
     assert out.counts["hit"] == 0 and not out.seen, out.counts
     assert param in str(out.counts["rules"]), out.counts
     assert out.result == "flashinfer" and out.originals[0][param] is value
+
+
+# The FP8 block-scale (DeepSeek FP8) families: Prims-TS takes only shuffled weights, which
+# the references unshuffle (blocks of 16 rows, for the kernels' 64-row epilogue tiles).
+FP8_BLOCK = "flashinfer.fused_moe.backends.prims_ts.fp8_op.prims_ts_fp8_block_scale_moe"
+FP8_BLOCK_ROUTED = (
+    "flashinfer.fused_moe.backends.prims_ts.fp8_op.prims_ts_fp8_block_scale_routed_moe"
+)
+
+
+@pytest.mark.parametrize(
+    ("path", "build"),
+    [
+        (FP8_BLOCK, calls.prims_ts_fp8_block_scale_moe),
+        (FP8_BLOCK_ROUTED, calls.prims_ts_fp8_block_scale_routed_moe),
+    ],
+)
+def test_prims_ts_fp8_block_scale_calls_with_shuffled_weights_are_routed(monkeypatch, path, build):
+    call = build(_catalogue())
+    out = _route(monkeypatch, path, call.name, (), _bound(call, path))
+    seen = _hit(out)
+    assert torch.equal(out.result, _reference(call.name)(**seen))
+    assert out.result.abs().sum() > 0
+
+
+def test_prims_ts_fp8_block_scale_deepseek_routing_reads_none_as_flashinfer_does(monkeypatch):
+    # FlashInfer's routing reads routed_scaling_factor None as 1 and routing_bias None as no
+    # bias: the call is routed with those values.
+    call = calls.prims_ts_fp8_block_scale_moe(_catalogue())
+    kwargs = _bound(call, FP8_BLOCK)
+    given = dict(kwargs)
+    kwargs |= {"routed_scaling_factor": None, "routing_bias": None}
+    out = _route(monkeypatch, FP8_BLOCK, call.name, (), kwargs)
+    seen = _hit(out)
+    assert float(seen["routed_scaling_factor"]) == 1.0
+    assert not seen["routing_bias"].any()
+    given |= {"routed_scaling_factor": 1.0, "routing_bias": torch.zeros(16).bfloat16()}
+    again = _route(monkeypatch, FP8_BLOCK, call.name, (), given)
+    assert torch.equal(out.result, again.result) and out.result.abs().sum() > 0
+
+
+@pytest.mark.parametrize("method", [1, 4])
+def test_prims_ts_fp8_block_scale_renormalize_routing_reaches_its_family(monkeypatch, method):
+    name = "prims_ts_fp8_block_scale_moe_renorm_topk2_e8_h256_i128"
+    x, _ = _catalogue().inputs(name, seq_len=4)
+    args = (x["routing_logits"].bfloat16(), None, x["hidden_states"], x["hidden_states_scale"])
+    args += (x["gemm1_weights"], x["gemm1_weights_scale"], x["gemm2_weights"])
+    args += (x["gemm2_weights_scale"], 8, 2, None, None, 128, 0, 8, None)
+    kwargs = {"routing_method_type": method, "use_shuffled_weight": True}
+    out = _route(monkeypatch, FP8_BLOCK, name, args, kwargs)
+    seen = _hit(out)
+    assert torch.equal(out.result, _reference(name)(**seen))
+
+
+@pytest.mark.parametrize(
+    ("path", "build", "param", "value"),
+    [
+        # FlashInfer's default, which Prims-TS refuses.
+        (FP8_BLOCK, calls.prims_ts_fp8_block_scale_moe, "use_shuffled_weight", False),
+        (FP8_BLOCK, calls.prims_ts_fp8_block_scale_moe, "weight_layout", 2),
+        (FP8_BLOCK, calls.prims_ts_fp8_block_scale_moe, "num_fused_shared_experts", 1),
+        (FP8_BLOCK, calls.prims_ts_fp8_block_scale_moe, "gemm2_bias", torch.zeros(8, 256)),
+        (FP8_BLOCK, calls.prims_ts_fp8_block_scale_moe, "do_finalize", False),
+        (FP8_BLOCK_ROUTED, calls.prims_ts_fp8_block_scale_routed_moe, "weight_layout", 2),
+        (FP8_BLOCK_ROUTED, calls.prims_ts_fp8_block_scale_routed_moe, "gemm1_alpha", None),
+        (FP8_BLOCK_ROUTED, calls.prims_ts_fp8_block_scale_routed_moe, "routed_scaling_factor", 2.5),
+    ],
+)
+def test_prims_ts_fp8_block_scale_parameters_the_definition_does_not_model_are_refused(
+    monkeypatch, path, build, param, value
+):
+    call = build(_catalogue())
+    if value is None:  # a tensor where the definition models None
+        value = torch.ones(8)
+    out = _route(monkeypatch, path, call.name, (), _bound(call, path) | {param: value})
+    _refused(out, param)
+    assert out.originals[0][param] is value
+
+
+@pytest.mark.parametrize("path", [FP8_BLOCK, FP8_BLOCK_ROUTED])
+def test_prims_ts_fp8_block_scale_mxfp8_recipe_is_refused(monkeypatch, path):
+    from flashinfer.fused_moe import Fp8QuantizationType
+
+    build = {FP8_BLOCK: calls.prims_ts_fp8_block_scale_moe}.get(
+        path, calls.prims_ts_fp8_block_scale_routed_moe
+    )
+    call = build(_catalogue())
+    kwargs = _bound(call, path) | {"fp8_quantization_type": Fp8QuantizationType.MxFp8}
+    out = _route(monkeypatch, path, call.name, (), kwargs)
+    _refused(out, "fp8_quantization_type")
+
+
+def test_prims_ts_fp8_block_scale_routed_moe_undoes_flashinfers_shuffle(monkeypatch):
+    # FlashInfer's test of this API prepares the DeepSeek FP8 weights as quantized by
+    # prepare_trtllm_fp8_block_weights, each expert's rows shuffled with shuffle_matrix_a(w, 64).
+    import torch.nn.functional as F
+    from flashinfer import shuffle_matrix_a
+    from flashinfer.fused_moe.api import QuantConfig, QuantFormat
+    from flashinfer.fused_moe.prepare import (
+        prepare_trtllm_fp8_block_activations,
+        prepare_trtllm_fp8_block_weights,
+    )
+
+    torch.manual_seed(0)
+    experts, local, h, i, t = 16, 8, 256, 128, 6
+    quant = QuantConfig(QuantFormat.DeepSeekFp8, QuantFormat.DeepSeekFp8)
+    w1 = (torch.randn(local, 2 * i, h) / h**0.5).bfloat16()
+    w2 = (torch.randn(local, h, i) / i**0.5).bfloat16()
+    p = prepare_trtllm_fp8_block_weights(
+        w1, w2, quant=quant, num_local_experts=local, hidden_size=h, intermediate_size=i
+    )
+
+    def shuffled(w):
+        rows = [shuffle_matrix_a(w[e].view(torch.uint8), 64) for e in range(local)]
+        return torch.stack(rows).view(torch.float8_e4m3fn)
+
+    x = torch.randn(t, h).bfloat16()
+    xq, x_scale = prepare_trtllm_fp8_block_activations(x, quant=quant)
+    ids = torch.stack([torch.randperm(experts)[:2] for _ in range(t)])
+    ids[:, 0] = torch.randint(8, experts, (t,))  # every token reaches this rank's experts
+    weights = torch.rand(t, 2)
+    args = (_packed(ids, weights), None, xq, x_scale, shuffled(p["gemm1_weights"]))
+    args += (p["gemm1_weights_scale"], shuffled(p["gemm2_weights"]), p["gemm2_weights_scale"])
+    args += (experts, 2, None, None, i, 8, local, None)
+    kwargs = {"use_shuffled_weight": True}
+    out = _route(monkeypatch, FP8_BLOCK_ROUTED, calls.PT_FP8_BLOCK_ROUTED, args, kwargs)
+    _hit(out)
+    expected = torch.zeros(t, h)
+    wb = weights.bfloat16().float()
+    for tok in range(t):
+        for k in range(2):
+            e = int(ids[tok, k]) - 8
+            if e < 0:
+                continue  # another rank's expert
+            up, gate = (x[tok].float() @ w1[e].float().T).chunk(2)
+            expected[tok] += wb[tok, k] * ((F.silu(gate) * up) @ w2[e].float().T)
+    # float8 activations, weights and hand-offs: a few percent of the output's scale.
+    err = (out.result.float() - expected).abs().max() / expected.abs().max()
+    assert err < 0.1, err
+
+
+FP8_BLOCK_PARTITIONED = (
+    "flashinfer.fused_moe.backends.prims_ts.fp8_op.prims_ts_fp8_block_scale_moe_partitioned"
+)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "name", "i"),
+    [
+        (
+            "tp_n_tp_n",
+            "prims_ts_fp8_block_scale_moe_partitioned_renorm_tpnn_topk2_e8_h256_i128",
+            128,
+        ),
+        (
+            "tp_n_tp_k",
+            "prims_ts_fp8_block_scale_moe_partitioned_renorm_tpnk_topk2_e8_h256_i256",
+            256,
+        ),
+    ],
+)
+def test_prims_ts_fp8_block_scale_moe_partitioned_computes_the_moe_of_flashinfers_shards(
+    monkeypatch, strategy, name, i
+):
+    # Prepared MXFP8 weights and scales (random values in their layouts), cut into shards by
+    # FlashInfer's own sharding; the expected output reads the whole prepared tensors through
+    # FlashInfer's own trace helpers for that layout (128 x 4 unswizzle, row unshuffle and
+    # de-interleave), without the kernel's MXFP8 hand-off between the GEMMs.
+    import torch.nn.functional as F
+    from flashinfer.prims_ts.moe.partition import (
+        MoePartitionResources,
+        prepared_weight_layouts,
+        shard_prepared_moe_weights,
+    )
+    from flashinfer.trace.templates.gemm import _unswizzle_batched_sf_128x4
+    from flashinfer.trace.templates.moe import _trtllm_unshuffle_weight
+
+    torch.manual_seed(0)
+    e, h, t = 8, 256, 6
+    u8, f8 = torch.uint8, torch.float8_e4m3fn
+    g1 = torch.randn(e, 2 * i, h).to(f8)
+    g2 = torch.randn(e, h, i).to(f8)
+    s1 = torch.randint(118, 128, (e, 2 * i, h // 32), dtype=u8)
+    s2 = torch.randint(118, 128, (e, h, i // 32), dtype=u8)
+    l1, l2 = prepared_weight_layouts(
+        weight_dtype=f8,
+        weight_layout=0,
+        use_shuffled_weight=True,
+        scale_k_group_size=32,
+        scale_dtype=u8,
+    )
+    sh = shard_prepared_moe_weights(
+        g1,
+        g2,
+        strategy=strategy,
+        hidden_size=h,
+        intermediate_size=i,
+        fc1_layout=l1,
+        fc2_layout=l2,
+        fc1_scale=s1,
+        fc2_scale=s2,
+    )
+    logits = torch.randn(t, e).bfloat16()
+    x = torch.randn(t, h).to(f8)
+    x_scale = torch.randint(124, 130, (t, h // 32), dtype=u8)
+    args = (logits, None, None, None, x, x_scale, tuple(sh.fc1), tuple(sh.fc1_scale))
+    args += (tuple(sh.fc2), tuple(sh.fc2_scale), e, 2, None, None, i, 0, e)
+    args += (object.__new__(MoePartitionResources), strategy)
+    out = _route(monkeypatch, FP8_BLOCK_PARTITIONED, name, args, {"routing_method_type": 1})
+    _hit(out)
+
+    def dequant(w, s, rows, cols):
+        scales = torch.exp2(_unswizzle_batched_sf_128x4(s, e, rows, cols).float() - 127.0)
+        return w.float() * scales.repeat_interleave(32, dim=-1)
+
+    w13 = _trtllm_unshuffle_weight(dequant(g1, s1, 2 * i, h // 32), gated=True)
+    w2 = _trtllm_unshuffle_weight(dequant(g2, s2, h, i // 32), gated=False)
+    xs = x.float() * torch.exp2(x_scale.float() - 127.0).repeat_interleave(32, dim=-1)
+    top, ids = logits.float().topk(2, dim=-1)
+    weights = top.softmax(-1)
+    expected = torch.zeros(t, h)
+    for tok in range(t):
+        for k in range(2):
+            up, gate = (xs[tok] @ w13[ids[tok, k]].T).chunk(2)
+            expected[tok] += weights[tok, k] * ((F.silu(gate) * up) @ w2[ids[tok, k]].T)
+    # The kernel's MXFP8 SwiGLU output: a few percent of the output's scale.
+    err = (out.result.float() - expected).abs().max() / expected.abs().max()
+    assert err < 0.1, err
+
+
+@pytest.mark.parametrize(
+    ("param", "value"),
+    [
+        ("partition_strategy", "tp_k"),
+        ("weight_layout", 2),
+        ("use_shuffled_weight", False),
+        ("norm_topk_prob", False),
+        ("topk_ids", torch.zeros(5, 2, dtype=torch.int32)),
+    ],
+)
+def test_prims_ts_fp8_block_scale_moe_partitioned_unmodelled_parameters_are_refused(
+    monkeypatch, param, value
+):
+    call = calls.prims_ts_fp8_block_scale_moe_partitioned(_catalogue())
+    kwargs = _bound(call, FP8_BLOCK_PARTITIONED) | {param: value}
+    out = _route(monkeypatch, FP8_BLOCK_PARTITIONED, call.name, (), kwargs)
+    assert out.counts["hit"] == 0 and not out.seen, out.counts
+    assert param in str(out.counts["rules"]), out.counts
+    assert out.result == "flashinfer" and out.originals[0][param] is value
+
+
+def test_prims_ts_fp8_block_scale_moe_partitioned_deepseek_recipe_is_refused(monkeypatch):
+    # FlashInfer refuses DeepSeek FP8 for partitioned execution; so does the family.
+    from flashinfer.fused_moe import Fp8QuantizationType
+
+    call = calls.prims_ts_fp8_block_scale_moe_partitioned(_catalogue())
+    kwargs = _bound(call, FP8_BLOCK_PARTITIONED)
+    kwargs["fp8_quantization_type"] = Fp8QuantizationType.DeepSeekFp8
+    out = _route(monkeypatch, FP8_BLOCK_PARTITIONED, call.name, (), kwargs)
+    _refused(out, "fp8_quantization_type")
+
+
+def test_prims_ts_fp8_block_scale_moe_partitioned_padded_activation_scales_fall_back(
+    monkeypatch,
+):
+    # Prims-TS also takes the activation scales padded to 16 per token; the definition holds
+    # H / 32 of them, so such a call is not routed (and not broken).
+    call = calls.prims_ts_fp8_block_scale_moe_partitioned(_catalogue())
+    kwargs = _bound(call, FP8_BLOCK_PARTITIONED)
+    scale = kwargs["hidden_states_scale"].reshape(5, 8)
+    kwargs["hidden_states_scale"] = torch.cat([scale, torch.full_like(scale, 127)], dim=1)
+    out = _route(monkeypatch, FP8_BLOCK_PARTITIONED, call.name, (), kwargs)
+    assert out.counts["hit"] == 0 and not out.seen, out.counts
+    assert out.result == "flashinfer" and len(out.originals) == 1

@@ -561,6 +561,15 @@ NOT_FROM_THE_DEFINITION = {
     "flashinfer.fused_moe.backends.prims_ts.fp4_op.prims_ts_fp4_block_scale_moe_partitioned": (
         "parameters only its rules fix"
     ),
+    "flashinfer.fused_moe.backends.prims_ts.fp8_op.prims_ts_fp8_block_scale_moe": (
+        "parameters only its rules fix"
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp8_op.prims_ts_fp8_block_scale_routed_moe": (
+        "parameters only its rules fix"
+    ),
+    "flashinfer.fused_moe.backends.prims_ts.fp8_op.prims_ts_fp8_block_scale_moe_partitioned": (
+        "parameters only its rules fix"
+    ),
     "flashinfer.fused_moe.core.trtllm_fp4_block_scale_moe": "parameters only its rules fix",
     "flashinfer.fused_moe.core.trtllm_fp4_block_scale_routed_moe": "parameters only its rules fix",
     "flashinfer.fused_moe.core.trtllm_fp8_block_scale_routed_moe": "parameters only its rules fix",
