@@ -1043,6 +1043,28 @@ def test_a_moe_call_of_another_top_k_is_not_routed_to_a_top_k_axis_definition(mo
             assert not seen and counts["rules"] == {"top_k": 1} and len(calls) == 1, counts
 
 
+def test_a_deepseek_routed_fp8_block_scale_call_without_scaling_or_bias_is_routed(monkeypatch):
+    # FlashInfer reads routed_scaling_factor None as 1 (value_or(1.0)) and routing_bias None as
+    # no bias: the definition is handed those values, not the None (which made it raise).
+    path = "flashinfer.fused_moe.trtllm_fp8_block_scale_moe"
+    call = routable.ROUTABLE[path](_catalogue())
+    owner, attr = patching._locate(path)
+    calls: list = []
+    monkeypatch.setattr(owner, attr, _recorder(getattr(owner, attr), calls))
+    num_experts = call.args[8]
+    args = list(call.args)
+    args[1], args[15] = None, None  # routing_bias, routed_scaling_factor
+    seen: list = []
+    rt.enable_apply({call.name: _zeros_solution(call.name, seen)}, strict=True)
+    getattr(owner, attr)(*args, **call.kwargs)
+    assert rt.stats()[path]["hit"] == 1 and not calls
+    (inputs,) = seen
+    assert float(inputs["routed_scaling_factor"]) == 1.0
+    bias = inputs["routing_bias"]
+    assert bias.shape == (num_experts,) and bias.dtype == torch.bfloat16
+    assert bias.device == call.args[0].device
+
+
 def test_an_fp8_per_tensor_moe_call_of_another_top_k_is_refused(monkeypatch):
     # The same for the per-tensor-scale MoE, whose definitions hold top_k as a const axis.
     path = "flashinfer.fused_moe.trtllm_fp8_per_tensor_scale_moe"
