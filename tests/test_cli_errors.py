@@ -1,18 +1,20 @@
 """Every `fibgen` command, given wrong input of each kind, as a user would give it.
 
-Each case runs `python -m fibgen ...` in a fresh process, in its own copy of a workspace
-that holds what the commands take (a `.fidef` folder, a dataset, a solution folder, traces)
-and what they must refuse (a missing path, a file where a folder is expected, an empty
-folder, a `.fidef` with errors). A case fails on a Python traceback, on an exit code other
-than the one the rule gives (Note [exit codes] in fibgen/cli/console.py: 1 the input is
-wrong, 2 the command line is), on a message that does not say `error:` once at its start,
-and on any file written or changed in the workspace.
+Each case runs `python -m fibgen ...` in a process of its own (forked from one that has
+imported torch: Note [the command server] in tests/_cli_server.py), in its own copy of a
+workspace that holds what the commands take (a `.fidef` folder, a dataset, a solution
+folder, traces) and what they must refuse (a missing path, a file where a folder is
+expected, an empty folder, a `.fidef` with errors). A case fails on a Python traceback, on
+an exit code other than the one the rule gives (Note [exit codes] in fibgen/cli/console.py:
+1 the input is wrong, 2 the command line is), on a message that does not say `error:` once
+at its start, and on any file written or changed in the workspace.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
@@ -22,6 +24,8 @@ from pathlib import Path
 import pytest
 
 from fibgen.cli import main
+
+from _cli_server import CommandServer
 
 INPUT, USAGE = 1, 2  # the rule's exit codes for a wrong input and a wrong command line
 
@@ -211,7 +215,7 @@ def _snapshot(folder: Path) -> dict[str, bytes | None]:
 
 
 def _run(
-    argv: list[str], workspace: Path, scratch: Path
+    server: CommandServer, argv: list[str], workspace: Path, scratch: Path
 ) -> tuple[subprocess.CompletedProcess, bool]:
     """Run one case in its own copy of the workspace; (result, whether the copy is as it was)."""
     here = scratch / f"case{CASES.index((argv, _code(argv)))}"
@@ -219,24 +223,32 @@ def _run(
     before = _snapshot(here)
     env = {k: v for k, v in os.environ.items() if k != "FIBGEN_DATASET_PATH"}
     env["FIBGEN_CACHE_DIR"] = str(scratch / "cache")
-    proc = subprocess.run(
-        [sys.executable, "-m", "fibgen", *argv],
-        cwd=here,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = server.run(argv, here, env)
     return proc, _snapshot(here) == before
 
 
 @pytest.fixture(scope="module")
 def results(workspace, tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, bool]]:
-    """Every case's result; the cases run a few at a time (each mostly waits on imports)."""
+    """Every case's result; two command servers run them, one case each at a time."""
     scratch = tmp_path_factory.mktemp("runs")
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {_id(argv): pool.submit(_run, argv, workspace, scratch) for argv, _ in CASES}
-        return {key: future.result() for key, future in futures.items()}
+    servers: queue.Queue[CommandServer] = queue.Queue()
+    for _ in range(2):
+        servers.put(CommandServer())
+
+    def one(argv: list[str]) -> tuple[subprocess.CompletedProcess, bool]:
+        server = servers.get()
+        try:
+            return _run(server, argv, workspace, scratch)
+        finally:
+            servers.put(server)
+
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            futures = {_id(argv): pool.submit(one, argv) for argv, _ in CASES}
+            return {key: future.result() for key, future in futures.items()}
+    finally:
+        while not servers.empty():
+            servers.get().close()
 
 
 def _code(argv: list[str]) -> int:
@@ -268,3 +280,31 @@ def test_wrong_input_gets_a_message_and_the_exit_code_of_the_rule(argv, code, re
     assert err.startswith(("error: ", "usage: ")), err
     assert "error:" in err and "error: error:" not in err, err
     assert unchanged, f"`fibgen {_id(argv)}` wrote into the workspace"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "argv", [["--version"], ["check", "bad"], ["bench", "ds", "--repeat", "0"], ["list", "defs"]]
+)
+def test_the_command_server_answers_as_a_fresh_process(argv, workspace):
+    # What the cases above see through the server is what `python -m fibgen` prints and
+    # returns: the same exit code, stdout and stderr, byte for byte.
+    env = {k: v for k, v in os.environ.items() if k != "FIBGEN_DATASET_PATH"}
+    fresh = subprocess.run(
+        [sys.executable, "-m", "fibgen", *argv],
+        cwd=workspace,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    server = CommandServer()
+    try:
+        forked = server.run(argv, workspace, env)
+    finally:
+        server.close()
+    assert (forked.returncode, forked.stdout, forked.stderr) == (
+        fresh.returncode,
+        fresh.stdout,
+        fresh.stderr,
+    )
