@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from fibgen.cli import main
-from fibgen.format.jsonio import load_solution
 from fibgen.codegen.scaffold import ScaffoldError, scaffold_solution
+from fibgen.format.jsonio import load_solution
+from fibgen.runtime.checking import testing
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFINITIONS = str(ROOT / "definitions")
@@ -46,22 +47,40 @@ def _run_generated_test(built: Path, solutions: Path, definition: str) -> str:
     return proc.stdout
 
 
+VARIANTS = [("triton", True), ("triton", False), ("python", True), ("python", False)]
+
+
+def _author(dps: bool) -> str:
+    return "me_dps" if dps else "me_values"
+
+
+@pytest.fixture(scope="module")
+def scaffolded(built, tmp_path_factory):
+    """The four scaffolds side by side in one solutions folder, and the output of the family's
+    generated test run once over them: it checks every solution it finds (a pytest process
+    per scaffold cost four interpreter and Triton starts for the same test)."""
+    solutions = tmp_path_factory.mktemp("scaffolds") / "solutions"
+    results = {
+        (language, dps): scaffold_solution(
+            "rmsnorm_h4096",
+            language=language,
+            author=_author(dps),
+            dps=dps,
+            output=solutions,
+            definitions=DEFINITIONS,
+        )
+        for language, dps in VARIANTS
+    }
+    return solutions, results, _run_generated_test(built, solutions, "rmsnorm_h4096")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "language, dps", [("triton", True), ("triton", False), ("python", True), ("python", False)]
-)
-def test_fresh_scaffold_passes_its_generated_test(built, tmp_path, language, dps):
-    solutions = tmp_path / "solutions"
-    result = scaffold_solution(
-        "rmsnorm_h4096",
-        language=language,
-        author="me",
-        dps=dps,
-        output=solutions,
-        definitions=DEFINITIONS,
-    )
+@pytest.mark.parametrize("language, dps", VARIANTS)
+def test_fresh_scaffold_passes_its_generated_test(scaffolded, language, dps):
+    solutions, results, _ = scaffolded
+    result = results[language, dps]
     name = f"{language}_rmsnorm_h4096"
-    assert result.folder == solutions / "me" / "rmsnorm" / "rmsnorm_h4096" / name
+    assert result.folder == solutions / _author(dps) / "rmsnorm" / "rmsnorm_h4096" / name
     solution = load_solution(result.solution_json)
     assert solution.spec.entry_point == "main.py::run"
     assert solution.spec.destination_passing_style is dps
@@ -72,7 +91,9 @@ def test_fresh_scaffold_passes_its_generated_test(built, tmp_path, language, dps
     assert f"def run({signature}):" in main_py
     if language == "triton":
         assert "@triton.jit" in main_py
-    _run_generated_test(built, solutions, "rmsnorm_h4096")
+    # The generated test, run over the four (the fixture), found this one among them.
+    found = testing.find_solutions(solutions, "rmsnorm_h4096")
+    assert result.solution_json.resolve() in [p.resolve() for p in found]
 
 
 @pytest.mark.slow
