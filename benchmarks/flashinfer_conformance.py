@@ -1794,31 +1794,71 @@ def _gdn_cases() -> list[Case]:
             )
         )
     name = "gdn_mtp_qk4_v8_d128_k_last"
-    for batch, seq_len, disable in ((1, 2, True), (4, 3, None), (2, 2, False)):
+    # (batch, seq_len, disable_state_update, with the intermediate buffer, the rule). A call
+    # with the buffer goes to FlashInfer (the family's rule: it writes the buffer by batch row).
+    grid = (
+        (1, 2, True, False, None),
+        (4, 3, None, False, None),
+        (2, 2, False, False, "disable_state_update"),
+        (3, 2, True, True, "intermediate_states_buffer"),
+    )
+    for batch, seq_len, disable, buffered, rule in grid:
 
-        def mtp(batch=batch, seq_len=seq_len, disable=disable, name=name):
+        def mtp(batch=batch, seq_len=seq_len, disable=disable, buffered=buffered, name=name):
             import flashinfer.gdn_decode
 
             x = _inputs(name, 71, batch_size=batch, seq_len=seq_len, pool_size=2 * batch + 1)
             names = ("q", "k", "v", "initial_state", "initial_state_indices", "A_log", "a")
             args = [x[k] for k in names] + [x["dt_bias"], x["b"]]
-            buffer = x["intermediate_states_buffer"]
+            buffer = x["intermediate_states_buffer"] if buffered else None
             result = flashinfer.gdn_decode.gated_delta_rule_mtp(
                 *args,
                 scale=float(x["scale"]),
                 intermediate_states_buffer=buffer,
                 disable_state_update=disable,
             )
-            return (*_pair(result, "gated_delta_rule_mtp"), buffer)
+            return (*_pair(result, "gated_delta_rule_mtp"), *([buffer] if buffered else []))
 
+        label = f"{name} batch={batch} seq_len={seq_len} disable_state_update={disable}"
         out.append(
             Case(
                 "flashinfer.gdn_decode.gated_delta_rule_mtp",
-                f"{name} batch={batch} seq_len={seq_len} disable_state_update={disable}",
+                label + (" intermediate_states_buffer" if buffered else ""),
                 mtp,
                 {name: solution(name)},
-                expect=None if disable in (None, True) else "disable_state_update",
+                expect=rule,
                 variant="gdn:mtp",
+            )
+        )
+    name = "gdn_decode_pool_qk4_v8_d128"
+    for batch, pool_size in ((1, 3), (5, 9)):
+
+        def pool(batch=batch, pool_size=pool_size, name=name):
+            import flashinfer.gdn_decode
+
+            x = _inputs(name, 81, batch_size=batch, pool_size=pool_size)
+            result = flashinfer.gdn_decode.gated_delta_rule_decode_pretranspose(
+                x["q"],
+                x["k"],
+                x["v"],
+                None,
+                x["A_log"],
+                x["a"],
+                x["dt_bias"],
+                x["b"],
+                scale=float(x["scale"]),
+                initial_state=x["pool"],
+                initial_state_indices=x["slots"],
+            )
+            return _pair(result, "gated_delta_rule_decode_pretranspose")
+
+        out.append(
+            Case(
+                "flashinfer.gdn_decode.gated_delta_rule_decode_pretranspose",
+                f"{name} batch={batch} pool_size={pool_size}",
+                pool,
+                {name: solution(name)},
+                variant="gdn:pool",
             )
         )
     return out
