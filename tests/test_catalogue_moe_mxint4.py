@@ -123,3 +123,21 @@ def test_mxint4_reference_is_the_moe_of_flashinfers_prepared_weights(monkeypatch
                 expected[t] += weights[t, k] * (W2[e] @ act)
     assert expected.abs().max() > 0.05  # this rank's experts are hit
     torch.testing.assert_close(got.float(), expected, atol=2e-3, rtol=2e-2)
+
+
+def test_mxint4_without_routing_bias_is_routed_as_a_zero_bias(monkeypatch):
+    # FlashInfer reads routing_bias None as no bias (as for the FP8 block-scale MoE): the
+    # definition is handed zeros, and the result is the call's with a zero bias.
+    call = calls.trtllm_mxint4_block_scale_moe(_catalogue())
+    args = list(call.args)
+    num_experts = args[10]
+    args[1] = None
+    outcome = _route(monkeypatch, MXINT4, call.name, tuple(args), call.kwargs)
+    seen = _hit(outcome)
+    bias = seen["routing_bias"]
+    assert bias.shape == (num_experts,) and bias.dtype == torch.bfloat16
+    assert not bias.any()
+    args[1] = torch.zeros(num_experts, dtype=torch.bfloat16)
+    with_zeros = _route(monkeypatch, MXINT4, call.name, tuple(args), call.kwargs)
+    _hit(with_zeros)
+    assert torch.equal(outcome.result[0], with_zeros.result[0])
