@@ -432,3 +432,24 @@ def test_from_definition_json_and_size_estimate():
     x = generate_inputs(spec, {"batch_size": 3})
     assert x["hidden_states"].shape == (3, 8) and bool((x["weight"] == 1).all())
     assert estimate_nbytes(spec, {"batch_size": 3}) == (24 + 8) * 2
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_random_16_bit_fills_are_unit_normals_drawn_in_their_dtype(dtype):
+    # Note [16-bit normals]: drawn in the dtype, with float32's values whenever the count is a
+    # multiple of 16, and a unit normal's spread at any count.
+    def spec(v: int) -> InputSpec:
+        return InputSpec(
+            name="half",
+            axes=(("n", "var", None), ("v", "const", v)),
+            inputs=(("a", dtype, ("n", "v"), False, None),),
+        )
+
+    drawn = generate_inputs(spec(1024), {"n": 3}, seed=7)["a"]
+    assert drawn.dtype == getattr(torch, dtype)
+    rounded = torch.randn((3, 1024), generator=torch.Generator().manual_seed(7))
+    assert torch.equal(drawn, rounded.to(drawn.dtype))
+    odd = generate_inputs(spec(4097), {"n": 5}, seed=7)["a"].float()
+    assert bool(odd.isfinite().all())
+    assert abs(float(odd.mean())) < 0.02 and abs(float(odd.std()) - 1) < 0.02
+    assert torch.equal(odd, generate_inputs(spec(4097), {"n": 5}, seed=7)["a"].float())

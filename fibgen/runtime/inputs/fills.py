@@ -6,6 +6,12 @@ Note [fp8 from bits]: random float8 fills are built from random bytes, not by ro
 take an eighth of that. Each byte keeps a random sign and the low exponent and mantissa bits;
 the high exponent bits are fixed so that every value is a normal number of magnitude in
 [1/8, 2): never NaN, Inf, zero or subnormal, with a spread close to a unit normal's.
+
+Note [16-bit normals]: a random float16 or bfloat16 fill is drawn in its own dtype, not drawn
+in float32 and rounded. torch draws the same float32 normals either way and rounds each (the
+values are equal bit for bit whenever the element count is a multiple of 16, and from the same
+distribution otherwise), but skips the float32 tensor: half the time and a third of the
+memory traffic for the large weights of a GEMM or an MoE at model shapes.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ DEFAULT_MAX_LEN = 8
 # s.eeee.mmm with the exponent forced to 0b01xx (2^-3..2^0); e5m2: s.eeeee.mm with the
 # exponent forced to 0b011xx (2^-3..2^0).
 _FP8_BITS = {"float8_e4m3fn": (0x9F, 0x20), "float8_e5m2": (0x8F, 0x30)}
+# Note [16-bit normals]
+_DRAWN_IN_DTYPE = frozenset({"float16", "bfloat16"})
 
 
 class Fills:
@@ -169,6 +177,8 @@ class Fills:
                 return torch.randint(0, 2, shape, generator=rng).bool()
             if dtype in INT_DTYPES:
                 return torch.randint(0, 4, shape, generator=rng).to(torch_dtype(dtype))
+            if dtype in _DRAWN_IN_DTYPE:  # Note [16-bit normals]
+                return torch.randn(shape, generator=rng, dtype=torch_dtype(dtype))
             return self._finish(torch.randn(shape, generator=rng), dtype)
         if kind == "zeros":
             return torch.zeros(shape, dtype=torch_dtype(dtype))
