@@ -169,13 +169,15 @@ class RuleChecker:
                 rule.target_span,
                 _help(rule.target, self._known_params(), "parameters"),
             )
-        elif param.default != "None":
-            had = "no default" if param.default is None else f"default `{param.default}`"
+        elif param.default not in (None, "None"):
+            # A parameter without a default may still be passed a None (FlashInfer's MoEs take
+            # `routing_bias` so); one whose default is a value never gets a None from it.
             self.err(
-                f"`default {rule.target}` stands for a None, but `{rule.target}` has {had}",
+                f"`default {rule.target}` stands for a None, but `{rule.target}` has default "
+                f"`{param.default}`",
                 rule.target_span,
-                "`default` resolves a parameter whose API default is None; use `let` to "
-                "replace a value, or require one",
+                "`default` resolves a parameter whose API default is None, or that has none; "
+                "use `let` to replace a value, or require one",
             )
         self._expression(rule.expr, "`default`")
         self._let_stage(rule)
