@@ -453,3 +453,53 @@ def test_random_16_bit_fills_are_unit_normals_drawn_in_their_dtype(dtype):
     assert bool(odd.isfinite().all())
     assert abs(float(odd.mean())) < 0.02 and abs(float(odd.std()) - 1) < 0.02
     assert torch.equal(odd, generate_inputs(spec(4097), {"n": 5}, seed=7)["a"].float())
+
+
+@pytest.mark.parametrize(
+    "dtype,hint",
+    [
+        ("bfloat16", None),
+        ("float32", "normal(mean=1.0, std=0.5)"),
+        ("float8_e4m3fn", None),
+        ("float4_e2m1", None),
+        ("int8", None),
+        ("int32", "range(lo=-50, hi=50)"),
+    ],
+)
+def test_a_large_random_fill_repeats_a_prime_period_and_no_row_repeats(dtype, hint):
+    # Note [large random fills]: above TILE_ABOVE elements one drawn period is repeated.
+    from fibgen.runtime.inputs.fills import TILE_ABOVE, TILE_PERIOD
+    from fibgen.runtime.inputs.specs import torch_dtype
+
+    cols = 4096
+    rows = TILE_ABOVE // cols + 3  # just above the threshold, not a whole number of periods
+    spec = InputSpec(
+        name="big",
+        axes=(("n", "var", None), ("k", "const", cols)),
+        inputs=(("w", dtype, ("n", "k"), False, hint),),
+    )
+    w = generate_inputs(spec, {"n": rows}, seed=3)["w"]
+    assert w.shape == (rows, cols) and w.dtype == torch_dtype(dtype)
+    flat = w.reshape(-1).view(torch.uint8) if w.element_size() == 1 else w.reshape(-1)
+    period = flat[:TILE_PERIOD]
+    whole = flat.numel() // TILE_PERIOD
+    for i in range(1, whole):
+        assert torch.equal(flat[i * TILE_PERIOD : (i + 1) * TILE_PERIOD], period)
+    tail = flat[whole * TILE_PERIOD :]
+    assert tail.numel() > 0 and torch.equal(tail, period[: tail.numel()])
+    # No row equals another: a kernel that reads the wrong row reads other values.
+    heads = {tuple(r.tolist()) for r in w.reshape(rows, -1).view(torch.uint8)[:, :64]}
+    assert len(heads) == rows
+    assert torch.equal(
+        w.view(torch.uint8), generate_inputs(spec, {"n": rows}, seed=3)["w"].view(torch.uint8)
+    )
+    # The same distribution as a fill drawn element by element.
+    small = generate_inputs(spec, {"n": 256}, seed=3)["w"]
+    if dtype in ("bfloat16", "float32", "int32", "int8"):
+        big, each = w.float(), small.float()
+        assert abs(float(big.mean() - each.mean())) < 0.05 * max(1.0, float(each.std()))
+        assert abs(float(big.std() / each.std()) - 1) < 0.05
+    # Below the threshold, nothing repeats.
+    below = generate_inputs(spec, {"n": TILE_PERIOD // cols + 300}, seed=3)["w"].reshape(-1)
+    below = below.view(torch.uint8) if below.element_size() == 1 else below
+    assert not torch.equal(below[TILE_PERIOD : TILE_PERIOD + 256], below[:256])
