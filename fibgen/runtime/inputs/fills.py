@@ -17,12 +17,12 @@ Note [large random fills]: an elementwise random fill of more than ``TILE_ABOVE`
 draws ``TILE_PERIOD`` values (a prime, about a million) and repeats them to the end, a copy at
 memory speed instead of a draw per element: the bfloat16 weights of a GEMM of 57344 x 8192
 took 2.6 s to draw and take 0.2 s (one thread: 0.4 s) this way, and such draws were most of
-the time the generated tests spent making inputs. The values keep their distribution, and because the period is a prime
-larger than any row, two elements share a value only when their flat offsets differ by a
-multiple of it: no two rows, columns, experts or pages of a tensor of fewer than a million
-rows repeat each other, so a kernel that reads the wrong one still reads other values. Fills
-that are not elementwise (indptr, indices, probabilities, the packed formats) draw every
-element.
+the time the generated tests spent making inputs. The values keep their distribution, and
+because the period is a prime larger than any row, two elements share a value only when their
+flat offsets differ by a multiple of it: no two rows, columns, experts or pages of a tensor of
+fewer than a million rows repeat each other, so a kernel that reads the wrong one still reads
+other values. Fills that are not elementwise (indptr, indices, probabilities, the packed
+formats) draw every element.
 """
 
 from __future__ import annotations
