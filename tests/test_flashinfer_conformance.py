@@ -13,19 +13,21 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import shutil
+import subprocess
 import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
-
 from _shared import require_module
 
 require_module("flashinfer", "flashinfer-python 0.7.2.post1 is not installed (see .ci/run)")
 
 import _flashinfer_cpu as cpu  # noqa: E402
 import flashinfer  # noqa: E402
+
 import fibgen.runtime as rt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +76,7 @@ def test_every_api_of_the_catalogue_has_cases_or_says_why_not():
     assert not covered & set(pending)
     assert all(why for why in pending.values())
     # The names of kernels that run only on Blackwell each name some API of the catalogue.
-    finals = {api.rsplit(".", 1)[-1] for api in apis}
+    finals = {name for api in apis for name in s._kernel_name(api)}
     assert s._SM100_ONLY <= finals, sorted(s._SM100_ONLY - finals)
     assert {"gdn", "moe"} <= set(s.GROUPS)
 
@@ -203,3 +205,69 @@ def test_a_result_flashinfer_itself_does_not_reproduce_is_not_run(monkeypatch):
     # FlashInfer gives `fixed` both times while apply on gave `other`: a failure.
     outcome = m.run_case(_api_case([fixed, fixed]))
     assert outcome.not_run is None and outcome.failure.startswith("result 0 differs")
+
+
+# ---------------------------------------------------------------------------------------
+# The SM90 weight interleave built alone (--interleave-alone)
+# ---------------------------------------------------------------------------------------
+
+
+def test_interleave_alone_points_flashinfer_at_its_module_and_back(monkeypatch):
+    import flashinfer.fused_moe.core as core
+
+    s = suite()
+    whole = core.get_cutlass_fused_moe_module
+    built = object()
+    monkeypatch.setattr(s, "_interleave_module", [built])
+    monkeypatch.setattr(s, "INTERLEAVE_ALONE", False)
+    with s._interleave_kernels():
+        assert core.get_cutlass_fused_moe_module is whole
+    assert not any("built alone" in c.label for c in s._moe_routing_cases())
+    monkeypatch.setattr(s, "INTERLEAVE_ALONE", True)
+    with s._interleave_kernels():
+        assert core.get_cutlass_fused_moe_module("90") is built
+    assert core.get_cutlass_fused_moe_module is whole
+    labels = [c.label for c in s._moe_routing_cases() if "built alone" in c.label]
+    # the three weight interleaves and Humming's interleaved layout; not the logical one
+    assert len(labels) == 4 and not any("logical" in label for label in labels)
+    with pytest.raises(RuntimeError, match="inside"):
+        with s._interleave_kernels():
+            raise RuntimeError("inside")
+    assert core.get_cutlass_fused_moe_module is whole
+
+
+def test_the_module_built_alone_exports_what_flashinfer_calls(monkeypatch):
+    import inspect
+
+    import flashinfer.fused_moe.prepare as prepare
+
+    s = suite()
+    called = "module.interleave_moe_weights_for_sm90_mixed_gemm("
+    assert called in inspect.getsource(prepare.interleave_moe_weights_for_sm90_mixed_gemm)
+    binding = (ROOT / "benchmarks" / "sm90_interleave.cu").read_text()
+    assert "TVM_FFI_DLL_EXPORT_TYPED_FUNC(interleave_moe_weights_for_sm90_mixed_gemm," in binding
+    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "9.0a")  # no GPU to detect it from
+    spec = s._interleave_spec()
+    assert [p.name for p in spec.sources] == ["moe_gemm_mixed_utils.cu", "sm90_interleave.cu"]
+    assert all(p.is_file() for p in spec.sources)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="compiling CUDA needs nvcc")
+def test_the_interleave_kernels_compile_alone_with_flashinfers_flags(tmp_path, monkeypatch):
+    # FlashInfer's own build file for the module, objects only: linking needs the driver.
+    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
+    spec = suite()._interleave_spec()
+    monkeypatch.setattr(type(spec), "build_dir", property(lambda self: tmp_path))
+    monkeypatch.setattr(type(spec), "ninja_path", property(lambda self: tmp_path / "build.ninja"))
+    spec.write_ninja()
+    targets = subprocess.run(
+        ["ninja", "-C", str(tmp_path), "-t", "targets", "all"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    objects = [line.split(":")[0] for line in targets.splitlines() if ".o:" in line]
+    assert len(objects) == 2, targets
+    done = subprocess.run(["ninja", "-C", str(tmp_path), *objects], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert all((tmp_path / o).stat().st_size > 0 for o in objects)
