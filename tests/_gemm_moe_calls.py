@@ -127,9 +127,18 @@ def batch_deepgemm(c: Catalogue) -> Any:
     return _call(DEEPGEMM, args, kwargs | {"out_dtype": torch.bfloat16, "backend": "deepgemm"})
 
 
+def tma_aligned(scale: torch.Tensor) -> torch.Tensor:
+    """Per-token scales [M, K // 128] in the layout FlashInfer 0.7.2's SM90 block-scaled GEMM
+    reads: M-major, M padded to a multiple of 4 (Note [blockscale input scales])."""
+    m, blocks = scale.shape
+    padded = scale.new_zeros(blocks, (m + 3) // 4 * 4)
+    padded[:, :m] = scale.T
+    return padded.T[:m]
+
+
 def fp8_blockscale_gemm_sm90(c: Catalogue) -> Any:
     x, axes = c.inputs(SM90, M=3)
-    kwargs = {"input_scale": x["input_scale"], "weight_scale": x["weight_scale"]}
+    kwargs = {"input_scale": tma_aligned(x["input_scale"]), "weight_scale": x["weight_scale"]}
     kwargs |= {"out": c.buffer(SM90, "out", axes), "out_dtype": torch.bfloat16}
     return _call(SM90, (x["input"], x["weight"]), kwargs)
 

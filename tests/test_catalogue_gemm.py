@@ -204,6 +204,28 @@ def test_fp8_blockscale_gemm_sm90_with_bfloat16_operands_is_refused(monkeypatch)
     assert out.result == "flashinfer" and len(out.originals) == 1
 
 
+def test_fp8_blockscale_gemm_sm90_routes_only_the_scale_layout_its_kernel_reads(monkeypatch):
+    # Note [blockscale input scales]: FlashInfer 0.7.2's kernel reads input_scale as
+    # M-major memory with M padded to a multiple of 4, whatever the strides; the row-major
+    # tensor of its docstring gives another result on an H100, so such calls go to it.
+    path = "flashinfer.gemm.fp8_blockscale_gemm_sm90"
+    x, _ = _catalogue().inputs(calls.SM90, M=3)
+    scale = x["input_scale"]
+    for laid_out in (scale, scale.T.contiguous().T):  # row-major; M-major, M not padded
+        args = (x["input"], x["weight"], laid_out, x["weight_scale"])
+        _refused(_route(monkeypatch, path, calls.SM90, args, {}), "input_scale")
+    aligned = calls.tma_aligned(scale)
+    assert aligned.stride() == (1, 4) and torch.equal(aligned, scale)
+    strided_weight = x["weight_scale"].T.contiguous().T
+    args = (x["input"], x["weight"], aligned, strided_weight)
+    _refused(_route(monkeypatch, path, calls.SM90, args, {}), "weight_scale")
+    args = (x["input"], x["weight"], aligned, x["weight_scale"])
+    out = _route(monkeypatch, path, calls.SM90, args, {})
+    seen = _hit(out)
+    expected = _reference(calls.SM90)(**(seen | {"input_scale": scale}))
+    assert torch.equal(out.result, expected)
+
+
 def test_mm_bf16_hands_the_solution_the_column_major_weight_as_given(monkeypatch):
     path = "flashinfer.gemm.mm_bf16"
     c = _catalogue()
