@@ -1187,6 +1187,33 @@ def _sm90_more_cases() -> list[Case]:
             concat,
             name,
         )
+    # Note [blockscale input scales] (definitions/gemm_fp8.fidef): the kernel reads the
+    # per-token scales M-major, M padded to a multiple of 4; the row-major tensor its
+    # docstring names must fall back.
+    name = "fp8_blockscale_gemm_sm90_n2112_k7168"
+    for m, aligned in ((1, True), (5, True), (77, True), (128, True), (5, False)):
+
+        def blockscale(name=name, m=m, aligned=aligned):
+            x = _inputs(name, 281, M=m)
+            scale = x["input_scale"]
+            if aligned:
+                padded = scale.new_zeros(scale.shape[1], (m + 3) // 4 * 4)
+                padded[:, :m] = scale.T
+                scale = padded.T[:m]
+            return (
+                flashinfer.gemm.fp8_blockscale_gemm_sm90(
+                    x["input"], x["weight"], scale, x["weight_scale"]
+                ),
+            )
+
+        case(
+            "flashinfer.gemm.fp8_blockscale_gemm_sm90",
+            f"{name} M={m} input_scale " + ("M-major aligned" if aligned else "row-major"),
+            blockscale,
+            name,
+            expect=None if aligned else "input_scale",
+            variant="fp8_blockscale",
+        )
     name = "gemm_fp8_per_tensor_N4096_K4096"
 
     def cublas_fp8():
