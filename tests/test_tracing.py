@@ -320,19 +320,27 @@ time.sleep(60)
 @pytest.mark.parametrize("previous", ["default", "custom"])
 def test_sigterm_flushes_every_record(tmp_path, previous):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), *sys.path]))
-    child = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(_CHILD), str(tmp_path), previous],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    # The child's stderr goes to a file: a pipe nobody reads until the child exits would
+    # block a child that writes more than the pipe holds, and the wait would time out.
+    err = tmp_path / "child.stderr"
+    with err.open("w") as sink:
+        child = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(_CHILD), str(tmp_path), previous],
+            stdout=subprocess.PIPE,
+            stderr=sink,
+            text=True,
+            env=env,
+        )
     try:
-        assert child.stdout.readline().strip() == "ready", child.stderr.read()
+        assert child.stdout.readline().strip() == "ready", err.read_text()[-3000:]
         child.send_signal(signal.SIGTERM)
-        child.wait(timeout=60)
+        try:
+            child.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"no exit 60 s after SIGTERM; its stderr: {err.read_text()[-3000:]}")
     finally:
         child.kill()
+        child.stdout.close()
     # Our handler flushed, then chained: to the default action, or to the one it replaced.
     if previous == "default":
         assert child.returncode == -signal.SIGTERM
