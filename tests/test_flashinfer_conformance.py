@@ -236,6 +236,16 @@ def test_interleave_alone_points_flashinfer_at_its_module_and_back(monkeypatch):
     assert core.get_cutlass_fused_moe_module is whole
 
 
+def _target_sm90(monkeypatch):
+    """Builds for SM90 with no GPU to detect it from. FlashInfer keeps the architectures it
+    detects in one shared set, refreshed in place from the environment; the set is swapped
+    for this test's own so that later tests still see a machine without GPUs."""
+    from flashinfer.jit import core
+
+    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
+    monkeypatch.setattr(core.current_compilation_context, "TARGET_CUDA_ARCHS", set())
+
+
 def test_the_module_built_alone_exports_what_flashinfer_calls(monkeypatch):
     import inspect
 
@@ -246,7 +256,7 @@ def test_the_module_built_alone_exports_what_flashinfer_calls(monkeypatch):
     assert called in inspect.getsource(prepare.interleave_moe_weights_for_sm90_mixed_gemm)
     binding = (ROOT / "benchmarks" / "sm90_interleave.cu").read_text()
     assert "TVM_FFI_DLL_EXPORT_TYPED_FUNC(interleave_moe_weights_for_sm90_mixed_gemm," in binding
-    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "9.0a")  # no GPU to detect it from
+    _target_sm90(monkeypatch)
     spec = s._interleave_spec()
     assert [p.name for p in spec.sources] == ["moe_gemm_mixed_utils.cu", "sm90_interleave.cu"]
     assert all(p.is_file() for p in spec.sources)
@@ -255,7 +265,7 @@ def test_the_module_built_alone_exports_what_flashinfer_calls(monkeypatch):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="compiling CUDA needs nvcc")
 def test_the_interleave_kernels_compile_alone_with_flashinfers_flags(tmp_path, monkeypatch):
     # FlashInfer's own build file for the module, objects only: linking needs the driver.
-    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
+    _target_sm90(monkeypatch)
     spec = suite()._interleave_spec()
     monkeypatch.setattr(type(spec), "build_dir", property(lambda self: tmp_path))
     monkeypatch.setattr(type(spec), "ninja_path", property(lambda self: tmp_path / "build.ninja"))
