@@ -108,6 +108,11 @@ def test_the_suite_lists_its_cases_and_helps_on_a_cpu(capsys, monkeypatch):
     assert "falls back by use_shuffled_weight" in out and "moe:" in out
     monkeypatch.setattr(sys, "argv", ["flashinfer_conformance.py", "--only", "nothing"])
     assert s.main() == 2
+    monkeypatch.setattr(sys, "argv", ["flashinfer_conformance.py", "--list"])
+    assert s.main() == 0
+    out = capsys.readouterr().out
+    assert "not yet run on a GPU: attention_more (" in out
+    assert "no case: flashinfer.pod.PODWithPagedKVCacheWrapper.run" not in out
 
 
 # ---------------------------------------------------------------------------------------
@@ -132,6 +137,38 @@ def _mla_stand_in(monkeypatch):
         monkeypatch.setattr(cls, name, cpu._keeping_signature(getattr(cls, name), body))
 
 
+def _more_stand_ins(monkeypatch):
+    """The block-sparse, cascade, BatchAttention and POD wrappers under their signatures:
+    the constructor keeps the layout, plan assigns what FlashInfer's plan assigns (Note
+    [plan state]), run returns zeros."""
+    import flashinfer.attention
+    import flashinfer.cascade
+    import flashinfer.pod
+    import flashinfer.sparse
+
+    def init(self, *args, **kwargs):
+        given = [a for a in (*args, *kwargs.values()) if a in ("NHD", "HND")]
+        self._kv_layout = given[0] if given else "NHD"
+
+    def plan(self, *args, **kwargs):
+        self._pos_encoding_mode = kwargs.get("pos_encoding_mode", "NONE")
+        self._plan_info = object()
+
+    def run(self, q, *args, **kwargs):
+        return torch.zeros_like(q)
+
+    for cls in (
+        flashinfer.sparse.BlockSparseAttentionWrapper,
+        flashinfer.sparse.VariableBlockSparseAttentionWrapper,
+        flashinfer.cascade.MultiLevelCascadeAttentionWrapper,
+        flashinfer.attention.BatchAttention,
+        flashinfer.pod.PODWithPagedKVCacheWrapper,
+        flashinfer.pod.BatchPODWithPagedKVCacheWrapper,
+    ):
+        for name, body in (("__init__", init), ("plan", plan), ("run", run)):
+            monkeypatch.setattr(cls, name, cpu._keeping_signature(getattr(cls, name), body))
+
+
 @pytest.mark.parametrize(
     "group",
     [
@@ -148,12 +185,15 @@ def _mla_stand_in(monkeypatch):
         "basic_more",
         "norm_quant",
         "mhc",
+        "attention_more",
+        "xqa",
     ],
 )
 def test_the_wrapper_cases_route_or_fall_back_as_the_suite_expects(group, monkeypatch):
     cpu.decode_wrapper_on_cpu(monkeypatch)
     cpu.prefill_wrappers_that_record(monkeypatch)
     _mla_stand_in(monkeypatch)
+    _more_stand_ins(monkeypatch)
     wrong, unrunnable = [], []
     for case in cases(group):
         with warnings.catch_warnings():
