@@ -3131,6 +3131,136 @@ def _xqa_cases() -> list[Case]:
     return out
 
 
+def _fmha_v2_call(var: Var, layout: str, kv_heads: int) -> Callable[[], tuple]:
+    def call() -> tuple:
+        import flashinfer
+
+        lens = [7, 30, 3]  # queries are their sequence's own tokens
+        cum = _indptr(lens)
+        tokens = sum(lens)
+        q = rnd(tokens, 32, 128, seed=69)
+        k, v = rnd(tokens, kv_heads, 128, seed=70), rnd(tokens, kv_heads, 128, seed=71)
+        qkv = {
+            "PACKED_QKV": lambda: torch.stack([q, k, v], dim=1),
+            "CONTIGUOUS_Q_KV": lambda: (q, torch.stack([k, v], dim=1)),
+            "SEPARATE_Q_K_V": lambda: (q, k, v),
+        }[layout]()
+        ws = torch.zeros(WORKSPACE, dtype=torch.uint8, device=DEV)
+        seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+        args = (qkv, layout, ws, seq_lens, max(lens), max(lens))
+        kw = {"bmm1_scale": 1 / math.sqrt(128), "bmm2_scale": 1.0, "batch_size": 3}
+        kw |= {"cum_seq_lens_q": cum, "cum_seq_lens_kv": cum, **_values(var.run, {"q": q})}
+        return _results(flashinfer.prefill.trtllm_fmha_v2_prefill(*args, **kw))
+
+    return call
+
+
+def _fmha_v2_cases() -> list[Case]:
+    V = Var
+    api = "flashinfer.prefill.trtllm_fmha_v2_prefill"
+    out: list[Case] = []
+    for layout, kv_heads in (("PACKED_QKV", 32), ("CONTIGUOUS_Q_KV", 8), ("SEPARATE_Q_K_V", 8)):
+        out += _wrapper_cases(
+            api,
+            f"trtllm_fmha_v2_prefill_h32_kv{kv_heads}_d128",
+            [V(f"input_layout={layout}", route=True, jit=layout)],
+            lambda var, layout=layout, kv_heads=kv_heads: _fmha_v2_call(var, layout, kv_heads),
+            "fmha_v2",
+        )
+    out += _wrapper_cases(
+        api,
+        "trtllm_fmha_v2_prefill_h32_kv8_d128",
+        [
+            V("mask_mode", run={"mask_mode": "padding"}, route=True, jit="padding"),
+            V("bmm2_scale", run={"bmm2_scale": 0.5}, route=True, jit="CONTIGUOUS_Q_KV"),
+            V("out", run={"out": lambda c: torch.empty_like(c["q"])}, route=True,
+              jit="CONTIGUOUS_Q_KV"),
+            V("save_softmax_stats", run={"save_softmax_stats": True}, jit="stats"),
+            V("mask_mode", run={"mask_mode": "sliding_window", "window_left": 8},
+              jit="window", also=("window_left",)),
+        ],  # fmt: skip
+        lambda var: _fmha_v2_call(var, "CONTIGUOUS_Q_KV", 8),
+        "fmha_v2",
+    )
+    return out
+
+
+def _needs_cudnn() -> str | None:
+    """FlashInfer's cuDNN attention needs the cuDNN frontend (``import cudnn``)."""
+    import flashinfer.cudnn.decode as cudnn_decode
+
+    if cudnn_decode.CUDNN_AVAILABLE:
+        return None
+    return "the cuDNN frontend (pip install nvidia-cudnn-frontend) is not installed"
+
+
+def _cudnn_call(var: Var, prefill: bool) -> Callable[[], tuple]:
+    def call() -> tuple:
+        import flashinfer
+
+        ps = 16
+        lay = _paged_layout(72, 3, ps)  # HND caches addressed by a block table
+        k = lay["k"].transpose(1, 2).contiguous()
+        v = lay["v"].transpose(1, 2).contiguous()
+        tables, kv_lens = _block_tables(lay), _kv_lens(lay, ps)
+        max_kv = int(tables.shape[1]) * ps
+        ws = torch.zeros(WORKSPACE, dtype=torch.uint8, device=DEV)
+        if prefill:
+            q_lens = torch.minimum(kv_lens, torch.tensor([5, 1, 3], device=DEV)).to(torch.int32)
+            q = rnd(int(q_lens.sum()), 32, 128, seed=73)
+            kw = {"max_token_per_sequence": int(q_lens.max()), "max_sequence_kv": max_kv}
+            kw |= {"actual_seq_lens_q": q_lens.reshape(3, 1, 1, 1)}
+            kw |= {"actual_seq_lens_kv": kv_lens.reshape(3, 1, 1, 1), "block_tables": tables}
+            kw |= {"causal": True, "return_lse": False, **_values(var.run, {"q": q})}
+            api = flashinfer.cudnn.prefill.cudnn_batch_prefill_with_kv_cache
+        else:
+            q = rnd(3, 32, 128, seed=74)
+            kw = {"max_sequence_kv": max_kv, "actual_seq_lens_kv": kv_lens}
+            kw |= {"block_tables": tables, **_values(var.run, {"q": q})}
+            api = flashinfer.cudnn.decode.cudnn_batch_decode_with_kv_cache
+        return _results(api(q, k, v, 1 / math.sqrt(128), ws, **kw))
+
+    return call
+
+
+def _cudnn_cases() -> list[Case]:
+    V = Var
+    sinks = {"sinks": lambda c: rnd(32, dtype=F32, seed=75)}
+    decode = [
+        V("base", route=True),
+        V("window_left", run={"window_left": 20}, route=True),
+        V("sinks", run=sinks, route=True),
+        V("return_lse", run={"return_lse": True}, route=True),
+        V("out", run={"out": lambda c: torch.empty_like(c["q"])}, route=True),
+        # Offsets in elements of the packed rows themselves: the layout a routed call assumes,
+        # refused all the same (the decode definition models no offsets).
+        V("batch_offsets_q", run={"batch_offsets_q": lambda c: _indptr([1, 1, 1]) * 32 * 128}),
+    ]
+    prefill = [
+        V("base", route=True),
+        V("causal", run={"causal": False}, route=True),
+        V("return_lse", run={"return_lse": True}),
+    ]
+    out: list[Case] = []
+    for api, name, variations, is_prefill in (
+        ("decode.cudnn_batch_decode_with_kv_cache", "cudnn_batch_decode_h32_kv8_d128_ps16",
+         decode, False),
+        ("prefill.cudnn_batch_prefill_with_kv_cache", "cudnn_batch_prefill_h32_kv8_d128_ps16",
+         prefill, True),
+    ):  # fmt: skip
+        cases = _wrapper_cases(
+            f"flashinfer.cudnn.{api}",
+            name,
+            variations,
+            lambda var, p=is_prefill: _cudnn_call(var, p),
+            "cudnn",
+        )
+        for case in cases:
+            case.needs = _needs_cudnn
+        out += cases
+    return out
+
+
 GROUPS = {
     "norm": _norm_cases,
     "activation": _activation_cases,
@@ -3162,10 +3292,12 @@ GROUPS = {
     "mla": _mla_cases,
     "attention_more": _attention_more_cases,
     "xqa": _xqa_cases,
+    "fmha_v2": _fmha_v2_cases,
+    "cudnn": _cudnn_cases,
 }
 # Groups whose cases are checked on the CPU (tests/test_flashinfer_conformance.py) but have
 # not yet run against FlashInfer's kernels; --list says so.
-NOT_YET_ON_A_GPU = {"attention_more", "xqa"}
+NOT_YET_ON_A_GPU = {"attention_more", "xqa", "fmha_v2", "cudnn"}
 
 
 # APIs of the catalogue this suite has no case for yet, each with why. Their families'

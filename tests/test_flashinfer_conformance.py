@@ -187,6 +187,8 @@ def _more_stand_ins(monkeypatch):
         "mhc",
         "attention_more",
         "xqa",
+        "fmha_v2",
+        "cudnn",
     ],
 )
 def test_the_wrapper_cases_route_or_fall_back_as_the_suite_expects(group, monkeypatch):
