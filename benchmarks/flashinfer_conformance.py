@@ -3261,6 +3261,88 @@ def _cudnn_cases() -> list[Case]:
     return out
 
 
+def _gdn_prefill_cases() -> list[Case]:
+    """chunk_gated_delta_rule: SM90's chunked kernel over packed variable-length sequences."""
+    out = []
+    # (label, definition, keyword overrides, with an initial state, the rule it fails)
+    grid = (
+        ("3 sequences", "gdn_prefill_qk4_v8_d128", {}, True, None),
+        ("no initial state", "gdn_prefill_qk4_v8_d128", {}, False, None),
+        ("GVA 16 x 32", "gdn_prefill_qk16_v32_d128", {}, True, None),
+        ("use_qk_l2norm_in_kernel", "gdn_prefill_qk4_v8_d128",
+         {"use_qk_l2norm_in_kernel": True}, True, None),
+        ("output_final_state=False", "gdn_prefill_qk4_v8_d128",
+         {"output_final_state": False}, True, "output_final_state"),
+    )  # fmt: skip
+    for label, name, over, with_state, rule in grid:
+
+        def call(name=name, over=over, with_state=with_state):
+            import flashinfer.gdn_prefill
+
+            x = _inputs(name, 91, total_seq_len=70, num_seqs=3, len_cu_seqlens=4)
+            state = x["state"]
+            if with_state and state is None:
+                hv = x["v"].shape[1]
+                state = rnd(3, hv, 128, 128, dtype=F32, seed=92, scale=0.1)
+            kw = {"scale": float(x["scale"]), "initial_state": state if with_state else None}
+            kw |= {"output_final_state": True, "cu_seqlens": x["cu_seqlens"], **over}
+            args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+            return _results(flashinfer.gdn_prefill.chunk_gated_delta_rule(*args, **kw))
+
+        out.append(
+            Case(
+                "flashinfer.gdn_prefill.chunk_gated_delta_rule",
+                f"{name} {label}",
+                call,
+                {name: solution(name)},
+                expect=rule,
+                variant="gdn_prefill",
+            )
+        )
+    return out
+
+
+def _cutlass_moe_cases() -> list[Case]:
+    """cutlass_fused_moe, unquantized bf16 (FlashInfer's SM90 CUTLASS grouped GEMMs)."""
+    out = []
+    # (definition, tokens, keyword overrides, the rule it fails)
+    grid = (
+        ("cutlass_fused_moe_e8_h256_i128_topk2", 5, {}, None),
+        ("cutlass_fused_moe_e8_h256_i128_topk2", 64, {"use_fused_finalize": True}, None),
+        ("cutlass_fused_moe_e128_h2048_i768_topk8", 16, {}, None),
+        ("cutlass_fused_moe_e8_h256_i128_topk2", 5, {"ep_size": 2, "ep_rank": 1}, None),
+        ("cutlass_fused_moe_e8_h256_i128_topk2", 5, {"swiglu_limit": "limit"}, "swiglu_limit"),
+    )
+    for name, tokens, over, rule in grid:
+
+        def call(name=name, tokens=tokens, over=over):
+            import flashinfer.fused_moe
+
+            x = _inputs(name, 93, seq_len=tokens)
+            experts = x["token_selected_experts"]
+            if over.get("ep_rank"):  # global ids: this rank holds the second half of 16
+                experts = experts + x["fc1_expert_weights"].shape[0]
+            kw = {k: v for k, v in over.items() if k != "swiglu_limit"}
+            if "swiglu_limit" in over:
+                kw["swiglu_limit"] = torch.full((len(x["fc1_expert_weights"]),), 7.0, device=DEV)
+            args = (x["input"], experts, x["token_final_scales"])
+            args += (x["fc1_expert_weights"], x["fc2_expert_weights"], torch.bfloat16, [])
+            return _results(flashinfer.fused_moe.cutlass_fused_moe(*args, **kw))
+
+        label = " ".join([f"{name} tokens={tokens}"] + [f"{k}={v}" for k, v in over.items()])
+        out.append(
+            Case(
+                "flashinfer.fused_moe.cutlass_fused_moe",
+                label,
+                call,
+                {name: solution(name)},
+                expect=rule,
+                variant="cutlass_moe",
+            )
+        )
+    return out
+
+
 GROUPS = {
     "norm": _norm_cases,
     "activation": _activation_cases,
@@ -3294,10 +3376,12 @@ GROUPS = {
     "xqa": _xqa_cases,
     "fmha_v2": _fmha_v2_cases,
     "cudnn": _cudnn_cases,
+    "gdn_prefill": _gdn_prefill_cases,
+    "cutlass_moe": _cutlass_moe_cases,
 }
 # Groups whose cases are checked on the CPU (tests/test_flashinfer_conformance.py) but have
 # not yet run against FlashInfer's kernels; --list says so.
-NOT_YET_ON_A_GPU = {"attention_more", "xqa", "fmha_v2", "cudnn"}
+NOT_YET_ON_A_GPU = {"attention_more", "xqa", "fmha_v2", "cudnn", "gdn_prefill", "cutlass_moe"}
 
 
 # APIs of the catalogue this suite has no case for yet, each with why. Their families'

@@ -189,6 +189,8 @@ def _more_stand_ins(monkeypatch):
         "xqa",
         "fmha_v2",
         "cudnn",
+        "gdn_prefill",
+        "cutlass_moe",
     ],
 )
 def test_the_wrapper_cases_route_or_fall_back_as_the_suite_expects(group, monkeypatch):
