@@ -186,6 +186,7 @@ def test_trtllm_decode_with_flashinfers_defaults_is_routed(monkeypatch):
         ("request_order_plan", object(), "request_order_plan"),
         ("bmm1_scale", torch.ones(1), "bmm1_scale"),
         ("bmm2_scale", torch.ones(1), "bmm2_scale"),
+        ("bmm2_scale", 2.0, "bmm2_scale"),  # Note [XQA scales of a 16-bit cache]
     ],
 )
 def test_trtllm_decode_parameters_the_definition_does_not_model_are_refused(
@@ -222,11 +223,11 @@ def test_trtllm_decode_values_the_definition_reads_reach_the_solution(monkeypatc
     x, axes, hnd = _decode_case()
     sinks = torch.randn(64)
     buf = torch.zeros(3, 64, 64, dtype=torch.bfloat16)
-    kwargs = {"bmm1_scale": 0.3, "bmm2_scale": 2.0, "window_left": 5, "sinks": sinks, "out": buf}
+    kwargs = {"bmm1_scale": 0.3, "bmm2_scale": 1.0, "window_left": 5, "sinks": sinks, "out": buf}
     out = _route(monkeypatch, DECODE, DECODE_NAME, _decode_args(x, hnd), kwargs)
     _hit(out)
     (seen,) = out.seen
-    assert (seen["bmm1_scale"], seen["bmm2_scale"], seen["window_left"]) == (0.3, 2.0, 5)
+    assert (seen["bmm1_scale"], seen["bmm2_scale"], seen["window_left"]) == (0.3, 1.0, 5)
     assert seen["sinks"] is sinks
     assert out.result is buf and torch.equal(buf, _reference(DECODE_NAME)(**seen))
 
@@ -666,11 +667,12 @@ APIS = [
             ("logits_soft_cap_scale", 30.0, "logits_soft_cap_scale"),
             ("save_softmax_stats", True, "save_softmax_stats"),
             ("skip_softmax_threshold_scale_factor", 0.5, "skip_softmax_threshold_scale_factor"),
+            ("bmm2_scale", 2.0, "bmm2_scale"),  # Note [FMHA v2 output scale]
         ],
         [
             ("mask_mode", "padding"),
             ("bmm1_scale", 0.1),
-            ("bmm2_scale", 2.0),
+            ("bmm2_scale", 1.0),
             ("out_dtype", torch.bfloat16),
             ("out", torch.zeros(5, 16, 128, dtype=torch.bfloat16)),
             ("block_tables", torch.zeros(2, 1, dtype=torch.int32)),
@@ -795,10 +797,11 @@ APIS = [
             ("mask", torch.ones(3, 1, 2, dtype=torch.int16), "mask"),
             ("kv_cache_sf", (torch.zeros(1), torch.zeros(1)), "kv_cache_sf"),
             ("q_cu_seq_lens", torch.arange(4, dtype=torch.int32), "q_cu_seq_lens"),
+            ("bmm2_scale", 2.0, "bmm2_scale"),  # Note [XQA scales of a 16-bit cache]
         ],
         [
             ("bmm1_scale", 0.3),
-            ("bmm2_scale", 2.0),
+            ("bmm2_scale", 1.0),
             ("window_left", 127),
             ("sinks", torch.randn(64)),
             ("out", torch.zeros(3, 64, 64, dtype=torch.bfloat16)),
