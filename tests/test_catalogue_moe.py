@@ -54,8 +54,16 @@ def test_cutlass_fused_moe_with_flashinfers_defaults_is_routed(monkeypatch):
     out = _route(monkeypatch, CUTLASS, call.name, (), kwargs)
     seen = _hit(out)
     assert seen["local_expert_offset"] == 0
-    # FlashInfer returns its kernel's list of results, the output first.
-    assert isinstance(out.result, list) and len(out.result) == 1
+    # FlashInfer returns its kernel's list of results, the output first, then three tensors
+    # only its min-latency mode fills: a routed call returns a list of the same shapes.
+    assert isinstance(out.result, list)
+    experts, tokens = kwargs["fc2_expert_weights"].shape[0], kwargs["input"].shape[0]
+    shapes = [(t.shape, t.dtype) for t in out.result[1:]]
+    assert shapes == [
+        ((1,), torch.int32),
+        ((experts, tokens), torch.float32),
+        ((experts,), torch.int32),
+    ]
     assert torch.equal(out.result[0], _reference(call.name)(**seen))
 
 
