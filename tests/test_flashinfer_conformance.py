@@ -251,6 +251,26 @@ def test_a_result_flashinfer_itself_does_not_reproduce_is_not_run(monkeypatch):
     assert outcome.not_run is None and outcome.failure.startswith("result 0 differs")
 
 
+def test_a_call_flashinfer_refuses_must_still_fall_back_by_the_rule_the_case_names(monkeypatch):
+    m = suite()
+
+    def refused(case):
+        raise ValueError("FlashInfer refuses this call")
+
+    case = _api_case([], expect="eps")
+    case.call = lambda: refused(case)
+    for counted, failure in (({"eps": 1}, None), ({"weight": 1}, "expected a fallback by eps")):
+        counts = {"hit": 0, "rules": counted}
+        error = "ValueError: FlashInfer refuses this call"
+        monkeypatch.setattr(m, "_apply_on", lambda case: (None, error, {"counts": counts}))
+        outcome = m.run_case(case)
+        assert "FlashInfer raised ValueError" in outcome.not_run
+        if failure is None:
+            assert outcome.failure is None
+        else:
+            assert outcome.failure.startswith(failure), outcome.failure
+
+
 # ---------------------------------------------------------------------------------------
 # The SM90 weight interleave built alone (--interleave-alone)
 # ---------------------------------------------------------------------------------------
