@@ -421,6 +421,7 @@ def _mla_api(kind: str) -> Api:
             ("sparse_mla_top_k", 2048, "sparse_mla_top_k"),
             ("bmm1_scale", _ONE, "bmm1_scale"),
             ("bmm2_scale", _ONE, "bmm2_scale"),
+            ("bmm2_scale", 2.0, "bmm2_scale"),  # SM120's XQA MLA kernel scales the logits too
             ("sinks", torch.zeros(16), "sinks"),
             ("skip_softmax_threshold_scale_factor", 0.5, "skip_softmax_threshold_scale_factor"),
             ("uses_shared_paged_kv_idx", False, "uses_shared_paged_kv_idx"),
@@ -441,7 +442,7 @@ def _mla_api(kind: str) -> Api:
         ],  # fmt: skip
         [
             ("bmm1_scale", 0.07),
-            ("bmm2_scale", 2.0),
+            ("bmm2_scale", 1.0),
             ("out", torch.zeros(2, 1 if kind == "batch_decode" else 3, 16, 512).bfloat16()),
             ("enable_pdl", True),
             ("backend", "trtllm-gen"),

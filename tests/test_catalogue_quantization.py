@@ -401,6 +401,17 @@ def test_nvfp4_calls_are_routed_and_return_flashinfers_layouts(k):
 
 
 @pytest.mark.slow
+def test_nvfp4_quantize_leaves_a_column_major_input_to_flashinfer():
+    # FlashInfer quantizes a column-major input along its other axis.
+    name, seen = "nvfp4_quantize_k4096", []
+    x = _bf16(4096, 130).T
+    with rt.enable_apply({name: _recorder(name, seen)}):
+        with pytest.raises(Exception):  # FlashInfer's own kernel, which needs a GPU here
+            flashinfer.nvfp4_quantize(x, torch.tensor([150.0]))
+    api = rt.stats()["flashinfer.quantization.fp4_quantization.nvfp4_quantize"]
+    assert not seen and api["rules"] == {"a": 1}, api
+
+
 def test_fp4_quantize_calls_are_routed_like_nvfp4_quantize():
     name, seen, gs = "fp4_quantize_k4096", [], torch.tensor([120.0])
     x = _bf16(40, 4096)
