@@ -155,6 +155,12 @@ def rnd(*shape, dtype=torch.bfloat16, seed=0, scale=1.0):
     return (torch.randn(*shape, device=DEV, generator=g(seed)) * scale).to(dtype)
 
 
+def _workspace(zeroed: bool = False) -> torch.Tensor:
+    """A FlashInfer workspace; ``zeroed`` where the kernel keeps semaphores in it."""
+    make = torch.zeros if zeroed else torch.empty
+    return make(WORKSPACE, dtype=torch.uint8, device=DEV)
+
+
 def _norm_cases() -> list[Case]:
     import flashinfer
 
@@ -1623,7 +1629,7 @@ def _wrapper_cases(
 def _decode_wrapper(layout="NHD"):
     import flashinfer
 
-    ws = torch.empty(WORKSPACE, dtype=torch.uint8, device=DEV)
+    ws = _workspace()
     return flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper(ws, kv_layout=layout)
 
 
@@ -1734,7 +1740,7 @@ def _decode_cases() -> list[Case]:
 def _prefill_wrapper(layout="NHD"):
     import flashinfer
 
-    ws = torch.empty(WORKSPACE, dtype=torch.uint8, device=DEV)
+    ws = _workspace()
     return flashinfer.prefill.BatchPrefillWithPagedKVCacheWrapper(ws, kv_layout=layout)
 
 
@@ -1899,7 +1905,7 @@ def _ragged_call(
             k, v = k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()
         ctx = {"q": q, "k": k, "v": v, "q_lens": q_lens, "kv_lens": kv_lens}
         ctx |= {"qo_indptr": qo, "kv_indptr": kvp}
-        ws = torch.empty(WORKSPACE, dtype=torch.uint8, device=DEV)
+        ws = _workspace()
         wrapper = flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper(ws, var.layout)
         kw = {"head_dim_vo": vo, "causal": True, "q_data_type": BF16}
         kw |= _values(var.plan, ctx)
@@ -1967,7 +1973,7 @@ def _mla_call(var: Var, ps: int = 64, decode: bool = True) -> Callable[[], tuple
         ctx = {"q_nope": q_nope, "q_pe": q_pe, "ckv": ckv, "kpe": kpe, "batch": batch}
         ctx |= {"qo": qo.to(DEV), "kv_indptr": kv_indptr.to(DEV), "kv_lens": kv_lens.int()}
         ctx |= {"kv_indices": kv_indices.to(DEV), "ps": ps}
-        ws = torch.empty(WORKSPACE, dtype=torch.uint8, device=DEV)
+        ws = _workspace()
         wrapper = flashinfer.mla.BatchMLAPagedAttentionWrapper(ws)
         plan = {
             "qo_indptr": ctx["qo"],
@@ -2794,10 +2800,6 @@ def _indptr(lens: list[int]) -> torch.Tensor:
     return out.to(DEV)
 
 
-def _workspace() -> torch.Tensor:
-    return torch.empty(WORKSPACE, dtype=torch.uint8, device=DEV)
-
-
 def _block_sparse_call(var: Var, R: int = 16, C: int = 16) -> Callable[[], tuple]:
     def call() -> tuple:
         import flashinfer
@@ -3049,7 +3051,7 @@ def _xqa_inputs(var: Var, seed: int, ps: int = 16) -> dict:
         "lens": _kv_lens(lay, ps),
         "k": k,
         "v": v,
-        "ws": torch.zeros(WORKSPACE, dtype=torch.uint8, device=DEV),  # semaphores start at 0
+        "ws": _workspace(zeroed=True),
     }
 
 
@@ -3147,7 +3149,7 @@ def _fmha_v2_call(var: Var, layout: str, kv_heads: int) -> Callable[[], tuple]:
             "CONTIGUOUS_Q_KV": lambda: (q, torch.stack([k, v], dim=1)),
             "SEPARATE_Q_K_V": lambda: (q, k, v),
         }[layout]()
-        ws = torch.zeros(WORKSPACE, dtype=torch.uint8, device=DEV)
+        ws = _workspace(zeroed=True)
         seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
         args = (qkv, layout, ws, seq_lens, max(lens), max(lens))
         kw = {"bmm1_scale": 1 / math.sqrt(128), "bmm2_scale": 1.0, "batch_size": 3}
@@ -3207,7 +3209,7 @@ def _cudnn_call(var: Var, prefill: bool) -> Callable[[], tuple]:
         v = lay["v"].transpose(1, 2).contiguous()
         tables, kv_lens = _block_tables(lay), _kv_lens(lay, ps)
         max_kv = int(tables.shape[1]) * ps
-        ws = torch.zeros(WORKSPACE, dtype=torch.uint8, device=DEV)
+        ws = _workspace(zeroed=True)
         if prefill:
             q_lens = torch.minimum(kv_lens, torch.tensor([5, 1, 3], device=DEV)).to(torch.int32)
             q = rnd(int(q_lens.sum()), 32, 128, seed=73)
