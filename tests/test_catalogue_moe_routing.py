@@ -135,6 +135,38 @@ def test_fused_topk_deepseek_picks_only_from_the_best_groups():
     torch.testing.assert_close(values.float().sum(), torch.tensor(1.0), atol=1e-2, rtol=0)
 
 
+def test_fused_topk_deepseek_breaks_ties_toward_the_lower_expert_as_flashinfer_does():
+    # FlashInfer's routing kernels rank (score, expert) pairs with the lower id first on equal
+    # scores; bfloat16 logits tie often (about 3% of DeepSeek tokens at the 8th expert).
+    # With every score equal, the first groups and their first experts win, best first.
+    name = calls.TOPK_DEEPSEEK
+    scores = torch.zeros(3, 16).bfloat16()
+    scores[1, 8:] = 1.0  # groups 2 and 3 tie above the rest: their lower experts win
+    scores[2, 5] = 2.0  # its group first, then group 0 on a tie; then experts 0-2 of the tie
+    values, ids = _reference(name)(scores, torch.zeros(16).bfloat16(), torch.tensor(1.0))
+    assert ids.tolist() == [[0, 1, 2, 3], [8, 9, 10, 11], [5, 0, 1, 2]]
+
+
+def test_moe_references_rank_experts_with_a_stable_sort():
+    # torch.topk leaves the order of ties unspecified (and CPU and CUDA differ): a reference
+    # that ranks experts or groups with it may pick another expert than FlashInfer on a tie.
+    # Taking only the values of a top-k (a group's two best scores) is order-free.
+    ranked = {
+        name: d.reference
+        for name, d in _catalogue().defs.items()
+        if d.reference
+        and ("moe" in name or name.startswith("fused_topk"))
+        and "topk(" in d.reference
+    }
+    unstable = {
+        name: line.strip()
+        for name, ref in ranked.items()
+        for line in ref.splitlines()
+        if "topk(" in line and ").values" not in line
+    }
+    assert ranked and not unstable
+
+
 # ---------------------------------------------------------------------------------------
 # hash_topk
 # ---------------------------------------------------------------------------------------
