@@ -141,3 +141,23 @@ def test_mxint4_without_routing_bias_is_routed_as_a_zero_bias(monkeypatch):
     with_zeros = _route(monkeypatch, MXINT4, call.name, tuple(args), call.kwargs)
     _hit(with_zeros)
     assert torch.equal(outcome.result[0], with_zeros.result[0])
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_mxint4_without_groups_needs_a_routing_bias(monkeypatch, bias):
+    # With n_group 1 FlashInfer routes through its generic kernel, which reads routing_bias
+    # whether given or not (Note [DeepSeek routing without groups] in moe.fidef): a call
+    # without one falls back by the rule on n_group; with one it is routed.
+    call = calls.trtllm_mxint4_block_scale_moe(_catalogue())
+    args = list(call.args)
+    args[12], args[13] = 1, 1  # n_group, topk_group
+    if not bias:
+        args[1] = None
+    name = call.name.replace("_ng4_kg2_", "_ng1_kg1_")
+    assert name in _catalogue().defs
+    outcome = _route(monkeypatch, MXINT4, name, tuple(args), call.kwargs)
+    if not bias:
+        _refused(outcome, "n_group")
+        return
+    seen = _hit(outcome)
+    assert torch.equal(outcome.result[0], _reference(name)(**seen))
