@@ -576,13 +576,31 @@ def test_group_gemm_fp8_matches_flashinfers_template_reference():
     assert torch.equal(_reference(calls.GROUPED)(**x), expected)
 
 
-def test_batch_deepgemm_matches_flashinfers_template_reference():
+def _as_sm100_reads(scale: torch.Tensor) -> torch.Tensor:
+    """The scales DeepGEMM's SM100 kernel reads: FlashInfer's own conversion to packed UE8M0
+    bytes (four per int32 along K), each byte e read as 2 ** (e - 127)."""
+    from flashinfer.deep_gemm import get_col_major_tma_aligned_packed_tensor
+
+    packed = get_col_major_tma_aligned_packed_tensor(scale.float())
+    k = scale.shape[-1]
+    shifts = torch.tensor([0, 8, 16, 24], dtype=torch.int32)
+    e = ((packed.unsqueeze(-1) >> shifts) & 0xFF).flatten(-2)[..., :k]
+    return torch.ldexp(torch.ones_like(scale, dtype=torch.float32), e.int() - 127)
+
+
+def test_batch_deepgemm_matches_flashinfers_template_reference_on_the_scales_sm100_reads():
+    # FlashInfer's template reference multiplies by the float32 scales; its SM100 kernels read
+    # each as the power of two below it (Note [DeepGEMM's power-of-two scales]).
     x, _ = _inputs(calls.DEEPGEMM, batch_size=3, M_max=4)
     x["masked_m"] = torch.tensor([4, 0, 2], dtype=torch.int32)
-    expected = templates._batch_deepgemm_fp8_nt_groupwise_reference(**x, expected_m=2)
     got = _reference(calls.DEEPGEMM)(**x)
+    read = x | {"a_scale": _as_sm100_reads(x["a_scale"]), "b_scale": _as_sm100_reads(x["b_scale"])}
+    assert not torch.equal(read["a_scale"], x["a_scale"])  # the generated scales are not 2 ** e
+    expected = templates._batch_deepgemm_fp8_nt_groupwise_reference(**read, expected_m=2)
     assert torch.equal(got, expected)
     assert not got[1].any() and not got[2, 2:].any()
+    unrounded = templates._batch_deepgemm_fp8_nt_groupwise_reference(**x, expected_m=2)
+    assert not torch.equal(got, unrounded)
 
 
 def test_fp8_blockscale_gemm_sm90_matches_flashinfers_template_reference():
