@@ -74,7 +74,8 @@ def tgv_gemm(c: Catalogue) -> Any:
     x, axes = c.inputs(TGV, M=3)
     kwargs = {"pdl": True, "out": c.buffer(TGV, "output", axes)}
     kwargs |= {"a_descale": None, "b_descale": None}
-    return _call(TGV, (x["a"], x["b"], x["bias"]), kwargs)
+    b = x["b"].T.contiguous().T  # [K, N] column-major, as FlashInfer documents it
+    return _call(TGV, (x["a"], b, x["bias"]), kwargs)
 
 
 def segment_gemm(c: Catalogue) -> Any:

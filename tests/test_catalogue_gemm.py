@@ -366,6 +366,33 @@ def test_launch_options_and_accepted_values_stay_routed(path, param, value, monk
     assert torch.equal(result, expected)
 
 
+@pytest.mark.parametrize(
+    ("path", "position", "layout", "rule"),
+    [
+        # FlashInfer documents B as [K, N] column-major; its kernel reads it K-contiguous.
+        ("flashinfer.gemm.tgv_gemm_sm100", 1, "row_major", "b"),
+        ("flashinfer.gemm.tgv_gemm_sm100", 0, "strided", "a"),
+        # The CUTLASS kernel takes bare pointers: dense A, B and scales.
+        ("flashinfer.gemm.gemm_fp8_nt_groupwise", 1, "strided", "a,b"),
+        ("flashinfer.gemm.gemm_fp8_nt_groupwise", 2, "strided", "scales_dense"),
+    ],
+)
+def test_operands_in_a_layout_the_kernel_does_not_read_fall_back(
+    path, position, layout, rule, monkeypatch
+):
+    call = calls.ROUTABLE[path](_catalogue())
+    args = list(call.args)
+    t = args[position]
+    if layout == "row_major":
+        args[position] = t.contiguous()
+    else:  # the same values, every other column of a wider tensor
+        wide = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)
+        wide[..., ::2] = t
+        args[position] = wide[..., ::2]
+    assert torch.equal(args[position].float(), t.float())
+    _refused(_route(monkeypatch, path, call.name, tuple(args), call.kwargs), rule)
+
+
 def test_a_biased_mm_bf16_goes_to_the_bias_family(monkeypatch):
     path = "flashinfer.gemm.mm_bf16"
     c = _catalogue()
