@@ -316,6 +316,11 @@ ROUTABLE |= {"flashinfer.msa_ops.sparse_decode.msa_sparse_decode_attention": _ms
 PROXY_NAME = "msa_proxy_score_h4_kv4_d128"
 
 
+def _longest(cu_seqlens: torch.Tensor) -> int:
+    """The longest sequence of a batch: the max_seqlen_q FlashInfer sizes its grid by."""
+    return int(cu_seqlens.diff().max())
+
+
 def msa_proxy_case(c: Any, seed: int = 0, max_k_tiles: int = 3) -> tuple[tuple, dict, dict]:
     """(positional arguments of msa_proxy_score, the definition's inputs, axes)."""
     x, axes = c.inputs(PROXY_NAME, seed=seed, len_indptr=3, max_k_tiles=max_k_tiles)
@@ -327,7 +332,8 @@ def _msa_proxy(c: Any) -> Any:
 
     args, x, axes = msa_proxy_case(c)
     kwargs: dict = {"page_table": None, "seqused_k": None, "causal": False}
-    kwargs |= {"max_seqlen_q": 8, "max_k_tiles": 3, "reduce_heads": False, "q_offset": None}
+    kwargs |= {"max_seqlen_q": _longest(x["cu_seqlens_q"]), "max_k_tiles": 3}
+    kwargs |= {"reduce_heads": False, "q_offset": None}
     kwargs |= {"output": c.buffer(PROXY_NAME, "max_score", axes)}
     return Call(PROXY_NAME, args, kwargs)
 
@@ -354,7 +360,8 @@ def _msa_proxy_fp4(c: Any) -> Any:
 
     args, x, axes = msa_proxy_fp4_case(c)
     kwargs: dict = {"page_table": None, "seqused_k": None, "causal": False}
-    kwargs |= {"max_seqlen_q": 8, "max_k_tiles": 3, "reduce_heads": False, "q_offset": None}
+    kwargs |= {"max_seqlen_q": _longest(x["cu_seqlens_q"]), "max_k_tiles": 3}
+    kwargs |= {"reduce_heads": False, "q_offset": None}
     kwargs |= {"output": c.buffer(PROXY_FP4_NAME, "max_score", axes)}
     return Call(PROXY_FP4_NAME, args, kwargs)
 

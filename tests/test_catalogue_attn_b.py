@@ -1259,6 +1259,72 @@ def test_msa_sparse_attention_leaves_a_strided_selection_to_flashinfer(monkeypat
     _refused(_route(monkeypatch, api, MSA_NAME, args, {}), "q2k_indices")
 
 
+@pytest.mark.parametrize("row", ["hole", "repeat", "descending"])
+@pytest.mark.parametrize("decode", [False, True])
+def test_msa_sparse_attention_routes_only_ascending_selections_then_padding(
+    monkeypatch, row, decode
+):
+    # FlashInfer's SM120 kernels stop a row at its first -1 and count a repeated block twice;
+    # its SM100 kernel reads the whole row: they agree only on ascending ids, then -1s.
+    args, kwargs, x = _msa_decode_build(6) if decode else _msa_build(0)
+    q2k = x["q2k_indices"].clone()
+    first = q2k[0, 0]
+    assert int(first[0]) >= 0 and int(first[1]) >= 0
+    if row == "hole":
+        first[0] = -1
+    elif row == "repeat":
+        first[1] = first[0]
+    else:
+        first[0], first[1] = int(first[1]), int(first[0])
+    args = args[:3] + (q2k,) + args[4:]
+    api, name = (
+        ("flashinfer.msa_ops.sparse_decode.msa_sparse_decode_attention", MSA_DECODE_NAME)
+        if decode
+        else ("flashinfer.msa_ops.sparse_prefill.msa_sparse_attention", MSA_NAME)
+    )
+    _refused(_route(monkeypatch, api, name, args, kwargs), "q2k_indices")
+
+
+def test_msa_sparse_decode_attention_leaves_strided_operands_to_flashinfer(monkeypatch):
+    args, kwargs, x = _msa_decode_build(6)
+    api = "flashinfer.msa_ops.sparse_decode.msa_sparse_decode_attention"
+    strided = x["q2k_indices"].transpose(0, 1).contiguous().transpose(0, 1)
+    routed = _route(monkeypatch, api, MSA_DECODE_NAME, args[:3] + (strided,) + args[4:], kwargs)
+    _refused(routed, "q2k_indices")
+    q = args[0].transpose(0, 1).contiguous().transpose(0, 1)
+    assert not q.is_contiguous()
+    _refused(_route(monkeypatch, api, MSA_DECODE_NAME, (q,) + args[1:], kwargs), "q,k,v")
+
+
+@pytest.mark.parametrize(
+    "kwargs, rule",
+    [
+        # FlashInfer: 0 < num_valid_pages <= max_k_tiles (max_score's blocks), at least the
+        # forced blocks. The rules read the scalar before the let makes it per token, and are
+        # named by what else they read.
+        ({"num_valid_pages": 0}, "max_score"),
+        ({"num_valid_pages": 10_000}, "max_score"),
+        (
+            {"num_valid_pages": 4, "force_begin_blocks": 3, "force_end_blocks": 2},
+            "force_begin_blocks,force_end_blocks",
+        ),
+        ({"force_begin_blocks": -1}, "force_begin_blocks,force_end_blocks"),
+    ],
+)
+def test_msa_topk_select_leaves_what_flashinfer_refuses_to_it(monkeypatch, kwargs, rule):
+    args, _, _ = _topk_build(17)
+    api = "flashinfer.msa_ops.sparse_topk_select.msa_topk_select"
+    _refused(_route(monkeypatch, api, TOPK_NAME, args, kwargs), rule)
+
+
+def test_msa_topk_select_leaves_a_strided_max_score_to_flashinfer(monkeypatch):
+    args, _, _ = _topk_build(17)
+    strided = args[0].transpose(1, 2).contiguous().transpose(1, 2)
+    assert torch.equal(strided, args[0]) and not strided.is_contiguous()
+    api = "flashinfer.msa_ops.sparse_topk_select.msa_topk_select"
+    _refused(_route(monkeypatch, api, TOPK_NAME, (strided,) + args[1:], {}), "max_score")
+
+
 def test_msa_sparse_attention_reference_attends_the_selected_blocks_only():
     # One sequence of 3 blocks (300 keys); one query token selecting block 1 only, so it
     # attends keys 128..255 with a plain softmax; causal with 300 keys leaves them all.

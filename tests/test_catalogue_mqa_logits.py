@@ -236,6 +236,21 @@ def test_msa_proxy_ruled_parameters_are_refused_at_other_values(monkeypatch, par
     assert result == "flashinfer" and len(originals) == 1
 
 
+@pytest.mark.parametrize("param", ["max_seqlen_q", "max_k_tiles"])
+def test_msa_proxy_leaves_a_grid_smaller_than_the_batch_to_flashinfer(monkeypatch, param):
+    # FlashInfer sizes its grid by max_seqlen_q and leaves the rows past it unwritten; its
+    # split-K loop runs past a max_k_tiles below the longest sequence's blocks.
+    import _attn_b_calls as b
+
+    args, x, _ = b.msa_proxy_case(_catalogue())
+    assert b._longest(x["cu_seqlens_q"]) > 1
+    assert b._longest(x["cu_seqlens_k"]) > 128
+    result, seen, originals, counts = _route(monkeypatch, PROXY, b.PROXY_NAME, args, {param: 1})
+    assert counts["hit"] == 0 and not seen and len(originals) == 1, counts
+    (rule,) = counts["rules"]
+    assert param in rule.split(","), counts
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_msa_proxy_reference_agrees_with_flashinfers_template(causal):
     from flashinfer.trace.templates.msa import _msa_proxy_score_reference
