@@ -172,6 +172,11 @@ def _gdn_mtp(c: Catalogue) -> Call:
 def _mamba(c: Catalogue) -> Call:
     name = "mamba_ssu_decode_h64_d64_s128_ng4"
     x, axes = c.inputs(name, batch_size=2, state_cache_size=3)
+    # One value per head, broadcast over head_dim (and dstate) as FlashInfer takes them.
+    x["A"] = x["A"][:, :1, :1].expand_as(x["A"])
+    x["dt"] = x["dt"][..., :1].expand_as(x["dt"])
+    x["D"] = x["D"][:, :1].expand_as(x["D"])
+    x["dt_bias"] = x["dt_bias"][:, :1].expand_as(x["dt_bias"])
     args = tuple(x[k] for k in ("state", "x", "dt", "A", "B", "C", "D"))
     kwargs: dict = {"z": None, "dt_bias": x["dt_bias"], "dt_softplus": True}
     kwargs |= {"state_batch_indices": x["state_batch_indices"], "pad_slot_id": -1}

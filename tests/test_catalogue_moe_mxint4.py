@@ -143,21 +143,22 @@ def test_mxint4_without_routing_bias_is_routed_as_a_zero_bias(monkeypatch):
     assert torch.equal(outcome.result[0], with_zeros.result[0])
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_mxint4_without_groups_needs_a_routing_bias(monkeypatch, bias):
-    # With n_group 1 FlashInfer routes through its generic kernel, which reads routing_bias
-    # whether given or not (Note [DeepSeek routing without groups] in moe.fidef): a call
-    # without one falls back by the rule on n_group; with one it is routed.
-    call = calls.trtllm_mxint4_block_scale_moe(_catalogue())
-    args = list(call.args)
-    args[12], args[13] = 1, 1  # n_group, topk_group
-    if not bias:
-        args[1] = None
-    name = call.name.replace("_ng4_kg2_", "_ng1_kg1_")
+def test_mxint4_without_groups_needs_a_routing_bias(monkeypatch):
+    # With n_group 1 (Kimi K2) FlashInfer routes through its generic kernel, which reads
+    # routing_bias whether given or not (Note [DeepSeek routing without groups] in
+    # moe.fidef): a call without one falls back by the rule on n_group. The weights are
+    # zero-stride views of Kimi K2's shapes: the rules read shapes and dtypes, not values.
+    E, H, I, T = 384, 7168, 2048, 2
+    name = "trtllm_mxint4_block_scale_moe_ds_routing_topk8_ng1_kg1_e384_h7168_i2048"
     assert name in _catalogue().defs
-    outcome = _route(monkeypatch, MXINT4, name, tuple(args), call.kwargs)
-    if not bias:
-        _refused(outcome, "n_group")
-        return
-    seen = _hit(outcome)
-    assert torch.equal(outcome.result[0], _reference(name)(**seen))
+
+    def zeros(dtype, *shape):
+        return torch.zeros(1, dtype=dtype).expand(*shape)
+
+    args = (torch.randn(T, E), None, torch.randn(T, H).bfloat16())
+    args += (zeros(torch.uint8, E, 2 * I, H // 2), zeros(torch.bfloat16, E, 2 * I, H // 32))
+    args += (None, None, None)
+    args += (zeros(torch.uint8, E, H, I // 2), zeros(torch.bfloat16, E, H, I // 32))
+    args += (E, 8, 1, 1, I, 0, E, 2.5)
+    kwargs = {"routing_method_type": 2, "do_finalize": True, "enable_pdl": False}
+    _refused(_route(monkeypatch, MXINT4, name, args, kwargs), "n_group")

@@ -760,3 +760,37 @@ def test_every_family_of_the_files_has_a_routable_call():
     paths = {f.api.path for f in _module().families() if f.api is not None}
     assert paths <= set(routable.ROUTABLE), paths - set(routable.ROUTABLE)
     assert importlib.import_module("flashinfer.gdn_prefill")
+
+
+MAMBA = "flashinfer.mamba.selective_state_update.selective_state_update"
+
+
+def test_mamba_decode_takes_per_head_parameters_broadcast_as_flashinfer_does():
+    # FlashInfer refuses A, dt, D and dt_bias that are not one value per head (stride 0).
+    call = routable.ROUTABLE[MAMBA](_catalogue())
+    _route(MAMBA, [({3: call.args[3].contiguous()}, "A"), ({2: call.args[2].contiguous()}, "dt")])
+
+
+def test_mamba_decode_gives_a_padded_sequence_flashinfers_output_and_stores_no_state():
+    # A slot of -1 reads a zero state and still gets D * x + dt * x * (B . C), as in
+    # FlashInfer's kernels; the cache is left as it was for it.
+    call = routable.ROUTABLE[MAMBA](_catalogue())
+    state, x, dt, A, B, C, D = call.args
+    slots = call.kwargs["state_batch_indices"].clone()
+    slots[0] = -1
+    before = state.clone()
+    seen: list = []
+    with rt.enable_apply({call.name: _recorder(call.name, seen)}):
+        _call(MAMBA, call.args, call.kwargs | {"state_batch_indices": slots})
+    assert rt.stats()[MAMBA]["hit"] == 1
+    out = call.kwargs["out"]
+    step = torch.nn.functional.softplus(dt[0].float() + call.kwargs["dt_bias"].float())
+    per_head = x.shape[1] // B.shape[1]
+    bc = (B[0].float() * C[0].float()).sum(-1).repeat_interleave(per_head)  # [heads]
+    want = step * x[0].float() * bc[:, None] + x[0].float() * D.float()
+    _close(out[0], want.to(out.dtype), atol=2e-2, rtol=2e-2)
+    assert out[0].abs().max() > 0.05
+    live = int(slots[1])
+    untouched = [i for i in range(state.shape[0]) if i != live]
+    assert torch.equal(state[untouched], before[untouched])
+    assert not torch.equal(state[live], before[live])
