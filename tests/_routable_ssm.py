@@ -76,8 +76,7 @@ def _gdp_prefill(c: Catalogue) -> Call:
 def _kda(module: str) -> Callable[[Catalogue], Call]:
     def build(c: Catalogue) -> Call:
         name = f"{'recurrent_kda_decode' if module == 'kda_decode' else 'recurrent_kda'}_q4_v4_d128"
-        seq_len = {"seq_len": 3} if module == "kda" else {}
-        x, axes = c.inputs(name, batch_size=2, **seq_len)
+        x, axes = c.inputs(name, batch_size=2)
         args = tuple(x[k] for k in ("q", "k", "v", "g", "beta"))
         kwargs: dict = {"A_log": None, "dt_bias": None, "scale": x["scale"]}
         kwargs |= {"initial_state": x["state"], "output_final_state": True}
@@ -133,9 +132,15 @@ def _packed_kda(c: Catalogue) -> Call:
     return Call(name, tuple(x[k] for k in names), {"output": c.buffer(name, "output", axes)})
 
 
+def _sd_layout(conv_state: torch.Tensor) -> torch.Tensor:
+    """The same [slots, C, 3] values in FlashInfer's SD layout: [slots, 3, C] in memory."""
+    return conv_state.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 def _fused_kda(c: Catalogue) -> Call:
     name = "fused_kda_decode_h8_d128"
     x, axes = c.inputs(name, num_rows=3, num_slots=5)
+    x["conv_state"] = _sd_layout(x["conv_state"])
     names = ("x", "weight", "conv_state", "raw_gate", "raw_beta", "A_log", "dt_bias")
     names += ("state_indices", "state", "output_gate", "norm_weight")
     args = tuple(x[k] for k in names) + (None, 1e-6, c.buffer(name, "output", axes))
@@ -158,6 +163,7 @@ def _ssd_combined(c: Catalogue) -> Call:
 def _packed_fused_kda(c: Catalogue) -> Call:
     name = "packed_fused_kda_decode_t1_h8_d128"
     x, axes = c.inputs(name, num_rows=3, num_slots=5)
+    x["conv_state"] = _sd_layout(x["conv_state"])
     names = ("x", "weight", "conv_state", "raw_gate", "raw_beta", "A_log", "dt_bias")
     args = tuple(x[k] for k in names)
     # Three sequences of one token each, in the slots the rows were made with.

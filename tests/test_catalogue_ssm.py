@@ -458,7 +458,9 @@ def _route(path, overrides_and_rules, fallback_runs=False):
             if fallback_runs:
                 _call(path, args, kwargs)
             else:
-                with pytest.raises((RuntimeError, ValueError, AssertionError, ImportError)):
+                with pytest.raises(
+                    (RuntimeError, ValueError, TypeError, AssertionError, ImportError)
+                ):
                     _call(path, args, kwargs)
             assert len(seen) == 1, overrides
     counts = rt.stats()[path]
@@ -583,15 +585,23 @@ def test_cudnn_prefills_route_and_refuse_the_output_alone(path):
 def test_kda_updates_the_callers_state_in_place_and_refuses_what_it_does_not_model(module):
     path = f"flashinfer.{module}.recurrent_kda"
     before = routable.ROUTABLE[path](_catalogue()).kwargs["initial_state"]
+    strided = before.transpose(-1, -2).contiguous().transpose(-1, -2)
     refusals = [
         ({"use_gate_in_kernel": True}, "use_gate_in_kernel"),
         ({"beta_is_logit": True}, "beta_is_logit"),
         ({"output_final_state": False}, "output_final_state"),
         ({"initial_state": None}, "initial_state"),
         ({"num_spec_tokens": 2}, "num_spec_tokens"),
+        # What FlashInfer refuses with given gates: a bound, a dt_bias not in float32, a
+        # strided state (its update would be lost), a backend that needs the in-kernel gate.
+        ({"lower_bound": -5.0}, "lower_bound"),
+        ({"dt_bias": torch.zeros(4 * 128, dtype=torch.bfloat16)}, "dt_bias"),
+        ({"initial_state": strided}, "initial_state"),
+        ({"backend": "tirx" if module == "kda" else "cudnn"}, "backend,A_log,dt_bias"),
     ]
     if module == "kda":
         refusals.append(({"checkpoint_every_n_tokens": 64}, "checkpoint_every_n_tokens"))
+        refusals.append(({"prefill_workspace": torch.empty(8)}, "prefill_workspace"))
     call, seen, (out, state) = _route(path, refusals)
     assert out is call.kwargs["output"] and state is call.kwargs["initial_state"]
     assert not torch.equal(state, before) and state.dtype == torch.bfloat16
@@ -629,6 +639,12 @@ def test_fused_kda_routes_the_softplus_gate_and_leaves_repeated_slots_to_flashin
         [
             ({"state_indices_mode": "repeated_positive"}, "state_indices_mode"),
             ({8: routable.ROUTABLE[path](_catalogue()).args[8].bfloat16()}, "tensor:state"),
+            # What FlashInfer refuses: a contiguous [slots, C, 3] convolution cache (it takes
+            # the SD layout), a bound >= 0, a negative eps, Cake without a slot mode.
+            ({2: routable.ROUTABLE[path](_catalogue()).args[2].contiguous()}, "conv_state"),
+            ({11: 1.0}, "lower_bound"),
+            ({12: -1.0}, "norm_eps"),
+            ({"backend": "cake", "state_indices_mode": None}, "backend,state_indices_mode"),
         ],
     )
     assert math.isnan(seen["lower_bound"]) and seen["norm_eps"] == 1e-6
@@ -669,7 +685,10 @@ def test_packed_fused_kda_maps_rows_to_their_sequences_slots_and_is_fused_kda_de
     two_tokens = torch.tensor([[3, 2], [4, 0], [1, 0]], dtype=torch.int32)
     call, seen, out = _route(
         path,
-        [({7: two_tokens}, "tensor:state_indices")],  # T = 2: the checkpointing kernel
+        [
+            ({7: two_tokens}, "tensor:state_indices"),  # T = 2: the checkpointing kernel
+            ({7: slots[:, 0].contiguous()}, "slots_per_sequence"),  # FlashInfer takes [N, T]
+        ],
     )
     assert torch.equal(seen["state_indices"], call.args[7][:, 0])
     args = list(base.args)
