@@ -476,3 +476,24 @@ def test_fp4_moe_parameters_the_definition_does_not_model_are_refused(
     out = _route(monkeypatch, path, call.name, (), _bound(call, path) | {param: value})
     _refused(out, param)
     assert out.originals[0][param] is value
+
+
+ROUTED = sorted(path for path in calls.ROUTABLE if path.endswith("routed_moe"))
+PRIMS_TS_BF16_ROUTED = "flashinfer.fused_moe.backends.prims_ts.bf16_op.prims_ts_bf16_routed_moe"
+
+
+@pytest.mark.parametrize(
+    ("path", "method"),
+    [(path, 3) for path in ROUTED] + [(PRIMS_TS_BF16_ROUTED, 2), (PRIMS_TS_BF16_ROUTED, 8)],
+)
+def test_a_given_routing_still_falls_back_on_a_method_flashinfer_refuses(monkeypatch, path, method):
+    # The routing kernel checks its method before it reads the given ids: Llama 4 routing
+    # needs top_k 1; Prims-TS BF16 refuses DeepSeek-V3 (2) and sigmoid (8) routing.
+    call = calls.ROUTABLE[path](_catalogue())
+    bound = _bound(call, path)
+    assert bound["top_k"] > 1
+    _hit(_route(monkeypatch, path, call.name, (), dict(bound)))
+    out = _route(monkeypatch, path, call.name, (), bound | {"routing_method_type": method})
+    rules = out.counts["rules"]
+    assert out.counts["hit"] == 0 and "routing_method_type" in next(iter(rules)), rules
+    assert out.result == "flashinfer"
