@@ -978,3 +978,61 @@ def test_grouped_gemm_nt_masked_launch_options_and_no_alpha_stay_routed(override
     result = _route(monkeypatch, MASKED_PATH, calls.MASKED_NVFP4, (lhs, rhs, out, masked_m), kwargs)
     seen = _hit(result)
     assert torch.equal(out, _reference(calls.MASKED_NVFP4)(**seen))
+
+
+SVDQUANT_PATHS = {
+    "mm": "flashinfer.gemm.gemm_svdquant.mm_nvfp4_svdquant",
+    "linear": "flashinfer.gemm.gemm_svdquant.svdquant_linear",
+}
+
+
+@pytest.mark.parametrize("which", sorted(SVDQUANT_PATHS))
+def test_svdquant_backends_that_round_otherwise_fall_back(monkeypatch, which):
+    # cute-dsl-unfused rounds the product, the low-rank branch and their sum to bfloat16
+    # apart; the fused kernels round once, as the definition.
+    path = SVDQUANT_PATHS[which]
+    call = calls.ROUTABLE[path](_catalogue())
+    kwargs = call.kwargs | {"backend": "cute-dsl-unfused"}
+    out = _route(monkeypatch, path, call.name, call.args, kwargs)
+    rules = out.counts["rules"]
+    assert out.counts["hit"] == 0 and "backend" in next(iter(rules)), rules
+
+
+@pytest.mark.parametrize(
+    ("path", "backend", "routed"),
+    [
+        ("flashinfer.gemm.gemm_svdquant.svdquant_linear", "cutlass", True),
+        ("flashinfer.gemm.gemm_svdquant.svdquant_linear", "auto", False),
+        ("flashinfer.gemm.gemm_svdquant.nvfp4_quantize_smooth", "cutlass", True),
+        ("flashinfer.gemm.gemm_svdquant.nvfp4_quantize_smooth", "cute-dsl", False),
+    ],
+)
+def test_svdquant_quantizers_under_flashinfers_4over6_environment(
+    monkeypatch, path, backend, routed
+):
+    # Set, FLASHINFER_NVFP4_4OVER6 switches the CuTe-DSL quantizer (which auto may pick) to
+    # another recipe; the CUTLASS kernel has none.
+    import _routable_samp_quant
+
+    builders = {**calls.ROUTABLE, **_routable_samp_quant.ROUTABLE}
+    call = builders[path](_catalogue())
+    kwargs = {**call.kwargs, "backend": backend}
+    monkeypatch.setenv("FLASHINFER_NVFP4_4OVER6", "1")
+    out = _route(monkeypatch, path, call.name, call.args, kwargs)
+    if routed:
+        _hit(out)
+    else:
+        rules = out.counts["rules"]
+        assert out.counts["hit"] == 0 and "backend" in next(iter(rules)), rules
+    monkeypatch.delenv("FLASHINFER_NVFP4_4OVER6")
+    _hit(_route(monkeypatch, path, call.name, call.args, kwargs))
+
+
+def test_mm_nvfp4_svdquant_with_a_strided_operand_falls_back(monkeypatch):
+    path = SVDQUANT_PATHS["mm"]
+    call = calls.ROUTABLE[path](_catalogue())
+    args = list(call.args)
+    d = args[5]
+    args[5] = d.T.contiguous().T  # the same values, column-major: FlashInfer refuses it
+    assert torch.equal(args[5], d) and not args[5].is_contiguous()
+    _refused(_route(monkeypatch, path, call.name, tuple(args), call.kwargs), "operands_dense")

@@ -352,3 +352,57 @@ def test_nvfp4_routed_reference_is_the_aligned_one_over_the_plan_of_its_routes()
     )
     assert not torch.equal(routed, x["out"])
     torch.testing.assert_close(routed, aligned, atol=0, rtol=1e-2)
+
+
+def _with(call, path: str, **values) -> tuple:
+    """The call's positional arguments with some replaced, by parameter name."""
+    import inspect
+
+    owner, attr = patching._locate(path)
+    names = list(inspect.signature(getattr(owner, attr)).parameters)
+    args = list(call.args)
+    for name, value in values.items():
+        args[names.index(name)] = value
+    return tuple(args)
+
+
+@pytest.mark.parametrize("path", [FP8, NVFP4])
+def test_aligned_plans_with_an_expert_not_of_this_rank_fall_back(monkeypatch, path):
+    # vLLM and SGLang write -1 for an expert of another rank; FlashInfer's kernels index
+    # weights and scales by it unguarded, so the definition (expert E-1) cannot stand for it.
+    call = (calls.alphamoe_fp8_aligned if path == FP8 else calls.alphamoe_nvfp4_aligned)(
+        _catalogue()
+    )
+    expert_ids = call.args[_index(path, "expert_ids")]
+    live = (int(call.args[_index(path, "num_tokens_post_padded")].reshape(-1)[0]) + 7) // 8
+    assert 0 < live
+    for block, routed in [(0, False), (live, True)] if live < expert_ids.numel() else [(0, False)]:
+        ids = expert_ids.clone()
+        ids[block] = -1
+        outcome = _route(
+            monkeypatch, path, call.name, _with(call, path, expert_ids=ids), call.kwargs
+        )
+        if routed:  # a block past the extent is never read
+            _hit(outcome)
+        else:
+            rules = outcome.counts["rules"]
+            assert outcome.counts["hit"] == 0 and "expert_ids" in next(iter(rules)), rules
+
+
+def _index(path: str, name: str) -> int:
+    import inspect
+
+    owner, attr = patching._locate(path)
+    return list(inspect.signature(getattr(owner, attr)).parameters).index(name)
+
+
+def test_nvfp4_routed_with_an_expert_not_of_this_rank_falls_back(monkeypatch):
+    # FlashInfer bins an id of -1 as no expert; the reference would compute expert E-1.
+    call = calls.alphamoe_nvfp4_routed(_catalogue())
+    ids = call.args[_index(NVFP4_ROUTED, "topk_ids")].clone()
+    ids[0, 0] = -1
+    outcome = _route(
+        monkeypatch, NVFP4_ROUTED, call.name, _with(call, NVFP4_ROUTED, topk_ids=ids), call.kwargs
+    )
+    rules = outcome.counts["rules"]
+    assert outcome.counts["hit"] == 0 and "topk_ids" in next(iter(rules)), rules

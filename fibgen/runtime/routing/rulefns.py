@@ -32,15 +32,20 @@ def kv_pair(cache: Any, layout: str = "NHD") -> tuple[torch.Tensor, torch.Tensor
     return k, v
 
 
-def nvfp4_4over6_off(setting: Any) -> bool:
+_FROM_ENVIRONMENT = object()
+
+
+def nvfp4_4over6_off(setting: Any = _FROM_ENVIRONMENT) -> bool:
     """Whether FlashInfer's ``nvfp4_4over6=`` argument leaves its NVFP4 recipe standard.
 
     ``None`` turns the "4over6" scale search off; a config turns it on; the default, an
     unset sentinel, defers to the environment variable ``FLASHINFER_NVFP4_4OVER6`` (on when
     it is ``"1"``), as FlashInfer 0.7.2's ``resolve_nvfp4_4over6`` reads it at each call.
+    Without an argument, for an API that has no ``nvfp4_4over6=`` and whose quantizer reads
+    the environment alone, the environment decides.
     """
     if setting is None:
         return True
-    if type(setting).__name__ == "_UnsetType":
+    if setting is _FROM_ENVIRONMENT or type(setting).__name__ == "_UnsetType":
         return os.environ.get("FLASHINFER_NVFP4_4OVER6") != "1"
     return False
