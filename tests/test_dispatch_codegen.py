@@ -256,3 +256,19 @@ def test_let_and_rule_expressions_are_written_as_black_writes_them(expr, black_w
     from fibgen.codegen.python.dispatch.rules import unparse
 
     assert unparse(ast.parse(expr, mode="eval")) == black_writes
+
+
+def test_a_rule_that_reads_the_environment_is_checked_on_every_call():
+    # nvfp4_4over6_off() reads FLASHINFER_NVFP4_4OVER6, which may change between calls: it
+    # names no parameter, but it is not a rule over the definition's values alone.
+    rule = ir.Require(expr=ir.Expr(text="nvfp4_4over6_off()"))
+    family = catalogue.rmsnorm.model_copy(update={"rules": (rule,)})
+    text = _emit(family)["python/pkg/rmsnorm.py"].text
+    const = (
+        text.split("def _const_check", 1)[1].split("\ndef ", 1)[0]
+        if "def _const_check" in text
+        else ""
+    )
+    assert "nvfp4_4over6_off()" not in const
+    assert "not (nvfp4_4over6_off())" in text.split("def rmsnorm(", 1)[1]
+    assert "nvfp4_4over6_off" in text.split("def rmsnorm(", 1)[0]  # imported for the call

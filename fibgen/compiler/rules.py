@@ -153,8 +153,14 @@ def _kind(name: str, sc: Scope) -> RefKind:
 
 
 def stage(used: list[Ref], sc: Scope) -> Stage:
-    """When a rule can be checked: at plan, once per definition, or on every call."""
+    """When a rule can be checked: at plan, once per definition, or on every call.
+
+    A rule that calls a helper of the runtime reads more than the definition's values (the
+    environment, for ``nvfp4_4over6_off()``): it is checked on every call.
+    """
     kinds = {r.kind for r in used}
+    if any(r.name in RULE_HELPERS for r in used) and not kinds & {"plan", "self"}:
+        return "call"
     plan_lets = {r.name for r in used if r.kind == "let" and r.name.startswith("plan.")}
     run_lets = {r.name for r in used if r.kind == "let" and not r.name.startswith("plan.")}
     if not kinds - {"plan", "self", "global", "let"} and not run_lets:
