@@ -406,3 +406,17 @@ def test_nvfp4_routed_with_an_expert_not_of_this_rank_falls_back(monkeypatch):
     )
     rules = outcome.counts["rules"]
     assert outcome.counts["hit"] == 0 and "topk_ids" in next(iter(rules)), rules
+
+
+def test_fp8_aligned_with_a_strided_operand_falls_back(monkeypatch):
+    # FlashInfer's binding refuses strided weights, scales and plan tensors.
+    call = calls.alphamoe_fp8_aligned(_catalogue())
+    scale = call.args[_index(FP8, "hidden_states_scale")]
+    wide = torch.zeros(*scale.shape[:-1], 2 * scale.shape[-1])
+    wide[..., ::2] = scale
+    strided = wide[..., ::2]  # the same values, every other column of a wider tensor
+    assert torch.equal(strided, scale) and not strided.is_contiguous()
+    args = _with(call, FP8, hidden_states_scale=strided)
+    outcome = _route(monkeypatch, FP8, call.name, args, call.kwargs)
+    rules = outcome.counts["rules"]
+    assert outcome.counts["hit"] == 0 and "hidden_states_scale" in next(iter(rules)), rules
