@@ -388,3 +388,12 @@ def test_cake_vsa_reference_attends_to_each_heads_selected_blocks_only():
         logits = (x["k"][keys, h].float() @ x["q"][i, h].float()) * 0.2
         expected = logits.softmax(-1) @ x["v"][keys, h].float()
         base._close(ours[i, h], expected)
+
+
+@pytest.mark.parametrize(("position", "rule"), [(0, "q,k,v"), (4, "block_indices")])
+def test_strided_operands_are_left_to_flashinfer(monkeypatch, position, rule):
+    # FlashInfer takes q, k, v and the routing tensors compact, and refuses others.
+    x, _ = _case()
+    args = list(_args(x))
+    args[position] = base._strided(args[position])
+    base._refused(base._route(monkeypatch, NAME, tuple(args), {}, path=ONE_SHOT), rule)
