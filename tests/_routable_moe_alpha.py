@@ -54,19 +54,40 @@ def alphamoe_nvfp4_aligned(c: Catalogue) -> Call:
 ALPHAMOE_NVFP4_ROUTED = "alphamoe_nvfp4_routed_moe_topk2_e8_h256_i128"
 
 
+ALPHAMOE_NVFP4_ROUTED_DS = "alphamoe_nvfp4_routed_moe_topk8_e256_h7168_i2048"
+
+
 def alphamoe_nvfp4_routed(c: Catalogue) -> Call:
-    """The plan workspaces sized as FlashInfer asks, every prepared layout left None."""
-    x, _ = c.inputs(ALPHAMOE_NVFP4_ROUTED, num_tokens=5)
-    u8, i32 = torch.uint8, torch.int32
-    capacity = 5 * 2 + 8 * 7  # M * top_k + E * (block_m - 1), rounded to blocks below
-    args = (x["hidden_states"].view(u8), x["hidden_states_scale"])
-    args += (x["gemm1_weights"].view(u8), x["gemm1_weights_scale"])
-    args += (x["gemm2_weights"].view(u8), x["gemm2_weights_scale"])
-    args += (x["output1_scale_gate_scalar"], x["output1_scale_scalar"], x["output2_scale_scalar"])
+    """One token of DeepSeek-R1's shape, the one the small instance cannot be: FlashInfer
+    routes only 1 or 8 tokens of 8 experts among 256 or 512. Every expert holds one
+    expert's random weights (zero-stride views: the rules read shapes, the reference the
+    eight experts it routes to); the plan workspaces sized as FlashInfer asks, every
+    prepared layout left None."""
+    small, _ = c.inputs(ALPHAMOE_NVFP4_ROUTED, num_tokens=1)  # for its value ranges
+    g = torch.Generator().manual_seed(7)
+    u8, i32, f8 = torch.uint8, torch.int32, torch.float8_e4m3fn
+    E, H, I, T = 256, 7168, 2048, 1
+
+    def experts(t: torch.Tensor) -> torch.Tensor:
+        return t[None].expand(E, *t.shape)
+
+    def scales(*shape: int) -> torch.Tensor:
+        return (torch.rand(*shape, generator=g) * 0.04 + 0.01).to(f8)
+
+    args = (torch.randint(0, 256, (T, H // 2), dtype=u8, generator=g), scales(T, H // 16))
+    args += (experts(torch.randint(0, 256, (2 * I, H // 2), dtype=u8, generator=g)),)
+    args += (experts(scales(2 * I, H // 16)),)
+    args += (experts(torch.randint(0, 256, (H, I // 2), dtype=u8, generator=g)),)
+    args += (experts(scales(H, I // 16)),)
+    args += tuple(torch.rand(E, generator=g) + 0.5 for _ in range(3))
+    capacity = T * 8 + E * 7  # M * top_k + E * (block_m - 1)
     args += (torch.zeros(capacity // 8 * 8, dtype=i32), torch.zeros(capacity // 8, dtype=i32))
-    args += (torch.zeros(1, dtype=i32), x["topk_weights"], x["out"], x["topk_ids"])
-    args += (torch.zeros(8 + 2, dtype=i32), 2)
-    kwargs: dict = {"block_m": 8, "routed_scaling_factor": float(x["routed_scaling_factor"])}
+    ids = torch.randperm(E, generator=g)[:8].to(i32)[None].contiguous()
+    out = torch.randn(T, H, generator=g).bfloat16()
+    args += (torch.zeros(1, dtype=i32), torch.rand(T, 8, generator=g), out, ids)
+    args += (torch.zeros(E + 2, dtype=i32), 8)
+    scale = float(small["routed_scaling_factor"])
+    kwargs: dict = {"block_m": 8, "routed_scaling_factor": scale}
     for name in ("w1_scale_prepared", "w2_scale_prepared", "w1_data_prepared"):
         kwargs[name] = None
     for name in ("w1_gate_up_data_prepared", "w1_gate_up_scale_prepared"):
@@ -74,7 +95,7 @@ def alphamoe_nvfp4_routed(c: Catalogue) -> Call:
     for name in ("w1_scale_prepared_interleaved", "w2_data_prepared"):
         kwargs[name] = None
     kwargs |= {"w2_data_prepared_k256": None, "w2_scale_prepared_k256": None}
-    return _call(ALPHAMOE_NVFP4_ROUTED, args, kwargs | {"accumulate": True})
+    return _call(ALPHAMOE_NVFP4_ROUTED_DS, args, kwargs | {"accumulate": True})
 
 
 MXINT4_DS = "trtllm_mxint4_block_scale_moe_ds_routing_topk4_ng4_kg2_e8_h256_i256"

@@ -420,3 +420,28 @@ def test_fp8_aligned_with_a_strided_operand_falls_back(monkeypatch):
     outcome = _route(monkeypatch, FP8, call.name, args, call.kwargs)
     rules = outcome.counts["rules"]
     assert outcome.counts["hit"] == 0 and "hidden_states_scale" in next(iter(rules)), rules
+
+
+@pytest.mark.parametrize("change", ["two tokens", "block_m 32", "strided ids"])
+def test_nvfp4_routed_routes_only_the_shapes_flashinfer_runs(monkeypatch, change):
+    # FlashInfer's routed companion serves 1 or 8 tokens of 8 experts among 256 or 512,
+    # plan blocks of 8 or 16, and contiguous topk_ids; it raises for the rest.
+    call = calls.alphamoe_nvfp4_routed(_catalogue())
+    kwargs = dict(call.kwargs)
+    ids = call.args[_index(NVFP4_ROUTED, "topk_ids")]
+    if change == "two tokens":  # the token repeated: every per-token tensor twice
+        per_token = ("hidden_states", "hidden_states_scale", "topk_weights", "out", "topk_ids")
+        values = {
+            name: call.args[_index(NVFP4_ROUTED, name)].expand(2, -1).contiguous()
+            for name in per_token
+        }
+        args, rule = _with(call, NVFP4_ROUTED, **values), "topk_ids,gemm1_weights"
+    elif change == "block_m 32":
+        args, rule = call.args, "block_m"
+        kwargs["block_m"] = 32
+    else:
+        wide = torch.zeros(1, 16, dtype=ids.dtype)
+        wide[:, ::2] = ids
+        args, rule = _with(call, NVFP4_ROUTED, topk_ids=wide[:, ::2]), "topk_ids,out"
+    outcome = _route(monkeypatch, NVFP4_ROUTED, call.name, args, kwargs)
+    _refused(outcome, rule)
