@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -3913,6 +3914,13 @@ def main() -> int:
         " module, and call them through FlashInfer's own functions",
     )
     args = parser.parse_args()
+    if importlib.util.find_spec("flashinfer") is None:
+        print(
+            "error: needs flashinfer-python 0.7.2 (pip install --no-deps"
+            " flashinfer-python==0.7.2.post1, with the import dependencies .ci/run installs)",
+            file=sys.stderr,
+        )
+        return 2
     global INTERLEAVE_ALONE, DEV, CASE_FILTER
     INTERLEAVE_ALONE = INTERLEAVE_ALONE or args.interleave_alone
     if INTERLEAVE_ALONE:

@@ -122,6 +122,21 @@ def test_the_suite_lists_its_cases_and_helps_on_a_cpu(capsys, monkeypatch):
     assert s.NOT_YET_ON_A_GPU <= apis
 
 
+def test_the_suite_says_what_it_needs_where_flashinfer_is_not_installed(capsys, monkeypatch):
+    import importlib.util
+
+    s = suite()
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "flashinfer" else real(name, *a),
+    )
+    monkeypatch.setattr(sys, "argv", ["flashinfer_conformance.py", "--list"])
+    assert s.main() == 2
+    assert "needs flashinfer-python 0.7.2" in capsys.readouterr().err
+
+
 def test_cases_selects_by_label_and_refuses_a_pattern_that_selects_nothing(capsys, monkeypatch):
     s = suite()
     monkeypatch.setattr(s, "CASE_FILTER", None)  # main() sets it; put back after the test
