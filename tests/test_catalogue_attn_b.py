@@ -1356,3 +1356,17 @@ def test_msa_topk_select_reference_agrees_with_flashinfers_template(monkeypatch,
     if torch.is_tensor(valid):  # token 1 has 3 valid blocks: all kept, then -1s
         row = out.result[1, 0]
         assert row[:3].tolist() == [0, 1, 2] and (row[3:] == -1).all()
+
+
+def test_msa_sparse_decode_falls_back_inside_graph_capture_without_reading_its_selection(
+    monkeypatch,
+):
+    # Its selection rule reads tensor values on the host, which capture forbids (Note [data
+    # rules in capture]): inside capture the call goes to FlashInfer, counted by the rule.
+    from fibgen.runtime.launch import capture
+
+    args, kwargs, _ = _msa_decode_build(6)
+    api = "flashinfer.msa_ops.sparse_decode.msa_sparse_decode_attention"
+    _hit(_route(monkeypatch, api, MSA_DECODE_NAME, args, kwargs))
+    monkeypatch.setattr(capture, "is_capturing", lambda: True)
+    _refused(_route(monkeypatch, api, MSA_DECODE_NAME, args, kwargs), "q2k_indices")

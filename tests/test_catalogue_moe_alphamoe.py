@@ -445,3 +445,16 @@ def test_nvfp4_routed_routes_only_the_shapes_flashinfer_runs(monkeypatch, change
         args, rule = _with(call, NVFP4_ROUTED, topk_ids=wide[:, ::2]), "topk_ids,out"
     outcome = _route(monkeypatch, NVFP4_ROUTED, call.name, args, kwargs)
     _refused(outcome, rule)
+
+
+def test_fp8_aligned_falls_back_inside_graph_capture_without_reading_its_plan(monkeypatch):
+    # Its expert-range rule reads the plan on the host, which capture forbids (Note [data
+    # rules in capture]): inside capture the call goes to FlashInfer, counted by the rule.
+    from fibgen.runtime.launch import capture
+
+    call = calls.alphamoe_fp8_aligned(_catalogue())
+    _hit(_route(monkeypatch, FP8, call.name, call.args, call.kwargs))
+    monkeypatch.setattr(capture, "is_capturing", lambda: True)
+    outcome = _route(monkeypatch, FP8, call.name, call.args, call.kwargs)
+    rules = outcome.counts["rules"]
+    assert outcome.counts["hit"] == 0 and "expert_ids" in next(iter(rules)), rules

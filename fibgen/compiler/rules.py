@@ -14,7 +14,12 @@ from fibgen.compiler import ir
 from fibgen.compiler.pysyntax import PythonSyntaxError, parse_python
 
 # Functions a rule may call besides torch and math: fibgen/runtime/routing/rulefns.py defines them.
-RULE_HELPERS = ("kv_pair", "nvfp4_4over6_off")
+#
+# Note [data rules in capture]: a rule that reads tensor values on the host (`.all()`,
+# `.item()`) synchronizes, which CUDA-graph capture forbids (the capture breaks). Such rules
+# are written `not capturing() and <check>`: inside capture they fail without reading, and
+# the call falls back to the original API, counted by the rule.
+RULE_HELPERS = ("kv_pair", "nvfp4_4over6_off", "capturing")
 # Names a rule expression may use besides the family's own (see checks.EXPR_BUILTINS).
 RULE_GLOBALS = frozenset({"torch", "math", "None", "True", "False", *RULE_HELPERS})
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from fibgen.runtime.routing.patching import ApiDefault
 from fibgen.runtime.routing.registry import register_api, register_package
-from fibgen.runtime.routing.rulefns import kv_pair, nvfp4_4over6_off
+from fibgen.runtime.routing.rulefns import capturing, kv_pair, nvfp4_4over6_off
 from fibgen.runtime.routing.state import DPS, INPLACE, ORIGINAL, RETURNS, SERVING
 
 if TYPE_CHECKING:
@@ -51,6 +51,7 @@ __all__ = [
     "build_extension",
     "decode",
     "fresh",
+    "capturing",
     "kv_pair",
     "nvfp4_4over6_off",
     "pack",

@@ -40,6 +40,7 @@ MODULE_NAMES = frozenset(
         "register_api",
         "kv_pair",
         "nvfp4_4over6_off",
+        "capturing",
         "register_package",
         "APIS",
         "DEFINITIONS",

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from fibgen.runtime.launch import capture as _capture
+
 
 def kv_pair(cache: Any, layout: str = "NHD") -> tuple[torch.Tensor, torch.Tensor]:
     """(k, v) of a paged KV cache as views in NHD order: [pages, page_size, heads, dim].
@@ -49,3 +51,15 @@ def nvfp4_4over6_off(setting: Any = _FROM_ENVIRONMENT) -> bool:
     if setting is _FROM_ENVIRONMENT or type(setting).__name__ == "_UnsetType":
         return os.environ.get("FLASHINFER_NVFP4_4OVER6") != "1"
     return False
+
+
+def capturing() -> bool:
+    """Whether a CUDA graph is being captured on the current stream.
+
+    A rule that reads tensor values on the host (``.all()``, ``.item()``) would synchronize,
+    which capture forbids and which breaks the capture: such a rule is written
+    ``not capturing() and <check>``, so that inside capture the call falls back to the
+    original API, counted by the rule, without reading anything (Note [data rules in
+    capture] in the compiler's rules).
+    """
+    return _capture.is_capturing()
