@@ -41,6 +41,7 @@ import sys
 import time
 import traceback
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -3930,43 +3931,39 @@ def main() -> int:
         print(f"error: no group matches {', '.join(unknown)}; groups: {', '.join(GROUPS)}")
         return 2
     groups = [g_ for g_ in GROUPS if not args.only or any(o in g_ for o in args.only)]
+    if args.list and not torch.cuda.is_available():
+        DEV = "cpu"  # listing makes each case's inputs, and calls nothing
+    elif DEV == "cuda" and not torch.cuda.is_available():
+        print("error: needs a CUDA GPU and flashinfer-python 0.7.2 with its JIT", file=sys.stderr)
+        return 2
+    # Each group's cases, made once where they are selected or listed; a run makes each
+    # group's as it reaches it, so that one group's inputs at a time are on the GPU.
+    made: dict[str, list[Case]] = {}
     if args.cases:
         try:
             CASE_FILTER = re.compile(args.cases)
         except re.error as e:
             print(f"error: --cases {args.cases!r} is not a regular expression: {e}")
             return 2
-        if args.list and not torch.cuda.is_available():
-            DEV = "cpu"  # listing makes each case's inputs, and calls nothing
-        elif DEV == "cuda" and not torch.cuda.is_available():
-            print(
-                "error: needs a CUDA GPU and flashinfer-python 0.7.2 with its JIT", file=sys.stderr
-            )
-            return 2
-        if not any(_cases(g_) for g_ in groups):
+        made = {g_: cases for g_ in groups if (cases := _cases(g_))}
+        if not made:
             print(f"error: --cases {args.cases!r} matches no case of {', '.join(groups)}")
             return 2
-        groups = [g_ for g_ in groups if _cases(g_)]
+        groups = list(made)
     if args.list:
-        if not torch.cuda.is_available():
-            DEV = "cpu"  # listing makes each case's inputs, and calls nothing
         for group in groups:
-            for case in _cases(group):
+            cases = made.get(group) or _cases(group)
+            for case in cases:
                 expect = f"falls back by {case.expect}" if case.expect else "routed"
                 print(f"{group}: {case.label}: {expect}")
+            made[group] = cases
         for api, why in _pending().items():
             print(f"no case: {api}: {why}")
         for group in groups:
-            pending: dict[str, int] = {}
-            for case in _cases(group):
-                if case.api in NOT_YET_ON_A_GPU:
-                    pending[case.api] = pending.get(case.api, 0) + 1
+            pending = Counter(c.api for c in made[group] if c.api in NOT_YET_ON_A_GPU)
             for api, n in pending.items():
                 print(f"not yet run on a GPU: {api} ({n} cases, group {group})")
         return 0
-    if DEV == "cuda" and not torch.cuda.is_available():
-        print("error: needs a CUDA GPU and flashinfer-python 0.7.2 with its JIT", file=sys.stderr)
-        return 2
     started = time.time()
     gpu = torch.cuda.get_device_name() if DEV == "cuda" else "cpu"
     print(f"device: {gpu}, torch {torch.__version__}", flush=True)
@@ -3978,7 +3975,7 @@ def main() -> int:
     broken = None  # the case after which the CUDA context is unusable
     for group in groups:
         by_api: dict[str, list[Outcome]] = {}
-        for case in _faulting_last(_cases(group)):
+        for case in _faulting_last(made.pop(group, None) or _cases(group)):
             start = time.time()
             if (case.variant or case.label) in hung:
                 # A call that did not return while building would stop the run here.

@@ -1,6 +1,7 @@
 """Where the shared reference material (the flashinfer-trace dataset, schemas) lives for tests,
 and checks several test files share (``foreign_files``: what a dataset holds that its layout
-has no place for; ``without_modules``: a subprocess in which a package seems not installed).
+has no place for; ``without_modules``: a subprocess in which a package seems not installed;
+``strided``: a strided view of a tensor's values).
 
 ``FIBGEN_SHARED`` overrides the default, which is the ``shared`` directory beside the
 repository checkout. Tests that need it call ``require_shared()`` and are skipped without it.
@@ -14,6 +15,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 SHARED_DIR: Path = Path(
     os.environ.get("FIBGEN_SHARED") or Path(__file__).resolve().parents[1].parent / "shared"
@@ -123,3 +125,13 @@ def foreign_files(root: Path) -> list[str]:
         if not any(re.fullmatch(pattern, rel) for pattern in _LAYOUT):
             found.append(rel)
     return found
+
+
+def strided(t: torch.Tensor) -> torch.Tensor:
+    """The same values as ``t``, every other element of the last dimension of a wider tensor:
+    a strided view (not contiguous) for the rules that refuse one."""
+    wide = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)
+    wide[..., ::2] = t
+    view = wide[..., ::2]
+    assert not view.is_contiguous()
+    return view

@@ -14,7 +14,7 @@ import inspect
 import pytest
 import torch
 import torch.nn.functional as F
-from _shared import require_module
+from _shared import require_module, strided
 
 require_module("flashinfer", "flashinfer-python 0.7.2.post1 is not installed (see .ci/run)")
 
@@ -356,13 +356,9 @@ def test_nvfp4_routed_reference_is_the_aligned_one_over_the_plan_of_its_routes()
 
 def _with(call, path: str, **values) -> tuple:
     """The call's positional arguments with some replaced, by parameter name."""
-    import inspect
-
-    owner, attr = patching._locate(path)
-    names = list(inspect.signature(getattr(owner, attr)).parameters)
     args = list(call.args)
     for name, value in values.items():
-        args[names.index(name)] = value
+        args[_index(path, name)] = value
     return tuple(args)
 
 
@@ -374,19 +370,18 @@ def test_aligned_plans_with_an_expert_not_of_this_rank_fall_back(monkeypatch, pa
         _catalogue()
     )
     expert_ids = call.args[_index(path, "expert_ids")]
-    live = (int(call.args[_index(path, "num_tokens_post_padded")].reshape(-1)[0]) + 7) // 8
-    assert 0 < live
-    for block, routed in [(0, False), (live, True)] if live < expert_ids.numel() else [(0, False)]:
-        ids = expert_ids.clone()
-        ids[block] = -1
-        outcome = _route(
-            monkeypatch, path, call.name, _with(call, path, expert_ids=ids), call.kwargs
-        )
-        if routed:  # a block past the extent is never read
-            _hit(outcome)
-        else:
-            rules = outcome.counts["rules"]
-            assert outcome.counts["hit"] == 0 and "expert_ids" in next(iter(rules)), rules
+    ntpp = call.args[_index(path, "num_tokens_post_padded")]
+    assert expert_ids.numel() > 1
+    ids = expert_ids.clone()
+    ids[0] = -1
+    outcome = _route(monkeypatch, path, call.name, _with(call, path, expert_ids=ids), call.kwargs)
+    rules = outcome.counts["rules"]
+    assert outcome.counts["hit"] == 0 and "expert_ids" in next(iter(rules)), rules
+    # With one live block (8 plan entries) a -1 past it is never read: routed.
+    ids = expert_ids.clone()
+    ids[1] = -1
+    one_block = _with(call, path, expert_ids=ids, num_tokens_post_padded=torch.full_like(ntpp, 8))
+    _hit(_route(monkeypatch, path, call.name, one_block, call.kwargs))
 
 
 def _index(path: str, name: str) -> int:
@@ -412,11 +407,7 @@ def test_fp8_aligned_with_a_strided_operand_falls_back(monkeypatch):
     # FlashInfer's binding refuses strided weights, scales and plan tensors.
     call = calls.alphamoe_fp8_aligned(_catalogue())
     scale = call.args[_index(FP8, "hidden_states_scale")]
-    wide = torch.zeros(*scale.shape[:-1], 2 * scale.shape[-1])
-    wide[..., ::2] = scale
-    strided = wide[..., ::2]  # the same values, every other column of a wider tensor
-    assert torch.equal(strided, scale) and not strided.is_contiguous()
-    args = _with(call, FP8, hidden_states_scale=strided)
+    args = _with(call, FP8, hidden_states_scale=strided(scale))
     outcome = _route(monkeypatch, FP8, call.name, args, call.kwargs)
     rules = outcome.counts["rules"]
     assert outcome.counts["hit"] == 0 and "hidden_states_scale" in next(iter(rules)), rules
@@ -440,9 +431,7 @@ def test_nvfp4_routed_routes_only_the_shapes_flashinfer_runs(monkeypatch, change
         args, rule = call.args, "block_m"
         kwargs["block_m"] = 32
     else:
-        wide = torch.zeros(1, 16, dtype=ids.dtype)
-        wide[:, ::2] = ids
-        args, rule = _with(call, NVFP4_ROUTED, topk_ids=wide[:, ::2]), "topk_ids,out"
+        args, rule = _with(call, NVFP4_ROUTED, topk_ids=strided(ids)), "topk_ids,out"
     outcome = _route(monkeypatch, NVFP4_ROUTED, call.name, args, kwargs)
     _refused(outcome, rule)
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import torch
-from _shared import catalogue_module, require_module
+from _shared import catalogue_module, require_module, strided
 
 require_module("flashinfer", "flashinfer-python 0.7.2.post1 is not installed (see .ci/run)")
 
@@ -794,26 +794,17 @@ def test_cute_mla_reference_agrees_with_flashinfers_template():
         _close(ours, theirs)
 
 
-def _strided(t: torch.Tensor) -> torch.Tensor:
-    """The same values, every other element of the last dimension of a wider tensor."""
-    wide = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)
-    wide[..., ::2] = t
-    out = wide[..., ::2]
-    assert torch.equal(out, t) and not out.is_contiguous()
-    return out
-
-
 @pytest.mark.parametrize(("position", "rule"), [(0, "q"), (2, "block_tables")])
 def test_decode_strided_operands_are_left_to_flashinfer(monkeypatch, position, rule):
     # FlashInfer takes q compact and each block-table row contiguous, and refuses others.
     x, _ = _case()
     args = list(_args(x))
-    args[position] = _strided(args[position])
+    args[position] = strided(args[position])
     _refused(_route(monkeypatch, NAME, tuple(args), {}), rule)
 
 
 def test_mla_strided_query_is_left_to_flashinfer(monkeypatch):
     x, _ = _mcase()
     args = list(_margs(x))
-    args[0] = _strided(args[0])
+    args[0] = strided(args[0])
     _refused(_route(monkeypatch, MNAME, tuple(args), {}, MLA), "query,kv_cache")

@@ -23,7 +23,7 @@ import math
 
 import pytest
 import torch
-from _shared import require_module
+from _shared import require_module, strided
 
 require_module("flashinfer", "flashinfer-python 0.7.2.post1 is not installed (see .ci/run)")
 
@@ -395,5 +395,5 @@ def test_strided_operands_are_left_to_flashinfer(monkeypatch, position, rule):
     # FlashInfer takes q, k, v and the routing tensors compact, and refuses others.
     x, _ = _case()
     args = list(_args(x))
-    args[position] = base._strided(args[position])
+    args[position] = strided(args[position])
     base._refused(base._route(monkeypatch, NAME, tuple(args), {}, path=ONE_SHOT), rule)

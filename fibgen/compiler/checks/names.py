@@ -25,6 +25,8 @@ from __future__ import annotations
 import keyword
 import re
 
+from fibgen.compiler.rules import RULE_HELPERS
+
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # The names a generated dispatcher module or the package's __init__.py defines or imports.
@@ -38,12 +40,10 @@ MODULE_NAMES = frozenset(
         "RETURNS",
         "SERVING",
         "register_api",
-        "kv_pair",
-        "nvfp4_4over6_off",
-        "capturing",
         "register_package",
         "APIS",
         "DEFINITIONS",
+        *RULE_HELPERS,
     }
 )
 
