@@ -1340,8 +1340,14 @@ def test_cudnn_prefill_routes_packed_offsets_and_refuses_the_rest():
             },
             {"q": q},
         ),
-        ({"batch_offsets_q": moved}, ("batch_offsets_q,batch_offsets_units,q", cubin)),
-        ({"batch_offsets_q": elements}, ("batch_offsets_q,batch_offsets_units,q", cubin)),
+        (
+            {"batch_offsets_q": moved},
+            ("batch_offsets_q,actual_seq_lens_q,batch_offsets_units,q", cubin),
+        ),
+        (
+            {"batch_offsets_q": elements},
+            ("batch_offsets_q,actual_seq_lens_q,batch_offsets_units,q", cubin),
+        ),
         ({"return_lse": True}, ("return_lse", NotImplementedError)),
         ({"out": torch.empty_like(q)}, ("out", cubin)),
         ({"q_scale": torch.ones(1, 1, 1, 1)}, ("q_scale", cubin)),

@@ -661,8 +661,8 @@ APIS = [
             ("input_layout", "Q_PAGED_KV_NHD", "input_layout"),
             ("mask_mode", "sliding_window", "mask_mode"),
             ("mask_mode", "chunked", "mask_mode"),
-            ("out_dtype", torch.float16, "out_dtype"),
-            ("out", torch.zeros(5, 16, 128, dtype=torch.float16), "out"),
+            ("out_dtype", torch.float16, "out_dtype,qkv,input_layout"),  # query: a let over qkv
+            ("out", torch.zeros(5, 16, 128, dtype=torch.float16), "out,qkv,input_layout"),
             ("sinks", [torch.zeros(16)], "sinks"),
             ("pos_encoding_mode", "alibi", "pos_encoding_mode"),
             ("logits_soft_cap_scale", 30.0, "logits_soft_cap_scale"),
@@ -1300,13 +1300,13 @@ def test_msa_sparse_decode_attention_leaves_strided_operands_to_flashinfer(monke
     "kwargs, rule",
     [
         # FlashInfer: 0 < num_valid_pages <= max_k_tiles (max_score's blocks), at least the
-        # forced blocks. The rules read the scalar before the let makes it per token, and are
-        # named by what else they read.
-        ({"num_valid_pages": 0}, "max_score"),
-        ({"num_valid_pages": 10_000}, "max_score"),
+        # forced blocks. The rules read the scalar (a let over num_valid_pages and max_score)
+        # before the let makes it per token, and are named by the parameters they read.
+        ({"num_valid_pages": 0}, "num_valid_pages,max_score"),
+        ({"num_valid_pages": 10_000}, "num_valid_pages,max_score"),
         (
             {"num_valid_pages": 4, "force_begin_blocks": 3, "force_end_blocks": 2},
-            "force_begin_blocks,force_end_blocks",
+            "num_valid_pages,max_score,force_begin_blocks,force_end_blocks",
         ),
         ({"force_begin_blocks": -1}, "force_begin_blocks,force_end_blocks"),
     ],

@@ -374,7 +374,7 @@ def test_launch_options_and_accepted_values_stay_routed(path, param, value, monk
         ("flashinfer.gemm.tgv_gemm_sm100", 0, "strided", "a"),
         # The CUTLASS kernel takes bare pointers: dense A, B and scales.
         ("flashinfer.gemm.gemm_fp8_nt_groupwise", 1, "strided", "a,b"),
-        ("flashinfer.gemm.gemm_fp8_nt_groupwise", 2, "strided", "scales_dense"),
+        ("flashinfer.gemm.gemm_fp8_nt_groupwise", 2, "strided", "a_scale,b_scale"),
     ],
 )
 def test_operands_in_a_layout_the_kernel_does_not_read_fall_back(
@@ -1033,4 +1033,6 @@ def test_mm_nvfp4_svdquant_with_a_strided_operand_falls_back(monkeypatch):
     d = args[5]
     args[5] = d.T.contiguous().T  # the same values, column-major: FlashInfer refuses it
     assert torch.equal(args[5], d) and not args[5].is_contiguous()
-    _refused(_route(monkeypatch, path, call.name, tuple(args), call.kwargs), "operands_dense")
+    _refused(
+        _route(monkeypatch, path, call.name, tuple(args), call.kwargs), "a,b,d,l1,a_sf,b_sf,out"
+    )

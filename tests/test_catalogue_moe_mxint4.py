@@ -146,8 +146,9 @@ def test_mxint4_without_routing_bias_is_routed_as_a_zero_bias(monkeypatch):
 def test_mxint4_without_groups_needs_a_routing_bias(monkeypatch):
     # With n_group 1 (Kimi K2) FlashInfer routes through its generic kernel, which reads
     # routing_bias whether given or not (Note [DeepSeek routing without groups] in
-    # moe.fidef): a call without one falls back by the rule on n_group. The weights are
-    # zero-stride views of Kimi K2's shapes: the rules read shapes and dtypes, not values.
+    # moe.fidef): a call without one falls back by the rule on routing_bias and n_group.
+    # The weights are zero-stride views of Kimi K2's shapes: the rules read shapes and
+    # dtypes, not values.
     E, H, I, T = 384, 7168, 2048, 2
     name = "trtllm_mxint4_block_scale_moe_ds_routing_topk8_ng1_kg1_e384_h7168_i2048"
     assert name in _catalogue().defs
@@ -161,4 +162,4 @@ def test_mxint4_without_groups_needs_a_routing_bias(monkeypatch):
     args += (zeros(torch.uint8, E, H, I // 2), zeros(torch.bfloat16, E, H, I // 32))
     args += (E, 8, 1, 1, I, 0, E, 2.5)
     kwargs = {"routing_method_type": 2, "do_finalize": True, "enable_pdl": False}
-    _refused(_route(monkeypatch, MXINT4, name, args, kwargs), "n_group")
+    _refused(_route(monkeypatch, MXINT4, name, args, kwargs), "routing_bias,n_group")

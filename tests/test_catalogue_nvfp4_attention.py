@@ -220,7 +220,7 @@ def test_fwd_with_one_correction_row_an_alias_scale_and_no_lse(monkeypatch):
         ({"causal": True, "unpadded_k_len": 200}, "causal,unpadded_k_len,k_fp4"),
         ({"out_dtype": torch.float16}, "out_dtype,out"),
         ({"out": torch.zeros(1, 32, 128, 128, dtype=torch.float16)}, "out_dtype,out"),
-        ({"sm_scale": 0.1, "softmax_scale": 0.1}, "not both_scales"),
+        ({"sm_scale": 0.1, "softmax_scale": 0.1}, "sm_scale,softmax_scale"),
         ({"return_lse": False, "lse": torch.zeros(1, 32, 128)}, "return_lse,lse"),
     ],
 )
@@ -280,7 +280,7 @@ def test_quantize_calls_with_k_and_v_of_different_lengths_are_left_to_flashinfer
         monkeypatch, "nvfp4_attention_sm120_quantize_qkv", (q, k, v[:, :, :120]), {}
     )
     assert counts["hit"] == 0 and result == "flashinfer" and len(originals) == 1
-    assert counts["rules"] == {"same_kv_shapes": 1}, counts
+    assert counts["rules"] == {"k,v": 1}, counts
 
 
 def test_float16_quantize_calls_fall_back(monkeypatch):

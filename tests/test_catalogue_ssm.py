@@ -687,7 +687,7 @@ def test_packed_fused_kda_maps_rows_to_their_sequences_slots_and_is_fused_kda_de
         path,
         [
             ({7: two_tokens}, "tensor:state_indices"),  # T = 2: the checkpointing kernel
-            ({7: slots[:, 0].contiguous()}, "slots_per_sequence"),  # FlashInfer takes [N, T]
+            ({7: slots[:, 0].contiguous()}, "state_indices"),  # FlashInfer takes [N, T]
         ],
     )
     assert torch.equal(seen["state_indices"], call.args[7][:, 0])

@@ -319,6 +319,41 @@ def _family(returns: str) -> ir.Family:
     return result.module.families()[0]
 
 
+def test_a_rule_over_a_let_is_named_by_the_parameters_the_let_reads():
+    # Note [rule names] in fibgen/compiler/rules.py: the reason a caller sees names the
+    # arguments it passed, not a name the definition made up.
+    from fibgen.compiler import rules
+    from fibgen.compiler.checks import EXPR_BUILTINS
+
+    result = compile_text("""
+        family scaled {
+          op_type scaled
+          api pkg.scaled(x, scale=None, bias=None, *, mode="a", out=None)
+          axes { n : var }
+          inputs { x : float32[n] }
+          outputs { output : float32[n] -> out }
+          rules {
+            let has_bias = bias is not None
+            let adjusted = scale is not None or has_bias
+            let x = x.contiguous()
+            adjusted
+            mode == "a" or not has_bias
+            mode in ("a", "b")
+            x.is_contiguous()
+            1 > 0
+          }
+        }
+        """)
+    assert result.module is not None, [d.message for d in result.diagnostics]
+    fam = result.module.families()[0]
+    sc = rules.scope(fam, EXPR_BUILTINS)
+    assert sc.let_reads == {"has_bias": ("bias",), "adjusted": ("scale", "bias")}
+    named = [rules.rule_name(r, sc) for r in fam.rules if isinstance(r, ir.Require)]
+    # Through a let over a let; a let in the place it is read; parameters alone as before;
+    # a let named like its parameter is the parameter; no parameter: the text.
+    assert named == ["scale,bias", "mode,bias", "mode", "x", "1 > 0"]
+
+
 def test_returns_lowers_its_outputs_in_order_with_their_positions():
     r = _family("returns new_state,  output").returns
     assert r.names == ("new_state", "output")

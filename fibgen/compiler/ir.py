@@ -255,9 +255,10 @@ class ApiSignature(Node):
 # plan method; `self` for the wrapper; const axes and family parameters (the definition's
 # values); `torch`, `math` and the expression builtins. When an API parameter and an axis or
 # parameter share a name, the name means the API parameter. A call that fails a rule goes to
-# the original API (counted as `fallback_guard` with the rule's name), or raises in strict
-# mode. Rules over plan parameters alone are checked once, at plan; rules over const values
-# alone once per key; the rest on every routed call.
+# the original API (counted as `fallback_guard` with the rule's name: the parameters it
+# reads, Note [rule names] in rules.py), or raises in strict mode. Rules over plan
+# parameters alone are checked once, at plan; rules over const values alone once per key;
+# the rest on every routed call.
 
 
 class Require(Node):

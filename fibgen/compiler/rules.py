@@ -45,6 +45,9 @@ class Scope:
     run: dict[str, ir.ApiParam]  # API parameters, and keywords its `**` parameter carries
     plan: dict[str, ir.ApiParam]  # plan parameters, likewise
     lets: frozenset[str]  # names introduced by `let` ("plan.x" for plan-time ones)
+    # The parameters ("x", "plan.x", "self") each of those names is computed from, in order
+    # of appearance, through the lets it reads (Note [rule names]).
+    let_reads: dict[str, tuple[str, ...]]
     axes: dict[str, ir.VarAxis | ir.ConstAxis]
     params: dict[str, ir.Param]
     method: bool  # the API is a method: `self` is the wrapper
@@ -76,15 +79,24 @@ def scope(fam: ir.Family, builtins: frozenset[str]) -> Scope:
         if isinstance(r, (ir.Let, ir.Default)) and r.target not in existing
     )
     method = bool(fam.api and fam.api.params and fam.api.params[0].name == "self")
-    return Scope(
+    sc = Scope(
         run=run,
         plan=plan,
         lets=lets,
+        let_reads={},
         axes={a.name: a for a in fam.axes},
         params={p.name: p for p in fam.params},
         method=method,
         builtins=builtins | RULE_GLOBALS,
     )
+    # Plan-time lets first: a call-time let may read them, never the other way round.
+    new = [r for r in fam.rules if isinstance(r, (ir.Let, ir.Default)) and r.target in lets]
+    for rule in sorted(new, key=lambda r: not r.target.startswith("plan.")):
+        read = params_read(rule.expr.text, sc)
+        if isinstance(rule, ir.Default):  # the value is the earlier one unless that is None
+            read = sc.let_reads.get(rule.target, ()) + read
+        sc.let_reads[rule.target] = tuple(dict.fromkeys(read))
+    return sc
 
 
 def parse(text: str) -> ast.expr | None:
@@ -176,11 +188,29 @@ def stage(used: list[Ref], sc: Scope) -> Stage:
     return "call"
 
 
+# Note [rule names]: a failed rule is reported (the fallback reason, counted in stats) by the
+# API parameters it reads, so that the reason names what the caller passed. A rule that reads
+# a `let` reads the parameters the let is computed from (through the lets it reads in turn):
+# `let bias_given = routing_bias is not None` then `bias_given or (n_group or 0) > 1` is
+# named `routing_bias,n_group`. A let that takes a parameter's own name (`let query =
+# query.view(...)`) is that parameter. A rule that reads no parameter is named by its text.
+def params_read(text: str, sc: Scope) -> tuple[str, ...]:
+    """The parameters ("x", "plan.x", "self") an expression reads, in order of appearance:
+    directly, or through the lets it reads (each in the place of the let's name)."""
+    names: list[str] = []
+    for r in refs(text, sc):
+        if r.kind in ("run", "plan", "self"):
+            names.append(r.name)
+        elif r.kind == "let":
+            names += sc.let_reads.get(r.name, ())
+    return tuple(dict.fromkeys(names))
+
+
 def rule_name(rule: ir.Rule, sc: Scope) -> str:
-    """How a failed rule is reported: the parameters it names, or its text."""
+    """How a failed rule is reported: the parameters it reads, or its text (Note [rule
+    names])."""
     if isinstance(rule, ir.Require):
-        names = [r.name for r in refs(rule.expr.text, sc) if r.kind in ("run", "plan", "self")]
-        names = list(dict.fromkeys(names))
+        names = params_read(rule.expr.text, sc)
         return ",".join(names) if names else rule.expr.text
     if isinstance(rule, (ir.Default, ir.Let, ir.Result, ir.Keywords)):
         return rule.target
