@@ -104,6 +104,9 @@ def test_cutlass_fused_moe_on_an_expert_parallel_rank_offsets_the_expert_ids(mon
         ("activation_type", 6, "activation_type"),
         ("situ_beta", 1.0, "situ_beta"),
         ("backend", "cute_dsl", "backend"),
+        # FlashInfer raises on a rank outside the group and on a tactic list not of two.
+        ("ep_rank", 1, "ep_rank,ep_size"),
+        ("profile_ids", [0], "profile_ids"),
         # Note [cutlass_fused_moe output buffer] in moe_cutlass.fidef.
         ("output", torch.zeros(5, 256, dtype=torch.bfloat16), "output"),
     ],
@@ -122,6 +125,42 @@ def test_cutlass_fused_moe_matches_flashinfers_template_reference():
     x, _ = _catalogue().inputs(calls.CUTLASS_MOE, seed=1, seq_len=6)
     expected = templates._cutlass_fused_moe_reference(**x)
     _close(_reference(calls.CUTLASS_MOE)(**x), expected)
+
+
+def test_cutlass_fused_moe_reference_rounds_where_the_kernel_writes_bfloat16():
+    # Note [CUTLASS MoE rounding]: token by token and slot by slot, in the kernel's order. The
+    # inputs are small multiples of powers of two, so that GEMM1's float32 sums are exact in
+    # any order and only the roundings the kernel makes set the result.
+    import torch.nn.functional as F
+
+    x, _ = _catalogue().inputs(calls.CUTLASS_MOE, seed=3, seq_len=6)
+    g = torch.Generator().manual_seed(0)
+
+    def dyadic(t: torch.Tensor, denominator: int) -> torch.Tensor:
+        return (torch.randint(-8, 9, t.shape, generator=g) / denominator).to(t.dtype)
+
+    for name, denominator in [("input", 8), ("fc1_expert_weights", 64), ("fc2_expert_weights", 64)]:
+        x[name] = dyadic(x[name], denominator)
+    ids, scales = x["token_selected_experts"].long(), x["token_final_scales"].float()
+    w1, w2 = x["fc1_expert_weights"].float(), x["fc2_expert_weights"].float()
+
+    def bf16(t: torch.Tensor) -> torch.Tensor:
+        return t.to(torch.bfloat16).float()
+
+    def expected(rounded: bool) -> torch.Tensor:
+        r = bf16 if rounded else (lambda t: t)
+        out = torch.zeros(x["input"].shape, dtype=torch.float32)
+        for t in range(ids.shape[0]):
+            for k in range(ids.shape[1]):
+                e = int(ids[t, k])
+                up, gate = r(x["input"][t].float() @ w1[e].T).chunk(2)
+                out[t] += scales[t, k] * r(r(F.silu(gate) * up) @ w2[e].T)
+        return out.to(torch.bfloat16)
+
+    got = _reference(calls.CUTLASS_MOE)(**x)
+    assert torch.equal(got, expected(rounded=True))
+    # The roundings change the result: a float32 pipeline differs.
+    assert not torch.equal(got, expected(rounded=False))
 
 
 # ---------------------------------------------------------------------------------------
