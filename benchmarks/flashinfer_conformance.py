@@ -3397,7 +3397,8 @@ GROUPS = {
 # APIs whose cases are checked on the CPU (tests/test_flashinfer_conformance.py) but have
 # not yet run against FlashInfer's kernels on a GPU; --list says so. FlashInfer JIT-builds
 # the CUTLASS MoE's whole SM90 fused-MoE module (248 CUTLASS sources) before its first call:
-# 64 cores built 85 of them in 530 s (benchmarks/README.md), more than a device call allows.
+# 64 cores built 85 of them in 530 s (benchmarks/README.md); at that rate the whole module
+# takes about 25 minutes, more than a device call's 10.
 NOT_YET_ON_A_GPU = {
     "flashinfer.fused_moe.cutlass_fused_moe",
 }

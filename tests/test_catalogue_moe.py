@@ -130,7 +130,8 @@ def test_cutlass_fused_moe_matches_flashinfers_template_reference():
 def test_cutlass_fused_moe_reference_rounds_where_the_kernel_writes_bfloat16():
     # Note [CUTLASS MoE rounding]: token by token and slot by slot, in the kernel's order. The
     # inputs are small multiples of powers of two, so that GEMM1's float32 sums are exact in
-    # any order and only the roundings the kernel makes set the result.
+    # any order; GEMM2's are not, and the rounding of its output to bfloat16 absorbs their
+    # order here (a summation order that flipped one would show as a mismatch).
     import torch.nn.functional as F
 
     x, _ = _catalogue().inputs(calls.CUTLASS_MOE, seed=3, seq_len=6)

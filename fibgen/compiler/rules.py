@@ -48,6 +48,8 @@ class Scope:
     # The parameters ("x", "plan.x", "self") each of those names is computed from, in order
     # of appearance, through the lets it reads (Note [rule names]).
     let_reads: dict[str, tuple[str, ...]]
+    # How each rule of the family (by id) is reported when it fails (Note [rule names]).
+    named: dict[int, str]
     axes: dict[str, ir.VarAxis | ir.ConstAxis]
     params: dict[str, ir.Param]
     method: bool  # the API is a method: `self` is the wrapper
@@ -84,19 +86,47 @@ def scope(fam: ir.Family, builtins: frozenset[str]) -> Scope:
         plan=plan,
         lets=lets,
         let_reads={},
+        named={},
         axes={a.name: a for a in fam.axes},
         params={p.name: p for p in fam.params},
         method=method,
         builtins=builtins | RULE_GLOBALS,
     )
-    # Plan-time lets first: a call-time let may read them, never the other way round.
-    new = [r for r in fam.rules if isinstance(r, (ir.Let, ir.Default)) and r.target in lets]
-    for rule in sorted(new, key=lambda r: not r.target.startswith("plan.")):
-        read = params_read(rule.expr.text, sc)
-        if isinstance(rule, ir.Default):  # the value is the earlier one unless that is None
-            read = sc.let_reads.get(rule.target, ()) + read
-        sc.let_reads[rule.target] = tuple(dict.fromkeys(read))
+    _name_rules(fam, sc)
     return sc
+
+
+def _name_rules(fam: ir.Family, sc: Scope) -> None:
+    """Fill ``sc.let_reads`` and ``sc.named``, the rules in order (Note [rule names])."""
+    # A parameter a `let` has given a new value: the parameter, then what that value reads.
+    replaced: dict[str, tuple[str, ...]] = {}
+
+    def reads(text: str) -> tuple[str, ...]:
+        names: list[str] = []
+        for r in refs(text, sc):
+            if r.kind in ("run", "plan", "self"):
+                names += replaced.get(r.name, (r.name,))
+            elif r.kind == "let":
+                names += sc.let_reads.get(r.name, ())
+        return tuple(dict.fromkeys(names))
+
+    # Plan-time lets first: call-time rules may read them wherever they stand.
+    plan_lets = [r for r in fam.rules if isinstance(r, ir.Let) and r.target.startswith("plan.")]
+    first = {id(r) for r in plan_lets}
+    for rule in plan_lets + [r for r in fam.rules if id(r) not in first]:
+        if isinstance(rule, ir.Require):
+            sc.named[id(rule)] = ",".join(reads(rule.expr.text)) or rule.expr.text
+        elif isinstance(rule, ir.Let):
+            read = reads(rule.expr.text)
+            if rule.target in sc.lets:
+                sc.let_reads[rule.target] = read
+            else:
+                replaced[rule.target] = tuple(dict.fromkeys((rule.target, *read)))
+            sc.named[id(rule)] = rule.target
+        elif isinstance(rule, (ir.Default, ir.Result, ir.Keywords)):
+            sc.named[id(rule)] = rule.target
+        else:
+            sc.named[id(rule)] = ",".join(rule.names)
 
 
 def parse(text: str) -> ast.expr | None:
@@ -192,29 +222,17 @@ def stage(used: list[Ref], sc: Scope) -> Stage:
 # API parameters it reads, so that the reason names what the caller passed. A rule that reads
 # a `let` reads the parameters the let is computed from (through the lets it reads in turn):
 # `let bias_given = routing_bias is not None` then `bias_given or (n_group or 0) > 1` is
-# named `routing_bias,n_group`. A let that takes a parameter's own name (`let query =
-# query.view(...)`) is that parameter. A rule that reads no parameter is named by its text.
-def params_read(text: str, sc: Scope) -> tuple[str, ...]:
-    """The parameters ("x", "plan.x", "self") an expression reads, in order of appearance:
-    directly, or through the lets it reads (each in the place of the let's name)."""
-    names: list[str] = []
-    for r in refs(text, sc):
-        if r.kind in ("run", "plan", "self"):
-            names.append(r.name)
-        elif r.kind == "let":
-            names += sc.let_reads.get(r.name, ())
-    return tuple(dict.fromkeys(names))
-
-
+# named `routing_bias,n_group` (a let that raises is named by its own name: the value it
+# could not compute). A let that gives a
+# parameter a new value is that parameter and what the value reads, for the rules after it:
+# after `let seg_indptr = seg_indptr if seg_indptr is not None else cumsum(seg_lens)`, a rule
+# over seg_indptr is named `seg_indptr,seg_lens` (`let x = x.contiguous()` leaves it `x`). A
+# `default` is its parameter's (the caller's value, or none given). A rule that reads no
+# parameter is named by its text.
 def rule_name(rule: ir.Rule, sc: Scope) -> str:
     """How a failed rule is reported: the parameters it reads, or its text (Note [rule
     names])."""
-    if isinstance(rule, ir.Require):
-        names = params_read(rule.expr.text, sc)
-        return ",".join(names) if names else rule.expr.text
-    if isinstance(rule, (ir.Default, ir.Let, ir.Result, ir.Keywords)):
-        return rule.target
-    return ",".join(rule.names)
+    return sc.named[id(rule)]
 
 
 # ---------------------------------------------------------------------------------------
