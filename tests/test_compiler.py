@@ -361,6 +361,34 @@ def test_a_rule_over_a_let_is_named_by_the_parameters_the_let_reads():
     assert lets == ["has_bias", "adjusted", "x", "scale"]
 
 
+def test_a_call_time_let_reads_the_parameters_of_a_plan_let_written_after_it():
+    # Plan-time lets hold by the time any call-time rule runs, wherever they are written.
+    from fibgen.compiler import rules
+    from fibgen.compiler.checks import EXPR_BUILTINS
+
+    result = compile_text("""
+        family w {
+          op_type w
+          api pkg.W.run(self, q, *, out=None)
+          plan pkg.W.plan(self, indptr, limit=None)
+          axes { n : var }
+          inputs { q : float32[n] }
+          outputs { output : float32[n] -> out }
+          rules {
+            let wide = q.shape[-1] > plan.cap
+            let plan.cap = plan.indptr.numel() if plan.limit is None else plan.limit
+            not wide
+          }
+        }
+        """)
+    assert result.module is not None, [d.message for d in result.diagnostics]
+    fam = result.module.families()[0]
+    sc = rules.scope(fam, EXPR_BUILTINS)
+    assert sc.let_reads["wide"] == ("q", "plan.indptr", "plan.limit")
+    (rule,) = [r for r in fam.rules if isinstance(r, ir.Require)]
+    assert rules.rule_name(rule, sc) == "q,plan.indptr,plan.limit"
+
+
 def test_returns_lowers_its_outputs_in_order_with_their_positions():
     r = _family("returns new_state,  output").returns
     assert r.names == ("new_state", "output")
