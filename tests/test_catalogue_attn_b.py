@@ -1370,3 +1370,32 @@ def test_msa_sparse_decode_falls_back_inside_graph_capture_without_reading_its_s
     _hit(_route(monkeypatch, api, MSA_DECODE_NAME, args, kwargs))
     monkeypatch.setattr(capture, "is_capturing", lambda: True)
     _refused(_route(monkeypatch, api, MSA_DECODE_NAME, args, kwargs), "q2k_indices")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: a real capture")
+def test_msa_sparse_decode_falls_back_inside_a_real_graph_capture(monkeypatch):
+    # The same on a GPU: the whole fallback path (rules, counters, the original) must enqueue
+    # nothing that synchronizes, or the capture raises. FlashInfer's kernel is SM100's, so the
+    # original is the recording stand-in; the routed call before it runs the reference.
+    def to_gpu(v):
+        return v.cuda() if torch.is_tensor(v) else v
+
+    args, kwargs, _ = _msa_decode_build(6)
+    args, kwargs = tuple(map(to_gpu, args)), {k: to_gpu(v) for k, v in kwargs.items()}
+    api = "flashinfer.msa_ops.sparse_decode.msa_sparse_decode_attention"
+    owner, attr = patching._locate(api)
+    originals: list = []
+    monkeypatch.setattr(owner, attr, _recorder(getattr(owner, attr), originals))
+    rt.enable_apply({MSA_DECODE_NAME: _reference(MSA_DECODE_NAME)})
+    try:
+        call = getattr(owner, attr)
+        call(*args, **kwargs)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            result = call(*args, **kwargs)
+        counts = rt.stats()[api]
+    finally:
+        rt.disable_apply()
+    assert result == "flashinfer" and len(originals) == 1
+    assert counts["hit"] == 1 and counts["rules"] == {"q2k_indices": 1}, counts
