@@ -121,11 +121,11 @@ def test_fp8_aligned_with_another_block_m_falls_back(monkeypatch):
     _refused(outcome, "block_m")
 
 
-def _fp8_case(seed: int = 0, tokens: int = 5) -> dict:
+def _fp8_case(seed: int = 0, tokens: int = 5, I: int = 128, K: int = 2) -> dict:  # noqa: E741
     """Conventional [gate; up] FP8 weights, FlashInfer's interleave of them, a real plan."""
     from flashinfer.fused_moe import alphamoe_interleave_gated_weights
 
-    E, H, I, K = 8, 256, 128, 2
+    E, H = 8, 256
     g = torch.Generator().manual_seed(seed)
     fp8 = torch.float8_e4m3fn
     w1 = (torch.randn(E, 2 * I, H, generator=g) * 0.5).to(fp8)
@@ -167,6 +167,57 @@ def _fp8_by_token(case: dict) -> torch.Tensor:
             y = deq(case["w2"][e], case["s2"][e]) @ act
             out[t] += y * case["topk_w"][t, r] * 2.5
     return out
+
+
+def _fp8_parts(case: dict) -> torch.Tensor:
+    """Each CTA's part, token by token: [tokens, routes x blocks of 128 features, hidden],
+    scaled and rounded to bfloat16 as the kernel writes it (Note [AlphaMoE FP8
+    accumulation])."""
+    w1, s1 = case["natural"]
+
+    def deq(w, s):
+        return w.float() * s.repeat_interleave(128, -2).repeat_interleave(128, -1)
+
+    x = case["x"].float() * case["xs"].repeat_interleave(128, -1)
+    ids = case["topk_ids"]
+    inter = case["w2"].shape[-1]
+    parts = []
+    for t in range(x.shape[0]):
+        row = []
+        for r, e in enumerate(ids[t].tolist()):
+            h = deq(w1[e], s1[e]) @ x[t]
+            act = (F.silu(h[:inter]) * h[inter:]).reshape(-1, 128)
+            scale = act.abs().amax(-1, keepdim=True) / 448
+            act = ((act / scale).to(torch.float8_e4m3fn).float() * scale).reshape(-1)
+            w2 = deq(case["w2"][e], case["s2"][e])
+            for c in range(0, inter, 128):
+                part = w2[:, c : c + 128] @ act[c : c + 128] * case["topk_w"][t, r] * 2.5
+                row.append(part.to(torch.bfloat16).float())
+        parts.append(torch.stack(row))
+    return torch.stack(parts)
+
+
+def test_fp8_reference_is_the_expectation_of_the_kernels_bfloat16_adds():
+    # Note [AlphaMoE FP8 accumulation]: 8 routes of 16 blocks, the 128 parts an element of a
+    # DeepSeek-V3 call. The reference sums the rounded parts in float32; the kernel adds them
+    # into out in bfloat16, in an order of its own, which no reference can follow.
+    from fibgen.runtime.checking.compare import compare
+
+    case = _fp8_case(seed=2, tokens=8, I=2048, K=8)
+    parts = _fp8_parts(case)
+    ref = _reference(calls.ALPHAMOE_FP8)(**case["args"])
+    # Within one bfloat16 step of the parts' float32 sum (the order of its float32 adds).
+    torch.testing.assert_close(ref.float(), parts.sum(1), atol=0, rtol=2**-7)
+    g = torch.Generator().manual_seed(0)
+    order = torch.argsort(torch.rand(parts.shape, generator=g), dim=1)
+    kernel = torch.zeros(parts.shape[0], parts.shape[2], dtype=torch.bfloat16)
+    for i in range(parts.shape[1]):
+        kernel = (kernel.float() + parts.gather(1, order[:, i : i + 1]).squeeze(1)).bfloat16()
+    tol = _catalogue().families["alphamoe_fp8_block_scale_aligned_moe"].tolerance
+    result = compare(kernel, ref, atol=tol.atol, rtol=tol.rtol, matched=tol.matched)
+    assert result.ok, result
+    # bfloat16's default tolerance fails a run of the kernel, as it would FlashInfer's own.
+    assert not compare(kernel, ref).ok
 
 
 def test_fp8_reference_is_the_moe_of_the_plan():
