@@ -353,9 +353,9 @@ def test_a_rule_over_a_let_is_named_by_the_parameters_the_let_reads():
     assert sc.let_reads == {"has_bias": ("bias",), "adjusted": ("scale", "bias")}
     named = [rules.rule_name(r, sc) for r in fam.rules if isinstance(r, ir.Require)]
     # Through a let over a let; a let in the place it is read; parameters alone as before;
-    # a let named like its parameter is the parameter, and after a let that gives it a value
-    # from another, that one too; no parameter: the text.
-    assert named == ["scale,bias", "mode,bias", "mode", "x", "scale", "scale,bias", "1 > 0"]
+    # a let named like its parameter is the parameter, whatever it reads; no parameter: the
+    # text.
+    assert named == ["scale,bias", "mode,bias", "mode", "x", "scale", "scale", "1 > 0"]
     # A let that raises is named by the value it could not compute.
     lets = [rules.rule_name(r, sc) for r in fam.rules if isinstance(r, ir.Let)]
     assert lets == ["has_bias", "adjusted", "x", "scale"]

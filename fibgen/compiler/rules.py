@@ -97,33 +97,25 @@ def scope(fam: ir.Family, builtins: frozenset[str]) -> Scope:
 
 
 def _name_rules(fam: ir.Family, sc: Scope) -> None:
-    """Fill ``sc.let_reads`` and ``sc.named``, the rules in order (Note [rule names])."""
-    # A parameter a `let` has given a new value: the parameter, then what that value reads.
-    replaced: dict[str, tuple[str, ...]] = {}
+    """Fill ``sc.let_reads`` and ``sc.named`` (Note [rule names])."""
 
     def reads(text: str) -> tuple[str, ...]:
         names: list[str] = []
         for r in refs(text, sc):
             if r.kind in ("run", "plan", "self"):
-                names += replaced.get(r.name, (r.name,))
+                names.append(r.name)
             elif r.kind == "let":
                 names += sc.let_reads.get(r.name, ())
         return tuple(dict.fromkeys(names))
 
-    # Plan-time lets first: call-time rules may read them wherever they stand.
-    plan_lets = [r for r in fam.rules if isinstance(r, ir.Let) and r.target.startswith("plan.")]
-    first = {id(r) for r in plan_lets}
-    for rule in plan_lets + [r for r in fam.rules if id(r) not in first]:
+    # Plan-time lets first: call-time lets may read them wherever they stand.
+    new = [r for r in fam.rules if isinstance(r, ir.Let) and r.target in sc.lets]
+    for let in sorted(new, key=lambda r: not r.target.startswith("plan.")):
+        sc.let_reads[let.target] = reads(let.expr.text)
+    for rule in fam.rules:
         if isinstance(rule, ir.Require):
             sc.named[id(rule)] = ",".join(reads(rule.expr.text)) or rule.expr.text
-        elif isinstance(rule, ir.Let):
-            read = reads(rule.expr.text)
-            if rule.target in sc.lets:
-                sc.let_reads[rule.target] = read
-            else:
-                replaced[rule.target] = tuple(dict.fromkeys((rule.target, *read)))
-            sc.named[id(rule)] = rule.target
-        elif isinstance(rule, (ir.Default, ir.Result, ir.Keywords)):
+        elif isinstance(rule, (ir.Let, ir.Default, ir.Result, ir.Keywords)):
             sc.named[id(rule)] = rule.target
         else:
             sc.named[id(rule)] = ",".join(rule.names)
@@ -223,12 +215,11 @@ def stage(used: list[Ref], sc: Scope) -> Stage:
 # a `let` reads the parameters the let is computed from (through the lets it reads in turn):
 # `let bias_given = routing_bias is not None` then `bias_given or (n_group or 0) > 1` is
 # named `routing_bias,n_group` (a let that raises is named by its own name: the value it
-# could not compute). A let that gives a
-# parameter a new value is that parameter and what the value reads, for the rules after it:
-# after `let seg_indptr = seg_indptr if seg_indptr is not None else cumsum(seg_lens)`, a rule
-# over seg_indptr is named `seg_indptr,seg_lens` (`let x = x.contiguous()` leaves it `x`). A
-# `default` is its parameter's (the caller's value, or none given). A rule that reads no
-# parameter is named by its text.
+# could not compute). A let or `default` that gives a parameter a new value is still that
+# parameter (`let x = x.contiguous()`; also `let seg_indptr = seg_indptr if seg_indptr is
+# not None else cumsum(seg_lens)`: naming what the new value reads as well would name the
+# shapes and devices many such lets read). A rule that reads no parameter is named by its
+# text.
 def rule_name(rule: ir.Rule, sc: Scope) -> str:
     """How a failed rule is reported: the parameters it reads, or its text (Note [rule
     names])."""
