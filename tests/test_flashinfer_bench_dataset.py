@@ -250,7 +250,8 @@ def test_a_flashinfer_bench_dataset_through_validate_bench_report_and_apply(
     try:
         with pytest.warns(RuntimeWarning) as caught:
             rt.enable_apply(root)
-        (message,) = [str(w.message) for w in caught]
+        # fibgen's own: importing FlashInfer may warn too (its CuTe-DSL modules' deprecations).
+        (message,) = [str(w.message) for w in caught if str(w.message).startswith("fibgen")]
         assert f"fibgen: {root}: 1 definition(s) routed; not usable: " in message
         assert f"1 solution(s) cannot run on this CPU ({NAME}/gather_cu: cuda needs a " in message
         y = torch.empty(4, 64)

@@ -404,6 +404,68 @@ def test_decorator_and_function_form_for_hand_written_code():
     )
 
 
+def test_hand_written_calls_whose_inputs_are_not_the_definitions_go_to_the_fallback():
+    # Note [hand-written inputs]: a generated dispatcher refuses such calls before any
+    # solution sees them; hand-written code, routed by name, gets the same check.
+    seen = []
+
+    def solution(hidden_states, weight, **options):
+        seen.append(tuple(hidden_states.shape))
+        return hidden_states
+
+    def fallback(*args, **kwargs):
+        return "fallback"
+
+    def tensors(rows, hidden, dtype=torch.bfloat16):
+        return torch.ones(rows, hidden, dtype=dtype), torch.ones(hidden, dtype=dtype)
+
+    name = "rmsnorm_h4096"  # fibgen's catalogue: hidden_size is 4096, bfloat16
+    with rt.enable_apply({name: solution}):
+        assert rt.apply(name, tensors(3, 4096), fallback=fallback) is not None  # served
+        x, w = tensors(2, 4096)
+        assert rt.apply(name, (), {"weight": w, "hidden_states": x}, fallback=fallback) is x
+        with pytest.warns(RuntimeWarning, match="size 100 along axis hidden_size .* is 4096"):
+            assert rt.apply(name, tensors(3, 100), fallback=fallback) == "fallback"
+        assert rt.apply(name, tensors(3, 100), fallback=fallback) == "fallback"  # said once
+        assert rt.apply(name, tensors(3, 4096, torch.float32), fallback=fallback) == "fallback"
+        three_dims = (torch.ones(2, 3, 4096, dtype=torch.bfloat16), tensors(1, 4096)[1])
+        assert rt.apply(name, three_dims, fallback=fallback) == "fallback"
+        # Arguments that are not the definition's inputs are passed on as given.
+        assert rt.apply(name, tensors(3, 100), {"eps": 1e-6}, fallback=fallback) is not None
+
+        @rt.apply(name)
+        def decorated(hidden_states, weight):
+            return "decorated fallback"
+
+        assert decorated(*tensors(5, 4096)) is not None
+        with pytest.warns(RuntimeWarning, match=r"apply\('rmsnorm_h4096'\) in .*decorated: input"):
+            assert decorated(*tensors(5, 128)) == "decorated fallback"
+    assert seen == [(3, 4096), (2, 4096), (3, 100), (5, 4096)]
+    counts = rt.stats()
+    mine = counts[f"{__name__}.{fallback.__qualname__}"]
+    assert mine["hit"] == 3 and mine["fallback_guard"] == 4
+    assert mine["rules"] == {"tensor:hidden_states": 4}
+    theirs = counts[f"{__name__}.{decorated.__wrapped__.__qualname__}"]
+    assert theirs["hit"] == 1 and theirs["rules"] == {"tensor:hidden_states": 1}
+
+
+def test_hand_written_calls_whose_inputs_are_not_the_definitions_raise_in_strict_mode():
+    x, w = torch.ones(3, 100, dtype=torch.bfloat16), torch.ones(100, dtype=torch.bfloat16)
+    with rt.enable_apply({"rmsnorm_h4096": lambda hidden_states, weight: x}, strict=True):
+        with pytest.raises(rt.FallbackError, match="rmsnorm_h4096 is not routed: input "):
+            rt.apply("rmsnorm_h4096", (x, w), fallback=lambda *a: None)
+
+
+def test_the_reference_standing_in_for_a_fallback_refuses_inputs_not_the_definitions():
+    x, w = torch.ones(3, 100, dtype=torch.bfloat16), torch.ones(100, dtype=torch.bfloat16)
+    with pytest.warns(RuntimeWarning, match="not given to the solution"):
+        with rt.enable_apply({"rmsnorm_h4096": lambda hidden_states, weight: x}):
+            with pytest.raises(ValueError, match="reference cannot run it: input hidden_states"):
+                rt.apply("rmsnorm_h4096", (x, w))
+    with pytest.raises(ValueError, match="input weight has size 100 along axis hidden_size"):
+        rt.apply("rmsnorm_h4096", (torch.ones(3, 4096, dtype=torch.bfloat16), w))
+
+
 def _fused_add_rmsnorm(hidden_states, residual, weight):
     s = hidden_states.float() + residual.float()
     rms = torch.rsqrt(s.square().mean(dim=-1, keepdim=True) + 1e-6)

@@ -280,7 +280,8 @@ python = Solution.model_validate({{
     "sources": [{{"path": "main.py", "content": {source!r}}}],
 }})
 rt.enable_apply({{"rmsnorm_h2048": python}}, patch=False)
-rt.apply("rmsnorm_h2048", args=(torch.randn(2, 2048), torch.randn(2048)))
+x, w = torch.randn(2, 2048, dtype=torch.bfloat16), torch.randn(2048, dtype=torch.bfloat16)
+rt.apply("rmsnorm_h2048", args=(x, w))
 assert rt.stats()["fibgen.runtime.apply('rmsnorm_h2048')"]["hit"] == 1
 assert "triton" not in sys.modules, "loading a Python solution imported Triton"
 """

@@ -6,10 +6,12 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from fibgen.runtime.errors import FallbackError
 from fibgen.runtime.routing.fallbacks import compile_reference
 from fibgen.runtime.routing.registry import register_api
-from fibgen.runtime.routing.state import SERVING, STATE, add_dispatch_code
+from fibgen.runtime.routing.state import ORIGINAL, SERVING, STATE, add_dispatch_code
 from fibgen.runtime.solutions import loading as solutions
+from fibgen.runtime.tracing.checks import checker, contract
 
 _handwritten: dict[tuple[Callable[..., Any], Any], Callable[..., Any]] = {}
 
@@ -18,6 +20,60 @@ _handwritten: dict[tuple[Callable[..., Any], Any], Callable[..., Any]] = {}
 # names it is given against (Note [unknown names] in fibgen/runtime/routing/apply.py).
 routed_names: set[str] = set()
 resolvers: list[Callable[..., str]] = []
+
+
+# Note [hand-written inputs]
+# A generated dispatcher refuses a call whose tensors are not its definition's (dtype, rank,
+# const sizes, one size per axis) before any solution sees it. Hand-written code names the
+# definition and passes its arguments as given, so the same check is made here, where the
+# arguments are the definition's inputs: by position in its order or by name, with or
+# without its outputs, as flashinfer-bench's apply passes them. A call that fails it is not
+# given to the solution: it goes to the fallback, counted as ``fallback_guard`` under the
+# rule ``tensor:<input>`` and said once with the reason; strict mode raises. The reference
+# standing in for a missing fallback (Note [apply without a fallback]) refuses it too, with a
+# ValueError saying why: on another shape it computes nothing the definition means.
+# Arguments that are not the definition's inputs (a decorated function of another
+# signature) are passed on unchecked, as is a call whose definition is in no dataset apply
+# was enabled on and not in fibgen's catalogue.
+
+_Check = Callable[[tuple[Any, ...], Mapping[str, Any]], "tuple[str, str] | None"]
+
+
+def _find_definition(name: str) -> tuple[dict[str, Any] | None, list[Any]]:
+    """The definition JSON of ``name`` (the datasets apply is on first, then the catalogue),
+    and the datasets looked in."""
+    with STATE.lock:
+        roots = sorted({e.root for e in STATE.entries.values() if e.root}, key=str)
+    for root in [*roots, None]:
+        definition = solutions.find_definition(name, root)
+        if definition is not None:
+            return definition, roots
+    return None, roots
+
+
+def _input_check(definition: Mapping[str, Any]) -> _Check:
+    """The check of a hand-written call's arguments against ``definition`` (Note
+    [hand-written inputs]): the first input that differs and why, or None."""
+    inputs = tuple(definition["inputs"])
+    outputs = tuple(definition["outputs"])
+    tensors, consts = contract(definition)
+    check = checker(inputs, tensors, consts)
+    n_in, n_all = len(inputs), len(inputs) + len(outputs)
+
+    def check_call(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str, str] | None:
+        if not kwargs and len(args) in (n_in, n_all):
+            return check(args)
+        if len(args) + len(kwargs) not in (n_in, n_all):
+            return None  # not the definition's inputs: passed on as given
+        names = inputs if len(args) + len(kwargs) == n_in else inputs + outputs
+        values = dict(zip(names, args))
+        for key, value in kwargs.items():
+            if key not in names or key in values:
+                return None
+            values[key] = value
+        return check([values[n] for n in inputs])
+
+    return check_call
 
 
 def _route_handwritten(
@@ -31,13 +87,38 @@ def _route_handwritten(
         routed_names.add(target)
     routes = api.routes
     resolver = target if callable(target) else None
+    checks: dict[Any, _Check | None] = {}
+    # The reference standing in for a missing fallback is no code of the caller's to name.
+    where = "" if label.startswith("fibgen.runtime.") else f" in {label}"
+
+    def refused(key: Any, failed: tuple[str, str]) -> None:
+        """Count a call whose inputs are not its definition's; strict mode raises."""
+        rule = f"tensor:{failed[0]}"
+        with STATE.lock:
+            api._guard_tick(rule)()
+        if STATE.strict:
+            raise FallbackError(f"{label}: {key} is not routed: {failed[1]} (strict)")
+        STATE.warn_once(
+            ("hand-written inputs", label, key, rule),
+            f"fibgen: apply({key!r}){where}: {failed[1]}; such calls are not given to the "
+            "solution and go to the fallback",
+        )
 
     def routed(*args: Any, **kwargs: Any) -> Any:
         key = resolver(*args, **kwargs) if resolver is not None else target
         route = routes.get(key)
         if route is None or SERVING.n:
             route = api.resolve(key)
-        _, fn, tick, _ = route
+        kind, fn, tick, _ = route
+        if kind != ORIGINAL:  # a solution: the arguments must be its definition's inputs
+            if key not in checks:
+                definition, _ = _find_definition(str(key))
+                checks[key] = None if definition is None else _input_check(definition)
+            check = checks[key]
+            failed = None if check is None else check(args, kwargs)
+            if failed is not None:
+                refused(key, failed)
+                return fallback(*args, **kwargs)
         tick()
         _serving = SERVING  # bound: a routed call is in progress (Note [re-entry])
         _serving.n += 1
@@ -93,16 +174,11 @@ def apply(
         fallback = _reference_fallbacks.get(target)
         if fallback is None:
             references: dict[tuple[str, str], Callable[..., Any]] = {}
+            checks: dict[tuple[str, str], _Check] = {}
 
             def run_reference(*call_args: Any, **call_kwargs: Any) -> Any:
                 name = target if isinstance(target, str) else target(*call_args, **call_kwargs)
-                with STATE.lock:
-                    roots = sorted({e.root for e in STATE.entries.values() if e.root}, key=str)
-                definition = None
-                for root in [*roots, None]:
-                    definition = solutions.find_definition(name, root)
-                    if definition is not None:
-                        break
+                definition, roots = _find_definition(name)
                 if definition is None:
                     where = " or ".join(
                         [f"{r}/definitions" for r in roots] + ["fibgen's catalogue"]
@@ -119,6 +195,13 @@ def apply(
                     reference = compile_reference(definition["reference"], name, STATE.references)
                     run = references[key] = solutions.either_style(
                         reference, definition, False, f"the reference of {name!r}"
+                    )
+                    checks[key] = _input_check(definition)
+                failed = checks[key](call_args, call_kwargs)
+                if failed is not None:
+                    raise ValueError(
+                        f"apply({name!r}): no solution serves this call and no fallback was "
+                        f"given, and the definition's reference cannot run it: {failed[1]}"
                     )
                 STATE.warn_once(
                     ("reference fallback", name),

@@ -48,6 +48,24 @@ def definition_file(api: Api, name: str) -> Path | None:
     return None
 
 
+def contract(
+    definition: Mapping[str, Any],
+) -> tuple[list[tuple[str, str | None, tuple[str, ...]]], dict[str, int]]:
+    """(name, dtype, shape) of each tensor input of a definition JSON, in its order, and the
+    values of its const axes."""
+    tensors = [
+        (n, t.get("dtype"), tuple(t["shape"]))
+        for n, t in definition["inputs"].items()
+        if t.get("shape") is not None
+    ]
+    consts = {
+        a: int(spec["value"])
+        for a, spec in definition.get("axes", {}).items()
+        if spec.get("type") == "const" and spec.get("value") is not None
+    }
+    return tensors, consts
+
+
 def _contract(
     api: Api, source: Path | None
 ) -> tuple[list[tuple[str, str | None, tuple[str, ...]]], dict[str, int]]:
@@ -56,19 +74,8 @@ def _contract(
     if source is not None:
         try:
             data = json.loads(source.read_text(encoding="utf-8"))
-            inputs = data["inputs"]
-            if list(inputs) == list(api.inputs):
-                tensors = [
-                    (n, t.get("dtype"), tuple(t["shape"]))
-                    for n, t in inputs.items()
-                    if t.get("shape") is not None
-                ]
-                consts = {
-                    a: int(spec["value"])
-                    for a, spec in data.get("axes", {}).items()
-                    if spec.get("type") == "const" and spec.get("value") is not None
-                }
-                return tensors, consts
+            if list(data["inputs"]) == list(api.inputs):
+                return contract(data)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             pass  # the dispatcher's table still checks dtypes and ranks
     tensors = [
@@ -80,10 +87,26 @@ def _contract(
 def input_check(api: Api, source: Path | None) -> Callable[[Sequence[Any]], str | None]:
     """The check of a call's input values against the definition (Note [checked records]):
     the reason of the first mismatch, or None."""
+    tensors, consts = _contract(api, source)
+    check = checker(tuple(api.inputs), tensors, consts)
+
+    def reason(values: Sequence[Any]) -> str | None:
+        failed = check(values)
+        return None if failed is None else failed[1]
+
+    return reason
+
+
+def checker(
+    inputs: tuple[str, ...],
+    tensors: list[tuple[str, str | None, tuple[str, ...]]],
+    consts: Mapping[str, int],
+) -> Callable[[Sequence[Any]], tuple[str, str] | None]:
+    """The check of input values (in ``inputs`` order) against a contract (``contract``):
+    the first input that differs and why, or None."""
     from fibgen.runtime.inputs.make import torch_dtype
 
-    tensors, consts = _contract(api, source)
-    index = {n: i for i, n in enumerate(api.inputs)}
+    index = {n: i for i, n in enumerate(inputs)}
     wants: dict[str, torch.dtype | None] = {}
     for name, dtype, _ in tensors:
         try:
@@ -109,10 +132,10 @@ def input_check(api: Api, source: Path | None) -> Callable[[Sequence[Any]], str 
     empty: list[int | None] = [None] * len(slots)
     tensor = torch.Tensor
 
-    def why(values: Sequence[Any]) -> str:
+    def why(values: Sequence[Any]) -> tuple[str, str]:
         return _mismatch(tensors, wants, consts, index, values)
 
-    def check(values: Sequence[Any]) -> str | None:
+    def check(values: Sequence[Any]) -> tuple[str, str] | None:
         sizes = empty.copy() if empty else empty
         for i, want, rank, sized, shared in plan:
             value = values[i]
@@ -144,35 +167,36 @@ def _mismatch(
     consts: Mapping[str, int],
     index: Mapping[str, int],
     values: Sequence[Any],
-) -> str:
-    """Why a call's inputs do not match the definition, said as the launchers say it."""
+) -> tuple[str, str]:
+    """The first input of a call that is not the definition's, and why, said as the
+    launchers say it."""
     seen: dict[str, tuple[int, str, int]] = {}
     for name, dtype, shape in tensors:
         value = values[index[name]]
         if value is None:
             continue
         if not isinstance(value, torch.Tensor):
-            return f"input {name} is a {type(value).__name__}, not a tensor"
+            return name, f"input {name} is a {type(value).__name__}, not a tensor"
         want = wants[name]
         if want is not None and value.dtype is not want:
             got = str(value.dtype).removeprefix("torch.")
-            return f"input {name} is {got}, the definition's is {dtype}"
+            return name, f"input {name} is {got}, the definition's is {dtype}"
         if value.ndim != len(shape):
-            return (
+            return name, (
                 f"input {name} has {value.ndim} dims, the definition's has {len(shape)} "
                 f"[{', '.join(shape)}]"
             )
         for d, axis in enumerate(shape):
             size = int(value.shape[d])
             if axis in consts and size != consts[axis]:
-                return (
+                return name, (
                     f"input {name} has size {size} along axis {axis} (dim {d}), the "
                     f"definition's is {consts[axis]}"
                 )
             first = seen.setdefault(axis, (size, name, d))
             if first[0] != size:
-                return (
+                return name, (
                     f"input {name} has size {size} along axis {axis} (dim {d}), expected "
                     f"{first[0]} as in {first[1]} (dim {first[2]})"
                 )
-    return "its inputs differ from the definition's"  # not reached: check() found one
+    return "", "its inputs differ from the definition's"  # not reached: check() found one
