@@ -143,6 +143,30 @@ def test_dump_policies_on_a_plan_run_api(tmp_path, dump, stored):
         assert torch.equal(blob["kv_indptr"], indptr)
 
 
+def test_a_dump_name_no_recorded_input_has_is_said_when_tracing_stops(tmp_path):
+    x, w = torch.randn(2, 4096), torch.randn(4096)
+    rt.enable_tracing(tmp_path, dump=["weight", "no_such_input"])
+    rmsnorm.rmsnorm(x, w)
+    with pytest.warns(RuntimeWarning) as caught:
+        rt.disable_tracing()
+    (message,) = [str(w.message) for w in caught]
+    assert message == (
+        "fibgen tracing: dump=['no_such_input', 'weight']: no recorded call had an input named "
+        "'no_such_input', so nothing was dumped for it (the recorded calls' inputs: "
+        "hidden_states, weight)"
+    )
+    (record,) = _records(tmp_path, "rmsnorm_h4096")
+    assert record.inputs["weight"].type == "safetensors"
+    # Names every recorded call has, or no recorded call at all: nothing to say.
+    for dump, call in ((["weight"], True), (["no_such_input"], False)):
+        rt.enable_tracing(tmp_path / str(call), dump=dump)
+        if call:
+            rmsnorm.rmsnorm(x, w)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            rt.disable_tracing()
+
+
 @pytest.mark.slow
 def test_solution_routes_are_traced_too(tmp_path):
     seen = []

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fibgen.cli.console import EXIT_FAIL, EXIT_OK
+from fibgen.cli.console import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 from fibgen.cli.console import eprint as _eprint
 
 
@@ -53,14 +53,17 @@ class _EntryPoints:
             return None
 
 
-def _compile(paths: list[str]):
+def _compile(paths: list[str], *, say_unchecked: bool = True):
+    """Compile ``paths``, printing the diagnostics; ``say_unchecked``: note it where FlashInfer
+    could not be read to check the `unroutable` declarations against (a command that needs it
+    says so itself)."""
     from fibgen.compiler import compile_paths
     from fibgen.compiler.diagnostics import render_all
 
     entry_points = _EntryPoints()
     result = compile_paths(paths, entry_points)
     _eprint(render_all(result.diagnostics, result.sources))
-    if entry_points.problem is not None:
+    if entry_points.problem is not None and say_unchecked:
         # Not an error of the sources, but what was not checked is said.
         _eprint(
             "note: the paths of `unroutable` declarations were checked only against each "
@@ -171,7 +174,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         paths = [str(definitions_dir())]
     if _without_sources(paths) is not None:
         return EXIT_FAIL
-    result = _compile(paths)
+    result = _compile(paths, say_unchecked=not args.apis)
     if result.module is None:
         return EXIT_FAIL
     if args.by_definition:
@@ -195,12 +198,13 @@ def _list_entry_points(module) -> int:
     try:
         entry_points = traced_apis()
     except FlashInferUnavailable as exc:
+        # An optional package the command needs (README, exit codes).
         _eprint(
             f"error: --apis lists FlashInfer's traced entry points from its installed source: "
-            f"{exc}\n  = help: `fibgen list --apis --by-definition` shows the API of each "
+            f"{exc}\n  = help: `fibgen list --by-definition` shows the API of each "
             "definition without it"
         )
-        return EXIT_FAIL
+        return EXIT_USAGE
     coverage = api_coverage(module, entry_points)
     rows = []
     for entry in coverage.entries:
@@ -333,15 +337,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help=".fidef files or folders (default: the built-in catalogue)",
     )
-    p.add_argument(
+    view = p.add_mutually_exclusive_group()
+    view.add_argument(
         "--apis",
         action="store_true",
         help="show every API entry point the installed FlashInfer traces: routed (by which "
         "families), declared unroutable (and why), or not yet covered",
     )
-    p.add_argument(
+    view.add_argument(
         "--by-definition",
         action="store_true",
-        help="with --apis, or alone: show the API that routes each definition, or why it has none",
+        help="show the API that routes each definition, or why it has none (needs no FlashInfer)",
     )
     p.set_defaults(func=cmd_list)

@@ -45,6 +45,9 @@ from fibgen.format.fi_source import PackageSource, Target, cache_file
 
 PACKAGE = "flashinfer"
 DISTRIBUTION = "flashinfer-python"
+# The release whose traced entry points the catalogue is checked against
+# (tests/test_flashinfer_coverage.py): what a missing FlashInfer is told to install.
+CATALOGUED = "0.7.2.post1"
 # Where FlashInfer defines the decorators that register traced APIs.
 REGISTRY_MODULE = "flashinfer.api_logging"
 DECORATORS = ("flashinfer_api", "flashinfer_experimental_api")
@@ -274,7 +277,7 @@ def flashinfer_root() -> Path:
         spec = None
     if spec is None or not spec.submodule_search_locations:
         raise FlashInferUnavailable(
-            f"{PACKAGE} is not installed (pip install --no-deps {DISTRIBUTION})"
+            f"{PACKAGE} is not installed (pip install --no-deps {DISTRIBUTION}=={CATALOGUED})"
         )
     return Path(next(iter(spec.submodule_search_locations)))
 

@@ -37,7 +37,25 @@ def dump_rule_of(dump: DumpPolicy) -> Callable[[str, torch.Tensor], bool] | None
     names = frozenset(dump)
     if not all(isinstance(n, str) and n for n in names):
         raise TracingConfigError(f"dump={dump!r}: a list of input names must hold names only")
-    return lambda name, t: name in names
+    return DumpByName(names)
+
+
+class DumpByName:
+    """The dump rule of a list of input names, which remembers the input names it was asked
+    about: a name no recorded call's input had dumped nothing, and is said so when tracing
+    stops (``unmatched``)."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        self.names = names
+        self.asked: set[str] = set()
+
+    def __call__(self, name: str, tensor: torch.Tensor) -> bool:
+        self.asked.add(name)
+        return name in self.names
+
+    def unmatched(self) -> list[str] | None:
+        """The names no recorded call's input had; None when no call was recorded."""
+        return sorted(self.names - self.asked) if self.asked else None
 
 
 def dedup_rule(dedup: DedupPolicy) -> Callable[[str, dict[str, Any], dict[str, Any]], bool]:

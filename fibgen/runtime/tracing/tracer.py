@@ -80,6 +80,7 @@ from fibgen.runtime.routing.state import ORIGINAL
 from fibgen.runtime.tracing.checks import definition_file, input_check
 from fibgen.runtime.tracing.policies import (
     DedupPolicy,
+    DumpByName,
     DumpPolicy,
     TracingConfigError,
     dedup_rule,
@@ -108,6 +109,7 @@ class _Tracer:
     the records on its own thread (``writer``), the queue between them and the counts."""
 
     def __init__(self, root: Path, policy: RecordPolicy) -> None:
+        self.policy = policy
         self.pending = Pending()
         self.counts = Counts()
         self.recorder = Recorder(self.pending, self.counts, policy)
@@ -130,6 +132,17 @@ class _Tracer:
         signalled, self.pending_signal = self.pending_signal, None
         if signalled is not None:
             _on_signal(*signalled)
+        dump = self.policy.dump
+        unmatched = dump.unmatched() if isinstance(dump, DumpByName) else None
+        if unmatched and isinstance(dump, DumpByName):
+            self.counts.warn_once(
+                "dump",
+                f"dump={sorted(dump.names)}: no recorded call had an input named "
+                f"{', '.join(repr(n) for n in unmatched)}, so nothing was dumped for "
+                f"{'it' if len(unmatched) == 1 else 'them'} (the recorded calls' inputs: "
+                f"{', '.join(sorted(dump.asked))})",
+                stacklevel=4,
+            )
 
     def stats(self) -> dict[str, int]:
         counts = self.counts.read()
