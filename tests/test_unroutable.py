@@ -18,7 +18,7 @@ from _fi_package import make_package
 
 from fibgen.cli import main
 from fibgen.compiler import compile_sources
-from fibgen.compiler.coverage import api_coverage
+from fibgen.compiler.coverage import Route, api_coverage, route_text
 from fibgen.format import fi_apis
 from fibgen.format.fi_apis import FlashInferUnavailable, TracedApis
 from fibgen.format.fi_source import PackageSource, cache_file
@@ -131,13 +131,14 @@ def test_declarations_are_checked_against_the_package_source(apis):
         apis,
     )
     assert result.module is None
-    assert messages(result) == [
+    errors = [d for d in result.diagnostics if d.severity == "error"]
+    assert [d.message for d in errors] == [
         "`flashinfer.norm.rmsnorm` is routed by family `norm_a`",
         "`flashinfer.comm.allreduce.allreduce_fusion` is declared unroutable twice",
         "`flashinfer.norm.untraced` is not a traced entry point of flashinfer 9.9",
         "`flashinfer.norm.rmsnrom` is not a traced entry point of flashinfer 9.9",
     ]
-    helps = [d.help for d in result.diagnostics]
+    helps = [d.help for d in errors]
     assert "as `flashinfer.allreduce_fusion`" in helps[1]
     assert "has no `@flashinfer_api(trace=...)`" in helps[2]
     assert helps[3].endswith("did you mean `flashinfer.norm.rmsnorm`?")
@@ -159,15 +160,35 @@ def test_declarations_need_a_reason_and_a_flashinfer_path(apis):
     assert (result.diagnostics[1].span.line, result.diagnostics[1].span.column) == (3, 12)
 
 
-def test_the_package_source_is_read_only_where_something_is_declared(apis):
+def test_the_package_source_is_read_only_where_something_names_flashinfer(apis):
     asked = []
 
     def entry_points():
         asked.append(1)
         return apis
 
+    elsewhere = FAMILIES.replace("api flashinfer.", "api mylib.")
+    result = compile_sources([("t.fidef", "t.fidef", elsewhere)], entry_points)
+    assert result.module is not None and asked == [] and not result.diagnostics
     result = compile_sources([("t.fidef", "t.fidef", FAMILIES)], entry_points)
-    assert result.module is not None and asked == []
+    assert result.module is not None and asked == [1]
+
+
+def test_a_family_path_flashinfer_has_no_traced_entry_point_for_is_warned_about(apis):
+    # apply leaves a path FlashInfer does not define unpatched; `check` says so first.
+    result = compile_text(
+        FAMILIES.replace("api flashinfer.rmsnorm(", "api flashinfer.rmsnrm("), apis
+    )
+    assert result.module is not None  # a warning: FlashInfer may define it without a template
+    by_path = {d.message.split("`")[5]: d for d in result.diagnostics}
+    assert set(by_path) == {"flashinfer.rmsnrm", "flashinfer.norm.untraced"}
+    assert all(d.severity == "warning" for d in result.diagnostics)
+    assert by_path["flashinfer.rmsnrm"].message == (
+        "family `norm_a`'s `api` path `flashinfer.rmsnrm` is not a traced entry point of "
+        "flashinfer 9.9"
+    )
+    assert by_path["flashinfer.rmsnrm"].span.line == 4
+    assert "has no `@flashinfer_api(trace=...)`" in by_path["flashinfer.norm.untraced"].help
 
 
 def test_declarations_keep_their_paragraphs_in_canonical_form(tmp_path):
@@ -222,7 +243,11 @@ def test_list_apis_shows_every_traced_entry_point_and_its_status(
             "op_allreduce_fusion",
             "unroutable: a collective",
         ],
-        "flashinfer.norm.rmsnorm": ["op_rmsnorm", "routed: norm_a (1 definition)"],
+        # The family spells the package's re-export.
+        "flashinfer.norm.rmsnorm": [
+            "op_rmsnorm",
+            "routed: norm_a as flashinfer.rmsnorm (1 definition)",
+        ],
     }
     assert out[4] == (
         "note: family `gone` routes `flashinfer.norm.untraced` (api), which flashinfer 9.9 "
@@ -270,3 +295,17 @@ def test_list_apis_says_which_modules_it_could_not_read(apis, tmp_path, monkeypa
     (line,) = [x for x in out if x.startswith("warning:")]
     assert line.startswith("warning: flashinfer.broken cannot be read (SyntaxError: ")
     assert line.endswith("): its traced entry points are not listed")
+
+
+def test_a_family_that_routes_a_re_export_is_listed_with_the_path_it_spells():
+    # --apis names FlashInfer's defining module; --by-definition the family's path. Where
+    # they differ the entry point's line says both, so the two listings can be joined.
+    routes = [
+        Route("batch_attention_run", "api", "flashinfer.attention.BatchAttention.run", ("a",)),
+        Route("batch_attention_plan", "plan", "flashinfer.attention._core.BatchAttention.plan", ()),
+    ]
+    assert route_text(routes, "flashinfer.attention._core.BatchAttention.plan") == (
+        "batch_attention_run as flashinfer.attention.BatchAttention.run, "
+        "plan of batch_attention_plan"
+    )
+    assert route_text(routes) == "batch_attention_run, plan of batch_attention_plan"

@@ -216,7 +216,8 @@ def _list_entry_points(module) -> int:
         unroutable = entry.unroutable  # set when the status is "both" or "unroutable"
         if status in ("routed", "both"):
             n = len(entry.definitions)
-            what = f"routed: {route_text(entry.routes)} ({n} definition{'s' if n != 1 else ''})"
+            routes = route_text(entry.routes, entry.api.path)
+            what = f"routed: {routes} ({n} definition{'s' if n != 1 else ''})"
             if status == "both" and unroutable is not None:
                 what += f"; ALSO declared unroutable at {unroutable.span}"
         elif status == "unroutable" and unroutable is not None:

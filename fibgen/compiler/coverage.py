@@ -123,7 +123,13 @@ def api_coverage(module: ir.Module, entry_points: TracedApis) -> Coverage:
     return Coverage(entry_points.version, entries, tuple(untraced), tuple(unknown))
 
 
-def route_text(routes: Iterable[Route]) -> str:
+def route_text(routes: Iterable[Route], path: str | None = None) -> str:
     """How a listing names the families of an entry point: ``gqa_paged_decode_full_pages,
-    plan of gqa_paged_decode_partial``."""
-    return ", ".join(r.family if r.keyword == "api" else f"plan of {r.family}" for r in routes)
+    plan of gqa_paged_decode_partial``; with the path the family spells where it is not the
+    entry point's ``path`` (a re-export: ``batch_attention_run as
+    flashinfer.attention.BatchAttention.run``), which is how ``list --by-definition`` names it."""
+    out = []
+    for r in routes:
+        text = r.family if r.keyword == "api" else f"plan of {r.family}"
+        out.append(text if path is None or r.path == path else f"{text} as {r.path}")
+    return ", ".join(out)

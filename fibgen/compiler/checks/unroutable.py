@@ -35,10 +35,16 @@ class UnroutableChecks(CheckerBase):
         return path
 
     def unroutables(self, files: list[ir.SourceFile], families: dict[str, ir.Family]) -> None:
-        if not any(sf.unroutables for sf in files):
+        names_package = any(
+            sig is not None and sig.path.partition(".")[0] == PACKAGE
+            for fam in families.values()
+            for sig in (fam.api, fam.plan)
+        )
+        if not names_package and not any(sf.unroutables for sf in files):
             return
         if self.entry_points_of is not None:
             self.entry_points = self.entry_points_of()
+        self._api_paths(families)
         routed: dict[str, tuple[ir.Family, str, ir.ApiSignature]] = {}
         for fam in families.values():
             for keyword, sig in (("api", fam.api), ("plan", fam.plan)):
@@ -48,6 +54,29 @@ class UnroutableChecks(CheckerBase):
         for sf in files:
             for u in sf.unroutables:
                 self._unroutable(u, routed, seen)
+
+    def _api_paths(self, families: dict[str, ir.Family]) -> None:
+        """A family's `api` or `plan` path in FlashInfer that its source has no traced entry
+        point for: a warning, since a dispatcher can still route a function FlashInfer
+        defines without a trace template, but not one it does not define at all (apply
+        leaves such a path unpatched, and says so only when enabled)."""
+        if self.entry_points is None:
+            return
+        for fam in families.values():
+            for keyword, sig in (("api", fam.api), ("plan", fam.plan)):
+                if sig is None or sig.path.partition(".")[0] != PACKAGE:
+                    continue
+                found = self.entry_points.lookup(sig.path)
+                if found.api is not None:
+                    continue
+                close = self.entry_points.closest(sig.path)
+                hint = f"; did you mean `{close[0]}`?" if close else ""
+                self.warn(
+                    f"family `{fam.name}`'s `{keyword}` path `{sig.path}` is not a traced "
+                    f"entry point of flashinfer {self.entry_points.version}",
+                    sig.span,
+                    help=f"it {found.problem}{hint}",
+                )
 
     def _unroutable(
         self,
