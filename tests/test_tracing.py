@@ -698,9 +698,9 @@ def test_tracing_leaves_nothing_in_the_dataset_but_its_files(tmp_path, monkeypat
 
 
 @pytest.mark.slow
-def test_calls_apply_refuses_are_counted_not_recorded(tmp_path):
-    # Routed to the original API because they fail a rule of their definition: they are not
-    # workloads of it (Note [missed calls]).
+def test_calls_whose_tensors_apply_refuses_are_mismatched_as_with_apply_off(tmp_path):
+    # The dispatcher's check of the tensors refuses them before tracing sees them; they are
+    # counted and said as the tracer's own check says them (Note [missed calls]).
     rt.enable_tracing(tmp_path)
     with rt.enable_apply({"rmsnorm_h4096": lambda hidden_states, weight: hidden_states * 2}):
         with pytest.warns(RuntimeWarning) as caught:
@@ -709,14 +709,41 @@ def test_calls_apply_refuses_are_counted_not_recorded(tmp_path):
         rmsnorm.rmsnorm(torch.randn(3, 4096), torch.randn(4096))
     rt.disable_tracing()
     assert [str(w.message) for w in caught] == [
-        "fibgen tracing: a call of fake_flashinfer.norm.rmsnorm for rmsnorm_h4096 is not "
-        "recorded: input hidden_states is float64, the definition's is float32, so it is not a "
-        "workload of rmsnorm_h4096; tracing_stats()['refused'] counts them. To record such "
-        "calls, declare a definition (an instance in the .fidef) that they satisfy"
+        "fibgen tracing: a call of rmsnorm_h4096 does not match its definition: input "
+        "hidden_states is float64, the definition's is float32; such calls are not recorded, "
+        "and tracing_stats()['mismatched'] counts them"
     ]
     stats = rt.tracing_stats()
-    assert (stats["refused"], stats["recorded"]) == (2, 1)
+    assert (stats["mismatched"], stats["refused"], stats["recorded"]) == (2, 0, 1)
     assert [r.axes for r in _records(tmp_path, "rmsnorm_h4096")] == [{"batch_size": 3}]
+
+
+@pytest.mark.slow
+def test_calls_a_rule_refuses_are_counted_not_recorded(tmp_path):
+    # Another eps than the definition's: routed to the original API (FlashInfer's, which
+    # cannot run on this CPU), not a workload of the definition (Note [missed calls]).
+    from _shared import require_module
+
+    require_module("flashinfer", "flashinfer is not installed")
+    from fibgen_kernels import rmsnorm as catalogue_rmsnorm
+
+    x, w = torch.randn(2, 4096, dtype=torch.bfloat16), torch.randn(4096, dtype=torch.bfloat16)
+    rt.enable_tracing(tmp_path)
+    with rt.enable_apply({"rmsnorm_h4096": lambda hidden_states, weight: hidden_states}):
+        with pytest.warns(RuntimeWarning) as caught:
+            for _ in range(2):
+                with pytest.raises(Exception):  # noqa: B017 - FlashInfer's CPU error
+                    catalogue_rmsnorm.rmsnorm(x, w, eps=1e-3)
+    rt.disable_tracing()
+    messages = [str(w.message) for w in caught if "tracing" in str(w.message)]
+    assert messages == [
+        "fibgen tracing: a call of flashinfer.norm.rmsnorm for rmsnorm_h4096 is not recorded: "
+        "it fails the rule on eps (eps=0.001), so it is not a workload of rmsnorm_h4096; "
+        "tracing_stats()['refused'] counts them. To record such calls, declare a definition "
+        "(an instance in the .fidef) that they satisfy"
+    ]
+    stats = rt.tracing_stats()
+    assert (stats["refused"], stats["mismatched"], stats["recorded"]) == (2, 0, 0)
 
 
 # ---------------------------------------------------------------------------------------

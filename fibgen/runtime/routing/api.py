@@ -616,7 +616,14 @@ class Api:
             def why() -> str:
                 return self._describe_failure(rule, args, kwargs)
 
-            missed(self, "unknown" if key is None else "refused", name, why)
+            # Tensors that are not the definition's are what tracing calls mismatched, with
+            # apply on as with it off (Note [missed calls] in fibgen/runtime/tracing/tracer.py).
+            reason = (
+                "unknown"
+                if key is None
+                else "mismatched" if rule.startswith("tensor:") else "refused"
+            )
+            missed(self, reason, name, why)
         if state.on:
             with state.lock:
                 self._guard_tick(rule)()

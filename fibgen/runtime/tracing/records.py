@@ -116,6 +116,14 @@ class Counts:
         self.warn_once("write", text, stacklevel=3)
 
 
+def mismatch_message(name: str | None, problem: str) -> str:
+    """What tracing says of the first call whose inputs are not its definition's."""
+    return (
+        f"a call of {name} does not match its definition: {problem}; such calls are not "
+        "recorded, and tracing_stats()['mismatched'] counts them"
+    )
+
+
 @dataclass(frozen=True)
 class RecordPolicy:
     """What enable_tracing was told to keep: which tensors to dump (None: none), which calls
@@ -145,11 +153,7 @@ class Recorder:
             problem = check(values)
             if problem is not None:
                 next(self.counts.mismatched)
-                self.counts.warn_once(
-                    "mismatched",
-                    f"a call of {name} does not match its definition: {problem}; such calls "
-                    "are not recorded, and tracing_stats()['mismatched'] counts them",
-                )
+                self.counts.warn_once("mismatched", mismatch_message(name, problem))
                 return
         # Only a generated dispatcher's calls are traced, and it sets both.
         assert api.trace_axes is not None and api.op_type is not None

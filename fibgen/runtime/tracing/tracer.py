@@ -46,14 +46,16 @@ the reason it was not recorded, and the first call of each reason warns once, sa
 get such calls recorded:
 
 - ``unknown``: its const values name no definition of the family (or none at all);
-- ``mismatched``: its inputs are not its definition's (Note [checked records]);
+- ``mismatched``: its inputs are not its definition's (Note [checked records]); with apply
+  on, the dispatcher's own check of its tensors refuses such a call before tracing sees it,
+  and it is counted here all the same;
 - ``unplanned``: a ``run()`` of a wrapper whose ``plan()`` tracing did not see: planned
   before tracing was turned on (turning tracing or apply on or off forgets every plan,
   Note [plan state] in patching.py); its plan-time inputs are unknown;
 - ``plan_changed``: a ``run()`` after the wrapper's plan state changed behind fibgen's back
   (a ``plan()`` through a method bound before, or ``forward()``);
-- ``refused``: with apply on, a call that fails a rule of its definition (another ``eps``,
-  another dtype) and goes to the original API: it is not a workload of that definition;
+- ``refused``: with apply on, a call that fails a rule of its definition (another ``eps``)
+  and goes to the original API: it is not a workload of that definition;
 - ``capturing``: a call made while a CUDA graph is captured, with tensors to dump, whose
   copy would be captured into the graph;
 - ``dropped`` and ``failed``: records the writer could not keep up with, or not write.
@@ -88,7 +90,13 @@ from fibgen.runtime.tracing.policies import (
     parse_dedup,
     parse_dump,
 )
-from fibgen.runtime.tracing.records import Counts, Pending, Recorder, RecordPolicy
+from fibgen.runtime.tracing.records import (
+    Counts,
+    Pending,
+    Recorder,
+    RecordPolicy,
+    mismatch_message,
+)
 from fibgen.runtime.tracing.writer import Writer
 
 __all__ = [
@@ -259,6 +267,8 @@ def _missed_call(tracer: _Tracer, api: Api, reason: str, name: str | None, detai
             f"forward()) is not recorded; {counted}. To record its runs, call plan() through "
             "the wrapper itself, after enable_tracing"
         )
+    elif reason == "mismatched":  # with apply on, the dispatcher's tensor rule refused it
+        message = mismatch_message(name, detail())
     else:  # refused
         message = (
             f"a call of {api.label} for {name} is not recorded: {detail()}, so it is not a "
