@@ -466,6 +466,20 @@ def test_the_reference_standing_in_for_a_fallback_refuses_inputs_not_the_definit
         rt.apply("rmsnorm_h4096", (torch.ones(3, 4096, dtype=torch.bfloat16), w))
 
 
+def test_enabling_an_empty_mapping_or_a_solution_file_as_a_dataset_says_so(tmp_path):
+    with pytest.warns(RuntimeWarning, match=r"enable_apply\(\{\}\): no solution given"):
+        rt.enable_apply({})
+    rt.disable_apply()
+    path = tmp_path / "s.json"
+    path.write_text('{"name": "s", "definition": "rmsnorm_h4096"}')
+    with pytest.raises(rt.ApplyConfigError) as error:
+        rt.enable_apply(str(path))
+    assert str(error.value) == (
+        f"apply path {path} is a file; a Solution JSON is given under the definition it "
+        f"serves, enable_apply({{'rmsnorm_h4096': {str(path)!r}}}), and a dataset as its folder"
+    )
+
+
 def _fused_add_rmsnorm(hidden_states, residual, weight):
     s = hidden_states.float() + residual.float()
     rms = torch.rsqrt(s.square().mean(dim=-1, keepdim=True) + 1e-6)

@@ -110,6 +110,13 @@ def enable_apply(
     check_callables(STATE, entries)
     if isinstance(solutions_or_path, Mapping):
         _warn_unknown_names(entries)
+        if not entries:
+            warnings.warn(
+                "fibgen: enable_apply({}): no solution given; no call is routed (apply is on, "
+                "every call runs the API's own function)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
     with STATE.lock:
         STATE.entries = entries
         STATE.loaded = {}

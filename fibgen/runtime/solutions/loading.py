@@ -160,6 +160,17 @@ def _collect_folder(root: Path) -> dict[str, Entry]:
     from fibgen.format.dataset import dataset_files
 
     folder = root / "solutions"
+    if root.is_file():
+        # A Solution JSON on its own: it is given under the definition it serves.
+        try:
+            name = json.loads(root.read_text(encoding="utf-8")).get("definition")
+        except (OSError, ValueError, AttributeError):
+            name = None
+        key = repr(name) if isinstance(name, str) and name else "'<definition>'"
+        raise ApplyConfigError(
+            f"apply path {root} is a file; a Solution JSON is given under the definition it "
+            f"serves, enable_apply({{{key}: {str(root)!r}}}), and a dataset as its folder"
+        )
     if not folder.is_dir():
         what = "does not exist" if not root.exists() else "has no solutions/ folder"
         raise ApplyConfigError(f"apply path {root} {what}; expected {root}/solutions/**/*.json")
