@@ -480,6 +480,16 @@ def test_enabling_an_empty_mapping_or_a_solution_file_as_a_dataset_says_so(tmp_p
     )
 
 
+def test_a_key_that_cannot_be_read_names_the_argument_in_strict_mode():
+    with rt.enable_apply({"rmsnorm_h4096": _doubling}, strict=True):
+        with pytest.raises(rt.FallbackError) as error:
+            rmsnorm.rmsnorm([[1.0] * 4096], torch.ones(4096))
+    assert str(error.value) == (
+        f"{RMS}: the call is not routed: its key could not be read from its arguments: input "
+        "hidden_states is a list, not a tensor (strict)"
+    )
+
+
 def _fused_add_rmsnorm(hidden_states, residual, weight):
     s = hidden_states.float() + residual.float()
     rms = torch.rsqrt(s.square().mean(dim=-1, keepdim=True) + 1e-6)

@@ -48,7 +48,9 @@ def describe_failure(
     if rule == "unevaluable":
         return "a rule could not be evaluated on its arguments"
     if rule == "key":
-        return "its key could not be read from its arguments"
+        return "its key could not be read from its arguments" + _unreadable(
+            inputs, tensors, trace_inputs, args, kwargs
+        )
     if rule.startswith("tensor:") and trace_inputs is not None:
         try:
             values = dict(zip(inputs, trace_inputs(*args, **kwargs)))
@@ -68,6 +70,27 @@ def describe_failure(
         pass
     values_shown = f" ({', '.join(shown)})" if shown else ""
     return f"it fails the rule on {rule}{values_shown}"
+
+
+def _unreadable(
+    inputs: tuple[str, ...],
+    tensors: Tensors,
+    trace_inputs: Callable[..., tuple[Any, ...]] | None,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+) -> str:
+    """Which argument a key could not be read from, where one shows: ``: input x is a list,
+    not a tensor``; else nothing."""
+    if trace_inputs is None:
+        return ""
+    try:
+        values = trace_inputs(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - the arguments do not bind: say how
+        return f": {type(exc).__name__}: {exc}"
+    for name, value in zip(inputs, values):
+        if name in tensors and value is not None and not isinstance(value, torch.Tensor):
+            return f": input {name} is a {type(value).__name__}, not a tensor"
+    return ""
 
 
 def tensor_problem(
