@@ -111,11 +111,7 @@ def test_the_suite_lists_its_cases_and_helps_on_a_cpu(capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["flashinfer_conformance.py", "--list"])
     assert s.main() == 0
     out = capsys.readouterr().out
-    assert (
-        "not yet run on a GPU: flashinfer.fused_moe.cutlass_fused_moe (5 cases, group cutlass_moe)"
-        in out
-    )
-    assert "not yet run on a GPU: flashinfer.pod" not in out
+    assert "not yet run on a GPU" not in out  # every API with cases has run on one
     assert "no case: flashinfer.pod.PODWithPagedKVCacheWrapper.run" not in out
     # Every API marked as not yet run has cases, so the mark can be taken off only by a run.
     apis = {c.api for group in s.GROUPS.values() for c in group()}
@@ -387,3 +383,35 @@ def test_the_interleave_kernels_compile_alone_with_flashinfers_flags(tmp_path, m
     done = subprocess.run(["ninja", "-C", str(tmp_path), *objects], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:]
     assert all((tmp_path / o).stat().st_size > 0 for o in objects)
+
+
+def test_the_cutlass_moe_narrowing_keeps_the_bfloat16_gemms_and_their_runner(tmp_path):
+    # benchmarks/narrow_cutlass_moe.py, on a copy of the installed FlashInfer's two files.
+    installed = Path(flashinfer.__file__).parent
+    for part in ("jit/gemm/cutlass/generate_kernels.py", "jit/fused_moe.py"):
+        (tmp_path / part).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(installed / part, tmp_path / part)
+    script = [sys.executable, str(ROOT / "benchmarks" / "narrow_cutlass_moe.py"), str(tmp_path)]
+    for dropped in (13, 0):  # a second edit changes nothing
+        done = subprocess.run(script, capture_output=True, text=True, check=True)
+        assert done.stdout.strip() == (
+            f"narrowed: bfloat16 grouped GEMMs only; {dropped} MoE GEMM runners left out"
+        )
+    module = (tmp_path / "jit/fused_moe.py").read_text()
+    assert module.count("moe_gemm_kernels_") == 1 and "moe_gemm_kernels_bf16_bf16.cu" in module
+    generator = (tmp_path / "jit/gemm/cutlass/generate_kernels.py").read_text()
+    assert "act == weight == DataType.bf16" in generator
+    compile(module, "fused_moe.py", "exec")
+    compile(generator, "generate_kernels.py", "exec")
+    # The generator's operations the edit keeps: bfloat16 grouped GEMMs, SM90 and SM80.
+    spec = importlib.util.spec_from_file_location(
+        "flashinfer.jit.gemm.cutlass.narrowed", tmp_path / "jit/gemm/cutlass/generate_kernels.py"
+    )
+    narrowed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(narrowed)
+    out = tmp_path / "generated"
+    narrowed.generate_gemm_operations(out, "90;90-real")
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.generated.cu"))
+    assert len(files) == 14 and all(f.startswith("gemm_grouped/") for f in files)
+    text = "".join((out / f).read_text() for f in files)
+    assert "__nv_bfloat16" in text and "__nv_fp8_e4m3" not in text and "half, half" not in text
