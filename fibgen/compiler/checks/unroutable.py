@@ -66,17 +66,24 @@ class UnroutableChecks(CheckerBase):
             for keyword, sig in (("api", fam.api), ("plan", fam.plan)):
                 if sig is None or sig.path.partition(".")[0] != PACKAGE:
                     continue
-                found = self.entry_points.lookup(sig.path)
-                if found.api is not None:
-                    continue
-                close = self.entry_points.closest(sig.path)
-                hint = f"; did you mean `{close[0]}`?" if close else ""
-                self.warn(
-                    f"family `{fam.name}`'s `{keyword}` path `{sig.path}` is not a traced "
-                    f"entry point of flashinfer {self.entry_points.version}",
-                    sig.span,
-                    help=f"it {found.problem}{hint}",
-                )
+                why = self._untraced(sig.path)
+                if why is not None:
+                    self.warn(
+                        f"family `{fam.name}`'s `{keyword}` path `{sig.path}` is not a traced "
+                        f"entry point of flashinfer {self.entry_points.version}",
+                        sig.span,
+                        help=why,
+                    )
+
+    def _untraced(self, path: str) -> str | None:
+        """Why ``path`` is no traced entry point of FlashInfer's source, with the closest
+        ones; None where it is one."""
+        assert self.entry_points is not None
+        found = self.entry_points.lookup(path)
+        if found.api is not None:
+            return None
+        close = self.entry_points.closest(path)
+        return f"it {found.problem}" + (f"; did you mean `{close[0]}`?" if close else "")
 
     def _unroutable(
         self,
@@ -101,18 +108,16 @@ class UnroutableChecks(CheckerBase):
             )
             return
         if self.entry_points is not None:
-            found = self.entry_points.lookup(u.path)
-            if found.api is None:
-                close = self.entry_points.closest(u.path)
-                hint = f"; did you mean `{close[0]}`?" if close else ""
+            why = self._untraced(u.path)
+            if why is not None:
                 self.err(
                     f"`{u.path}` is not a traced entry point of flashinfer "
                     f"{self.entry_points.version}",
                     u.path_span,
-                    help=f"it {found.problem}{hint}",
+                    help=why,
                 )
                 return
-            key = found.api.path
+            key = self._entry_key(u.path)
         first = seen.get(key)
         if first is not None:
             spelled = f" (as `{first.path}`)" if first.path != u.path else ""

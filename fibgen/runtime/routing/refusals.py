@@ -48,9 +48,8 @@ def describe_failure(
     if rule == "unevaluable":
         return "a rule could not be evaluated on its arguments"
     if rule == "key":
-        return "its key could not be read from its arguments" + _unreadable(
-            inputs, tensors, trace_inputs, args, kwargs
-        )
+        read = None if trace_inputs is None else lambda: trace_inputs(*args, **kwargs)
+        return "its key could not be read from its arguments" + _unreadable(inputs, tensors, read)
     if rule.startswith("tensor:") and trace_inputs is not None:
         try:
             values = dict(zip(inputs, trace_inputs(*args, **kwargs)))
@@ -73,21 +72,17 @@ def describe_failure(
 
 
 def _unreadable(
-    inputs: tuple[str, ...],
-    tensors: Tensors,
-    trace_inputs: Callable[..., tuple[Any, ...]] | None,
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any],
+    inputs: tuple[str, ...], tensors: Tensors, values: Callable[[], tuple[Any, ...]] | None
 ) -> str:
-    """Which argument a key could not be read from, where one shows: ``: input x is a list,
-    not a tensor``; else nothing."""
-    if trace_inputs is None:
+    """Which argument a key could not be read from, where one shows (``values``: the call's
+    inputs, in ``inputs`` order): ``: input x is a list, not a tensor``; else nothing."""
+    if values is None:
         return ""
     try:
-        values = trace_inputs(*args, **kwargs)
+        given = values()
     except Exception as exc:  # noqa: BLE001 - the arguments do not bind: say how
         return f": {type(exc).__name__}: {exc}"
-    for name, value in zip(inputs, values):
+    for name, value in zip(inputs, given):
         if name in tensors and value is not None and not isinstance(value, torch.Tensor):
             return f": input {name} is a {type(value).__name__}, not a tensor"
     return ""
