@@ -6,11 +6,13 @@
 little else: its CUTLASS generator keeps the bfloat16 grouped GEMMs alone (the TMA
 warp-specialized SM90 ones and the SM80 fused ones), and the module leaves out the MoE GEMM
 runners of the other dtypes (``moe_gemm_kernels_<act>_<weight>.cu`` but ``bf16_bf16``). The
-module then has 29 sources instead of 248 and builds in one device call; the kernels of a
-bfloat16 call are generated and compiled as in the whole module. A call of another dtype would
-find its runner's symbols missing (the module is loaded with lazy binding): run only the
-unquantized cases against it (``flashinfer_conformance.py --only cutlass_moe``). Editing twice
-changes nothing. ``benchmarks/README.md`` ("CUTLASS MoE on an H200 host") has the run.
+module then has 29 sources instead of 248 and builds in about six minutes on 32 cores; the
+kernels of a bfloat16 call are generated and compiled as in the whole module. A call of
+another dtype would find its runner's symbols missing (the module is loaded with lazy
+binding): run only the unquantized cases against it (``flashinfer_conformance.py --only
+cutlass_moe``). The package is edited in place: give it a copy, never the FlashInfer an
+engine uses. Editing twice changes nothing. ``benchmarks/README.md`` ("CUTLASS MoE on an H200
+host") has the run.
 """
 
 from __future__ import annotations
@@ -36,18 +38,31 @@ OTHER_RUNNERS = re.compile(
 
 def main() -> int:
     if len(sys.argv) != 2 or not (Path(sys.argv[1]) / GENERATOR).is_file():
-        print(f"usage: {sys.argv[0]} FLASHINFER_DIR (the folder holding {GENERATOR})")
+        print(
+            f"usage: {sys.argv[0]} FLASHINFER_DIR (the folder holding {GENERATOR})", file=sys.stderr
+        )
         return 2
     root = Path(sys.argv[1])
-    generator = root / GENERATOR
-    text = generator.read_text()
-    if KEEP_ALL not in text and KEEP_BF16 not in text:
-        print(f"{generator}: no `should_skip` as FlashInfer 0.7.2 has it; nothing edited")
+    generator, module = root / GENERATOR, root / MODULE
+    gen_text = generator.read_text()
+    narrowed_before = KEEP_BF16 in gen_text
+    if KEEP_ALL not in gen_text and not narrowed_before:
+        print(
+            f"{generator}: no `should_skip` as FlashInfer 0.7.2 has it; nothing edited",
+            file=sys.stderr,
+        )
         return 1
-    generator.write_text(text.replace(KEEP_ALL, KEEP_BF16))
-    module = root / MODULE
-    text, dropped = OTHER_RUNNERS.subn("", module.read_text())
-    module.write_text(text)
+    module_text, dropped = OTHER_RUNNERS.subn("", module.read_text())
+    if dropped == 0 and not narrowed_before:
+        # Another FlashInfer's source list: editing the generator alone would leave runners
+        # whose instantiations are gone.
+        print(
+            f"{module}: no MoE GEMM runner sources as FlashInfer 0.7.2 lists them; nothing edited",
+            file=sys.stderr,
+        )
+        return 1
+    generator.write_text(gen_text.replace(KEEP_ALL, KEEP_BF16))
+    module.write_text(module_text)
     print(f"narrowed: bfloat16 grouped GEMMs only; {dropped} MoE GEMM runners left out")
     return 0
 

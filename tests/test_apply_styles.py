@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fibgen.runtime as rt
-from fibgen.format import Solution, write_solution
+from fibgen.format import Definition, Solution, write_definition, write_solution
 
 from _bench_dataset import DEFINITION, make_dataset
 
@@ -324,3 +324,29 @@ def test_keyed_fallbacks_run_the_datasets_reference(tmp_path, small_dps, large_d
     assert torch.equal(call(), x * w)
     (counts,) = rt.stats().values()
     assert (counts["hit"], counts["error"]) == (1, 0)
+
+
+def test_the_input_check_follows_the_dataset_apply_is_enabled_on(tmp_path):
+    # Note [hand-written inputs]: a check is made from the definition of the dataset the
+    # solution came from, and made again when enable_apply replaces the routing table.
+    from _bench_dataset import solution
+
+    first = make_dataset(tmp_path / "h64", ["good_returns"])
+    second = tmp_path / "h32"
+    narrow = json.loads(json.dumps(DEFINITION))
+    narrow["axes"]["h"]["value"] = 32
+    write_definition(second, Definition.model_validate(narrow))
+    write_solution(second, solution("good_returns"), "scale")
+
+    def fallback(x, w):
+        return "fallback"
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rt.enable_apply(first)
+        x, w = torch.ones(2, 64), torch.full((64,), 2.0)
+        assert torch.equal(rt.apply(NAME, (x, w), fallback=fallback), x * w)
+        assert rt.apply(NAME, (torch.ones(2, 32), torch.ones(32)), fallback=fallback) == "fallback"
+        rt.enable_apply(second)
+        x, w = torch.ones(2, 32), torch.full((32,), 3.0)
+        assert torch.equal(rt.apply(NAME, (x, w), fallback=fallback), x * w)

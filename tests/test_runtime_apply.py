@@ -421,7 +421,7 @@ def test_hand_written_calls_whose_inputs_are_not_the_definitions_go_to_the_fallb
 
     name = "rmsnorm_h4096"  # fibgen's catalogue: hidden_size is 4096, bfloat16
     with rt.enable_apply({name: solution}):
-        assert rt.apply(name, tensors(3, 4096), fallback=fallback) is not None  # served
+        assert rt.apply(name, tensors(3, 4096), fallback=fallback) != "fallback"  # served
         x, w = tensors(2, 4096)
         assert rt.apply(name, (), {"weight": w, "hidden_states": x}, fallback=fallback) is x
         with pytest.warns(RuntimeWarning, match="size 100 along axis hidden_size .* is 4096"):
@@ -431,13 +431,13 @@ def test_hand_written_calls_whose_inputs_are_not_the_definitions_go_to_the_fallb
         three_dims = (torch.ones(2, 3, 4096, dtype=torch.bfloat16), tensors(1, 4096)[1])
         assert rt.apply(name, three_dims, fallback=fallback) == "fallback"
         # Arguments that are not the definition's inputs are passed on as given.
-        assert rt.apply(name, tensors(3, 100), {"eps": 1e-6}, fallback=fallback) is not None
+        assert rt.apply(name, tensors(3, 100), {"eps": 1e-6}, fallback=fallback) != "fallback"
 
         @rt.apply(name)
         def decorated(hidden_states, weight):
             return "decorated fallback"
 
-        assert decorated(*tensors(5, 4096)) is not None
+        assert decorated(*tensors(5, 4096)) != "decorated fallback"
         with pytest.warns(RuntimeWarning, match=r"apply\('rmsnorm_h4096'\) in .*decorated: input"):
             assert decorated(*tensors(5, 128)) == "decorated fallback"
     assert seen == [(3, 4096), (2, 4096), (3, 100), (5, 4096)]
@@ -447,6 +447,31 @@ def test_hand_written_calls_whose_inputs_are_not_the_definitions_go_to_the_fallb
     assert mine["rules"] == {"tensor:hidden_states": 4}
     theirs = counts[f"{__name__}.{decorated.__wrapped__.__qualname__}"]
     assert theirs["hit"] == 1 and theirs["rules"] == {"tensor:hidden_states": 1}
+
+
+def test_a_one_byte_float_input_is_held_to_its_sizes_not_its_dtype():
+    # FlashInfer passes fp8 and packed fp4 tensors as uint8 as often as not.
+    from fibgen.runtime.routing.handwritten import _input_check
+
+    definition = {
+        "axes": {"n": {"type": "var"}, "k": {"type": "const", "value": 16}},
+        "inputs": {
+            "a": {"shape": ["n", "k"], "dtype": "float8_e4m3fn"},
+            "scale": {"shape": ["n"], "dtype": "float32"},
+        },
+        "outputs": {"y": {"shape": ["n", "k"], "dtype": "bfloat16"}},
+    }
+    check = _input_check(definition)
+    assert check((torch.zeros(2, 16, dtype=torch.uint8), torch.ones(2)), {}) is None
+    assert (
+        check((), {"a": torch.zeros(2, 16, dtype=torch.float8_e4m3fn), "scale": torch.ones(2)})
+        is None
+    )
+    assert check((torch.zeros(2, 8, dtype=torch.uint8), torch.ones(2)), {}) == (
+        "a",
+        "input a has size 8 along axis k (dim 1), the definition's is 16",
+    )
+    assert check((torch.zeros(2, 16, dtype=torch.uint8), torch.ones(2).double()), {})[0] == "scale"
 
 
 def test_hand_written_calls_whose_inputs_are_not_the_definitions_raise_in_strict_mode():
@@ -460,7 +485,7 @@ def test_the_reference_standing_in_for_a_fallback_refuses_inputs_not_the_definit
     x, w = torch.ones(3, 100, dtype=torch.bfloat16), torch.ones(100, dtype=torch.bfloat16)
     with pytest.warns(RuntimeWarning, match="not given to the solution"):
         with rt.enable_apply({"rmsnorm_h4096": lambda hidden_states, weight: x}):
-            with pytest.raises(ValueError, match="reference cannot run it: input hidden_states"):
+            with pytest.raises(ValueError, match="reference can be given this call: input hidden"):
                 rt.apply("rmsnorm_h4096", (x, w))
     with pytest.raises(ValueError, match="input weight has size 100 along axis hidden_size"):
         rt.apply("rmsnorm_h4096", (torch.ones(3, 4096, dtype=torch.bfloat16), w))

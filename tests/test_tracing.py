@@ -151,9 +151,9 @@ def test_a_dump_name_no_recorded_input_has_is_said_when_tracing_stops(tmp_path):
         rt.disable_tracing()
     (message,) = [str(w.message) for w in caught]
     assert message == (
-        "fibgen tracing: dump=['no_such_input', 'weight']: no recorded call had an input named "
-        "'no_such_input', so nothing was dumped for it (the recorded calls' inputs: "
-        "hidden_states, weight)"
+        "fibgen tracing: dump=['no_such_input', 'weight']: no recorded call had a tensor input "
+        "named 'no_such_input', so nothing was dumped for it (the recorded calls' tensor "
+        "inputs: hidden_states, weight)"
     )
     (record,) = _records(tmp_path, "rmsnorm_h4096")
     assert record.inputs["weight"].type == "safetensors"

@@ -94,6 +94,9 @@ class Lookup:
     # Why the path names no traced entry point, said of it: "names nothing that flashinfer
     # 0.7.2.post1 defines". None when ``api`` is found.
     problem: str | None = None
+    # Whether the path names something FlashInfer defines (a function without a trace
+    # template, a class) when it names no traced entry point.
+    defined: bool = False
 
 
 class TracedApis:
@@ -181,11 +184,12 @@ class TracedApis:
         if api is not None:
             return Lookup(api)
         if target.kind != "function":
-            return Lookup(None, f"is a {target.kind} of flashinfer, not a function")
+            return Lookup(None, f"is a {target.kind} of flashinfer, not a function", True)
         return Lookup(
             None,
             f"is a function without a trace template (`{target.path}` has no "
             "`@flashinfer_api(trace=...)`)",
+            True,
         )
 
     def closest(self, path: str, n: int = 3) -> list[str]:

@@ -56,24 +56,26 @@ class UnroutableChecks(CheckerBase):
                 self._unroutable(u, routed, seen)
 
     def _api_paths(self, families: dict[str, ir.Family]) -> None:
-        """A family's `api` or `plan` path in FlashInfer that its source has no traced entry
-        point for: a warning, since a dispatcher can still route a function FlashInfer
-        defines without a trace template, but not one it does not define at all (apply
-        leaves such a path unpatched, and says so only when enabled)."""
+        """A family's `api` or `plan` path that names nothing FlashInfer's source defines (a
+        misspelt name): a warning, since apply leaves such a path unpatched and says so only
+        when enabled. A function FlashInfer defines without a trace template (every
+        wrapper's ``plan``) is routed like any other, and not warned about."""
         if self.entry_points is None:
             return
         for fam in families.values():
             for keyword, sig in (("api", fam.api), ("plan", fam.plan)):
                 if sig is None or sig.path.partition(".")[0] != PACKAGE:
                     continue
-                why = self._untraced(sig.path)
-                if why is not None:
-                    self.warn(
-                        f"family `{fam.name}`'s `{keyword}` path `{sig.path}` is not a traced "
-                        f"entry point of flashinfer {self.entry_points.version}",
-                        sig.span,
-                        help=why,
-                    )
+                found = self.entry_points.lookup(sig.path)
+                if found.api is not None or found.defined:
+                    continue
+                close = self.entry_points.closest(sig.path)
+                self.warn(
+                    f"family `{fam.name}`'s `{keyword}` path `{sig.path}` names nothing "
+                    f"flashinfer {self.entry_points.version} defines",
+                    sig.span,
+                    help=f"did you mean `{close[0]}`?" if close else None,
+                )
 
     def _untraced(self, path: str) -> str | None:
         """Why ``path`` is no traced entry point of FlashInfer's source, with the closest

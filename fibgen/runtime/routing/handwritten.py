@@ -34,7 +34,10 @@ resolvers: list[Callable[..., str]] = []
 # ValueError saying why: on another shape it computes nothing the definition means.
 # Arguments that are not the definition's inputs (a decorated function of another
 # signature) are passed on unchecked, as is a call whose definition is in no dataset apply
-# was enabled on and not in fibgen's catalogue.
+# was enabled on and not in fibgen's catalogue. The definition is the one of the dataset the
+# solution came from (else the catalogue's), looked up again whenever enable_apply replaces
+# the routing table. A one-byte float input (fp8, packed fp4, e8m0 scales) is held to its
+# rank and sizes, not its dtype: such tensors are passed as uint8 as often as not.
 
 _Check = Callable[[tuple[Any, ...], Mapping[str, Any]], "tuple[str, str] | None"]
 
@@ -51,12 +54,22 @@ def _find_definition(name: str) -> tuple[dict[str, Any] | None, list[Any]]:
     return None, roots
 
 
+def _one_byte_float(dtype: str | None) -> bool:
+    return dtype is not None and dtype.startswith(("float8", "float4"))
+
+
 def _input_check(definition: Mapping[str, Any]) -> _Check:
     """The check of a hand-written call's arguments against ``definition`` (Note
     [hand-written inputs]): the first input that differs and why, or None."""
     inputs = tuple(definition["inputs"])
     outputs = tuple(definition["outputs"])
     tensors, consts = contract(definition)
+    # A one-byte float (fp8, packed fp4, e8m0 scales) is passed as uint8 as often as not
+    # (FlashInfer's own calls do; a dispatcher views it before its check): its rank and sizes
+    # are checked, not its dtype.
+    tensors = [
+        (name, None if _one_byte_float(dtype) else dtype, shape) for name, dtype, shape in tensors
+    ]
     check = checker(inputs, tensors, consts)
     n_in, n_all = len(inputs), len(inputs) + len(outputs)
 
@@ -87,7 +100,9 @@ def _route_handwritten(
         routed_names.add(target)
     routes = api.routes
     resolver = target if callable(target) else None
-    checks: dict[Any, _Check | None] = {}
+    # Per name: the check, and the routing table it was made for (enable_apply replaces the
+    # table, and with it the dataset a name's definition comes from).
+    checks: dict[Any, tuple[Any, _Check | None]] = {}
     # The reference standing in for a missing fallback is no code of the caller's to name.
     where = "" if label.startswith("fibgen.runtime.") else f" in {label}"
 
@@ -111,10 +126,15 @@ def _route_handwritten(
             route = api.resolve(key)
         kind, fn, tick, _ = route
         if kind != ORIGINAL:  # a solution: the arguments must be its definition's inputs
-            if key not in checks:
-                definition, _ = _find_definition(str(key))
-                checks[key] = None if definition is None else _input_check(definition)
-            check = checks[key]
+            table = STATE.entries
+            cached = checks.get(key)
+            if cached is None or cached[0] is not table:
+                entry = table.get(str(key))
+                # The definition of the dataset the solution came from, else the catalogue's.
+                definition = solutions.find_definition(str(key), getattr(entry, "root", None))
+                check = None if definition is None else _input_check(definition)
+                cached = checks[key] = (table, check)
+            check = cached[1]
             failed = None if check is None else check(args, kwargs)
             if failed is not None:
                 refused(key, failed)
@@ -200,8 +220,8 @@ def apply(
                 failed = checks[key](call_args, call_kwargs)
                 if failed is not None:
                     raise ValueError(
-                        f"apply({name!r}): no solution serves this call and no fallback was "
-                        f"given, and the definition's reference cannot run it: {failed[1]}"
+                        f"apply({name!r}): no fallback was given, and neither a solution nor "
+                        f"the definition's reference can be given this call: {failed[1]}"
                     )
                 STATE.warn_once(
                     ("reference fallback", name),

@@ -143,12 +143,13 @@ class _Tracer:
         dump = self.policy.dump
         unmatched = dump.unmatched() if isinstance(dump, DumpByName) else None
         if unmatched and isinstance(dump, DumpByName):
+            asked = sorted(set(dump.asked))  # a copy: no call is recorded any more
             self.counts.warn_once(
                 "dump",
-                f"dump={sorted(dump.names)}: no recorded call had an input named "
+                f"dump={sorted(dump.names)}: no recorded call had a tensor input named "
                 f"{', '.join(repr(n) for n in unmatched)}, so nothing was dumped for "
-                f"{'it' if len(unmatched) == 1 else 'them'} (the recorded calls' inputs: "
-                f"{', '.join(sorted(dump.asked))})",
+                f"{'it' if len(unmatched) == 1 else 'them'} (the recorded calls' tensor "
+                f"inputs: {', '.join(asked)})",
                 stacklevel=4,
             )
 
