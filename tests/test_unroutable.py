@@ -309,3 +309,26 @@ def test_a_family_that_routes_a_re_export_is_listed_with_the_path_it_spells():
         "plan of batch_attention_plan"
     )
     assert route_text(routes) == "batch_attention_run, plan of batch_attention_plan"
+
+
+def test_without_flashinfer_check_notes_only_the_declarations_it_could_not_check(
+    tmp_path, monkeypatch, capsys
+):
+    def unavailable(*args, **kwargs):
+        raise FlashInferUnavailable("flashinfer is not installed (pip install ...)")
+
+    monkeypatch.setattr(fi_apis, "traced_apis", unavailable)
+    folder = tmp_path / "defs"
+    folder.mkdir()
+    (folder / "t.fidef").write_text(FAMILIES, encoding="utf-8")
+    # Families that name FlashInfer paths, no declaration: nothing went unchecked to say.
+    assert main(["check", str(folder)]) == 0
+    assert capsys.readouterr().err == ""
+    (folder / "u.fidef").write_text(
+        'unroutable flashinfer.comm.allreduce_fusion "a collective"\n', encoding="utf-8"
+    )
+    assert main(["check", str(folder)]) == 0
+    assert capsys.readouterr().err == (
+        "note: the paths of `unroutable` declarations were checked only against each other "
+        "and the families, not against FlashInfer: flashinfer is not installed (pip install ...)\n"
+    )

@@ -63,7 +63,8 @@ def _compile(paths: list[str], *, say_unchecked: bool = True):
     entry_points = _EntryPoints()
     result = compile_paths(paths, entry_points)
     _eprint(render_all(result.diagnostics, result.sources))
-    if entry_points.problem is not None and say_unchecked:
+    declared = result.module is not None and bool(result.module.unroutables())
+    if entry_points.problem is not None and say_unchecked and declared:
         # Not an error of the sources, but what was not checked is said.
         _eprint(
             "note: the paths of `unroutable` declarations were checked only against each "
