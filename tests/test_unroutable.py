@@ -256,7 +256,10 @@ def test_list_apis_shows_every_traced_entry_point_and_its_status(
     assert out[-1] == "routed 1 of 3, declared unroutable 1, not yet covered 1"
 
 
-def test_list_apis_without_flashinfer_says_why(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def without_flashinfer(tmp_path, monkeypatch) -> Path:
+    """A folder of FAMILIES, compiled as where FlashInfer is not installed."""
+
     def unavailable(*args, **kwargs):
         raise FlashInferUnavailable("flashinfer is not installed (pip install ...)")
 
@@ -264,6 +267,11 @@ def test_list_apis_without_flashinfer_says_why(tmp_path, monkeypatch, capsys):
     folder = tmp_path / "defs"
     folder.mkdir()
     (folder / "t.fidef").write_text(FAMILIES, encoding="utf-8")
+    return folder
+
+
+def test_list_apis_without_flashinfer_says_why(without_flashinfer, capsys):
+    folder = without_flashinfer
     assert main(["list", "--apis", str(folder)]) == 2  # an optional package is missing
     err = capsys.readouterr().err
     assert "error: --apis lists FlashInfer's traced entry points" in err
@@ -312,15 +320,9 @@ def test_a_family_that_routes_a_re_export_is_listed_with_the_path_it_spells():
 
 
 def test_without_flashinfer_check_notes_only_the_declarations_it_could_not_check(
-    tmp_path, monkeypatch, capsys
+    without_flashinfer, capsys
 ):
-    def unavailable(*args, **kwargs):
-        raise FlashInferUnavailable("flashinfer is not installed (pip install ...)")
-
-    monkeypatch.setattr(fi_apis, "traced_apis", unavailable)
-    folder = tmp_path / "defs"
-    folder.mkdir()
-    (folder / "t.fidef").write_text(FAMILIES, encoding="utf-8")
+    folder = without_flashinfer
     # Families that name FlashInfer paths, no declaration: nothing went unchecked to say.
     assert main(["check", str(folder)]) == 0
     assert capsys.readouterr().err == ""
