@@ -138,4 +138,9 @@ def test_list_apis_shows_the_same_status_for_each(coverage, capsys):
         assert words[e.status] in rows[e.api.path], rows[e.api.path]
     rmsnorm = rows["flashinfer.norm.rmsnorm"].split()
     assert rmsnorm[1] == "rmsnorm"  # the op type of its template
+    assert "routed: rmsnorm (" in rows["flashinfer.norm.rmsnorm"]  # the family spells it so
+    # Defined in one module, re-exported by another that the family spells: both are said.
+    assert "routed: cutlass_fused_moe as flashinfer.fused_moe.cutlass_fused_moe (" in (
+        rows["flashinfer.fused_moe.core.cutlass_fused_moe"]
+    )
     assert out[-1] == coverage.summary()

@@ -719,6 +719,32 @@ def test_calls_whose_tensors_apply_refuses_are_mismatched_as_with_apply_off(tmp_
 
 
 @pytest.mark.slow
+def test_a_call_of_the_real_api_whose_tensors_apply_refuses_is_mismatched(tmp_path):
+    # The same as above through FlashInfer's own patched function (on this CPU, its kernel
+    # then raises): a weight of another size than the input's hidden size.
+    from _shared import require_module
+
+    require_module("flashinfer", "flashinfer is not installed")
+    import flashinfer
+
+    x, w = torch.randn(4, 4096, dtype=torch.bfloat16), torch.randn(2048, dtype=torch.bfloat16)
+    rt.enable_tracing(tmp_path, patch=True)
+    with rt.enable_apply({"rmsnorm_h4096": lambda hidden_states, weight: hidden_states}):
+        with pytest.warns(RuntimeWarning) as caught:
+            with pytest.raises(Exception):  # noqa: B017 - FlashInfer's CPU error
+                flashinfer.norm.rmsnorm(x, w, 1e-5)
+    rt.disable_tracing()
+    messages = [str(w.message) for w in caught if "tracing" in str(w.message)]
+    assert messages == [
+        "fibgen tracing: a call of rmsnorm_h4096 does not match its definition: input weight "
+        "has size 2048 along axis hidden_size (dim 0), expected 4096 as in hidden_states (dim "
+        "1); such calls are not recorded, and tracing_stats()['mismatched'] counts them"
+    ]
+    stats = rt.tracing_stats()
+    assert (stats["mismatched"], stats["refused"], stats["recorded"]) == (1, 0, 0)
+
+
+@pytest.mark.slow
 def test_calls_a_rule_refuses_are_counted_not_recorded(tmp_path):
     # Another eps than the definition's: routed to the original API (FlashInfer's, which
     # cannot run on this CPU), not a workload of the definition (Note [missed calls]).

@@ -75,15 +75,10 @@ def _input_check(definition: Mapping[str, Any]) -> _Check:
 
     def check_call(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str, str] | None:
         if not kwargs and len(args) in (n_in, n_all):
-            return check(args)
-        if len(args) + len(kwargs) not in (n_in, n_all):
+            return check(args)  # by position: the inputs come first
+        values = solutions.bind_arguments(inputs, outputs, args, kwargs)
+        if isinstance(values, str):
             return None  # not the definition's inputs: passed on as given
-        names = inputs if len(args) + len(kwargs) == n_in else inputs + outputs
-        values = dict(zip(names, args))
-        for key, value in kwargs.items():
-            if key not in names or key in values:
-                return None
-            values[key] = value
         return check([values[n] for n in inputs])
 
     return check_call

@@ -23,7 +23,7 @@ import tempfile
 import traceback
 import types
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -681,6 +681,29 @@ def find_definition(name: str, root: Path | None = None) -> dict | None:
     return found
 
 
+def bind_arguments(
+    inputs: Sequence[str], outputs: Sequence[str], args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> dict[str, Any] | str:
+    """A call's arguments as a definition's inputs, or its inputs and outputs (the two calling
+    styles, Note [calling styles]): by position in that order, then by name. Why they are
+    neither, where they are not."""
+    given = len(args) + len(kwargs)
+    n_in, n_all = len(inputs), len(inputs) + len(outputs)
+    if given not in (n_in, n_all):
+        return (
+            f"called with {given} arguments; the definition takes its {n_in} inputs "
+            f"({', '.join(inputs)}), or those and its {n_all - n_in} outputs "
+            f"({', '.join(outputs)}) to write into"
+        )
+    names = inputs if given == n_in else [*inputs, *outputs]
+    values = dict(zip(names, args))
+    for key, value in kwargs.items():
+        if key not in names or key in values:
+            return f"unexpected or repeated argument {key!r}"
+        values[key] = value
+    return values
+
+
 def either_style(
     fn: Callable[..., Any], definition: Mapping[str, Any], dps: bool, label: str
 ) -> Callable[..., Any]:
@@ -691,19 +714,11 @@ def either_style(
     name = definition["name"]
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        given = len(args) + len(kwargs)
-        if given not in (n_in, n_all):
-            raise TypeError(
-                f"{label} for {name!r}: called with {given} arguments; the definition takes "
-                f"its {n_in} inputs ({', '.join(inputs)}), or those and its "
-                f"{n_all - n_in} outputs ({', '.join(outputs)}) to write into"
-            )
+        values = bind_arguments(inputs, outputs, args, kwargs)
+        if isinstance(values, str):
+            raise TypeError(f"{label} for {name!r}: {values}")
+        given = len(values)
         names = inputs if given == n_in else inputs + outputs
-        values = dict(zip(names, args))
-        for key, value in kwargs.items():
-            if key not in names or key in values:
-                raise TypeError(f"{label} for {name!r}: unexpected or repeated argument {key!r}")
-            values[key] = value
         if (given == n_all) == dps:
             return fn(*(values[n] for n in names))
         if dps:
