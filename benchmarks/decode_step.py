@@ -15,9 +15,10 @@ Apply off runs FlashInfer's own norm and activation kernels; apply on routes the
 shipped Triton solutions (``enable_apply`` patches FlashInfer). Attention has no solution in
 that dataset: its calls go to FlashInfer, counted as misses. Apply stays on, and the "off" step
 calls FlashInfer's own functions, taken before apply patched them: so both steps are timed in
-turn within each of 15 rounds (``eager_rounds``: back-to-back steps, a round's fixed start and
-end taken out), eagerly and as replayed CUDA graphs. The table gives medians over the rounds,
-ratios paired per round, and the largest logit difference between off and on. The target: apply
+turn within each of 21 rounds of about 0.1 s (``eager_rounds``: back-to-back steps, a round's
+fixed start and end taken out), eagerly and as replayed CUDA graphs. The table gives medians
+over the rounds, ratios paired per round with their quartiles, and the largest logit
+difference between off and on. The target: apply
 on is never slower, and its logits are within bf16 tolerance of apply off's.
 """
 
@@ -43,7 +44,10 @@ from _shipped import routes  # noqa: E402
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB = 4096, 32, 8, 128, 14336, 32000
 EPS, PAGE, CONTEXT = 1e-5, 16, 500
 WORKSPACE = 128 << 20
-ROUNDS = 15  # rounds of eager_rounds: apply off and on timed in turn in each
+ROUNDS = 21  # rounds of eager_rounds: apply off and on timed in turn in each
+# A round's shorter timing, in ms: an eager step of 0.5 to 0.7 ms gets about 60 steps in it (5 ms
+# rounds held 7, whose spread was the host's jitter over a handful of steps).
+ROUND_MS = 40.0
 
 
 class Model:
@@ -199,6 +203,7 @@ def measure(model: Model, batch: int, off: Ops, on: Ops) -> dict:
             "on": lambda: model.step(x.clone(), wrapper, on),
         },
         rounds=ROUNDS,
+        round_ms=ROUND_MS,
     )
     replays = {}
     for key, ops in (("off", off), ("on", on)):
@@ -206,16 +211,32 @@ def measure(model: Model, batch: int, off: Ops, on: Ops) -> dict:
         diff = (graph_logits.float() - logits[key].float()).abs().max().item()
         assert diff < 0.5, f"apply {key}: the graph's logits differ from eager by {diff}"
     # Replayed in turn too: the GPU's clock drifts as it warms up over a run.
-    graph = eager_rounds(replays, rounds=ROUNDS)
+    graph = eager_rounds(replays, rounds=ROUNDS, round_ms=ROUND_MS)
     return {"eager": eager, "graph": graph, "logits": logits}
 
 
-def paired(costs: dict) -> tuple[float, float, float]:
-    """(off µs, on µs, on / off): medians over the rounds, the ratio paired per round."""
+class Paired(NamedTuple):
+    """Apply off and on over paired rounds: medians in µs, and on / off paired per round (its
+    median and quartiles)."""
+
+    off: float
+    on: float
+    ratio: float
+    low: float
+    high: float
+
+    def spread(self) -> str:
+        """The ratio and the quartiles of the per-round ratios, as the tables print them."""
+        return f"{self.ratio:.2f} ({self.low:.2f}-{self.high:.2f})"
+
+
+def paired(costs: dict) -> Paired:
+    """Apply off and on: medians over the rounds, the ratio paired per round."""
     off = statistics.median(c.per_call for c in costs["off"])
     on = statistics.median(c.per_call for c in costs["on"])
-    ratio = statistics.median(b.per_call / a.per_call for a, b in zip(costs["off"], costs["on"]))
-    return off, on, ratio
+    ratios = [b.per_call / a.per_call for a, b in zip(costs["off"], costs["on"])]
+    low, _, high = statistics.quantiles(ratios, n=4)
+    return Paired(off, on, statistics.median(ratios), low, high)
 
 
 def main() -> None:
@@ -232,8 +253,8 @@ def main() -> None:
     table = routes(HIDDEN, INTER)
     print(f"decode step, {args.layers} Llama-3-8B-shaped layers, {torch.cuda.get_device_name()}")
     print(
-        f"{'batch':>5} {'eager off µs':>12} {'eager on µs':>11} {'ratio':>6} "
-        f"{'graph off µs':>12} {'graph on µs':>11} {'ratio':>6} {'max logit diff':>14}"
+        f"{'batch':>5} {'eager off µs':>12} {'eager on µs':>11} {'ratio (quartiles)':>16} "
+        f"{'graph off µs':>12} {'graph on µs':>11} {'ratio (quartiles)':>16} {'max logit diff':>14}"
     )
     off = Ops.now()  # FlashInfer's own functions, taken before apply patches them
     with warnings.catch_warnings():
@@ -243,13 +264,12 @@ def main() -> None:
         on = Ops.now()
         for batch in batches:
             figures = measure(model, batch, off, on)
-            off_eager, on_eager, eager_ratio = paired(figures["eager"])
-            off_graph, on_graph, graph_ratio = paired(figures["graph"])
+            eager, graph = paired(figures["eager"]), paired(figures["graph"])
             logits = figures["logits"]
             diff = (logits["on"].float() - logits["off"].float()).abs().max().item()
             print(
-                f"{batch:>5} {off_eager:12.1f} {on_eager:11.1f} {eager_ratio:6.2f} "
-                f"{off_graph:12.1f} {on_graph:11.1f} {graph_ratio:6.2f} {diff:14.4f}"
+                f"{batch:>5} {eager.off:12.1f} {eager.on:11.1f} {eager.spread():>16} "
+                f"{graph.off:12.1f} {graph.on:11.1f} {graph.spread():>16} {diff:14.4f}"
             )
         stats = rt.stats()
     finally:

@@ -178,21 +178,20 @@ def apply(root: Path, layers: int, batches: list[int]) -> None:
         print(f"enable_apply: {w.message}")
     print(f"\nstep with {layers} layers, {torch.cuda.get_device_name()}, apply on / off")
     print(
-        "| batch | eager off µs | eager on µs | on / off | graph off µs | graph on µs "
-        "| on / off | max logit diff |"
+        "| batch | eager off µs | eager on µs | on / off (quartiles) | graph off µs "
+        "| graph on µs | on / off (quartiles) | max logit diff |"
     )
     print("|---|---|---|---|---|---|---|---|")
     try:
         on = ds.Ops.now()
         for batch in batches:
             figures = ds.measure(model, batch, off, on)
-            off_eager, on_eager, eager_ratio = ds.paired(figures["eager"])
-            off_graph, on_graph, graph_ratio = ds.paired(figures["graph"])
+            eager, graph = ds.paired(figures["eager"]), ds.paired(figures["graph"])
             logits = figures["logits"]
             diff = (logits["on"].float() - logits["off"].float()).abs().max().item()
             print(
-                f"| {batch} | {off_eager:.1f} | {on_eager:.1f} | {eager_ratio:.2f} "
-                f"| {off_graph:.1f} | {on_graph:.1f} | {graph_ratio:.2f} | {diff:.4f} |"
+                f"| {batch} | {eager.off:.1f} | {eager.on:.1f} | {eager.spread()} "
+                f"| {graph.off:.1f} | {graph.on:.1f} | {graph.spread()} | {diff:.4f} |"
             )
         stats = rt.stats()
     finally:

@@ -82,6 +82,18 @@ def test_a_round_is_about_round_ms_long(device):
     assert len(seen) == 1 + 10 + 416 + 2 * 416
 
 
+def test_longer_rounds_time_more_calls_of_a_slow_step(device):
+    seen = []
+    step = device.call(650)  # a decode step of an eager engine on a slow host
+    costs = eager.eager_rounds(
+        {"step": lambda: seen.append(step())}, device="cpu", rounds=2, round_ms=26.3
+    )
+    # A timed first call, 20 warmup calls, a probe of 10, then per round 26.3 ms of 650 µs
+    # steps (40) and twice as many: where 5 ms rounds would time 7 and 14.
+    assert len(seen) == 1 + 20 + 10 + 2 * (40 + 80)
+    assert [c.per_call for c in costs["step"]] == [pytest.approx(650)] * 2
+
+
 def test_tiny_calls_stop_at_max_calls(device):
     seen = []
     call = device.call(0.001)

@@ -69,6 +69,7 @@ def eager_rounds(
     rounds: int = 7,
     warmup: int | None = None,
     calls: int | None = None,
+    round_ms: float = ROUND_MS,
 ) -> dict[str, list[EagerCost]]:
     """Each round's per-call and fixed cost, in microseconds, of back-to-back calls of every
     function of ``fns`` (Note [eager rounds]). A round times the functions one after the other,
@@ -77,7 +78,9 @@ def eager_rounds(
 
     ``device``: what to synchronize (default: the current CUDA device, if any). ``warmup``:
     calls first, untimed (default: 20, or 2 for calls slower than a millisecond). ``calls``:
-    calls in a round's shorter timing (default: about ``ROUND_MS`` of them, per function).
+    calls in a round's shorter timing (default: about ``round_ms`` of them, per function);
+    a call of a millisecond gets few calls in 5 ms, and their spread is then the host's jitter
+    over a handful of calls, so a whole decode step is timed in longer rounds.
     """
     dev = torch.device(device) if device is not None else None
     if dev is None and torch.cuda.is_available():
@@ -91,7 +94,7 @@ def eager_rounds(
         if calls is None:
             probe = 10 if first < 1e-3 else 2
             each_ms = max(_timed(fn, probe, sync) * 1e3 / probe, 1e-4)
-            counts[name] = max(1, min(MAX_CALLS, int(ROUND_MS / each_ms)))
+            counts[name] = max(1, min(MAX_CALLS, int(round_ms / each_ms)))
         else:
             counts[name] = calls
     names = list(fns)
