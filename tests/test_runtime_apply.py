@@ -461,7 +461,7 @@ def test_a_one_byte_float_input_is_held_to_its_sizes_not_its_dtype():
         },
         "outputs": {"y": {"shape": ["n", "k"], "dtype": "bfloat16"}},
     }
-    check = _input_check(definition)
+    check = _input_check(definition).any_call
     assert check((torch.zeros(2, 16, dtype=torch.uint8), torch.ones(2)), {}) is None
     assert (
         check((), {"a": torch.zeros(2, 16, dtype=torch.float8_e4m3fn), "scale": torch.ones(2)})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from fibgen.runtime.errors import FallbackError
 from fibgen.runtime.routing.fallbacks import compile_reference
@@ -58,9 +58,19 @@ def _one_byte_float(dtype: str | None) -> bool:
     return dtype is not None and dtype.startswith(("float8", "float4"))
 
 
-def _input_check(definition: Mapping[str, Any]) -> _Check:
-    """The check of a hand-written call's arguments against ``definition`` (Note
-    [hand-written inputs]): the first input that differs and why, or None."""
+class _InputCheck(NamedTuple):
+    """The check of a hand-written call's arguments against a definition (Note [hand-written
+    inputs]): ``positional`` takes the arguments of a call by position whose count is in
+    ``counts``, ``any_call`` any call; each gives the first input that differs and why, or
+    None."""
+
+    positional: Callable[[tuple[Any, ...]], "tuple[str, str] | None"]
+    counts: tuple[int, int]
+    any_call: _Check
+
+
+def _input_check(definition: Mapping[str, Any]) -> _InputCheck:
+    """The check of a hand-written call's arguments against ``definition``."""
     inputs = tuple(definition["inputs"])
     outputs = tuple(definition["outputs"])
     tensors, consts = contract(definition)
@@ -71,17 +81,17 @@ def _input_check(definition: Mapping[str, Any]) -> _Check:
         (name, None if _one_byte_float(dtype) else dtype, shape) for name, dtype, shape in tensors
     ]
     check = checker(inputs, tensors, consts)
-    n_in, n_all = len(inputs), len(inputs) + len(outputs)
+    counts = (len(inputs), len(inputs) + len(outputs))
 
-    def check_call(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str, str] | None:
-        if not kwargs and len(args) in (n_in, n_all):
+    def any_call(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str, str] | None:
+        if not kwargs and len(args) in counts:
             return check(args)  # by position: the inputs come first
         values = solutions.bind_arguments(inputs, outputs, args, kwargs)
         if isinstance(values, str):
             return None  # not the definition's inputs: passed on as given
         return check([values[n] for n in inputs])
 
-    return check_call
+    return _InputCheck(check, counts, any_call)
 
 
 def _route_handwritten(
@@ -95,9 +105,9 @@ def _route_handwritten(
         routed_names.add(target)
     routes = api.routes
     resolver = target if callable(target) else None
-    # Per name: the check, and the routing table it was made for (enable_apply replaces the
-    # table, and with it the dataset a name's definition comes from).
-    checks: dict[Any, tuple[Any, _Check | None]] = {}
+    # Per name: the routing table a check was made for (enable_apply replaces the table, and
+    # with it the dataset a name's definition comes from), and the check.
+    checks: dict[Any, tuple[Any, _InputCheck | None]] = {}
     # The reference standing in for a missing fallback is no code of the caller's to name.
     where = "" if label.startswith("fibgen.runtime.") else f" in {label}"
 
@@ -114,6 +124,14 @@ def _route_handwritten(
             "solution and go to the fallback",
         )
 
+    def check_of(key: Any) -> tuple[Any, _InputCheck | None]:
+        """The routing table now, and the check of ``key``'s calls under it."""
+        table = STATE.entries
+        entry = table.get(str(key))
+        # The definition of the dataset the solution came from, else the catalogue's.
+        definition = solutions.find_definition(str(key), getattr(entry, "root", None))
+        return table, None if definition is None else _input_check(definition)
+
     def routed(*args: Any, **kwargs: Any) -> Any:
         key = resolver(*args, **kwargs) if resolver is not None else target
         route = routes.get(key)
@@ -121,19 +139,18 @@ def _route_handwritten(
             route = api.resolve(key)
         kind, fn, tick, _ = route
         if kind != ORIGINAL:  # a solution: the arguments must be its definition's inputs
-            table = STATE.entries
             cached = checks.get(key)
-            if cached is None or cached[0] is not table:
-                entry = table.get(str(key))
-                # The definition of the dataset the solution came from, else the catalogue's.
-                definition = solutions.find_definition(str(key), getattr(entry, "root", None))
-                check = None if definition is None else _input_check(definition)
-                cached = checks[key] = (table, check)
+            if cached is None or cached[0] is not STATE.entries:
+                cached = checks[key] = check_of(key)
             check = cached[1]
-            failed = None if check is None else check(args, kwargs)
-            if failed is not None:
-                refused(key, failed)
-                return fallback(*args, **kwargs)
+            if check is not None:
+                if not kwargs and len(args) in check.counts:
+                    failed = check.positional(args)
+                else:
+                    failed = check.any_call(args, kwargs)
+                if failed is not None:
+                    refused(key, failed)
+                    return fallback(*args, **kwargs)
         tick()
         _serving = SERVING  # bound: a routed call is in progress (Note [re-entry])
         _serving.n += 1
@@ -189,7 +206,7 @@ def apply(
         fallback = _reference_fallbacks.get(target)
         if fallback is None:
             references: dict[tuple[str, str], Callable[..., Any]] = {}
-            checks: dict[tuple[str, str], _Check] = {}
+            checks: dict[tuple[str, str], _InputCheck] = {}
 
             def run_reference(*call_args: Any, **call_kwargs: Any) -> Any:
                 name = target if isinstance(target, str) else target(*call_args, **call_kwargs)
@@ -212,7 +229,7 @@ def apply(
                         reference, definition, False, f"the reference of {name!r}"
                     )
                     checks[key] = _input_check(definition)
-                failed = checks[key](call_args, call_kwargs)
+                failed = checks[key].any_call(call_args, call_kwargs)
                 if failed is not None:
                     raise ValueError(
                         f"apply({name!r}): no fallback was given, and neither a solution nor "
@@ -230,8 +247,12 @@ def apply(
             run_reference.__module__ = "fibgen.runtime"
             run_reference.__qualname__ = f"apply({getattr(target, '__qualname__', target)!r})"
             fallback = _reference_fallbacks.setdefault(target, run_reference)
-    with STATE.lock:
-        routed = _handwritten.get((fallback, target))
-        if routed is None:
-            routed = _handwritten[(fallback, target)] = _route_handwritten(fallback, target)
-    return routed(*(args or ()), **(kwargs or {}))
+    routed = _handwritten.get((fallback, target))  # a dict read needs no lock
+    if routed is None:
+        with STATE.lock:
+            routed = _handwritten.get((fallback, target))
+            if routed is None:
+                routed = _handwritten[(fallback, target)] = _route_handwritten(fallback, target)
+    if kwargs:
+        return routed(*(args or ()), **kwargs)
+    return routed(*(args or ()))

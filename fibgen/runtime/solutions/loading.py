@@ -595,41 +595,65 @@ def allocate_outputs(definition: Mapping[str, Any], inputs: Mapping[str, Any]) -
     carry them, or from the integer scalar input of their name (Note [axes bound by a scalar]
     in fibgen/compiler/ir.py); the buffers go on the device of the first input tensor.
     """
+    return output_allocator(definition)(inputs)
+
+
+def output_allocator(
+    definition: Mapping[str, Any],
+) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+    """``allocate_outputs`` for one definition, its axes and dtypes read once: what a call
+    that needs buffers made for it pays is the reads of its inputs' shapes and the allocation."""
     import torch
 
     from fibgen.format.models import var_axis_scalars
     from fibgen.runtime.inputs.make import torch_dtype
 
-    axes = {n: a["value"] for n, a in definition["axes"].items() if a.get("type") == "const"}
-    device = None
-    for name, spec in definition["inputs"].items():
-        value = inputs.get(name)
-        if isinstance(value, torch.Tensor):
-            device = device or value.device
-            for axis, size in zip(spec.get("shape") or (), value.shape):
-                axes.setdefault(axis, int(size))
-    for axis, name in var_axis_scalars(definition["axes"], definition["inputs"]).items():
-        value = inputs.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            axes.setdefault(axis, value)
-    out = {}
+    consts = {n: a["value"] for n, a in definition["axes"].items() if a.get("type") == "const"}
+    carriers = [(n, tuple(spec.get("shape") or ())) for n, spec in definition["inputs"].items()]
+    scalars = list(var_axis_scalars(definition["axes"], definition["inputs"]).items())
+    outputs = []
     for name, spec in definition["outputs"].items():
-        shape = spec.get("shape")
-        if shape is None:
-            raise ValueError(
-                f"{definition['name']}: output {name!r} is a scalar and has no buffer; "
-                "call the solution in value-returning style"
+        try:
+            dtype = torch_dtype(spec["dtype"]) if spec.get("shape") is not None else None
+        except (KeyError, TypeError, ValueError):
+            dtype = None  # said when a call needs this buffer
+        outputs.append((name, spec.get("shape"), dtype, spec.get("dtype")))
+    tensor = torch.Tensor
+
+    def allocate(inputs: Mapping[str, Any]) -> dict[str, Any]:
+        axes = dict(consts)
+        device = None
+        for name, shape in carriers:
+            value = inputs.get(name)
+            if isinstance(value, tensor):
+                device = device or value.device
+                for axis, size in zip(shape, value.shape):
+                    axes.setdefault(axis, int(size))
+        for axis, name in scalars:
+            value = inputs.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                axes.setdefault(axis, value)
+        out = {}
+        for name, shape, dtype, dtype_name in outputs:
+            if shape is None:
+                raise ValueError(
+                    f"{definition['name']}: output {name!r} is a scalar and has no buffer; "
+                    "call the solution in value-returning style"
+                )
+            missing = [a for a in shape if a not in axes]
+            if missing:
+                raise ValueError(
+                    f"{definition['name']}: cannot size output {name!r}: no input carries "
+                    f"axis {', '.join(missing)} (nor gives it as a non-negative int)"
+                )
+            out[name] = torch.empty(
+                [axes[a] for a in shape],
+                dtype=dtype if dtype is not None else torch_dtype(dtype_name),
+                device=device or "cpu",
             )
-        missing = [a for a in shape if a not in axes]
-        if missing:
-            raise ValueError(
-                f"{definition['name']}: cannot size output {name!r}: no input carries axis "
-                f"{', '.join(missing)} (nor gives it as a non-negative int)"
-            )
-        out[name] = torch.empty(
-            [axes[a] for a in shape], dtype=torch_dtype(spec["dtype"]), device=device or "cpu"
-        )
-    return out
+        return out
+
+    return allocate
 
 
 # ---------------------------------------------------------------------------------------
@@ -712,8 +736,12 @@ def either_style(
     outputs = list(definition["outputs"])
     n_in, n_all = len(inputs), len(inputs) + len(outputs)
     name = definition["name"]
+    own = n_all if dps else n_in  # the count of a positional call in fn's own style
+    allocators: list[Callable[[Mapping[str, Any]], dict[str, Any]]] = []  # made on first use
 
     def call(*args: Any, **kwargs: Any) -> Any:
+        if not kwargs and len(args) == own:
+            return fn(*args)  # its own style, by position: nothing to bind
         values = bind_arguments(inputs, outputs, args, kwargs)
         if isinstance(values, str):
             raise TypeError(f"{label} for {name!r}: {values}")
@@ -721,8 +749,10 @@ def either_style(
         names = inputs if given == n_in else inputs + outputs
         if (given == n_all) == dps:
             return fn(*(values[n] for n in names))
-        if dps:
-            buffers = allocate_outputs(definition, values)
+        if dps:  # called without its outputs: buffers made for it
+            if not allocators:
+                allocators.append(output_allocator(definition))
+            buffers = allocators[0](values)
             fn(*(values[n] for n in inputs), *buffers.values())
             result = tuple(buffers.values())
             return result[0] if len(result) == 1 else result
