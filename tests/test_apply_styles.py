@@ -69,7 +69,7 @@ def test_apply_takes_both_styles_whatever_the_solution_is(tmp_path, dps):
     y = torch.zeros(3, 64)
     assert rt.apply(NAME, kwargs={"x": x, "w": w, "y": y}, fallback=_fallback) is None
     assert torch.equal(y, x * w)
-    assert rt.stats()[f"{__name__}._fallback"]["hit"] == 4
+    assert rt.stats()[f"fibgen.runtime.apply({NAME!r})"]["hit"] == 4
 
 
 def test_a_wrong_number_of_arguments_names_both_styles(tmp_path):

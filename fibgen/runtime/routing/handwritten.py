@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -13,7 +14,28 @@ from fibgen.runtime.routing.state import ORIGINAL, SERVING, STATE, add_dispatch_
 from fibgen.runtime.solutions import loading as solutions
 from fibgen.runtime.tracing.checks import checker, contract
 
-_handwritten: dict[tuple[Callable[..., Any], Any], Callable[..., Any]] = {}
+# Note [the function form's fallback]
+# ``apply(name, args, kwargs, fallback)`` is routed by one dispatcher per name (or resolver),
+# counted in ``stats()`` as ``fibgen.runtime.apply('<name>')``, whatever fallback each call
+# gives: callers pass a fresh lambda or partial per call as often as not, and a dispatcher per
+# fallback registered an API on every such call (300 µs a call, and one more routing table
+# kept for the life of the process). The dispatcher's original API is ``_call_fallback``,
+# which calls the fallback of the call in progress on this thread, held in a thread-local for
+# the length of the call and restored after it: a solution that calls ``apply`` again gets its
+# own call's fallback, and the tracer's and the routes' wrappers around the original reach it.
+_handwritten: dict[Any, Callable[..., Any]] = {}
+_current = threading.local()
+
+
+def _call_fallback(*args: Any, **kwargs: Any) -> Any:
+    """The fallback of the function-form call in progress on this thread."""
+    return _current.fallback(*args, **kwargs)
+
+
+def _label(target: str | Callable[..., str]) -> str:
+    """How ``stats()`` and messages name the function form's calls of ``target``."""
+    return f"fibgen.runtime.apply({getattr(target, '__qualname__', target)!r})"
+
 
 # The names hand-written code routes (``@apply("name")``), and whether some code routes
 # names its resolver computes, which cannot be known ahead: what enable_apply checks the
@@ -95,9 +117,10 @@ def _input_check(definition: Mapping[str, Any]) -> _InputCheck:
 
 
 def _route_handwritten(
-    fallback: Callable[..., Any], target: str | Callable[..., str]
+    fallback: Callable[..., Any], target: str | Callable[..., str], label: str | None = None
 ) -> Callable[..., Any]:
-    label = f"{getattr(fallback, '__module__', '?')}.{getattr(fallback, '__qualname__', '?')}"
+    if label is None:
+        label = f"{getattr(fallback, '__module__', '?')}.{getattr(fallback, '__qualname__', '?')}"
     api = register_api(label, fallback, patch=False, by_name=True, original=fallback)
     if callable(target):
         resolvers.append(target)
@@ -188,6 +211,47 @@ def _closest(name: str) -> str:
     return f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
 
 
+def _reference_runner(target: str | Callable[..., str]) -> Callable[..., Any]:
+    """The definition's reference, standing in for a missing fallback (Note [apply without a
+    fallback])."""
+    references: dict[tuple[str, str], Callable[..., Any]] = {}
+    checks: dict[tuple[str, str], _InputCheck] = {}
+
+    def run_reference(*call_args: Any, **call_kwargs: Any) -> Any:
+        name = target if isinstance(target, str) else target(*call_args, **call_kwargs)
+        definition, roots = _find_definition(name)
+        if definition is None:
+            where = " or ".join([f"{r}/definitions" for r in roots] + ["fibgen's catalogue"])
+            raise LookupError(
+                f"apply({name!r}): no solution serves this call and no fallback was "
+                f"given, and definition {name!r} is not in {where} to run its "
+                f"reference{_closest(name)}; pass fallback=, or enable apply on the "
+                "dataset that defines it"
+            )
+        key = (name, definition["reference"])
+        run = references.get(key)
+        if run is None:
+            reference = compile_reference(definition["reference"], name, STATE.references)
+            run = references[key] = solutions.either_style(
+                reference, definition, False, f"the reference of {name!r}"
+            )
+            checks[key] = _input_check(definition)
+        failed = checks[key].any_call(call_args, call_kwargs)
+        if failed is not None:
+            raise ValueError(
+                f"apply({name!r}): no fallback was given, and neither a solution nor "
+                f"the definition's reference can be given this call: {failed[1]}"
+            )
+        STATE.warn_once(
+            ("reference fallback", name),
+            f"fibgen: apply({name!r}) without a fallback: calls no solution serves "
+            "run the definition's reference (slow)",
+        )
+        return run(*call_args, **call_kwargs)
+
+    return run_reference
+
+
 def apply(
     target: str | Callable[..., str],
     args: tuple[Any, ...] | None = None,
@@ -205,54 +269,20 @@ def apply(
             return functools.partial(_route_handwritten, target=target)
         fallback = _reference_fallbacks.get(target)
         if fallback is None:
-            references: dict[tuple[str, str], Callable[..., Any]] = {}
-            checks: dict[tuple[str, str], _InputCheck] = {}
-
-            def run_reference(*call_args: Any, **call_kwargs: Any) -> Any:
-                name = target if isinstance(target, str) else target(*call_args, **call_kwargs)
-                definition, roots = _find_definition(name)
-                if definition is None:
-                    where = " or ".join(
-                        [f"{r}/definitions" for r in roots] + ["fibgen's catalogue"]
-                    )
-                    raise LookupError(
-                        f"apply({name!r}): no solution serves this call and no fallback was "
-                        f"given, and definition {name!r} is not in {where} to run its "
-                        f"reference{_closest(name)}; pass fallback=, or enable apply on the "
-                        "dataset that defines it"
-                    )
-                key = (name, definition["reference"])
-                run = references.get(key)
-                if run is None:
-                    reference = compile_reference(definition["reference"], name, STATE.references)
-                    run = references[key] = solutions.either_style(
-                        reference, definition, False, f"the reference of {name!r}"
-                    )
-                    checks[key] = _input_check(definition)
-                failed = checks[key].any_call(call_args, call_kwargs)
-                if failed is not None:
-                    raise ValueError(
-                        f"apply({name!r}): no fallback was given, and neither a solution nor "
-                        f"the definition's reference can be given this call: {failed[1]}"
-                    )
-                STATE.warn_once(
-                    ("reference fallback", name),
-                    f"fibgen: apply({name!r}) without a fallback: calls no solution serves "
-                    "run the definition's reference (slow)",
-                )
-                return run(*call_args, **call_kwargs)
-
-            # How stats() and messages name this route: no function of the caller's stands
-            # behind it.
-            run_reference.__module__ = "fibgen.runtime"
-            run_reference.__qualname__ = f"apply({getattr(target, '__qualname__', target)!r})"
-            fallback = _reference_fallbacks.setdefault(target, run_reference)
-    routed = _handwritten.get((fallback, target))  # a dict read needs no lock
+            fallback = _reference_fallbacks.setdefault(target, _reference_runner(target))
+    routed = _handwritten.get(target)  # a dict read needs no lock
     if routed is None:
         with STATE.lock:
-            routed = _handwritten.get((fallback, target))
+            routed = _handwritten.get(target)
             if routed is None:
-                routed = _handwritten[(fallback, target)] = _route_handwritten(fallback, target)
-    if kwargs:
-        return routed(*(args or ()), **kwargs)
-    return routed(*(args or ()))
+                routed = _route_handwritten(_call_fallback, target, _label(target))
+                _handwritten[target] = routed
+    local = _current
+    outer = getattr(local, "fallback", None)
+    local.fallback = fallback
+    try:
+        if kwargs:
+            return routed(*(args or ()), **kwargs)
+        return routed(*(args or ()))
+    finally:
+        local.fallback = outer
