@@ -437,6 +437,42 @@ def test_the_function_form_routes_once_per_name_whatever_fallback_each_call_give
     assert counts["fibgen.runtime.apply('rmsnorm_h1024')"]["fallback_no_candidate"] == 52
 
 
+def test_calls_made_by_a_fallback_are_routed_like_any_other():
+    # A layer with no solution of its own runs the caller's code, whose kernels are routed;
+    # only calls made while a solution serves one are nested (Note [re-entry]).
+    def tensors(hidden):
+        return torch.ones(2, hidden, dtype=torch.bfloat16), torch.ones(hidden, dtype=torch.bfloat16)
+
+    (x, w), (y, v) = tensors(1536), tensors(2048)
+
+    def kernel(hidden_states, weight):
+        return hidden_states
+
+    def raising(hidden_states, weight):
+        raise RuntimeError("this solution fails")
+
+    def layer_code(hidden_states, weight):
+        return rt.apply("rmsnorm_h2048", (y, v), fallback=lambda a, b: "not routed")
+
+    @rt.apply("rmsnorm_h1536")
+    def layer(hidden_states, weight):
+        return layer_code(hidden_states, weight)
+
+    def inner_counts():
+        inner = rt.stats()["fibgen.runtime.apply('rmsnorm_h2048')"]
+        return inner["hit"], inner["nested"], inner["fallback_no_candidate"]
+
+    with rt.enable_apply({"rmsnorm_h2048": kernel}):
+        assert rt.apply("rmsnorm_h1536", (x, w), fallback=layer_code) is y  # a miss
+        assert layer(x, w) is y  # a miss
+        assert inner_counts() == (2, 0, 0)
+    with pytest.warns(RuntimeWarning, match="this solution fails"):
+        with rt.enable_apply({"rmsnorm_h2048": kernel, "rmsnorm_h1536": raising}):
+            assert rt.apply("rmsnorm_h1536", (x, w), fallback=layer_code) is y  # its error
+            assert inner_counts() == (1, 0, 0)
+            assert rt.stats()["fibgen.runtime.apply('rmsnorm_h1536')"]["error"] == 1
+
+
 def test_hand_written_calls_whose_inputs_are_not_the_definitions_go_to_the_fallback():
     # Note [hand-written inputs]: a generated dispatcher refuses such calls before any
     # solution sees them; hand-written code, routed by name, gets the same check.
@@ -482,7 +518,7 @@ def test_hand_written_calls_whose_inputs_are_not_the_definitions_go_to_the_fallb
     assert theirs["hit"] == 1 and theirs["rules"] == {"tensor:hidden_states": 1}
 
 
-def test_a_one_byte_float_input_is_held_to_its_sizes_not_its_dtype():
+def test_a_one_byte_float_input_may_come_as_its_bytes_and_nothing_else():
     # FlashInfer passes fp8 and packed fp4 tensors as uint8 as often as not.
     from fibgen.runtime.routing.handwritten import _input_check
 
@@ -505,6 +541,13 @@ def test_a_one_byte_float_input_is_held_to_its_sizes_not_its_dtype():
         "input a has size 8 along axis k (dim 1), the definition's is 16",
     )
     assert check((torch.zeros(2, 16, dtype=torch.uint8), torch.ones(2).double()), {})[0] == "scale"
+    assert check((torch.zeros(2, 16, dtype=torch.int8), torch.ones(2)), {}) is None
+    for wrong in (torch.float32, torch.bfloat16, torch.int64, torch.float8_e5m2):
+        assert check((torch.zeros(2, 16, dtype=wrong), torch.ones(2)), {}) == (
+            "a",
+            f"input a is {str(wrong).removeprefix('torch.')}, the definition's is "
+            "float8_e4m3fn (or its bytes as uint8 or int8)",
+        )
 
 
 def test_hand_written_calls_whose_inputs_are_not_the_definitions_raise_in_strict_mode():

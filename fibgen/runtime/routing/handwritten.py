@@ -58,8 +58,8 @@ resolvers: list[Callable[..., str]] = []
 # signature) are passed on unchecked, as is a call whose definition is in no dataset apply
 # was enabled on and not in fibgen's catalogue. The definition is the one of the dataset the
 # solution came from (else the catalogue's), looked up again whenever enable_apply replaces
-# the routing table. A one-byte float input (fp8, packed fp4, e8m0 scales) is held to its
-# rank and sizes, not its dtype: such tensors are passed as uint8 as often as not.
+# the routing table. A one-byte float input (fp8, packed fp4, e8m0 scales) may come as its
+# own dtype or as its bytes (uint8 or int8): such tensors are passed as uint8 as often as not.
 
 _Check = Callable[[tuple[Any, ...], Mapping[str, Any]], "tuple[str, str] | None"]
 
@@ -74,10 +74,6 @@ def _find_definition(name: str) -> tuple[dict[str, Any] | None, list[Any]]:
         if definition is not None:
             return definition, roots
     return None, roots
-
-
-def _one_byte_float(dtype: str | None) -> bool:
-    return dtype is not None and dtype.startswith(("float8", "float4"))
 
 
 class _InputCheck(NamedTuple):
@@ -97,12 +93,8 @@ def _input_check(definition: Mapping[str, Any]) -> _InputCheck:
     outputs = tuple(definition["outputs"])
     tensors, consts = contract(definition)
     # A one-byte float (fp8, packed fp4, e8m0 scales) is passed as uint8 as often as not
-    # (FlashInfer's own calls do; a dispatcher views it before its check): its rank and sizes
-    # are checked, not its dtype.
-    tensors = [
-        (name, None if _one_byte_float(dtype) else dtype, shape) for name, dtype, shape in tensors
-    ]
-    check = checker(inputs, tensors, consts)
+    # (FlashInfer's own calls do; a dispatcher views it before its check).
+    check = checker(inputs, tensors, consts, bytes_for_floats=True)
     counts = (len(inputs), len(inputs) + len(outputs))
 
     def any_call(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -175,15 +167,19 @@ def _route_handwritten(
                     refused(key, failed)
                     return fallback(*args, **kwargs)
         tick()
+        if kind == ORIGINAL:
+            # The caller's own code: the calls it makes are routed as any other (Note
+            # [re-entry] counts only calls made while a solution serves one).
+            return fn(*args, **kwargs)
         _serving = SERVING  # bound: a routed call is in progress (Note [re-entry])
         _serving.n += 1
         try:
             return fn(*args, **kwargs)
         except Exception as exc:
-            _, fallback_fn, _ = api.failed(key, fn, exc, *args, **kwargs)
-            return fallback_fn(*args, **kwargs)
+            detour = api.failed(key, fn, exc, *args, **kwargs)
         finally:
             _serving.n -= 1
+        return detour[1](*args, **kwargs)  # the solution failed: its fallback, served no more
 
     add_dispatch_code(routed.__code__)
     return functools.wraps(fallback)(routed)

@@ -109,23 +109,42 @@ def input_check(api: Api, source: Path | None) -> Callable[[Sequence[Any]], str 
 # ``rmsnorm_h4096``'s two inputs went from 0.66 to about 0.25 µs.
 
 
+# What a one-byte float input (fp8, packed fp4, e8m0 scales) may come as besides its own
+# dtype, where bytes are accepted: FlashInfer's callers pass such tensors as uint8 as often as
+# not.
+BYTES = (torch.uint8, torch.int8)
+
+
+def one_byte_float(dtype: str | None) -> bool:
+    """Whether a definition's dtype is a one-byte (or packed half-byte) float."""
+    return dtype is not None and dtype.startswith(("float8", "float4"))
+
+
 def checker(
     inputs: tuple[str, ...],
     tensors: list[tuple[str, str | None, tuple[str, ...]]],
     consts: Mapping[str, int],
+    *,
+    bytes_for_floats: bool = False,
 ) -> Callable[[Sequence[Any]], tuple[str, str] | None]:
     """The check of input values (in ``inputs`` order) against a contract (``contract``):
-    the first input that differs and why, or None (Note [written-out checks])."""
+    the first input that differs and why, or None (Note [written-out checks]).
+    ``bytes_for_floats``: a one-byte float input may also come as ``BYTES``."""
     from fibgen.runtime.checking import result_check
     from fibgen.runtime.inputs.make import torch_dtype
 
     index = {n: i for i, n in enumerate(inputs)}
-    wants: dict[str, torch.dtype | None] = {}
+    wants: dict[str, torch.dtype | tuple[torch.dtype, ...] | None] = {}
     for name, dtype, _ in tensors:
+        own: torch.dtype | None = None
         try:
-            wants[name] = torch_dtype(dtype) if dtype is not None else None
-        except ValueError:  # a dtype this torch lacks: left unchecked
-            wants[name] = None
+            own = torch_dtype(dtype) if dtype is not None else None
+        except ValueError:  # a dtype this torch lacks: left unchecked, or bytes
+            pass
+        if bytes_for_floats and one_byte_float(dtype):
+            wants[name] = BYTES if own is None else (own, *BYTES)
+        else:
+            wants[name] = own
     # A var axis is checked only where two dims carry it: alone, any size is its value.
     uses = collections.Counter(axis for _, _, shape in tensors for axis in shape)
     shared_axes = sorted(a for a, n in uses.items() if n > 1 and a not in consts)
@@ -144,7 +163,10 @@ def checker(
     lines += [f"    a{k} = None" for k in slots.values()]
     for j, (name, _, shape) in enumerate(tensors):
         failed = []
-        if wants[name] is not None:
+        if isinstance(wants[name], tuple):
+            namespace[f"_w{j}"] = wants[name]
+            failed.append(f"dtype_of(v) not in _w{j}")
+        elif wants[name] is not None:
             namespace[f"_w{j}"] = wants[name]
             failed.append(f"dtype_of(v) is not _w{j}")
         failed.append(f"len(s) != {len(shape)}")
@@ -175,7 +197,7 @@ def checker(
 
 def _mismatch(
     tensors: list[tuple[str, str | None, tuple[str, ...]]],
-    wants: Mapping[str, torch.dtype | None],
+    wants: Mapping[str, torch.dtype | tuple[torch.dtype, ...] | None],
     consts: Mapping[str, int],
     index: Mapping[str, int],
     values: Sequence[Any],
@@ -190,7 +212,13 @@ def _mismatch(
         if not isinstance(value, torch.Tensor):
             return name, f"input {name} is a {type(value).__name__}, not a tensor"
         want = wants[name]
-        if want is not None and value.dtype is not want:
+        if isinstance(want, tuple) and value.dtype not in want:
+            got = str(value.dtype).removeprefix("torch.")
+            return name, (
+                f"input {name} is {got}, the definition's is {dtype} (or its bytes as uint8 "
+                "or int8)"
+            )
+        if isinstance(want, torch.dtype) and value.dtype is not want:
             got = str(value.dtype).removeprefix("torch.")
             return name, f"input {name} is {got}, the definition's is {dtype}"
         if value.ndim != len(shape):
