@@ -6,6 +6,8 @@ import importlib
 import threading
 import warnings
 
+import json
+
 import pytest
 import torch
 
@@ -436,6 +438,16 @@ def test_the_function_form_routes_once_per_name_whatever_fallback_each_call_give
     assert counts["fibgen.runtime.apply('rmsnorm_h2048')"]["nested"] == 51
     assert counts["fibgen.runtime.apply('rmsnorm_h1024')"]["fallback_no_candidate"] == 52
 
+    def calls_then_fails(hidden_states, weight):
+        seen.append(rt.apply("rmsnorm_h2048", (x[:, :2048], w[:2048]), fallback=lambda a, b: 0))
+        raise RuntimeError("after its inner call")
+
+    with pytest.warns(RuntimeWarning, match="after its inner call"):
+        with rt.enable_apply({"rmsnorm_h4096": calls_then_fails}):
+            # The inner call had its own fallback; the outer call's is back for its failure.
+            assert rt.apply("rmsnorm_h4096", (x, w), fallback=lambda a, b: "outer") == "outer"
+    assert seen[-1] == 0
+
 
 def test_calls_made_by_a_fallback_are_routed_like_any_other():
     # A layer with no solution of its own runs the caller's code, whose kernels are routed;
@@ -471,6 +483,87 @@ def test_calls_made_by_a_fallback_are_routed_like_any_other():
             assert rt.apply("rmsnorm_h1536", (x, w), fallback=layer_code) is y  # its error
             assert inner_counts() == (1, 0, 0)
             assert rt.stats()["fibgen.runtime.apply('rmsnorm_h1536')"]["error"] == 1
+
+
+def test_a_resolver_given_per_call_routes_by_the_name_it_returns():
+    from fibgen.runtime.routing.state import STATE
+
+    x, w = torch.ones(2, 4096, dtype=torch.bfloat16), torch.ones(4096, dtype=torch.bfloat16)
+    with rt.enable_apply({"rmsnorm_h4096": lambda hidden_states, weight: hidden_states}):
+        rt.apply(lambda a, b: f"rmsnorm_h{a.shape[-1]}", (x, w), fallback=lambda a, b: None)
+        apis = len(STATE.apis)
+        for _ in range(20):
+            resolver = lambda a, b: f"rmsnorm_h{a.shape[-1]}"  # noqa: E731  (fresh per call)
+            assert rt.apply(resolver, (x, w), fallback=lambda a, b: None) is x
+        assert len(STATE.apis) == apis
+        assert rt.stats()["fibgen.runtime.apply('rmsnorm_h4096')"]["hit"] == 21
+        with pytest.raises(TypeError, match=r"resolver .*<lambda>' returned 4096, not a def"):
+            rt.apply(lambda a, b: a.shape[-1], (x, w), fallback=lambda a, b: None)
+
+
+def test_function_form_mistakes_are_said_plainly():
+    x, w = torch.ones(2, 4096, dtype=torch.bfloat16), torch.ones(4096, dtype=torch.bfloat16)
+
+    def fallback(hidden_states, weight):
+        return "fallback"
+
+    with pytest.raises(TypeError, match="kwargs is a function, not a mapping of keyword"):
+        rt.apply("rmsnorm_h4096", (x, w), fallback)
+    with pytest.raises(TypeError, match=r"args is a Tensor; pass the call's positional arg"):
+        rt.apply("rmsnorm_h4096", x, fallback=fallback)
+    with pytest.raises(TypeError, match="no arguments to call with; pass args= or kwargs="):
+        rt.apply("rmsnorm_h4096", fallback=fallback)
+    with pytest.raises(TypeError, match=r"the target is a int \(4096\); give a definition name"):
+        rt.apply(4096, (x, w), fallback=fallback)
+    with pytest.raises(TypeError, match="fallback is a str, not callable"):
+        rt.apply("rmsnorm_h4096", (x, w), fallback="fallback")
+    assert rt.apply("rmsnorm_h4096", [x, w], fallback=fallback) == "fallback"  # a list is fine
+
+
+def test_a_name_nothing_defines_is_said_once_with_the_closest_names():
+    x, w = torch.ones(2, 4096, dtype=torch.bfloat16), torch.ones(4096, dtype=torch.bfloat16)
+
+    @rt.apply("rmsnorm_h4069")
+    def misspelt(hidden_states, weight):
+        return "fallback"
+
+    with rt.enable_apply({"rmsnorm_h4096": lambda hidden_states, weight: hidden_states}):
+        with pytest.warns(RuntimeWarning) as said:
+            assert misspelt(x, w) == "fallback"
+        (warning,) = [w for w in said if "rmsnorm_h4069" in str(w.message)]
+        assert "no definition of it is in fibgen's catalogue (did you mean" in str(warning.message)
+        assert "'rmsnorm_h4096'" in str(warning.message)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert misspelt(x, w) == "fallback"  # said once
+            # A name the routing table has, or the catalogue defines, is not said.
+            assert rt.apply("rmsnorm_h2048", (x, w), fallback=lambda a, b: 0) == 0
+
+
+def test_the_reference_fallback_follows_the_dataset_apply_is_enabled_on(tmp_path):
+    from _bench_dataset import make_dataset
+
+    def dataset(root, hidden):
+        make_dataset(root, ["good_returns"])  # a solution, so that apply is on the dataset
+        definition = {
+            "name": "mynorm",
+            "op_type": "norm",
+            "axes": {"n": {"type": "var"}, "h": {"type": "const", "value": hidden}},
+            "inputs": {"x": {"shape": ["n", "h"], "dtype": "float32"}},
+            "outputs": {"y": {"shape": ["n", "h"], "dtype": "float32"}},
+            "reference": "def run(x):\n    return x * 2\n",
+        }
+        (root / "definitions" / "norm").mkdir(parents=True, exist_ok=True)
+        (root / "definitions" / "norm" / "mynorm.json").write_text(json.dumps(definition))
+        return root
+
+    x64 = torch.ones(3, 64)
+    with pytest.warns(RuntimeWarning, match="without a fallback"):
+        with rt.enable_apply(dataset(tmp_path / "w64", 64)):
+            assert torch.equal(rt.apply("mynorm", (x64,)), x64 * 2)
+    with rt.enable_apply(dataset(tmp_path / "w256", 256)):
+        with pytest.raises(ValueError, match="input x has size 64 along axis h .* is 256"):
+            rt.apply("mynorm", (x64,))
 
 
 def test_hand_written_calls_whose_inputs_are_not_the_definitions_go_to_the_fallback():

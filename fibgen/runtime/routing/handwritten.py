@@ -23,6 +23,10 @@ from fibgen.runtime.tracing.checks import checker, contract
 # which calls the fallback of the call in progress on this thread, held in a thread-local for
 # the length of the call and restored after it: a solution that calls ``apply`` again gets its
 # own call's fallback, and the tracer's and the routes' wrappers around the original reach it.
+# A resolver given to the function form is called first and the call routed by the name it
+# returns, so a fresh resolver per call costs nothing more either. Messages about such calls
+# name the call (``apply('<name>')``), not the fallback, and what is said once is said once
+# per name, whichever fallback the calls give.
 _handwritten: dict[Any, Callable[..., Any]] = {}
 _current = threading.local()
 
@@ -123,7 +127,7 @@ def _route_handwritten(
     # Per name: the routing table a check was made for (enable_apply replaces the table, and
     # with it the dataset a name's definition comes from), and the check.
     checks: dict[Any, tuple[Any, _InputCheck | None]] = {}
-    # The reference standing in for a missing fallback is no code of the caller's to name.
+    # The function form's calls name no function of the caller's: the call is named.
     where = "" if label.startswith("fibgen.runtime.") else f" in {label}"
 
     def refused(key: Any, failed: tuple[str, str]) -> None:
@@ -147,10 +151,27 @@ def _route_handwritten(
         definition = solutions.find_definition(str(key), getattr(entry, "root", None))
         return table, None if definition is None else _input_check(definition)
 
+    def unknown(key: Any) -> None:
+        """Say once a name that nothing apply is on defines: most often a misspelt one."""
+        name = str(key)
+        if not STATE.on or name in STATE.entries:
+            return
+        definition, roots = _find_definition(name)
+        if definition is None:
+            places = " or ".join([f"{r}/definitions" for r in roots] + ["fibgen's catalogue"])
+            STATE.warn_once(
+                ("unknown hand-written name", name),
+                f"fibgen: apply({name!r}){where}: no solution is registered for this name "
+                f"and no definition of it is in {places}{_closest(name)}; its calls run the "
+                "fallback",
+            )
+
     def routed(*args: Any, **kwargs: Any) -> Any:
         key = resolver(*args, **kwargs) if resolver is not None else target
         route = routes.get(key)
         if route is None or SERVING.n:
+            if route is None:
+                unknown(key)
             route = api.resolve(key)
         kind, fn, tick, _ = route
         if kind != ORIGINAL:  # a solution: the arguments must be its definition's inputs
@@ -207,14 +228,14 @@ def _closest(name: str) -> str:
     return f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
 
 
-def _reference_runner(target: str | Callable[..., str]) -> Callable[..., Any]:
+def _reference_runner(name: str) -> Callable[..., Any]:
     """The definition's reference, standing in for a missing fallback (Note [apply without a
     fallback])."""
-    references: dict[tuple[str, str], Callable[..., Any]] = {}
-    checks: dict[tuple[str, str], _InputCheck] = {}
+    # Per definition found (each dataset's is its own object, kept by find_definition): the
+    # reference made callable in either style, and the check of a call against it.
+    made: dict[int, tuple[Callable[..., Any], _InputCheck]] = {}
 
     def run_reference(*call_args: Any, **call_kwargs: Any) -> Any:
-        name = target if isinstance(target, str) else target(*call_args, **call_kwargs)
         definition, roots = _find_definition(name)
         if definition is None:
             where = " or ".join([f"{r}/definitions" for r in roots] + ["fibgen's catalogue"])
@@ -224,15 +245,13 @@ def _reference_runner(target: str | Callable[..., str]) -> Callable[..., Any]:
                 f"reference{_closest(name)}; pass fallback=, or enable apply on the "
                 "dataset that defines it"
             )
-        key = (name, definition["reference"])
-        run = references.get(key)
-        if run is None:
+        found = made.get(id(definition))
+        if found is None:
             reference = compile_reference(definition["reference"], name, STATE.references)
-            run = references[key] = solutions.either_style(
-                reference, definition, False, f"the reference of {name!r}"
-            )
-            checks[key] = _input_check(definition)
-        failed = checks[key].any_call(call_args, call_kwargs)
+            run = solutions.either_style(reference, definition, False, f"the reference of {name!r}")
+            found = made[id(definition)] = (run, _input_check(definition))
+        run, check = found
+        failed = check.any_call(call_args, call_kwargs)
         if failed is not None:
             raise ValueError(
                 f"apply({name!r}): no fallback was given, and neither a solution nor "
@@ -260,25 +279,84 @@ def apply(
     Without ``fallback``, a call no solution serves runs the definition's reference
     (Note [apply without a fallback]).
     """
+    if args is None and kwargs is None:
+        if fallback is not None:
+            raise TypeError(
+                f"apply({target!r}, fallback=...): no arguments to call with; pass args= or "
+                "kwargs= for a call, or decorate a function with @apply(name), whose body is "
+                "its fallback"
+            )
+        if not isinstance(target, str) and not callable(target):
+            raise TypeError(_target_message(target))
+        return functools.partial(_route_handwritten, target=target)
+    if (
+        type(args) is not tuple
+        or kwargs is not None
+        or type(target) is not str
+        or (fallback is not None and not callable(fallback))
+    ):
+        args, kwargs, name = _call_of(target, args, kwargs, fallback)
+    else:
+        name = target
     if fallback is None:
-        if args is None and kwargs is None:
-            return functools.partial(_route_handwritten, target=target)
-        fallback = _reference_fallbacks.get(target)
+        fallback = _reference_fallbacks.get(name)
         if fallback is None:
-            fallback = _reference_fallbacks.setdefault(target, _reference_runner(target))
-    routed = _handwritten.get(target)  # a dict read needs no lock
+            fallback = _reference_fallbacks.setdefault(name, _reference_runner(name))
+    routed = _handwritten.get(name)  # a dict read needs no lock
     if routed is None:
         with STATE.lock:
-            routed = _handwritten.get(target)
+            routed = _handwritten.get(name)
             if routed is None:
-                routed = _route_handwritten(_call_fallback, target, _label(target))
-                _handwritten[target] = routed
+                routed = _handwritten[name] = _route_handwritten(_call_fallback, name, _label(name))
     local = _current
     outer = getattr(local, "fallback", None)
     local.fallback = fallback
     try:
         if kwargs:
-            return routed(*(args or ()), **kwargs)
-        return routed(*(args or ()))
+            return routed(*args, **kwargs)
+        return routed(*args)
     finally:
         local.fallback = outer
+
+
+def _target_message(target: Any) -> str:
+    return (
+        f"apply(): the target is a {type(target).__name__} ({target!r}); give a definition "
+        "name, or a resolver: a function of the call's arguments that returns one"
+    )
+
+
+def _call_of(
+    target: Any, args: Any, kwargs: Any, fallback: Any
+) -> tuple[tuple[Any, ...], Mapping[str, Any] | None, str]:
+    """A function-form call's arguments, checked, and the name it routes by (a resolver is
+    called with them: the call is routed by the name it returns, Note [the function form's
+    fallback])."""
+    if args is None:
+        args = ()
+    elif isinstance(args, list):
+        args = tuple(args)
+    elif not isinstance(args, tuple):
+        raise TypeError(
+            f"apply({target!r}, args, ...): args is a {type(args).__name__}; pass the call's "
+            "positional arguments as a tuple, e.g. args=(x, weight)"
+        )
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise TypeError(
+            f"apply({target!r}, args, kwargs, fallback): kwargs is a {type(kwargs).__name__}, "
+            "not a mapping of keyword arguments; pass the fallback by keyword: "
+            "apply(name, args, fallback=f)"
+        )
+    if fallback is not None and not callable(fallback):
+        raise TypeError(f"apply({target!r}): fallback is a {type(fallback).__name__}, not callable")
+    if isinstance(target, str):
+        return args, kwargs, target
+    if not callable(target):
+        raise TypeError(_target_message(target))
+    name = target(*args, **(kwargs or {}))
+    if not isinstance(name, str):
+        raise TypeError(
+            f"apply(): the resolver {getattr(target, '__qualname__', target)!r} returned "
+            f"{name!r}, not a definition name"
+        )
+    return args, kwargs, name

@@ -106,7 +106,7 @@ def input_check(api: Api, source: Path | None) -> Callable[[Sequence[Any]], str 
 # reads] in fibgen/runtime/checking/result_check.py), looked up per call so that it uses the
 # native ones once they are built. A call that fails is said by ``_mismatch``, which works
 # the reason out again, slowly, from the contract. On the 2-core CPU a check of
-# ``rmsnorm_h4096``'s two inputs went from 0.66 to about 0.25 µs.
+# ``rmsnorm_h4096``'s two inputs went from 0.66 to 0.26 µs.
 
 
 # What a one-byte float input (fp8, packed fp4, e8m0 scales) may come as besides its own
