@@ -76,6 +76,7 @@ def test_keep_all_records_equal_the_calls(tmp_path):
         "plan_changed": 0,
         "refused": 0,
         "capturing": 0,
+        "handwritten": 0,
     }
     # The dataset is complete: each definition's JSON sits beside its workloads.
     assert sorted(load_definitions(tmp_path)) == ["rmsnorm_h2048", "rmsnorm_h4096"]
@@ -824,3 +825,23 @@ def test_links_inside_the_dataset_are_followed(tmp_path):
     assert _traced_with_warnings(root, dump="all") == []
     assert len(_records(root, "rmsnorm_h4096")) == 3
     assert len(list((root / "store").rglob("*.safetensors"))) == 3
+
+
+def test_hand_written_calls_are_counted_and_said_not_recorded(tmp_path):
+    x, w = torch.ones(2, 4096, dtype=torch.bfloat16), torch.ones(4096, dtype=torch.bfloat16)
+
+    @rt.apply("rmsnorm_h4096")
+    def layer(hidden_states, weight):
+        return "fallback"
+
+    with rt.enable_apply({"rmsnorm_h4096": lambda hidden_states, weight: hidden_states}):
+        with pytest.warns(RuntimeWarning, match=r"hand-written code routed by name .* not rec"):
+            rt.enable_tracing(tmp_path, dump="none")
+            try:
+                assert layer(x, w) is x  # a hit
+                assert rt.apply("rmsnorm_h4096", (x, w), fallback=lambda a, b: 0) is x
+                assert rt.apply("rmsnorm_h2048", (x, w), fallback=lambda a, b: 0) == 0  # a miss
+                stats = rt.tracing_stats()
+            finally:
+                rt.disable_tracing()
+    assert (stats["handwritten"], stats["recorded"]) == (3, 0)

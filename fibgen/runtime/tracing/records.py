@@ -77,6 +77,7 @@ class Counts:
         "plan_changed",
         "refused",
         "capturing",
+        "handwritten",
     )
     NAMES = tuple(name for name in STATS if name not in ("written", "pending"))
 
@@ -92,6 +93,7 @@ class Counts:
         self.plan_changed = itertools.count()
         self.refused = itertools.count()
         self.capturing = itertools.count()
+        self.handwritten = itertools.count()
         self.written = 0  # by the writer thread only
         self.warned: set[str] = set()
 

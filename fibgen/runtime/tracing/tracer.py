@@ -58,6 +58,8 @@ get such calls recorded:
   and goes to the original API: it is not a workload of that definition;
 - ``capturing``: a call made while a CUDA graph is captured, with tensors to dump, whose
   copy would be captured into the graph;
+- ``handwritten``: a call of hand-written code routed by name (``apply``), whose arguments
+  no dispatcher has mapped to its definition's inputs: not recorded;
 - ``dropped`` and ``failed``: records the writer could not keep up with, or not write.
 
 The calls of the first four never reach a route that ``_wrap`` wraps (a miss, a refusal,
@@ -166,9 +168,10 @@ class _Tracer:
 def _wrap(tracer: _Tracer) -> Callable[[Api, str | None, Any], Any]:
     def wrap(api: Api, name: str | None, route: Any) -> Any:
         kind, fn, tick, values = route
+        if api.trace_inputs is None and api.by_name:
+            return (kind, _handwritten(tracer, api, name, fn), tick, values)
         if api.trace_inputs is None or fn is api.then:
-            # Hand-written routes, and calls passed on to the next family of the same API
-            # (which records them itself).
+            # Calls passed on to the next family of the same API (which records them itself).
             return route
         if name is None or name not in api.known_names:
             return (kind, _uncounted(tracer, api, name, fn), tick, values)
@@ -202,6 +205,19 @@ def _wrap(tracer: _Tracer) -> Callable[[Api, str | None, Any], Any]:
         return (kind, traced, tick, values)
 
     return wrap
+
+
+def _handwritten(
+    tracer: _Tracer, api: Api, name: str | None, fn: Callable[..., Any]
+) -> Callable[..., Any]:
+    """A route of hand-written ``apply``: counted, said once, not recorded."""
+
+    def untraced(*args: Any, **kwargs: Any) -> Any:
+        _missed_call(tracer, api, "handwritten", name, None)
+        return fn(*args, **kwargs)
+
+    untraced.__wrapped__ = fn  # type: ignore[attr-defined]  # for Api.failed
+    return untraced
 
 
 def _uncounted(
@@ -267,6 +283,13 @@ def _missed_call(tracer: _Tracer, api: Api, reason: str, name: str | None, detai
             "(a plan() through a method bound before tracing or apply was turned on, or "
             f"forward()) is not recorded; {counted}. To record its runs, call plan() through "
             "the wrapper itself, after enable_tracing"
+        )
+    elif reason == "handwritten":
+        message = (
+            f"calls of hand-written code routed by name ({api.label}, for {name}) are not "
+            "recorded: tracing records the calls that fibgen's dispatchers see (FlashInfer's "
+            f"patched APIs, the generated modules); {counted}. To record them, call the API "
+            "the definition serves, with tracing's patch=True, or its generated dispatcher"
         )
     elif reason == "mismatched":  # with apply on, the dispatcher's tensor rule refused it
         message = mismatch_message(name, detail())
