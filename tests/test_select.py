@@ -959,3 +959,24 @@ def test_traces_without_the_apis_figures_rank_solutions_as_before(steady_only):
     append_traces(steady_only, "scale", [_trace("steady", 3, 1.0, e2e=2.0)])
     table = build_table(steady_only)["definitions"][DEFINITION["name"]]
     assert table["ranking"] == ["steady"] and "keyed" not in table
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["solutions-folder", "traced-dataset"])
+def test_a_definition_file_that_is_not_a_definition_is_said_at_enable(tmp_path, traced):
+    root = make_dataset(tmp_path / "ds", ["good_returns"])
+    broken = root / "definitions" / "norm" / "mynorm.json"
+    broken.parent.mkdir(parents=True, exist_ok=True)
+    broken.write_text('{"name": "mynorm", "axes": {')  # cut short
+    (root / "definitions" / "norm" / "notes.json").write_text('{"name": "notes"}')
+    if traced:
+        (root / "traces").mkdir()
+    with pytest.warns(RuntimeWarning) as said:
+        enable_apply(root)
+    disable_apply()
+    (message,) = [str(w.message) for w in said if "Definition JSON" in str(w.message)]
+    assert (
+        f"2 file(s) under {root}/definitions are not Definition JSON (definitions/norm/"
+        "mynorm.json, definitions/norm/notes.json; `fibgen validate"
+    ) in message
+    # The dataset's good definition file is not named.
+    assert f"{DEFINITION['name']}.json" not in message

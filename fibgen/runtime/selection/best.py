@@ -64,7 +64,7 @@ from fibgen.runtime.solutions import loading as solutions
 __all__ = ["ORIGINAL", "Policy", "build_table", "entries", "load_table", "normalize_config"]
 
 # Bumped when the table's layout changes, so that old cache files are not read.
-TABLE_VERSION = 6
+TABLE_VERSION = 7  # 7: unused["bad_definitions"]
 
 
 def _digest(root: Path, inputs: dict, config: dict[str, Policy], where: hardware.Here) -> str:
@@ -158,6 +158,8 @@ def unused_message(root: Path, table: dict) -> str | None:
             f"{unused['unreadable']} file(s) under {root}/solutions are not Solution JSON "
             f"(`fibgen validate {root}` names them)"
         )
+    if unused.get("bad_definitions"):
+        parts.append(solutions.bad_definitions_message(root, unused["bad_definitions"]))
     if unused.get("slower"):
         parts.append(
             f"{len(unused['slower'])} definition(s) have no solution faster than the API's own "

@@ -8,11 +8,16 @@ import math
 import os
 import statistics
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
 from fibgen.runtime.selection import hardware
 from fibgen.runtime.selection.policy import Policy, normalize_config, policy_of
-from fibgen.runtime.solutions.loading import BUILT_LANGUAGES, IMPORTED_LANGUAGES
+from fibgen.runtime.solutions.loading import (
+    BUILT_LANGUAGES,
+    IMPORTED_LANGUAGES,
+    bad_definition_files,
+    is_definition_json,
+)
 
 
 def _scan(base: str, suffix: str, out: list[tuple[str, int, int]]) -> None:
@@ -203,20 +208,6 @@ def _solution_index(
     return paths, specs, unreadable
 
 
-def _is_definition(data: Any) -> TypeGuard[dict[str, Any]]:
-    """Whether JSON has what a keyed entry reads of a definition."""
-    return (
-        isinstance(data, dict)
-        and isinstance(data.get("name"), str)
-        and isinstance(data.get("axes"), dict)
-        and all(isinstance(a, dict) for a in data["axes"].values())
-        and isinstance(data.get("inputs"), dict)
-        and all(isinstance(t, dict) for t in data["inputs"].values())
-        and isinstance(data.get("outputs"), dict)
-        and isinstance(data.get("reference"), str)
-    )
-
-
 def _definition_json(inputs: dict, name: str, cache: dict[str, Any]) -> dict | None:
     """The JSON of definition ``name``: the dataset's (the file named after it first, then
     every file), else fibgen's catalogue's, as ``solutions.find_definition`` looks it up."""
@@ -229,7 +220,7 @@ def _definition_json(inputs: dict, name: str, cache: dict[str, Any]) -> dict | N
         data = _read_json(path)
         if isinstance(data, dict) and isinstance(data.get("name"), str):
             cache.setdefault(_NAMES, set()).add(data["name"])
-            if _is_definition(data):
+            if is_definition_json(data):
                 cache.setdefault(data["name"], data)
     cache.setdefault(_NAMES, set())
     found = cache.get(name)
@@ -238,7 +229,7 @@ def _definition_json(inputs: dict, name: str, cache: dict[str, Any]) -> dict | N
 
         path = builtin_definition_file(name)
         data = None if path is None else _read_json(path)
-        found = data if _is_definition(data) and data["name"] == name else None
+        found = data if is_definition_json(data) and data["name"] == name else None
     cache[name] = found
     return found
 
@@ -553,26 +544,28 @@ def build_ranking(
                 unkeyable[name] = why
                 continue
         table[name] = entry
-    return {
-        "root": str(root),
-        "hardware": where.as_dict(),
-        "definitions": table,
-        "unused": _unused(
-            stats,
-            chosen_groups,
-            table,
-            unkeyable,
-            paths,
-            specs,
-            where,
-            _unknown_definitions(inputs, paths, definitions),
-            unreadable,
-            evaluated,
-            skipped + unkeyed,
-            len(inputs["solutions"]),
-            slower,
-        ),
-    }
+    unused = _unused(
+        stats,
+        chosen_groups,
+        table,
+        unkeyable,
+        paths,
+        specs,
+        where,
+        _unknown_definitions(inputs, paths, definitions),
+        unreadable,
+        evaluated,
+        skipped + unkeyed,
+        len(inputs["solutions"]),
+        slower,
+    )
+    unused["bad_definitions"] = _bad_definitions(root, inputs)
+    return {"root": str(root), "hardware": where.as_dict(), "definitions": table, "unused": unused}
+
+
+def _bad_definitions(root: Path, inputs: dict) -> list[str]:
+    """The dataset's definition files that are not Definition JSON, as paths under ``root``."""
+    return bad_definition_files(root, [Path(p) for p, _, _ in inputs["definitions"]])
 
 
 def _unknown_definitions(

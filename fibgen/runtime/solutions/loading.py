@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeGuard
 
 from fibgen.runtime.errors import ApplyConfigError, SolutionError
 
@@ -156,6 +156,48 @@ def collect(target: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Ent
     return entries
 
 
+def is_definition_json(data: Any) -> TypeGuard[dict[str, Any]]:
+    """Whether JSON has what routing reads of a definition (a name, axes, inputs, outputs
+    and a reference)."""
+    return (
+        isinstance(data, dict)
+        and isinstance(data.get("name"), str)
+        and isinstance(data.get("axes"), dict)
+        and all(isinstance(a, dict) for a in data["axes"].values())
+        and isinstance(data.get("inputs"), dict)
+        and all(isinstance(t, dict) for t in data["inputs"].values())
+        and isinstance(data.get("outputs"), dict)
+        and isinstance(data.get("reference"), str)
+    )
+
+
+def bad_definition_files(root: Path, paths: Sequence[Path]) -> list[str]:
+    """Those of a dataset's definition files that are not Definition JSON (unreadable,
+    truncated, or missing what a definition has), as sorted paths under ``root``."""
+    bad = []
+    for path in paths:
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            data = None
+        if not is_definition_json(data):
+            try:
+                bad.append(str(Path(path).relative_to(root)))
+            except ValueError:
+                bad.append(str(path))
+    return sorted(bad)
+
+
+def bad_definitions_message(root: Path, bad: Sequence[str]) -> str:
+    """What enable_apply says of a dataset's definition files that are not Definition JSON."""
+    shown = ", ".join(bad[:3]) + (f", ... ({len(bad) - 3} more)" if len(bad) > 3 else "")
+    return (
+        f"{len(bad)} file(s) under {root}/definitions are not Definition JSON ({shown}; "
+        f"`fibgen validate {root}` says why): solutions of what they define run without "
+        "their definition (no input check, no reference to stand in for a missing fallback)"
+    )
+
+
 def _collect_folder(root: Path) -> dict[str, Entry]:
     from fibgen.format.dataset import dataset_files
 
@@ -186,6 +228,9 @@ def _collect_folder(root: Path) -> dict[str, Entry]:
             )
         origins[name] = path
         entries[name] = _json_entry(name, solution, str(path))
+    bad = bad_definition_files(root, dataset_files(root, "definitions"))
+    if bad:
+        warnings.warn(f"fibgen: {bad_definitions_message(root, bad)}", RuntimeWarning, stacklevel=4)
     if not entries:
         warnings.warn(
             f"fibgen: apply path {root} holds no Solution JSON under {folder}; "
