@@ -121,3 +121,37 @@ def test_a_failing_call_is_said_with_its_reason():
         "input table has size 3 along axis m (dim 1), expected 2 as in table (dim 0)",
     )
     assert check((x, None, x, table, "bias")) == ("bias", "input bias is a str, not a tensor")
+
+
+def test_the_result_check_of_hand_written_calls_reads_each_outputs_shape_off_the_call():
+    from fibgen.runtime.routing.handwritten import _result_check
+
+    definition = {
+        "axes": {
+            "n": {"type": "var"},
+            "h": {"type": "const", "value": 8},
+            "k": {"type": "var"},
+            "free": {"type": "var"},
+        },
+        "inputs": {
+            "x": {"shape": ["n", "h"], "dtype": "bfloat16"},
+            "k": {"shape": None, "dtype": "int32"},  # binds axis k by name
+        },
+        "outputs": {
+            "y": {"shape": ["n", "h"], "dtype": "bfloat16"},
+            "top": {"shape": ["n", "k"], "dtype": "int64"},
+            "extra": {"shape": ["free"], "dtype": "float32"},  # no input binds it
+        },
+    }
+    check = _result_check(definition)
+    x = torch.zeros(3, 8, dtype=torch.bfloat16)
+    y, top = torch.zeros(3, 8, dtype=torch.bfloat16), torch.zeros(3, 2, dtype=torch.int64)
+    extra = torch.zeros(11)
+    assert check((x, 2), (y, top, extra)) is None
+    assert check((x, 2), [y, top, torch.zeros(1)]) is None  # its shape is not known ahead
+    assert check((x, 2), (y, top)) == (None, (y, top), None)
+    assert check((x, 2), y) == (None, y, None)
+    bad = torch.zeros(3, 3, dtype=torch.int64)
+    assert check((x, 2), (y, bad, extra)) == ("top", bad, (torch.int64, (3, 2), x.device))
+    assert check((x, 2), (y.float(), top, extra))[0] == "y"
+    assert check((x, 2), (y, top, "extra")) == ("extra", "extra", None)  # not a tensor

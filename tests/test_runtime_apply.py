@@ -566,6 +566,43 @@ def test_the_reference_fallback_follows_the_dataset_apply_is_enabled_on(tmp_path
             rt.apply("mynorm", (x64,))
 
 
+def test_what_a_hand_written_value_style_call_returns_is_checked():
+    # Note [hand-written results]: as a generated dispatcher checks a value-returning solution.
+    x, w = torch.ones(5, 4096, dtype=torch.bfloat16), torch.ones(4096, dtype=torch.bfloat16)
+
+    def as_float32(hidden_states, weight):
+        return hidden_states.float()
+
+    def a_row_short(hidden_states, weight):
+        return hidden_states[1:]
+
+    def a_list(hidden_states, weight):
+        return [hidden_states]
+
+    def nothing(hidden_states, weight):
+        return None
+
+    # Each a function of its own: what a solution did wrong is said once per solution.
+    wrong = {f.__name__: f for f in (as_float32, a_row_short, a_list, nothing)}
+    for why, solution in wrong.items():
+        with pytest.warns(RuntimeWarning, match="returned .* as output 'output'; expected a bfl"):
+            with rt.enable_apply({"rmsnorm_h4096": solution}):
+                assert rt.apply("rmsnorm_h4096", (x, w), fallback=lambda a, b: "fb") == "fb", why
+                by_name = {"hidden_states": x, "weight": w}
+                assert rt.apply("rmsnorm_h4096", None, by_name, fallback=lambda **k: "fb") == "fb"
+                assert rt.stats()["fibgen.runtime.apply('rmsnorm_h4096')"]["error"] == 2, why
+    with rt.enable_apply({"rmsnorm_h4096": as_float32}, strict=True):
+        with pytest.raises(
+            rt.SolutionError, match=r"expected a bfloat16 tensor of shape \[5, 4096\]"
+        ):
+            rt.apply("rmsnorm_h4096", (x, w), fallback=lambda a, b: "fb")
+    # A right result is returned as it is; a destination-passing call has nothing returned to
+    # check (its outputs are the caller's).
+    with rt.enable_apply({"rmsnorm_h4096": lambda hidden_states, weight: hidden_states}):
+        assert rt.apply("rmsnorm_h4096", (x, w), fallback=lambda a, b: "fb") is x
+    assert rt.stats()["fibgen.runtime.apply('rmsnorm_h4096')"]["hit"] == 1
+
+
 def test_hand_written_calls_whose_inputs_are_not_the_definitions_go_to_the_fallback():
     # Note [hand-written inputs]: a generated dispatcher refuses such calls before any
     # solution sees them; hand-written code, routed by name, gets the same check.

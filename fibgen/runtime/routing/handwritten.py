@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from fibgen.runtime.errors import FallbackError
@@ -84,11 +84,112 @@ class _InputCheck(NamedTuple):
     """The check of a hand-written call's arguments against a definition (Note [hand-written
     inputs]): ``positional`` takes the arguments of a call by position whose count is in
     ``counts``, ``any_call`` any call; each gives the first input that differs and why, or
-    None."""
+    None. ``result`` checks what a value-style call returned (Note [hand-written results])."""
 
     positional: Callable[[tuple[Any, ...]], "tuple[str, str] | None"]
     counts: tuple[int, int]
     any_call: _Check
+    result: Callable[[Sequence[Any], Any], "tuple[str | None, Any, Any] | None"]
+    inputs: tuple[str, ...]
+
+
+# Note [hand-written results]
+# A value-style call (the definition's inputs, by position or by name) returns the outputs;
+# what the solution returned is checked as a generated dispatcher checks it (Note [result
+# check] in fibgen/runtime/checking/result_check.py): one tensor per output, of the declared
+# dtype, of the shape the definition gives it for this call (const axes, and var axes read off
+# the inputs that carry them, or the integer scalar input that binds one), on the device of
+# the first input tensor. A result that is not goes to the fallback, counted as the
+# solution's error and said once; strict mode raises. An output whose shape no input binds,
+# or whose dtype this torch lacks, is held to being a tensor. A destination-passing call's
+# outputs are the caller's buffers: nothing comes back to check.
+
+
+def _result_check(
+    definition: Mapping[str, Any],
+) -> Callable[[Sequence[Any], Any], tuple[str | None, Any, Any] | None]:
+    """What ``_InputCheck.result`` checks for ``definition``: given the call's input values in
+    the definition's order and what it returned, None, or (output, what it got, what was
+    expected) of the first output that differs (output None: the result is not the tuple of
+    outputs it should be). Written out per definition, as the input check is (Note
+    [written-out checks] in fibgen/runtime/tracing/checks.py): only integers go into its
+    source."""
+    import torch
+
+    from fibgen.format.models import var_axis_scalars
+    from fibgen.runtime.checking import result_check
+    from fibgen.runtime.inputs.make import torch_dtype
+
+    specs = list(definition["inputs"].values())
+    names = list(definition["inputs"])
+    axes = definition.get("axes") or {}
+    consts = {n: int(a["value"]) for n, a in axes.items() if a.get("type") == "const"}
+    # The inputs a call always has: an optional one may be None.
+    required = [i for i, t in enumerate(specs) if not t.get("optional")]
+    carriers: dict[str, tuple[int, int]] = {}  # axis -> (input index, dim)
+    for i in required:
+        for d, axis in enumerate(specs[i].get("shape") or ()):
+            carriers.setdefault(axis, (i, d))
+    scalars = {a: names.index(n) for a, n in var_axis_scalars(axes, definition["inputs"]).items()}
+    tensors = [i for i in required if specs[i].get("shape") is not None]
+    namespace: dict[str, Any] = {"_reads": result_check._state, "_Tensor": torch.Tensor}
+    outputs = list(definition["outputs"].items())
+    lines = ["def check(values, result):"]
+    if len(outputs) == 1:
+        lines.append("    r0 = result")
+    else:
+        lines += [
+            f"    if type(result) not in (tuple, list) or len(result) != {len(outputs)}:",
+            "        return None, result, None",
+        ]
+        lines += [f"    r{k} = result[{k}]" for k in range(len(outputs))]
+    if tensors:
+        lines += ["    same = _reads['same']", "    shape_of = _reads['shape_of']"]
+        lines.append(f"    like = values[{tensors[0]}]")
+        read = sorted(
+            {
+                carriers[a][0]
+                for _, spec in outputs
+                for a in spec.get("shape") or ()
+                if a in carriers and a not in consts
+            }
+        )
+        lines += [f"    s{i} = shape_of(values[{i}])" for i in read]
+    for k, (name, spec) in enumerate(outputs):
+        namespace[f"_n{k}"] = name
+        shape = spec.get("shape")
+        dims = []
+        for axis in shape or ():
+            if axis in consts:
+                dims.append(str(consts[axis]))
+            elif axis in carriers:
+                i, d = carriers[axis]
+                dims.append(f"s{i}[{d}]")
+            elif axis in scalars:
+                dims.append(f"int(values[{scalars[axis]}])")
+        if shape is None:
+            continue  # a scalar output
+        try:
+            namespace[f"_d{k}"] = torch_dtype(spec["dtype"])
+        except (KeyError, TypeError, ValueError):
+            namespace[f"_d{k}"] = None
+        if not tensors or namespace[f"_d{k}"] is None or len(dims) != len(shape):
+            # No input to compare devices with, a dtype this torch lacks, or an axis no input
+            # binds (the shape is not known before the call): a tensor is all it must be.
+            lines += [
+                f"    if not isinstance(r{k}, _Tensor):",
+                f"        return _n{k}, r{k}, None",
+            ]
+            continue
+        size = "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
+        lines += [
+            f"    if not same(r{k}, _d{k}, {size}, like):",
+            f"        return _n{k}, r{k}, (_d{k}, {size}, like.device)",
+        ]
+    lines.append("    return None")
+    exec(compile("\n".join(lines), "<fibgen result check>", "exec"), namespace)
+    check: Callable[[Sequence[Any], Any], tuple[str | None, Any, Any] | None] = namespace["check"]
+    return check
 
 
 def _input_check(definition: Mapping[str, Any]) -> _InputCheck:
@@ -109,7 +210,7 @@ def _input_check(definition: Mapping[str, Any]) -> _InputCheck:
             return None  # not the definition's inputs: passed on as given
         return check([values[n] for n in inputs])
 
-    return _InputCheck(check, counts, any_call)
+    return _InputCheck(check, counts, any_call, _result_check(definition), inputs)
 
 
 def _route_handwritten(
@@ -195,7 +296,18 @@ def _route_handwritten(
         _serving = SERVING  # bound: a routed call is in progress (Note [re-entry])
         _serving.n += 1
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            if check is not None:  # Note [hand-written results]
+                values: Sequence[Any] | None = None
+                if not kwargs:
+                    values = args if len(args) == check.counts[0] else None
+                elif not args and len(kwargs) == check.counts[0]:
+                    values = [kwargs.get(n) for n in check.inputs]
+                if values is not None:
+                    bad = check.result(values, result)
+                    if bad is not None:
+                        api.bad_result(key, *bad)
+            return result
         except Exception as exc:
             detour = api.failed(key, fn, exc, *args, **kwargs)
         finally:
