@@ -148,10 +148,13 @@ def test_the_result_check_of_hand_written_calls_reads_each_outputs_shape_off_the
     y, top = torch.zeros(3, 8, dtype=torch.bfloat16), torch.zeros(3, 2, dtype=torch.int64)
     extra = torch.zeros(11)
     assert check((x, 2), (y, top, extra)) is None
-    assert check((x, 2), [y, top, torch.zeros(1)]) is None  # its shape is not known ahead
+    # An axis no input binds: held to its dtype and rank.
+    assert check((x, 2), [y, top, torch.zeros(1)]) is None
+    square = torch.zeros(2, 2)
+    assert check((x, 2), (y, top, square)) == ("extra", square, (torch.float32, None, x.device))
     assert check((x, 2), (y, top)) == (None, (y, top), None)
     assert check((x, 2), y) == (None, y, None)
     bad = torch.zeros(3, 3, dtype=torch.int64)
     assert check((x, 2), (y, bad, extra)) == ("top", bad, (torch.int64, (3, 2), x.device))
     assert check((x, 2), (y.float(), top, extra))[0] == "y"
-    assert check((x, 2), (y, top, "extra")) == ("extra", "extra", None)  # not a tensor
+    assert check((x, 2), (y, top, "extra")) == ("extra", "extra", (torch.float32, None, x.device))

@@ -579,18 +579,22 @@ def test_what_a_hand_written_value_style_call_returns_is_checked():
     def a_list(hidden_states, weight):
         return [hidden_states]
 
-    def nothing(hidden_states, weight):
-        return None
+    def a_string(hidden_states, weight):
+        return "done"
 
     # Each a function of its own: what a solution did wrong is said once per solution.
-    wrong = {f.__name__: f for f in (as_float32, a_row_short, a_list, nothing)}
+    wrong = {f.__name__: f for f in (as_float32, a_row_short, a_list, a_string)}
     for why, solution in wrong.items():
         with pytest.warns(RuntimeWarning, match="returned .* as output 'output'; expected a bfl"):
             with rt.enable_apply({"rmsnorm_h4096": solution}):
                 assert rt.apply("rmsnorm_h4096", (x, w), fallback=lambda a, b: "fb") == "fb", why
                 by_name = {"hidden_states": x, "weight": w}
                 assert rt.apply("rmsnorm_h4096", None, by_name, fallback=lambda **k: "fb") == "fb"
-                assert rt.stats()["fibgen.runtime.apply('rmsnorm_h4096')"]["error"] == 2, why
+                mixed = rt.apply(
+                    "rmsnorm_h4096", (x,), {"weight": w}, fallback=lambda *a, **k: "fb"
+                )
+                assert mixed == "fb"
+                assert rt.stats()["fibgen.runtime.apply('rmsnorm_h4096')"]["error"] == 3, why
     with rt.enable_apply({"rmsnorm_h4096": as_float32}, strict=True):
         with pytest.raises(
             rt.SolutionError, match=r"expected a bfloat16 tensor of shape \[5, 4096\]"
@@ -601,6 +605,45 @@ def test_what_a_hand_written_value_style_call_returns_is_checked():
     with rt.enable_apply({"rmsnorm_h4096": lambda hidden_states, weight: hidden_states}):
         assert rt.apply("rmsnorm_h4096", (x, w), fallback=lambda a, b: "fb") is x
     assert rt.stats()["fibgen.runtime.apply('rmsnorm_h4096')"]["hit"] == 1
+    # None is what in-place code returns, as FlashInfer's in-place APIs do: taken as given,
+    # never followed by the fallback (which would apply the effect twice).
+    residual = torch.ones(5, 4096, dtype=torch.bfloat16)
+
+    def in_place(hidden_states, residual, weight):
+        residual.add_(hidden_states)
+
+    with rt.enable_apply({"fused_add_rmsnorm_h4096": in_place}):
+        fallback = lambda a, r, b: r.add_(a)  # noqa: E731
+        assert rt.apply("fused_add_rmsnorm_h4096", (x, residual, w), fallback=fallback) is None
+    assert torch.equal(residual, torch.full_like(residual, 2))
+
+
+def test_a_failed_solutions_fallback_is_not_nested_while_another_call_is_served():
+    # The re-entry test reads the frames of calls being served: once the solution has failed,
+    # its call's frame says so no more, whatever other threads serve meanwhile.
+    from fibgen.runtime.routing.state import SERVING
+
+    (x, w), (y, v) = (
+        (torch.ones(2, h, dtype=torch.bfloat16), torch.ones(h, dtype=torch.bfloat16))
+        for h in (1536, 2048)
+    )
+
+    def raising(hidden_states, weight):
+        raise RuntimeError("fails here")
+
+    def fallback(hidden_states, weight):
+        return rt.apply("rmsnorm_h2048", (y, v), fallback=lambda a, b: "not routed")
+
+    with pytest.warns(RuntimeWarning, match="fails here"):
+        served = {"rmsnorm_h1536": raising, "rmsnorm_h2048": lambda hidden_states, weight: y}
+        with rt.enable_apply(served):
+            SERVING.n += 1  # as while another thread's call is served
+            try:
+                assert rt.apply("rmsnorm_h1536", (x, w), fallback=fallback) is y
+            finally:
+                SERVING.n -= 1
+            inner = rt.stats()["fibgen.runtime.apply('rmsnorm_h2048')"]
+            assert (inner["hit"], inner["nested"]) == (1, 0)
 
 
 def test_hand_written_calls_whose_inputs_are_not_the_definitions_go_to_the_fallback():

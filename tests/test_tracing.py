@@ -834,14 +834,19 @@ def test_hand_written_calls_are_counted_and_said_not_recorded(tmp_path):
     def layer(hidden_states, weight):
         return "fallback"
 
-    with rt.enable_apply({"rmsnorm_h4096": lambda hidden_states, weight: hidden_states}):
+    solution = lambda hidden_states, weight: hidden_states  # noqa: E731
+    with rt.enable_apply({"rmsnorm_h4096": solution, "rmsnorm_h3072": solution}):
         with pytest.warns(RuntimeWarning, match=r"hand-written code routed by name .* not rec"):
             rt.enable_tracing(tmp_path, dump="none")
             try:
                 assert layer(x, w) is x  # a hit
                 assert rt.apply("rmsnorm_h4096", (x, w), fallback=lambda a, b: 0) is x
                 assert rt.apply("rmsnorm_h2048", (x, w), fallback=lambda a, b: 0) == 0  # a miss
+                # Refused by its input check (a name no other test refuses, so that what is
+                # said once is said here).
+                short = (x[:, :100], w[:100])
+                assert rt.apply("rmsnorm_h3072", short, fallback=lambda a, b: 1) == 1
                 stats = rt.tracing_stats()
             finally:
                 rt.disable_tracing()
-    assert (stats["handwritten"], stats["recorded"]) == (3, 0)
+    assert (stats["handwritten"], stats["recorded"]) == (4, 0)

@@ -12,7 +12,7 @@ from fibgen.runtime.routing.fallbacks import compile_reference
 from fibgen.runtime.routing.registry import register_api
 from fibgen.runtime.routing.state import ORIGINAL, SERVING, STATE, add_dispatch_code
 from fibgen.runtime.solutions import loading as solutions
-from fibgen.runtime.tracing.checks import checker, contract
+from fibgen.runtime.tracing.checks import checker, contract, one_byte_float
 
 # Note [the function form's fallback]
 # ``apply(name, args, kwargs, fallback)`` is routed by one dispatcher per name (or resolver),
@@ -94,15 +94,22 @@ class _InputCheck(NamedTuple):
 
 
 # Note [hand-written results]
-# A value-style call (the definition's inputs, by position or by name) returns the outputs;
-# what the solution returned is checked as a generated dispatcher checks it (Note [result
-# check] in fibgen/runtime/checking/result_check.py): one tensor per output, of the declared
-# dtype, of the shape the definition gives it for this call (const axes, and var axes read off
-# the inputs that carry them, or the integer scalar input that binds one), on the device of
-# the first input tensor. A result that is not goes to the fallback, counted as the
-# solution's error and said once; strict mode raises. An output whose shape no input binds,
-# or whose dtype this torch lacks, is held to being a tensor. A destination-passing call's
-# outputs are the caller's buffers: nothing comes back to check.
+# A value-style call (the definition's inputs, by position, by name or both) returns its
+# outputs, or None where the code writes them in place, as FlashInfer's in-place APIs do.
+# None is returned as given: hand-written routing cannot tell in-place code from code that
+# forgot to return, and running the fallback after in-place code would apply its effect
+# twice. Anything else is checked as a generated dispatcher checks it (Note [result check]
+# in fibgen/runtime/checking/result_check.py): one tensor per output (a tuple or list of
+# them for several), of the declared dtype, of the shape the definition gives it for this
+# call (const axes, and var axes read off the inputs that carry them or the integer scalar
+# input that binds one), on the device of the first input tensor; an output whose shape no
+# input binds is held to its dtype and rank, and a one-byte float output (fp8, packed fp4)
+# may also come as its bytes (uint8 or int8), as FlashInfer's own functions return them. A
+# result that is not goes to the fallback, counted as the solution's error and said once;
+# strict mode raises. (Hand-written routing does not probe whether a solution wrote its
+# inputs: one that did so and then returned a wrong result has them written again by the
+# fallback.) A destination-passing call's outputs are the caller's buffers: nothing comes
+# back to check.
 
 
 def _result_check(
@@ -133,13 +140,14 @@ def _result_check(
     scalars = {a: names.index(n) for a, n in var_axis_scalars(axes, definition["inputs"]).items()}
     tensors = [i for i in required if specs[i].get("shape") is not None]
     namespace: dict[str, Any] = {"_reads": result_check._state, "_Tensor": torch.Tensor}
+    namespace.update(_U8=torch.uint8, _I8=torch.int8)
     outputs = list(definition["outputs"].items())
     lines = ["def check(values, result):"]
     if len(outputs) == 1:
         lines.append("    r0 = result")
     else:
         lines += [
-            f"    if type(result) not in (tuple, list) or len(result) != {len(outputs)}:",
+            f"    if not isinstance(result, (tuple, list)) or len(result) != {len(outputs)}:",
             "        return None, result, None",
         ]
         lines += [f"    r{k} = result[{k}]" for k in range(len(outputs))]
@@ -173,18 +181,25 @@ def _result_check(
             namespace[f"_d{k}"] = torch_dtype(spec["dtype"])
         except (KeyError, TypeError, ValueError):
             namespace[f"_d{k}"] = None
-        if not tensors or namespace[f"_d{k}"] is None or len(dims) != len(shape):
-            # No input to compare devices with, a dtype this torch lacks, or an axis no input
-            # binds (the shape is not known before the call): a tensor is all it must be.
+        if not tensors or namespace[f"_d{k}"] is None:
+            # No input to compare devices with, or a dtype this torch lacks.
             lines += [
                 f"    if not isinstance(r{k}, _Tensor):",
                 f"        return _n{k}, r{k}, None",
             ]
             continue
-        size = "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
+        if len(dims) == len(shape):
+            size = "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
+        else:
+            size = str(len(shape))  # an axis no input binds: its rank only
+        dtypes = [f"_d{k}"]
+        if one_byte_float(spec.get("dtype")):
+            dtypes += ["_U8", "_I8"]  # or its bytes
+        ok = " or ".join(f"same(r{k}, {d}, {size}, like)" for d in dtypes)
         lines += [
-            f"    if not same(r{k}, _d{k}, {size}, like):",
-            f"        return _n{k}, r{k}, (_d{k}, {size}, like.device)",
+            f"    if not ({ok}):",
+            f"        return _n{k}, r{k}, (_d{k}, {size if len(dims) == len(shape) else None}, "
+            "like.device)",
         ]
     lines.append("    return None")
     exec(compile("\n".join(lines), "<fibgen result check>", "exec"), namespace)
@@ -236,6 +251,9 @@ def _route_handwritten(
         rule = f"tensor:{failed[0]}"
         with STATE.lock:
             api._guard_tick(rule)()
+        missed = STATE.trace_missed
+        if missed is not None:
+            missed(api, "handwritten", str(key), None)  # tracing counts it
         if STATE.strict:
             raise FallbackError(f"{label}: {key} is not routed: {failed[1]} (strict)")
         STATE.warn_once(
@@ -297,12 +315,14 @@ def _route_handwritten(
         _serving.n += 1
         try:
             result = fn(*args, **kwargs)
-            if check is not None:  # Note [hand-written results]
+            if check is not None and result is not None:  # Note [hand-written results]
                 values: Sequence[Any] | None = None
                 if not kwargs:
                     values = args if len(args) == check.counts[0] else None
-                elif not args and len(kwargs) == check.counts[0]:
-                    values = [kwargs.get(n) for n in check.inputs]
+                elif len(args) + len(kwargs) == check.counts[0]:
+                    bound = solutions.bind_arguments(check.inputs, (), args, kwargs)
+                    if not isinstance(bound, str):
+                        values = [bound[n] for n in check.inputs]
                 if values is not None:
                     bad = check.result(values, result)
                     if bad is not None:
@@ -312,6 +332,8 @@ def _route_handwritten(
             detour = api.failed(key, fn, exc, *args, **kwargs)
         finally:
             _serving.n -= 1
+            # Unbound: the frame no longer says a call is served (``nested`` reads it).
+            del _serving
         return detour[1](*args, **kwargs)  # the solution failed: its fallback, served no more
 
     add_dispatch_code(routed.__code__)

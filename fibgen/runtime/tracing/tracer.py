@@ -240,7 +240,9 @@ def _missed(tracer: _Tracer) -> Callable[[Api, str | None, str | None, Any], Non
 
     def missed(api: Api, reason: str | None, name: str | None, detail: Any) -> None:
         if api.trace_inputs is None:
-            return  # a hand-written apply(): nothing of it is ever recorded
+            if api.by_name:  # hand-written apply(): refused by its input check
+                _missed_call(tracer, api, "handwritten", name, None)
+            return
         reason = _PLAN_REASONS.get(reason, reason) or "unknown"
         _missed_call(tracer, api, reason, name, detail)
 
@@ -398,7 +400,7 @@ def is_tracing() -> bool:
 def tracing_stats() -> dict[str, int]:
     """Counts of the current (or last) tracing: recorded, filtered (by the dedup policy),
     written, pending, and the calls not recorded by reason (Note [missed calls]): dropped,
-    failed, unknown, mismatched, unplanned, plan_changed, refused, capturing."""
+    failed, unknown, mismatched, unplanned, plan_changed, refused, capturing, handwritten."""
     tracer = _tracer
     if tracer is not None:
         return tracer.stats()
