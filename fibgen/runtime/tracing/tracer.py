@@ -169,12 +169,12 @@ def _wrap(tracer: _Tracer) -> Callable[[Api, str | None, Any], Any]:
     def wrap(api: Api, name: str | None, route: Any) -> Any:
         kind, fn, tick, values = route
         if api.trace_inputs is None and api.by_name:
-            return (kind, _handwritten(tracer, api, name, fn), tick, values)
+            return (kind, _unrecorded(tracer, api, name, fn, "handwritten"), tick, values)
         if api.trace_inputs is None or fn is api.then:
             # Calls passed on to the next family of the same API (which records them itself).
             return route
         if name is None or name not in api.known_names:
-            return (kind, _uncounted(tracer, api, name, fn), tick, values)
+            return (kind, _unrecorded(tracer, api, name, fn, "unknown"), tick, values)
         sources, checks = tracer.writer.sources, tracer.recorder.checks
         if name not in sources:
             sources[name] = definition_file(api, name)
@@ -207,28 +207,18 @@ def _wrap(tracer: _Tracer) -> Callable[[Api, str | None, Any], Any]:
     return wrap
 
 
-def _handwritten(
-    tracer: _Tracer, api: Api, name: str | None, fn: Callable[..., Any]
+def _unrecorded(
+    tracer: _Tracer, api: Api, name: str | None, fn: Callable[..., Any], reason: str
 ) -> Callable[..., Any]:
-    """A route of hand-written ``apply``: counted, said once, not recorded."""
+    """A route whose calls are counted under ``reason``, said once, and not recorded: a
+    definition that does not exist (``unknown``), or hand-written ``apply``
+    (``handwritten``)."""
 
     def untraced(*args: Any, **kwargs: Any) -> Any:
-        _missed_call(tracer, api, "handwritten", name, None)
+        _missed_call(tracer, api, reason, name, None)
         return fn(*args, **kwargs)
 
     untraced.__wrapped__ = fn  # type: ignore[attr-defined]  # for Api.failed
-    return untraced
-
-
-def _uncounted(
-    tracer: _Tracer, api: Api, name: str | None, fn: Callable[..., Any]
-) -> Callable[..., Any]:
-    """A route of a definition that does not exist: counted, reported once, not recorded."""
-
-    def untraced(*args: Any, **kwargs: Any) -> Any:
-        _missed_call(tracer, api, "unknown", name, None)
-        return fn(*args, **kwargs)
-
     return untraced
 
 
