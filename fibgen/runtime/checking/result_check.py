@@ -69,6 +69,10 @@ shape_python = operator.attrgetter("shape")
 dtype_python = operator.attrgetter("dtype")
 
 _state: dict[str, Any] = {"same": same_python, "shape_of": shape_python, "dtype_of": dtype_python}
+# The same dict, for code that looks the check and the readers up on every call (the
+# written-out checks of fibgen/runtime/tracing/checks.py): it is updated in place when the
+# native ones are built.
+LIVE = _state
 _lock = threading.Lock()
 # Called with the native check once it is built: the runtime puts it on every dispatcher.
 _listeners: list[Callable[[Callable[..., bool]], None]] = []

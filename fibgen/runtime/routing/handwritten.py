@@ -139,7 +139,7 @@ def _result_check(
             carriers.setdefault(axis, (i, d))
     scalars = {a: names.index(n) for a, n in var_axis_scalars(axes, definition["inputs"]).items()}
     tensors = [i for i in required if specs[i].get("shape") is not None]
-    namespace: dict[str, Any] = {"_reads": result_check._state, "_Tensor": torch.Tensor}
+    namespace: dict[str, Any] = {"_reads": result_check.LIVE, "_Tensor": torch.Tensor}
     namespace.update(_U8=torch.uint8, _I8=torch.int8)
     outputs = list(definition["outputs"].items())
     lines = ["def check(values, result):"]

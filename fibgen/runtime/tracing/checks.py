@@ -153,7 +153,7 @@ def checker(
     def why(values: Sequence[Any]) -> tuple[str, str]:
         return _mismatch(tensors, wants, consts, index, values)
 
-    namespace: dict[str, Any] = {"_reads": result_check._state, "_Tensor": torch.Tensor}
+    namespace: dict[str, Any] = {"_reads": result_check.LIVE, "_Tensor": torch.Tensor}
     namespace["_why"] = why
     lines = [
         "def check(values):",
