@@ -207,11 +207,15 @@ from fibgen.format.dataset import read_solution
 
 path = next(Path(sys.argv[1]).glob("fibgen/*/rmsnorm_h128/*/*.json"))
 rt.enable_apply({{"rmsnorm_h128": read_solution(path)}}, patch=False)
+# Seeded: unseeded, an output above 8 rounds to bfloat16 by up to 0.03, and the largest
+# difference crossed the tolerance on some draws.
+torch.manual_seed(0)
 x, w = torch.randn(2, 128, dtype=torch.bfloat16), torch.randn(128, dtype=torch.bfloat16)
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     out = rt.apply("rmsnorm_h128", args=(x, w))
-ref = x.float() * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + 1e-5) * w.float()
+# rmsnorm_h128's epsilon (1e-6)
+ref = x.float() * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + 1e-6) * w.float()
 (counts,) = rt.stats().values()
 print(json.dumps({{"counts": counts, "warnings": [str(w.message) for w in caught],
                    "diff": float((out.float() - ref).abs().max())}}))
