@@ -719,6 +719,22 @@ def test_calls_whose_tensors_apply_refuses_are_mismatched_as_with_apply_off(tmp_
     assert [r.axes for r in _records(tmp_path, "rmsnorm_h4096")] == [{"batch_size": 3}]
 
 
+def _traced_failing_calls(
+    tmp_path, call, *, patch: bool = True, times: int = 1
+) -> tuple[list[str], dict]:
+    """Tracing's warnings and counts for ``call``, made ``times`` with tracing and apply on
+    (a solution for rmsnorm_h4096), where it reaches FlashInfer's own function, which raises
+    on this CPU."""
+    rt.enable_tracing(tmp_path, patch=patch)
+    with rt.enable_apply({"rmsnorm_h4096": lambda hidden_states, weight: hidden_states}):
+        with pytest.warns(RuntimeWarning) as caught:
+            for _ in range(times):
+                with pytest.raises(Exception):  # noqa: B017 - FlashInfer's CPU error
+                    call()
+    rt.disable_tracing()
+    return [str(w.message) for w in caught if "tracing" in str(w.message)], rt.tracing_stats()
+
+
 @pytest.mark.slow
 def test_a_call_of_the_real_api_whose_tensors_apply_refuses_is_mismatched(tmp_path):
     # The same as above through FlashInfer's own patched function (on this CPU, its kernel
@@ -729,19 +745,12 @@ def test_a_call_of_the_real_api_whose_tensors_apply_refuses_is_mismatched(tmp_pa
     import flashinfer
 
     x, w = torch.randn(4, 4096, dtype=torch.bfloat16), torch.randn(2048, dtype=torch.bfloat16)
-    rt.enable_tracing(tmp_path, patch=True)
-    with rt.enable_apply({"rmsnorm_h4096": lambda hidden_states, weight: hidden_states}):
-        with pytest.warns(RuntimeWarning) as caught:
-            with pytest.raises(Exception):  # noqa: B017 - FlashInfer's CPU error
-                flashinfer.norm.rmsnorm(x, w, 1e-5)
-    rt.disable_tracing()
-    messages = [str(w.message) for w in caught if "tracing" in str(w.message)]
+    messages, stats = _traced_failing_calls(tmp_path, lambda: flashinfer.norm.rmsnorm(x, w, 1e-5))
     assert messages == [
         "fibgen tracing: a call of rmsnorm_h4096 does not match its definition: input weight "
         "has size 2048 along axis hidden_size (dim 0), expected 4096 as in hidden_states (dim "
         "1); such calls are not recorded, and tracing_stats()['mismatched'] counts them"
     ]
-    stats = rt.tracing_stats()
     assert (stats["mismatched"], stats["refused"], stats["recorded"]) == (1, 0, 0)
 
 
@@ -755,21 +764,15 @@ def test_calls_a_rule_refuses_are_counted_not_recorded(tmp_path):
     from fibgen_kernels import rmsnorm as catalogue_rmsnorm
 
     x, w = torch.randn(2, 4096, dtype=torch.bfloat16), torch.randn(4096, dtype=torch.bfloat16)
-    rt.enable_tracing(tmp_path)
-    with rt.enable_apply({"rmsnorm_h4096": lambda hidden_states, weight: hidden_states}):
-        with pytest.warns(RuntimeWarning) as caught:
-            for _ in range(2):
-                with pytest.raises(Exception):  # noqa: B017 - FlashInfer's CPU error
-                    catalogue_rmsnorm.rmsnorm(x, w, eps=1e-3)
-    rt.disable_tracing()
-    messages = [str(w.message) for w in caught if "tracing" in str(w.message)]
+    messages, stats = _traced_failing_calls(
+        tmp_path, lambda: catalogue_rmsnorm.rmsnorm(x, w, eps=1e-3), patch=False, times=2
+    )
     assert messages == [
         "fibgen tracing: a call of flashinfer.norm.rmsnorm for rmsnorm_h4096 is not recorded: "
         "it fails the rule on eps (eps=0.001), so it is not a workload of rmsnorm_h4096; "
         "tracing_stats()['refused'] counts them. To record such calls, declare a definition "
         "(an instance in the .fidef) that they satisfy"
     ]
-    stats = rt.tracing_stats()
     assert (stats["refused"], stats["mismatched"], stats["recorded"]) == (2, 0, 0)
 
 
@@ -850,3 +853,35 @@ def test_hand_written_calls_are_counted_and_said_not_recorded(tmp_path):
             finally:
                 rt.disable_tracing()
     assert (stats["handwritten"], stats["recorded"]) == (4, 0)
+
+
+@pytest.mark.slow
+def test_a_hand_written_fallback_calling_the_real_patched_api_is_routed_and_traced(tmp_path):
+    # A layer with no solution of its own runs the caller's code, which calls FlashInfer's
+    # patched rmsnorm: routed to its solution (FlashInfer's own kernel would raise on this
+    # CPU) and recorded, not taken as a nested call of the layer.
+    from _shared import require_module
+
+    require_module("flashinfer", "flashinfer is not installed")
+    import flashinfer
+
+    x, w = torch.randn(2, 4096, dtype=torch.bfloat16), torch.randn(4096, dtype=torch.bfloat16)
+
+    def layer(hidden_states, weight):
+        return flashinfer.norm.rmsnorm(hidden_states, weight, 1e-5)
+
+    rt.enable_tracing(tmp_path, patch=True, dump="none")
+    try:
+        with rt.enable_apply({"rmsnorm_h4096": lambda hidden_states, weight: hidden_states * 2}):
+            with pytest.warns(RuntimeWarning, match="apply\\('decoder_layer'\\): no solution"):
+                out = rt.apply("decoder_layer", (x, w), fallback=layer)
+            counts = rt.stats()
+    finally:
+        rt.disable_tracing()
+    assert torch.equal(out, x * 2)
+    inner = counts["flashinfer.norm.rmsnorm"]
+    assert (inner["hit"], inner["nested"]) == (1, 0)
+    assert counts["fibgen.runtime.apply('decoder_layer')"]["fallback_no_candidate"] == 1
+    stats = rt.tracing_stats()
+    assert (stats["recorded"], stats["handwritten"]) == (1, 1)
+    assert [r.axes for r in _records(tmp_path, "rmsnorm_h4096")] == [{"batch_size": 2}]

@@ -559,13 +559,9 @@ def build_ranking(
         len(inputs["solutions"]),
         slower,
     )
-    unused["bad_definitions"] = _bad_definitions(root, inputs)
+    files = [Path(p) for p, _, _ in inputs["definitions"]]
+    unused["bad_definitions"] = bad_definition_files(root, files)
     return {"root": str(root), "hardware": where.as_dict(), "definitions": table, "unused": unused}
-
-
-def _bad_definitions(root: Path, inputs: dict) -> list[str]:
-    """The dataset's definition files that are not Definition JSON, as paths under ``root``."""
-    return bad_definition_files(root, [Path(p) for p, _, _ in inputs["definitions"]])
 
 
 def _unknown_definitions(
