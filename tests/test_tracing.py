@@ -830,8 +830,9 @@ def test_links_inside_the_dataset_are_followed(tmp_path):
     assert len(list((root / "store").rglob("*.safetensors"))) == 3
 
 
-def test_hand_written_calls_are_counted_and_said_not_recorded(tmp_path):
-    x, w = torch.ones(2, 4096, dtype=torch.bfloat16), torch.ones(4096, dtype=torch.bfloat16)
+def test_hand_written_calls_are_recorded_as_their_definitions_workloads(tmp_path):
+    # As flashinfer-bench's apply records what it routes: every calling form, hit or miss.
+    x, w = torch.randn(2, 4096, dtype=torch.bfloat16), torch.randn(4096, dtype=torch.bfloat16)
 
     @rt.apply("rmsnorm_h4096")
     def layer(hidden_states, weight):
@@ -839,20 +840,121 @@ def test_hand_written_calls_are_counted_and_said_not_recorded(tmp_path):
 
     solution = lambda hidden_states, weight: hidden_states  # noqa: E731
     with rt.enable_apply({"rmsnorm_h4096": solution, "rmsnorm_h3072": solution}):
-        with pytest.warns(RuntimeWarning, match=r"hand-written code routed by name .* not rec"):
-            rt.enable_tracing(tmp_path, dump="none")
-            try:
+        rt.enable_tracing(tmp_path, dump="all")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # nothing is said: every call is recorded
                 assert layer(x, w) is x  # a hit
-                assert rt.apply("rmsnorm_h4096", (x, w), fallback=lambda a, b: 0) is x
-                assert rt.apply("rmsnorm_h2048", (x, w), fallback=lambda a, b: 0) == 0  # a miss
+                assert torch.equal(layer(x[:1], weight=w), x[:1])
+                assert rt.apply("rmsnorm_h4096", (x,), {"weight": w}, fallback=print) is x
+                assert rt.apply("rmsnorm_h4096", (), {"hidden_states": x, "weight": w}) is x
+                # A miss, destination-passing.
+                y = torch.randn(3, 2048, dtype=torch.bfloat16)
+                v = torch.randn(2048, dtype=torch.bfloat16)
+                out = torch.empty_like(y)
+                rt.apply("rmsnorm_h2048", (y, v, out), fallback=lambda a, b, c: c.copy_(a))
+                assert torch.equal(out, y)
+            stats = rt.tracing_stats()
+        finally:
+            rt.disable_tracing()
+    assert (stats["recorded"], stats["handwritten"], stats["failed"]) == (5, 0, 0), stats
+    records = _records(tmp_path, "rmsnorm_h4096")
+    assert [r.axes for r in records] == [{"batch_size": n} for n in (2, 1, 2, 2)]
+    for record in records:
+        blob = load_file(str(tmp_path / record.inputs["hidden_states"].path))
+        assert torch.equal(blob["weight"], w)
+        assert torch.equal(blob["hidden_states"], x[: record.axes["batch_size"]])
+    assert [r.axes for r in _records(tmp_path, "rmsnorm_h2048")] == [{"batch_size": 3}]
+    # The dataset is complete: each definition's JSON beside its workloads.
+    assert sorted(load_definitions(tmp_path)) == ["rmsnorm_h2048", "rmsnorm_h4096"]
+
+
+def test_hand_written_calls_tracing_cannot_record_are_counted_and_said(tmp_path):
+    x, w = torch.randn(2, 4096, dtype=torch.bfloat16), torch.randn(4096, dtype=torch.bfloat16)
+
+    @rt.apply("rmsnorm_h4096")
+    def layer(hidden_states, weight, residual, scale):  # not the definition's inputs
+        return hidden_states
+
+    solution = lambda hidden_states, weight: hidden_states  # noqa: E731
+    with rt.enable_apply({"rmsnorm_h3072": solution}):
+        rt.enable_tracing(tmp_path, dump="none")
+        try:
+            with pytest.warns(RuntimeWarning) as said:
+                assert layer(x, w, x, 2.0) is x
+                assert layer(x, w, x, 3.0) is x
+                assert rt.apply("no_such_kernel_h7", (x, w), fallback=lambda a, b: 0) == 0
                 # Refused by its input check (a name no other test refuses, so that what is
-                # said once is said here).
+                # said once is said here): not a workload of its definition.
                 short = (x[:, :100], w[:100])
                 assert rt.apply("rmsnorm_h3072", short, fallback=lambda a, b: 1) == 1
-                stats = rt.tracing_stats()
-            finally:
-                rt.disable_tracing()
-    assert (stats["handwritten"], stats["recorded"]) == (4, 0)
+            stats = rt.tracing_stats()
+        finally:
+            rt.disable_tracing()
+    assert (stats["handwritten"], stats["mismatched"], stats["recorded"]) == (3, 1, 0), stats
+    messages = [str(w.message) for w in said if "fibgen tracing" in str(w.message)]
+    assert len(messages) == 3, messages
+    assert "its arguments are not the definition's inputs (called with 4 arguments" in messages[0]
+    assert "no definition of no_such_kernel_h7 is in" in messages[1]
+    assert messages[2].startswith("fibgen tracing: a call of rmsnorm_h3072 does not match")
+    assert load_workloads(tmp_path) == {}
+
+
+def test_hand_written_calls_of_the_traced_datasets_own_definition(tmp_path):
+    # A definition fibgen's catalogue lacks, put in the dataset before tracing; its fp8 input
+    # passed as its bytes, as FlashInfer's callers often pass them, is recorded as fp8.
+    definition = {
+        "name": "scale_fp8_rows",
+        "op_type": "scale",
+        "axes": {"rows": {"type": "var"}, "cols": {"type": "const", "value": 8}},
+        "inputs": {
+            "x": {"shape": ["rows", "cols"], "dtype": "float8_e4m3fn"},
+            "scale": {"shape": ["rows"], "dtype": "float32"},
+        },
+        "outputs": {"y": {"shape": ["rows", "cols"], "dtype": "float32"}},
+        "reference": "def run(x, scale):\n    return x.float() * scale[:, None]\n",
+    }
+    folder = tmp_path / "definitions" / "scale"
+    folder.mkdir(parents=True)
+    (folder / "scale_fp8_rows.json").write_text(json.dumps(definition), encoding="utf-8")
+    x = torch.randn(5, 8).to(torch.float8_e4m3fn)
+    scale = torch.rand(5)
+    rt.enable_tracing(tmp_path, dump="all")
+    try:
+        got = rt.apply("scale_fp8_rows", (x.view(torch.uint8), scale), fallback=lambda a, s: s)
+        stats = rt.tracing_stats()
+    finally:
+        rt.disable_tracing()
+    assert got is scale and (stats["recorded"], stats["handwritten"]) == (1, 0), stats
+    (record,) = _records(tmp_path, "scale_fp8_rows")
+    assert record.axes == {"rows": 5}
+    blob = load_file(str(tmp_path / record.inputs["x"].path))
+    assert blob["x"].dtype == torch.float8_e4m3fn and torch.equal(
+        blob["x"].view(torch.uint8), x.view(torch.uint8)
+    )
+    # The dataset's own definition file is kept as it was, not replaced by a copy.
+    assert sorted(p.name for p in (tmp_path / "definitions").rglob("*.json")) == [
+        "scale_fp8_rows.json"
+    ]
+
+
+def test_a_solution_calling_its_own_hand_written_name_is_recorded_once(tmp_path):
+    x, w = torch.randn(2, 4096, dtype=torch.bfloat16), torch.randn(4096, dtype=torch.bfloat16)
+
+    def wrapper(hidden_states, weight):  # a FlashInfer-wrapper-like solution: calls the API
+        return rt.apply("rmsnorm_h4096", (hidden_states, weight), fallback=lambda a, b: a * 2)
+
+    with rt.enable_apply({"rmsnorm_h4096": wrapper}):
+        rt.enable_tracing(tmp_path, dump="none")
+        try:
+            out = rt.apply("rmsnorm_h4096", (x, w), fallback=lambda a, b: a)
+            counts = rt.stats()["fibgen.runtime.apply('rmsnorm_h4096')"]
+            stats = rt.tracing_stats()
+        finally:
+            rt.disable_tracing()
+    assert torch.equal(out, x * 2)  # the inner call ran its fallback, once
+    assert (counts["hit"], counts["nested"]) == (1, 1)
+    assert stats["recorded"] == 1 and len(_records(tmp_path, "rmsnorm_h4096")) == 1
 
 
 @pytest.mark.slow
@@ -883,5 +985,6 @@ def test_a_hand_written_fallback_calling_the_real_patched_api_is_routed_and_trac
     assert (inner["hit"], inner["nested"]) == (1, 0)
     assert counts["fibgen.runtime.apply('decoder_layer')"]["fallback_no_candidate"] == 1
     stats = rt.tracing_stats()
+    # The layer's call names no definition: counted, not recorded; its rmsnorm call recorded.
     assert (stats["recorded"], stats["handwritten"]) == (1, 1)
     assert [r.axes for r in _records(tmp_path, "rmsnorm_h4096")] == [{"batch_size": 2}]

@@ -253,7 +253,7 @@ def _route_handwritten(
             api._guard_tick(rule)()
         missed = STATE.trace_missed
         if missed is not None:
-            missed(api, "handwritten", str(key), None)  # tracing counts it
+            missed(api, "mismatched", str(key), lambda: failed[1])  # tracing counts it
         if STATE.strict:
             raise FallbackError(f"{label}: {key} is not routed: {failed[1]} (strict)")
         STATE.warn_once(

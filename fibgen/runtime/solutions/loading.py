@@ -712,7 +712,8 @@ def output_allocator(
 # shapes and returned, or the returned values copied into the caller's buffers. Like
 # flashinfer-bench, the solution is called positionally in the definition's order.
 
-_definitions: dict[tuple[str, str], Any] = {}
+# (name, root) -> the definition's JSON and the file it was read from, or (None, None).
+_definitions: dict[tuple[str, str], tuple[dict | None, Path | None]] = {}
 
 
 def _dataset_root(path: Path) -> Path | None:
@@ -723,11 +724,21 @@ def _dataset_root(path: Path) -> Path | None:
 
 
 def find_definition(name: str, root: Path | None = None) -> dict | None:
-    """The JSON of definition ``name``: from ``root``'s definitions/, else fibgen's catalogue."""
+    """The JSON of definition ``name``: from ``root``'s definitions/, else fibgen's catalogue.
+    Each is read once per process and the same object returned after."""
+    return _definition_and_file(name, root)[0]
+
+
+def definition_file(name: str, root: Path | None = None) -> Path | None:
+    """The file ``find_definition(name, root)`` read."""
+    return _definition_and_file(name, root)[1]
+
+
+def _definition_and_file(name: str, root: Path | None) -> tuple[dict | None, Path | None]:
     key = (name, str(root))
     if key in _definitions:
         return _definitions[key]
-    found = None
+    found: tuple[dict | None, Path | None] = (None, None)
     if root is not None:
         from fibgen.format.dataset import dataset_files
 
@@ -738,14 +749,14 @@ def find_definition(name: str, root: Path | None = None) -> dict | None:
             except (OSError, ValueError):
                 continue
             if isinstance(data, dict) and data.get("name") == name:
-                found = data
+                found = (data, path)
                 break
-    if found is None:
+    if found[0] is None:
         from fibgen.paths import builtin_definition_file
 
         builtin = builtin_definition_file(name)
         if builtin is not None:
-            found = json.loads(builtin.read_text(encoding="utf-8"))
+            found = (json.loads(builtin.read_text(encoding="utf-8")), builtin)
     _definitions[key] = found
     return found
 

@@ -87,8 +87,17 @@ def _contract(
 def input_check(api: Api, source: Path | None) -> Callable[[Sequence[Any]], str | None]:
     """The check of a call's input values against the definition (Note [checked records]):
     the reason of the first mismatch, or None."""
-    tensors, consts = _contract(api, source)
-    check = checker(tuple(api.inputs), tensors, consts)
+    return mismatch_of(tuple(api.inputs), *_contract(api, source))
+
+
+def mismatch_of(
+    inputs: tuple[str, ...],
+    tensors: list[tuple[str, str | None, tuple[str, ...]]],
+    consts: Mapping[str, int],
+) -> Callable[[Sequence[Any]], str | None]:
+    """The check of a record's input values (in ``inputs`` order) against a contract: why
+    the first input that differs does, or None."""
+    check = checker(inputs, tensors, consts)
 
     def reason(values: Sequence[Any]) -> str | None:
         failed = check(values)

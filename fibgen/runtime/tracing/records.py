@@ -16,14 +16,25 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from fibgen.runtime import counters
 
-if TYPE_CHECKING:
-    from fibgen.runtime.routing.api import Api
+
+class Recordable(Protocol):
+    """What the recorder reads of what a call was made through: a generated dispatcher's
+    API, or a definition that hand-written code names (tracing/handwritten.py)."""
+
+    @property
+    def inputs(self) -> Sequence[str]: ...
+
+    @property
+    def op_type(self) -> str | None: ...
+
+    @property
+    def trace_axes(self) -> Callable[..., dict[str, Any]] | None: ...
 
 
 class PendingRecord:
@@ -148,7 +159,7 @@ class Recorder:
         # Definition name -> the check of a call's inputs (Note [checked records]).
         self.checks: dict[str, Callable[[Sequence[Any]], str | None]] = {}
 
-    def record(self, api: Api, name: str, values: Sequence[Any]) -> None:
+    def record(self, api: Recordable, name: str, values: Sequence[Any]) -> None:
         """Queue one call's workload (or count it as mismatched, filtered or dropped)."""
         check = self.checks.get(name)
         if check is not None:
@@ -157,7 +168,7 @@ class Recorder:
                 next(self.counts.mismatched)
                 self.counts.warn_once("mismatched", mismatch_message(name, problem))
                 return
-        # Only a generated dispatcher's calls are traced, and it sets both.
+        # A generated dispatcher sets both; a hand-written call's target has both.
         assert api.trace_axes is not None and api.op_type is not None
         axes = api.trace_axes(*values)
         if self.policy.filtering:

@@ -58,8 +58,10 @@ get such calls recorded:
   and goes to the original API: it is not a workload of that definition;
 - ``capturing``: a call made while a CUDA graph is captured, with tensors to dump, whose
   copy would be captured into the graph;
-- ``handwritten``: a call of hand-written code routed by name (``apply``), whose arguments
-  no dispatcher has mapped to its definition's inputs: not recorded;
+- ``handwritten``: a call of hand-written code routed by name (``apply``) that cannot be
+  recorded: no definition of the name is found, or its arguments are not the definition's
+  inputs (Note [recorded hand-written calls] in handwritten.py; such calls are recorded
+  otherwise);
 - ``dropped`` and ``failed``: records the writer could not keep up with, or not write.
 
 The calls of the first four never reach a route that ``_wrap`` wraps (a miss, a refusal,
@@ -81,7 +83,9 @@ from fibgen.runtime.env import enable_from_env
 from fibgen.runtime.routing.api import Api
 from fibgen.runtime.routing.apply import set_tracer
 from fibgen.runtime.routing.state import ORIGINAL
-from fibgen.runtime.tracing.checks import definition_file, input_check
+from fibgen.runtime.solutions import loading as solutions
+from fibgen.runtime.tracing.checks import contract, definition_file, input_check, mismatch_of
+from fibgen.runtime.tracing.handwritten import target_of
 from fibgen.runtime.tracing.policies import (
     DedupPolicy,
     DumpByName,
@@ -169,7 +173,7 @@ def _wrap(tracer: _Tracer) -> Callable[[Api, str | None, Any], Any]:
     def wrap(api: Api, name: str | None, route: Any) -> Any:
         kind, fn, tick, values = route
         if api.trace_inputs is None and api.by_name:
-            return (kind, _unrecorded(tracer, api, name, fn, "handwritten"), tick, values)
+            return _handwritten_route(tracer, api, name, route)
         if api.trace_inputs is None or fn is api.then:
             # Calls passed on to the next family of the same API (which records them itself).
             return route
@@ -207,6 +211,51 @@ def _wrap(tracer: _Tracer) -> Callable[[Api, str | None, Any], Any]:
     return wrap
 
 
+def _handwritten_route(tracer: _Tracer, api: Api, name: str | None, route: Any) -> Any:
+    """The route of hand-written calls of ``name``, recording them (Note [recorded
+    hand-written calls] in handwritten.py)."""
+    kind, fn, tick, values = route
+    found = None if name is None else _handwritten_definition(tracer, api, name)
+    if found is None:
+        return (kind, _unrecorded(tracer, api, name, fn, "handwritten"), tick, values)
+    assert name is not None
+    definition, source = found
+    target = target_of(definition)
+    sources, checks = tracer.writer.sources, tracer.recorder.checks
+    if sources.get(name) is None:
+        sources[name] = source
+    if name not in checks:
+        checks[name] = mismatch_of(target.inputs, *contract(definition))
+    record, read = tracer.recorder.record, target.values
+
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        try:
+            given = read(args, kwargs)
+            if isinstance(given, str):  # not the definition's inputs
+                _missed_call(tracer, api, "handwritten", name, given)
+            else:
+                record(target, name, given)
+        except Exception as exc:
+            _record_failed(tracer, name, exc)
+        return fn(*args, **kwargs)
+
+    traced.__wrapped__ = fn  # type: ignore[attr-defined]  # for Api.failed
+    return (kind, traced, tick, values)
+
+
+def _handwritten_definition(tracer: _Tracer, api: Api, name: str) -> tuple[dict, Path] | None:
+    """The definition a hand-written call of ``name`` is recorded as, and its file: the
+    dataset its solution came from, the traced dataset, else fibgen's catalogue."""
+    entry = api.state.entries.get(name) if api.state.on else None
+    for root in (getattr(entry, "root", None), tracer.writer.root, None):
+        file = solutions.definition_file(name, root)
+        if file is not None and (root is None or file.is_relative_to(root)):
+            definition = solutions.find_definition(name, root)
+            assert definition is not None  # read from that file
+            return definition, file
+    return None
+
+
 def _unrecorded(
     tracer: _Tracer, api: Api, name: str | None, fn: Callable[..., Any], reason: str
 ) -> Callable[..., Any]:
@@ -231,7 +280,7 @@ def _missed(tracer: _Tracer) -> Callable[[Api, str | None, str | None, Any], Non
     def missed(api: Api, reason: str | None, name: str | None, detail: Any) -> None:
         if api.trace_inputs is None:
             if api.by_name:  # hand-written apply(): refused by its input check
-                _missed_call(tracer, api, "handwritten", name, None)
+                _missed_call(tracer, api, reason or "handwritten", name, detail)
             return
         reason = _PLAN_REASONS.get(reason, reason) or "unknown"
         _missed_call(tracer, api, reason, name, detail)
@@ -248,7 +297,9 @@ def _missed_call(tracer: _Tracer, api: Api, reason: str, name: str | None, detai
     calls])."""
     counts = tracer.counts
     counts.tick(reason)
-    if reason in counts.warned:
+    # Said once per reason; the two reasons a hand-written call is not recorded, once each.
+    key = "handwritten arguments" if reason == "handwritten" and detail is not None else reason
+    if key in counts.warned:
         return
     counted = f"tracing_stats()[{reason!r}] counts them"
     if reason == "unknown":
@@ -276,12 +327,19 @@ def _missed_call(tracer: _Tracer, api: Api, reason: str, name: str | None, detai
             f"forward()) is not recorded; {counted}. To record its runs, call plan() through "
             "the wrapper itself, after enable_tracing"
         )
+    elif reason == "handwritten" and detail is None:
+        message = (
+            f"a call of hand-written code routed by name ({api.label}) for {name} is not "
+            f"recorded: no definition of {name} is in the dataset its solution came from, in "
+            f"{tracer.writer.root}/definitions or in fibgen's catalogue; {counted}. To record "
+            f"such calls, put the definition's JSON in {tracer.writer.root}/definitions/"
+        )
     elif reason == "handwritten":
         message = (
-            f"calls of hand-written code routed by name ({api.label}, for {name}) are not "
-            "recorded: tracing records the calls that fibgen's dispatchers see (FlashInfer's "
-            f"patched APIs, the generated modules); {counted}. To record them, call the API "
-            "the definition serves, with tracing's patch=True, or its generated dispatcher"
+            f"a call of hand-written code routed by name ({api.label}) for {name} is not "
+            f"recorded: its arguments are not the definition's inputs ({detail}); {counted}. "
+            "To record such calls, pass the definition's inputs (by position or by name, "
+            "with or without its outputs)"
         )
     elif reason == "mismatched":  # with apply on, the dispatcher's tensor rule refused it
         message = mismatch_message(name, detail())
@@ -291,7 +349,7 @@ def _missed_call(tracer: _Tracer, api: Api, reason: str, name: str | None, detai
             f"workload of {name}; {counted}. To record such calls, declare a definition (an "
             "instance in the .fidef) that they satisfy"
         )
-    counts.warn_once(reason, message)
+    counts.warn_once(key, message)
 
 
 def _record_failed(tracer: _Tracer, name: str, exc: Exception) -> None:
