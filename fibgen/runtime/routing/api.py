@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fibgen.runtime import counters
+from fibgen.runtime.caller import add_dispatch_code
 from fibgen.runtime.checking import input_check, result_check
 from fibgen.runtime.errors import Decline, FallbackError, SolutionError
 from fibgen.runtime.launch.capture import is_capturing
@@ -27,7 +28,6 @@ from fibgen.runtime.routing.state import (
     SERVING,
     UNSET,
     ApplyState,
-    add_dispatch_code,
     nested,
 )
 from fibgen.runtime.solutions import loading as solutions

@@ -58,10 +58,10 @@ that hold inputs rather than API arguments; it is not a dispatcher's path.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from fibgen.runtime.caller import warn
 from fibgen.runtime.errors import ApplyConfigError
 from fibgen.runtime.routing.api import Api
 from fibgen.runtime.routing.registry import check_callables, import_packages, repatch
@@ -111,11 +111,9 @@ def enable_apply(
     if isinstance(solutions_or_path, Mapping):
         _warn_unknown_names(entries)
         if not entries:
-            warnings.warn(
+            warn(
                 "fibgen: enable_apply({}): no solution given; no call is routed (apply is on, "
-                "every call runs the API's own function)",
-                RuntimeWarning,
-                stacklevel=2,
+                "every call runs the API's own function)"
             )
     with STATE.lock:
         STATE.entries = entries
@@ -170,12 +168,10 @@ def _warn_unknown_names(entries: Mapping[str, Any]) -> None:
         close = difflib.get_close_matches(name, everything, n=3)
         hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
         shown.append(f"{name!r}{hint}")
-    warnings.warn(
+    warn(
         f"fibgen: enable_apply: no imported dispatcher and no definition of fibgen's catalogue "
         f"is called {', '.join(shown)}; a call reaches its solution only if some dispatcher "
-        "routes that name",
-        RuntimeWarning,
-        stacklevel=3,
+        "routes that name"
     )
 
 
@@ -207,11 +203,9 @@ def disable_apply() -> None:
         STATE.entries = {}
         STATE.loaded = {}
     if was_on and unmatched:
-        warnings.warn(
+        warn(
             f"fibgen: {len(unmatched)} registered definition(s) never matched a call: "
-            + ", ".join(unmatched),
-            RuntimeWarning,
-            stacklevel=2,
+            + ", ".join(unmatched)
         )
 
 

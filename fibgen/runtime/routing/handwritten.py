@@ -7,10 +7,11 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from fibgen.runtime.caller import add_dispatch_code
 from fibgen.runtime.errors import FallbackError
 from fibgen.runtime.routing.fallbacks import compile_reference
 from fibgen.runtime.routing.registry import register_api
-from fibgen.runtime.routing.state import ORIGINAL, SERVING, STATE, add_dispatch_code
+from fibgen.runtime.routing.state import ORIGINAL, SERVING, STATE
 from fibgen.runtime.solutions import loading as solutions
 from fibgen.runtime.tracing.checks import checker, contract, one_byte_float
 

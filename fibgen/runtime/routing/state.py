@@ -5,11 +5,11 @@ from __future__ import annotations
 import itertools
 import sys
 import threading
-import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
 
+from fibgen.runtime.caller import DISPATCH_CODES
 from fibgen.runtime.checking import result_check
 from fibgen.runtime.routing import patching
 from fibgen.runtime.solutions import loading as solutions
@@ -80,18 +80,8 @@ class _Serving:
 
 
 SERVING = _Serving()
-# The code objects of the functions that serve routed calls (generated dispatchers,
-# ``Api.call_definition``, the ``apply`` decorator's wrapper), by id: a code object's hash is
-# computed from its contents on every lookup, which made the walk of a nested call cost twice
-# as much. The values keep the code objects alive, so an id is never reused.
-DISPATCH_CODES: dict[int, Any] = {}
 # How far up the stack a nested call is looked for.
 _NESTING_DEPTH = 256
-
-
-def add_dispatch_code(code: Any) -> None:
-    """Count frames of ``code`` as serving routed calls while ``_serving`` is bound in them."""
-    DISPATCH_CODES[id(code)] = code
 
 
 def nested() -> bool:
@@ -163,7 +153,9 @@ class ApplyState:
             if key in self.warned:
                 return
             self.warned.add(key)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        from fibgen.runtime.caller import warn
+
+        warn(message)
 
     def use_native_check(self, same: Callable[..., bool]) -> None:
         """Check value-returning outputs with ``same`` in every registered dispatcher."""

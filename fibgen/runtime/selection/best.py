@@ -50,11 +50,11 @@ import hashlib
 import json
 import os
 import tempfile
-import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from fibgen.runtime.caller import warn
 from fibgen.runtime.selection import hardware
 from fibgen.runtime.selection.entries import entry_of, keyed_entry
 from fibgen.runtime.selection.policy import Policy, normalize_config, policy_of
@@ -234,7 +234,7 @@ def entries(root: str | os.PathLike[str], config: Any = None) -> dict[str, solut
     table, _ = load_table(root, config)
     message = unused_message(root, table)
     if message is not None:
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        warn(message)
     out: dict[str, solutions.Entry] = {}
     for name, info in table["definitions"].items():
         policy = policy_of(config, name)

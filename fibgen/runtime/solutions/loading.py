@@ -22,12 +22,12 @@ import sys
 import tempfile
 import traceback
 import types
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeGuard
 
+from fibgen.runtime.caller import warn
 from fibgen.runtime.errors import ApplyConfigError, SolutionError
 
 # Languages whose sources are imported as Python, and those compiled by runtime.builders.
@@ -230,14 +230,9 @@ def _collect_folder(root: Path) -> dict[str, Entry]:
         entries[name] = _json_entry(name, solution, str(path))
     bad = bad_definition_files(root, dataset_files(root, "definitions"))
     if bad:
-        warnings.warn(f"fibgen: {bad_definitions_message(root, bad)}", RuntimeWarning, stacklevel=4)
+        warn(f"fibgen: {bad_definitions_message(root, bad)}")
     if not entries:
-        warnings.warn(
-            f"fibgen: apply path {root} holds no Solution JSON under {folder}; "
-            "no call is routed",
-            RuntimeWarning,
-            stacklevel=4,
-        )
+        warn(f"fibgen: apply path {root} holds no Solution JSON under {folder}; no call is routed")
     return entries
 
 
@@ -624,12 +619,10 @@ def _triton_without_gpu(label: str) -> None:
                 "under the interpreter (slow), or run on a machine with a GPU"
             )
     os.environ["TRITON_INTERPRET"] = "1"
-    warnings.warn(
+    warn(
         f"fibgen: there is no GPU here: {label} (and any Triton kernel imported from now on) "
         "runs under Triton's interpreter, slowly (TRITON_INTERPRET=1; set TRITON_INTERPRET=0 "
-        "to refuse instead)",
-        RuntimeWarning,
-        stacklevel=2,
+        "to refuse instead)"
     )
 
 

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import torch
 
 from fibgen.runtime import counters
+from fibgen.runtime.caller import warn
 
 
 class Recordable(Protocol):
@@ -35,6 +36,10 @@ class Recordable(Protocol):
 
     @property
     def trace_axes(self) -> Callable[..., dict[str, Any]] | None: ...
+
+
+# The name of the thread that writes records (writer.py).
+WRITER_THREAD = "fibgen-tracing"
 
 
 class PendingRecord:
@@ -116,17 +121,23 @@ class Counts:
         counts["written"] = self.written
         return counts
 
-    def warn_once(self, key: str, message: str, stacklevel: int = 2) -> None:
-        """Warn once per key; ``stacklevel`` as ``warnings.warn``'s, counted from the caller."""
+    def warn_once(self, key: str, message: str, stacklevel: int | None = None) -> None:
+        """Warn once per key, at the caller's line (Note [warnings at the caller]), or with
+        ``stacklevel`` as ``warnings.warn``'s, counted from the caller."""
         if key in self.warned:
             return
         self.warned.add(key)
-        warnings.warn(f"fibgen tracing: {message}", RuntimeWarning, stacklevel=stacklevel)
+        if stacklevel is None:
+            warn(f"fibgen tracing: {message}")
+        else:
+            warnings.warn(f"fibgen tracing: {message}", RuntimeWarning, stacklevel=stacklevel)
 
     def warn_failure(self, message: str) -> None:
-        # From the writer thread: the warning shows once, as the first failure's message.
+        # Shown once, as the first failure's message. On the writer thread no frame is the
+        # program's: the warning points at the writer's line that failed.
         text = f"{message} (further failures are counted in tracing_stats())"
-        self.warn_once("write", text, stacklevel=3)
+        writer = threading.current_thread().name == WRITER_THREAD
+        self.warn_once("write", text, stacklevel=3 if writer else None)
 
 
 def mismatch_message(name: str | None, problem: str) -> str:
@@ -248,6 +259,4 @@ class Recorder:
             f"the writer is behind by more than {cap}; calls are being recorded faster than "
             "they are written, and records are dropped (tracing_stats() counts them). Dump "
             "fewer tensors, deduplicate, or raise the cap.",
-            # At the dispatcher: _drop, record, the traced route, the dispatcher.
-            stacklevel=5,
         )

@@ -156,7 +156,6 @@ class _Tracer:
                 f"{', '.join(repr(n) for n in unmatched)}, so nothing was dumped for "
                 f"{'it' if len(unmatched) == 1 else 'them'} (the recorded calls' tensor "
                 f"inputs: {', '.join(asked)})",
-                stacklevel=4,
             )
 
     def stats(self) -> dict[str, int]:

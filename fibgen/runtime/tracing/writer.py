@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from fibgen.runtime.tracing.records import Counts, Pending, PendingRecord
+from fibgen.runtime.tracing.records import WRITER_THREAD, Counts, Pending, PendingRecord
 
 # How long the writer sleeps when nobody wakes it: bounds the delay before a record is on disk.
 _WRITER_PERIOD_S = 0.05
@@ -35,7 +35,7 @@ class Writer:
         # The thread inside drain(), so that a signal handler on it does not drain again.
         self.drainer: int | None = None
         self.stopping = False
-        self.thread = threading.Thread(target=self._run, name="fibgen-tracing", daemon=True)
+        self.thread = threading.Thread(target=self._run, name=WRITER_THREAD, daemon=True)
 
     def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
