@@ -2,7 +2,8 @@
 
 A small model routes its own functions by definition name, as flashinfer-bench's ``apply``
 is used: a norm decorated with ``@apply(name)`` and an activation called through
-``apply(name, args, fallback=...)``. Its calls are traced with apply off (Note [recorded
+``apply(name, args, fallback=...)``; on a GPU with FlashInfer installed, the model's own code
+(the fallbacks) calls FlashInfer's rmsnorm and silu_and_mul, as an engine's does. Its calls are traced with apply off (Note [recorded
 hand-written calls] in fibgen/runtime/tracing/handwritten.py), each traced definition gets a
 solution of the other calling style than its call's, ``fibgen bench`` runs them on the traced
 workloads, and ``enable_apply(dataset)`` routes the model's calls as the table says.
@@ -52,14 +53,33 @@ SOLUTIONS = {
 }
 
 
+def _flashinfer():
+    """FlashInfer, where its kernels can run (a GPU and the package): the model's own code
+    calls it, as an engine's does; else None."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        import flashinfer.activation
+        import flashinfer.norm
+    except ImportError:
+        return None
+    return flashinfer
+
+
 @rt.apply(NORM)
 def norm(hidden_states, weight):
+    flashinfer = _flashinfer() if hidden_states.is_cuda else None
+    if flashinfer is not None:
+        return flashinfer.norm.rmsnorm(hidden_states, weight, 1e-5)
     x = hidden_states.float()
     x = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-5)
     return (x * weight.float()).to(hidden_states.dtype)
 
 
 def _silu_and_mul(x):
+    flashinfer = _flashinfer() if x.is_cuda else None
+    if flashinfer is not None:
+        return flashinfer.activation.silu_and_mul(x)
     gate, up = x.float().chunk(2, dim=-1)
     return (F.silu(gate) * up).to(x.dtype)
 
@@ -89,7 +109,7 @@ def _write_solutions(root: Path) -> None:
             "author": "tester",
             "spec": {
                 "language": "python",
-                "target_hardware": ["cpu"],
+                "target_hardware": ["cpu", "cuda"],
                 "entry_point": "main.py::run",
                 "destination_passing_style": dps,
             },
@@ -98,11 +118,18 @@ def _write_solutions(root: Path) -> None:
         (folder / f"torch_{name}.json").write_text(json.dumps(solution), encoding="utf-8")
 
 
-def test_trace_bench_apply_of_hand_written_code(tmp_path):
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_trace_bench_apply_of_hand_written_code(tmp_path, device):
     root = tmp_path / "dataset"
     weight = torch.randn(4096, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    weight = weight.to(device)
     hidden = {
-        b: torch.randn(b, 4096, generator=torch.Generator().manual_seed(b)).to(torch.bfloat16)
+        b: torch.randn(b, 4096, generator=torch.Generator().manual_seed(b))
+        .to(torch.bfloat16)
+        .to(device)
         for b in BATCHES
     }
 
@@ -123,7 +150,7 @@ def test_trace_bench_apply_of_hand_written_code(tmp_path):
 
     # 2. Bench the solutions on the traced workloads.
     _write_solutions(root)
-    summary = run_bench(root, BenchOptions(devices=("cpu",), timeout=300), progress=False)
+    summary = run_bench(root, BenchOptions(devices=(device,), timeout=300), progress=False)
     assert summary.statuses == {"PASSED": 4}, (summary.statuses, "\n".join(summary.problems))
     assert foreign_files(root) == []
 

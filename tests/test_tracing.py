@@ -77,6 +77,7 @@ def test_keep_all_records_equal_the_calls(tmp_path):
         "refused": 0,
         "capturing": 0,
         "handwritten": 0,
+        "inner": 0,
     }
     # The dataset is complete: each definition's JSON sits beside its workloads.
     assert sorted(load_definitions(tmp_path)) == ["rmsnorm_h2048", "rmsnorm_h4096"]
@@ -955,6 +956,234 @@ def test_a_solution_calling_its_own_hand_written_name_is_recorded_once(tmp_path)
     assert torch.equal(out, x * 2)  # the inner call ran its fallback, once
     assert (counts["hit"], counts["nested"]) == (1, 1)
     assert stats["recorded"] == 1 and len(_records(tmp_path, "rmsnorm_h4096")) == 1
+
+
+def _own_definition(root: Path, name: str, inputs: dict, axes: dict, folder: str = "own") -> Path:
+    """Put a definition of one's own (one output, ``y``, like the first input) in a dataset."""
+    first = next(iter(inputs.values()))
+    definition = {
+        "name": name,
+        "op_type": "own",
+        "axes": axes,
+        "inputs": inputs,
+        "outputs": {"y": {"shape": first["shape"], "dtype": first["dtype"]}},
+        "reference": "def run(*args):\n    return args[0]\n",
+    }
+    path = root / "definitions" / folder / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(definition), encoding="utf-8")
+    return path
+
+
+def _traced_hand_written(root: Path, calls, **options) -> dict:
+    """Make ``calls`` (name, args) through hand-written apply with tracing on; its stats."""
+    rt.enable_tracing(root, dump="none", **options)
+    try:
+        for name, args in calls:
+            rt.apply(name, args, fallback=lambda *a: None)
+        return rt.tracing_stats()
+    finally:
+        rt.disable_tracing()
+
+
+def test_hand_written_calls_that_are_no_workload_of_their_definition_are_mismatched(tmp_path):
+    # Required inputs given as None, and scalars that give an axis: any integer (a numpy
+    # integer, a 0-d tensor, as generated code reads them) is the axis, but not a negative one
+    # or a float.
+    np = pytest.importorskip("numpy")
+    axes = {"n": {"type": "var"}, "k": {"type": "var"}, "d": {"type": "const", "value": 8}}
+    inputs = {
+        "x": {"shape": ["n", "d"], "dtype": "float32"},
+        "k": {"shape": None, "dtype": "int32"},
+    }
+    _own_definition(tmp_path, "top_k_rows_d8", inputs, axes)
+    x = torch.randn(3, 8)
+    with pytest.warns(RuntimeWarning, match="input x is None, and the definition does not"):
+        stats = _traced_hand_written(
+            tmp_path,
+            [
+                ("top_k_rows_d8", (x, 2)),
+                ("top_k_rows_d8", (x, np.int64(4))),
+                ("top_k_rows_d8", (x, torch.tensor(5))),
+                ("top_k_rows_d8", (None, 2)),
+                ("top_k_rows_d8", (x, -1)),
+                ("top_k_rows_d8", (x, 2.5)),
+                ("rmsnorm_h4096", (torch.randn(2, 4096, dtype=torch.bfloat16), None)),
+            ],
+        )
+    assert (stats["recorded"], stats["mismatched"], stats["failed"]) == (3, 4, 0), stats
+    axes_seen = [r.axes for r in _records(tmp_path, "top_k_rows_d8")]
+    assert axes_seen == [{"n": 3, "k": k} for k in (2, 4, 5)]
+    assert _records(tmp_path, "rmsnorm_h4096") == []
+
+
+def test_an_axis_only_a_left_out_optional_input_carries_is_left_out_as_dispatchers_do(tmp_path):
+    axes = {"n": {"type": "var"}, "s": {"type": "var"}, "d": {"type": "const", "value": 8}}
+    inputs = {
+        "x": {"shape": ["n", "d"], "dtype": "float32"},
+        "state": {"shape": ["s", "d"], "dtype": "float32", "optional": True},
+    }
+    _own_definition(tmp_path, "with_state_d8", inputs, axes)
+    x = torch.randn(3, 8)
+    calls = [("with_state_d8", (x, None)), ("with_state_d8", (x, torch.randn(2, 8)))]
+    stats = _traced_hand_written(tmp_path, calls)
+    assert (stats["recorded"], stats["failed"]) == (2, 0), stats
+    assert [r.axes for r in _records(tmp_path, "with_state_d8")] == [{"n": 3}, {"n": 3, "s": 2}]
+
+
+def _identity_solution(root: Path, name: str, params: str) -> None:
+    """A Python solution of ``name`` that returns its first input, in dataset ``root``."""
+    first = params.split(",")[0]
+    solution = {
+        "name": "identity",
+        "definition": name,
+        "author": "tester",
+        "spec": {
+            "language": "python",
+            "target_hardware": ["cpu"],
+            "entry_point": "main.py::run",
+            "destination_passing_style": False,
+        },
+        "sources": [{"path": "main.py", "content": f"def run({params}):\n    return {first}\n"}],
+    }
+    folder = root / "solutions" / name
+    folder.mkdir(parents=True)
+    (folder / "identity.json").write_text(json.dumps(solution), encoding="utf-8")
+
+
+def test_a_definition_from_a_flat_dataset_is_copied_under_its_op_type(tmp_path):
+    routed, traced = tmp_path / "routed", tmp_path / "traced"
+    axes = {"n": {"type": "var"}, "d": {"type": "const", "value": 8}}
+    _own_definition(
+        routed, "flat_def_d8", {"x": {"shape": ["n", "d"], "dtype": "float32"}}, axes, folder="."
+    )
+    _identity_solution(routed, "flat_def_d8", "x")
+    with rt.enable_apply(routed):
+        stats = _traced_hand_written(traced, [("flat_def_d8", (torch.randn(3, 8),))])
+    assert stats["recorded"] == 1
+    assert sorted(p.relative_to(traced).as_posix() for p in traced.rglob("*.json")) == [
+        "definitions/own/flat_def_d8.json"
+    ]
+
+
+def test_the_traced_datasets_own_definition_is_the_one_calls_are_recorded_as(tmp_path):
+    # Records land beside the traced dataset's definition: a call that is not a workload of
+    # it is not recorded, though apply routes it from a dataset whose definition it fits.
+    norm = {"batch_size": {"type": "var"}, "hidden_size": {"type": "const", "value": 4096}}
+
+    def tensors(dtype):
+        return {
+            "hidden_states": {"shape": ["batch_size", "hidden_size"], "dtype": dtype},
+            "weight": {"shape": ["hidden_size"], "dtype": dtype},
+        }
+
+    traced, routed = tmp_path / "traced", tmp_path / "routed"
+    path = _own_definition(traced, "rmsnorm_h4096", tensors("float16"), norm, folder="rmsnorm")
+    _own_definition(routed, "rmsnorm_h4096", tensors("bfloat16"), norm, folder="rmsnorm")
+    _identity_solution(routed, "rmsnorm_h4096", "hidden_states, weight")
+    bf16 = (torch.randn(2, 4096, dtype=torch.bfloat16), torch.randn(4096, dtype=torch.bfloat16))
+    with rt.enable_apply(routed):
+        with pytest.warns(RuntimeWarning, match="input hidden_states is bfloat16, the defin"):
+            stats = _traced_hand_written(traced, [("rmsnorm_h4096", bf16)])
+        counts = rt.stats()["fibgen.runtime.apply('rmsnorm_h4096')"]
+    assert counts["hit"] == 1  # routed as its dataset says
+    assert (stats["recorded"], stats["mismatched"]) == (0, 1), stats
+    assert json.loads(path.read_text())["inputs"]["weight"]["dtype"] == "float16"  # kept
+
+
+def test_a_definition_added_after_tracing_missed_it_is_found_at_the_next_enable(tmp_path):
+    x = torch.randn(3, 8)
+    inputs = {"x": {"shape": ["n", "d"], "dtype": "float32"}}
+    axes = {"n": {"type": "var"}, "d": {"type": "const", "value": 8}}
+    with pytest.warns(RuntimeWarning, match="no definition of added_later_d8 is in"):
+        stats = _traced_hand_written(tmp_path, [("added_later_d8", (x,))])
+    assert (stats["recorded"], stats["handwritten"]) == (0, 1)
+    _own_definition(tmp_path, "added_later_d8", inputs, axes)
+    stats = _traced_hand_written(tmp_path, [("added_later_d8", (x,))])
+    assert (stats["recorded"], stats["handwritten"]) == (1, 0)
+
+
+def test_a_broken_definition_file_never_breaks_the_call_and_is_named(tmp_path):
+    folder = tmp_path / "definitions" / "own"
+    folder.mkdir(parents=True)
+    broken = {"name": "broken_def_d4", "op_type": "own", "axes": {"n": {"type": "var"}}}
+    broken["inputs"] = {"x": {"shape": ["n"], "dtype": "float32"}}  # no outputs, no reference
+    (folder / "broken_def_d4.json").write_text(json.dumps(broken), encoding="utf-8")
+    rt.enable_tracing(tmp_path, dump="none")
+    try:
+        with pytest.warns(RuntimeWarning, match="broken_def_d4.json is not a Definition JSON"):
+            assert rt.apply("broken_def_d4", (torch.randn(4),), fallback=lambda x: "ran") == "ran"
+        stats = rt.tracing_stats()
+    finally:
+        rt.disable_tracing()
+    assert (stats["handwritten"], stats["recorded"], stats["failed"]) == (1, 0, 0)
+
+
+def test_a_call_inside_a_recorded_hand_written_call_of_its_definition_is_not_recorded_again(
+    tmp_path,
+):
+    # The usual wrapping of FlashInfer's API in a decorated function: the body's call of the
+    # API (here a generated dispatcher, and apply of the same name) is the same workload.
+    x, w = torch.randn(2, 4096, dtype=torch.bfloat16), torch.randn(4096, dtype=torch.bfloat16)
+
+    @rt.apply("rmsnorm_h4096")
+    def norm(hidden_states, weight):
+        rt.apply("rmsnorm_h4096", (hidden_states, weight), fallback=lambda a, b: a)
+        return rmsnorm.rmsnorm(hidden_states, weight)
+
+    @rt.apply("layer_of_no_definition")
+    def layer(x, w):  # not recorded itself: the calls inside it are
+        return rmsnorm.rmsnorm(torch.randn(1, 2048), torch.randn(2048))
+
+    rt.enable_tracing(tmp_path, dump="none")
+    try:
+        norm(x, w)
+        with pytest.warns(RuntimeWarning, match="no definition of layer_of_no_definition"):
+            layer(x, w)
+        stats = rt.tracing_stats()
+    finally:
+        rt.disable_tracing()
+    assert (stats["recorded"], stats["inner"], stats["handwritten"]) == (2, 2, 1), stats
+    assert [r.axes for r in _records(tmp_path, "rmsnorm_h4096")] == [{"batch_size": 2}]
+    assert [r.axes for r in _records(tmp_path, "rmsnorm_h2048")] == [{"batch_size": 1}]
+
+
+def test_calls_first_made_in_capture_with_apply_on_are_counted(tmp_path, monkeypatch):
+    # Their route is decided after capture, so no traced route sees them: they are counted.
+    routing = importlib.import_module("fibgen.runtime.routing.api")
+    x, w = torch.randn(1, 4096), torch.randn(4096)  # the generated dispatcher's float32
+    y, v = torch.randn(1, 2048, dtype=torch.bfloat16), torch.randn(2048, dtype=torch.bfloat16)
+    solution = lambda hidden_states, weight: hidden_states  # noqa: E731
+    with rt.enable_apply({"rmsnorm_h4096": solution, "rmsnorm_h2048": solution}):
+        rt.enable_tracing(tmp_path, dump="none")
+        try:
+            monkeypatch.setattr(routing, "is_capturing", lambda: True)
+            with pytest.warns(RuntimeWarning, match="first made while a CUDA graph is captured"):
+                rmsnorm.rmsnorm(x, w)
+                rt.apply("rmsnorm_h2048", (y, v), fallback=lambda a, b: a)
+            monkeypatch.setattr(routing, "is_capturing", lambda: False)
+            rmsnorm.rmsnorm(x, w)  # after capture: routed, and recorded
+            stats = rt.tracing_stats()
+        finally:
+            rt.disable_tracing()
+    assert (stats["capturing"], stats["recorded"]) == (2, 1), stats
+
+
+def test_what_hand_written_calls_cannot_record_is_said_once_per_name(tmp_path):
+    x = torch.randn(3)
+    with pytest.warns(RuntimeWarning) as said:
+        _traced_hand_written(tmp_path, [("missing_one_a", (x,)), ("missing_one_b", (x,))] * 2)
+    messages = [str(w.message) for w in said if "is not recorded" in str(w.message)]
+    assert len(messages) == 2 and "missing_one_a" in messages[0] and "missing_one_b" in messages[1]
+
+
+def test_a_decorator_resolver_that_returns_no_name_is_said_plainly():
+    @rt.apply(lambda x: None)
+    def f(x):
+        return x
+
+    with pytest.raises(TypeError, match=r"the resolver .*<lambda>' returned None, not a def"):
+        f(torch.ones(1))
 
 
 @pytest.mark.slow

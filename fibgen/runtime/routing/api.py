@@ -340,6 +340,9 @@ class Api:
                 # Loading may allocate or synchronize, which capture forbids. The route is
                 # not kept, so the name resolves normally on its first call after capture.
                 tick = self._tick("fallback_unwarmed_in_capture", name)
+                missed = self.state.trace_missed
+                if missed is not None:  # no route tracing wraps: it is told (Note [missed calls])
+                    missed(self, "capturing", name, None)
                 return self._fallback_route(key, name, tick, "it was first called during capture")
             else:
                 assert name is not None  # an entry is looked up by name

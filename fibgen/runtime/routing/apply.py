@@ -100,6 +100,7 @@ def enable_apply(
     """
     if strict is None:
         strict = strict_from_env()
+    solutions.forget_unfound()  # a definition added to a dataset since is seen
     if select.is_traced_dataset(solutions_or_path):
         entries = select.entries(solutions_or_path, config)
     elif config is not None:

@@ -287,7 +287,12 @@ def _route_handwritten(
             )
 
     def routed(*args: Any, **kwargs: Any) -> Any:
-        key = resolver(*args, **kwargs) if resolver is not None else target
+        if resolver is None:
+            key = target
+        else:
+            key = resolver(*args, **kwargs)
+            if not isinstance(key, str):
+                raise TypeError(_resolved_message(resolver, key))
         route = routes.get(key)
         if route is None or SERVING.n:
             if route is None:
@@ -366,9 +371,9 @@ def _closest(name: str) -> str:
 def _reference_runner(name: str) -> Callable[..., Any]:
     """The definition's reference, standing in for a missing fallback (Note [apply without a
     fallback])."""
-    # Per definition found (each dataset's is its own object, kept by find_definition): the
-    # reference made callable in either style, and the check of a call against it.
-    made: dict[int, tuple[Callable[..., Any], _InputCheck]] = {}
+    # Per definition found (each dataset's is its own object, held here so that its id is not
+    # reused): the reference made callable in either style, and the check of a call against it.
+    made: dict[int, tuple[Any, Callable[..., Any], _InputCheck]] = {}
 
     def run_reference(*call_args: Any, **call_kwargs: Any) -> Any:
         definition, roots = _find_definition(name)
@@ -384,8 +389,8 @@ def _reference_runner(name: str) -> Callable[..., Any]:
         if found is None:
             reference = compile_reference(definition["reference"], name, STATE.references)
             run = solutions.either_style(reference, definition, False, f"the reference of {name!r}")
-            found = made[id(definition)] = (run, _input_check(definition))
-        run, check = found
+            found = made[id(definition)] = (definition, run, _input_check(definition))
+        _, run, check = found
         failed = check.any_call(call_args, call_kwargs)
         if failed is not None:
             raise ValueError(
@@ -490,8 +495,12 @@ def _call_of(
         raise TypeError(_target_message(target))
     name = target(*args, **(kwargs or {}))
     if not isinstance(name, str):
-        raise TypeError(
-            f"apply(): the resolver {getattr(target, '__qualname__', target)!r} returned "
-            f"{name!r}, not a definition name"
-        )
+        raise TypeError(_resolved_message(target, name))
     return args, kwargs, name
+
+
+def _resolved_message(resolver: Callable[..., Any], name: Any) -> str:
+    return (
+        f"apply(): the resolver {getattr(resolver, '__qualname__', resolver)!r} returned "
+        f"{name!r}, not a definition name"
+    )

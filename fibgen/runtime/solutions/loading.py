@@ -718,13 +718,23 @@ def _dataset_root(path: Path) -> Path | None:
 
 def find_definition(name: str, root: Path | None = None) -> dict | None:
     """The JSON of definition ``name``: from ``root``'s definitions/, else fibgen's catalogue.
-    Each is read once per process and the same object returned after."""
+    Each is read once and the same object returned after, until ``forget_unfound`` looks
+    again for those a dataset did not have."""
     return _definition_and_file(name, root)[0]
 
 
 def definition_file(name: str, root: Path | None = None) -> Path | None:
     """The file ``find_definition(name, root)`` read."""
     return _definition_and_file(name, root)[1]
+
+
+def forget_unfound() -> None:
+    """Look again, at the next lookup, for the definitions a dataset did not have (found in
+    the catalogue or nowhere): one may have been added since. enable_apply and enable_tracing
+    call it."""
+    for key, (_, path) in list(_definitions.items()):
+        if key[1] != "None" and (path is None or not path.is_relative_to(key[1])):
+            del _definitions[key]
 
 
 def _definition_and_file(name: str, root: Path | None) -> tuple[dict | None, Path | None]:

@@ -6,28 +6,38 @@ fibgen's. A hand-written call names its definition and passes the definition's i
 position in its order, by name, or both; with or without its outputs: the two calling
 styles, Note [calling styles] in fibgen/runtime/solutions/loading.py), so once the definition
 is found, the call's workload is read off its arguments as a generated dispatcher's is: each
-var axis from the shape of the first input given that carries it (or from the integer scalar
-input of its name), tensors copied per the dump policy, the record checked against the
-definition's contract. The definition is looked up where the call's solution came from (the
-dataset apply routes the name from), then in the dataset being traced (definitions of one's
-own, put there before tracing), then in fibgen's catalogue; tracing copies it into the traced
-dataset beside the first workloads, as it copies a dispatcher's. A one-byte float input
-passed as its bytes (uint8 or int8) is recorded as the definition's dtype. A call that cannot
-be recorded is counted ``handwritten`` and its reason said once: a name that no definition
-has, or arguments that are not the definition's inputs (a decorated function of another
-signature). A call that apply's input check refuses is counted ``mismatched``, as a
-dispatcher's refused call is.
+var axis from the shape of the first input given that carries it, or from the integer scalar
+input of its name (an int, a numpy integer or a 0-d integer tensor; an axis only a left-out
+optional input carries is left out), tensors copied per the dump policy. The definition is the
+traced dataset's own where it has one (its records must be workloads of that one), else the
+one of the dataset apply routes the name from, else fibgen's catalogue's; tracing copies it
+into the traced dataset beside the first workloads, as it copies a dispatcher's. A definition
+added to a dataset after a lookup missed it is seen at the next enable_tracing or
+enable_apply. A one-byte float input passed as its bytes (uint8 or int8) is recorded as the
+definition's dtype.
+
+A call is recorded only if it is a workload of the definition: its tensors as the contract
+says (Note [checked records]), no required input None, every scalar that gives an axis a
+non-negative integer; else it is counted ``mismatched`` (as is a call apply's input check
+refuses) and the first one said. A call that cannot be recorded at all is counted
+``handwritten`` and said once per name: a name with no definition, a definition file that is
+not one, arguments that are not the definition's inputs (a decorated function of another
+signature). The calls of a definition made inside a recorded hand-written call of the same
+definition (a decorated function whose body calls FlashInfer's patched API, or ``apply`` of
+its own name) are the same workload: they are counted ``inner``, not recorded again, with
+apply on or off.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import operator
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
 
 from fibgen.runtime.solutions.loading import bind_arguments
-from fibgen.runtime.tracing.checks import BYTES, one_byte_float
+from fibgen.runtime.tracing.checks import BYTES, contract, mismatch_of, one_byte_float
 
 
 class Target(NamedTuple):
@@ -36,9 +46,26 @@ class Target(NamedTuple):
 
     inputs: tuple[str, ...]
     op_type: str
-    trace_axes: Callable[..., dict[str, int]]
+    trace_axes: Callable[..., dict[str, int | None]]
     # The call's input values in the definition's order, or why its arguments are not them.
     values: Callable[[tuple[Any, ...], Mapping[str, Any]], "list[Any] | str"]
+    # Why input values are not a workload of the definition, or None.
+    check: Callable[[Sequence[Any]], "str | None"]
+
+
+def axis_value(value: Any) -> int | None:
+    """The integer a scalar input gives its axis (an int, a numpy integer, a 0-d integer
+    tensor, as ``int()`` reads them in generated code), or None for anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0 and not (value.is_floating_point() or value.is_complex()):
+            return int(value)
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def target_of(definition: Mapping[str, Any]) -> Target:
@@ -46,7 +73,6 @@ def target_of(definition: Mapping[str, Any]) -> Target:
     from fibgen.format.models import var_axis_scalars
     from fibgen.runtime.inputs.make import torch_dtype
 
-    name = definition["name"]
     inputs = tuple(definition["inputs"])
     outputs = tuple(definition["outputs"])
     specs = list(definition["inputs"].values())
@@ -73,23 +99,24 @@ def target_of(definition: Mapping[str, Any]) -> Target:
                 as_bytes.append((i, torch_dtype(spec["dtype"])))
             except (KeyError, TypeError, ValueError):
                 pass  # a dtype this torch lacks: recorded as given
+    required = [i for i, spec in enumerate(specs) if not spec.get("optional")]
+    tensors = mismatch_of(inputs, *contract(definition))
     counts = (len(inputs), len(inputs) + len(outputs))
 
-    def trace_axes(*values: Any) -> dict[str, int]:
-        found: dict[str, int] = {}
+    def trace_axes(*values: Any) -> dict[str, int | None]:
+        # As a generated dispatcher reads them: an axis that only an optional input left
+        # out carries is None, and left out of the workload.
+        found: dict[str, int | None] = {}
         for axis, scalar, carriers in plan:
-            if scalar is not None:
-                value = values[scalar]
-                if isinstance(value, int) and not isinstance(value, bool):
-                    found[axis] = value
-                    continue
+            found[axis] = None
+            if scalar is not None and values[scalar] is not None:
+                found[axis] = axis_value(values[scalar])
+                continue
             for i, dim in carriers:
                 value = values[i]
                 if isinstance(value, torch.Tensor) and value.dim() > dim:
                     found[axis] = int(value.shape[dim])
                     break
-            else:
-                raise ValueError(f"no input of the call gives axis {axis!r} of {name}")
         return found
 
     def values(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[Any] | str:
@@ -106,4 +133,23 @@ def target_of(definition: Mapping[str, Any]) -> Target:
                 given[i] = value.view(dtype)
         return given
 
-    return Target(inputs, str(definition.get("op_type") or "unknown"), trace_axes, values)
+    def check(values: Sequence[Any]) -> str | None:
+        for i in required:
+            if values[i] is None:
+                return f"input {inputs[i]} is None, and the definition does not make it optional"
+        for axis, scalar, _ in plan:
+            if scalar is None or values[scalar] is None:
+                continue
+            value = values[scalar]
+            size = axis_value(value)
+            if size is None:
+                return (
+                    f"input {inputs[scalar]} gives axis {axis} and is a {type(value).__name__}, "
+                    "not an integer"
+                )
+            if size < 0:
+                return f"input {inputs[scalar]} gives axis {axis} as {size}, below 0"
+        return tensors(values)
+
+    op_type = str(definition.get("op_type") or "unknown")
+    return Target(inputs, op_type, trace_axes, values, check)

@@ -94,6 +94,7 @@ class Counts:
         "refused",
         "capturing",
         "handwritten",
+        "inner",
     )
     NAMES = tuple(name for name in STATS if name not in ("written", "pending"))
 
@@ -110,6 +111,8 @@ class Counts:
         self.refused = itertools.count()
         self.capturing = itertools.count()
         self.handwritten = itertools.count()
+        # Calls of a definition made inside a recorded hand-written call of the same one.
+        self.inner = itertools.count()
         self.written = 0  # by the writer thread only
         self.warned: set[str] = set()
 
@@ -169,9 +172,15 @@ class Recorder:
         self.policy = policy
         # Definition name -> the check of a call's inputs (Note [checked records]).
         self.checks: dict[str, Callable[[Sequence[Any]], str | None]] = {}
+        # ``names``: the definitions of the hand-written calls this thread is inside, each
+        # recorded already (Note [recorded hand-written calls] in handwritten.py).
+        self.within = threading.local()
 
     def record(self, api: Recordable, name: str, values: Sequence[Any]) -> None:
-        """Queue one call's workload (or count it as mismatched, filtered or dropped)."""
+        """Queue one call's workload (or count it as mismatched, filtered, dropped or inner)."""
+        if name in getattr(self.within, "names", ()):
+            next(self.counts.inner)
+            return
         check = self.checks.get(name)
         if check is not None:
             problem = check(values)

@@ -57,7 +57,8 @@ get such calls recorded:
 - ``refused``: with apply on, a call that fails a rule of its definition (another ``eps``)
   and goes to the original API: it is not a workload of that definition;
 - ``capturing``: a call made while a CUDA graph is captured, with tensors to dump, whose
-  copy would be captured into the graph;
+  copy would be captured into the graph; or, with apply on, a call of a solution's name first
+  made in capture, whose route is decided only after it (routing.api.Api.resolve);
 - ``handwritten``: a call of hand-written code routed by name (``apply``) that cannot be
   recorded: no definition of the name is found, or its arguments are not the definition's
   inputs (Note [recorded hand-written calls] in handwritten.py; such calls are recorded
@@ -84,8 +85,8 @@ from fibgen.runtime.routing.api import Api
 from fibgen.runtime.routing.apply import set_tracer
 from fibgen.runtime.routing.state import ORIGINAL
 from fibgen.runtime.solutions import loading as solutions
-from fibgen.runtime.tracing.checks import contract, definition_file, input_check, mismatch_of
-from fibgen.runtime.tracing.handwritten import target_of
+from fibgen.runtime.tracing.checks import definition_file, input_check
+from fibgen.runtime.tracing.handwritten import Target, target_of
 from fibgen.runtime.tracing.policies import (
     DedupPolicy,
     DumpByName,
@@ -210,60 +211,86 @@ def _wrap(tracer: _Tracer) -> Callable[[Api, str | None, Any], Any]:
     return wrap
 
 
-def _handwritten_route(tracer: _Tracer, api: Api, name: str | None, route: Any) -> Any:
+def _handwritten_route(tracer: _Tracer, api: Api, name: Any, route: Any) -> Any:
     """The route of hand-written calls of ``name``, recording them (Note [recorded
     hand-written calls] in handwritten.py)."""
     kind, fn, tick, values = route
-    found = None if name is None else _handwritten_definition(tracer, api, name)
-    if found is None:
-        return (kind, _unrecorded(tracer, api, name, fn, "handwritten"), tick, values)
-    assert name is not None
-    definition, source = found
-    target = target_of(definition)
-    sources, checks = tracer.writer.sources, tracer.recorder.checks
-    if sources.get(name) is None:
-        sources[name] = source
-    if name not in checks:
-        checks[name] = mismatch_of(target.inputs, *contract(definition))
-    record, read = tracer.recorder.record, target.values
+    found = _handwritten_target(tracer, api, name)
+    if isinstance(found, str):
+        why = ("definition", found)
+        return (kind, _unrecorded(tracer, api, name, fn, "handwritten", why), tick, values)
+    target, source = found
+    if tracer.writer.sources.get(name) is None:
+        tracer.writer.sources[name] = source
+    record, read, check = tracer.recorder.record, target.values, target.check
+    within, counts = tracer.recorder.within, tracer.counts
 
     def traced(*args: Any, **kwargs: Any) -> Any:
+        names = getattr(within, "names", ())
+        if name in names:  # inside a recorded call of the same definition
+            counts.tick("inner")
+            return fn(*args, **kwargs)
         try:
             given = read(args, kwargs)
             if isinstance(given, str):  # not the definition's inputs
-                _missed_call(tracer, api, "handwritten", name, given)
+                _missed_call(tracer, api, "handwritten", name, ("arguments", given))
             else:
-                record(target, name, given)
+                problem = check(given)
+                if problem is None:
+                    record(target, name, given)
+                else:
+                    _missed_call(tracer, api, "mismatched", name, lambda: problem)
         except Exception as exc:
             _record_failed(tracer, name, exc)
-        return fn(*args, **kwargs)
+        within.names = (*names, name)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            within.names = names
 
     traced.__wrapped__ = fn  # type: ignore[attr-defined]  # for Api.failed
     return (kind, traced, tick, values)
 
 
-def _handwritten_definition(tracer: _Tracer, api: Api, name: str) -> tuple[dict, Path] | None:
-    """The definition a hand-written call of ``name`` is recorded as, and its file: the
-    dataset its solution came from, the traced dataset, else fibgen's catalogue."""
+def _handwritten_target(tracer: _Tracer, api: Api, name: Any) -> tuple[Target, Path] | str:
+    """How hand-written calls of ``name`` are recorded, and the file of their definition: the
+    traced dataset's, else the one of the dataset apply routes the name from, else fibgen's
+    catalogue's; or why they cannot be."""
+    if not isinstance(name, str):
+        return f"{name!r} is not a definition name"
     entry = api.state.entries.get(name) if api.state.on else None
-    for root in (getattr(entry, "root", None), tracer.writer.root, None):
+    roots = [r for r in (tracer.writer.root, getattr(entry, "root", None)) if r is not None]
+    for root in [*roots, None]:
         file = solutions.definition_file(name, root)
-        if file is not None and (root is None or file.is_relative_to(root)):
-            definition = solutions.find_definition(name, root)
-            assert definition is not None  # read from that file
-            return definition, file
-    return None
+        if file is None:
+            continue
+        if root is not None and not file.resolve().is_relative_to(Path(root).resolve()):
+            continue  # the catalogue's, looked at last
+        definition = solutions.find_definition(name, root)
+        if not solutions.is_definition_json(definition):
+            return f"{file} is not a Definition JSON (a name, axes, inputs, outputs, a reference)"
+        try:
+            return target_of(definition), file
+        except Exception as exc:
+            return f"{file} is not a definition tracing can read ({type(exc).__name__}: {exc})"
+    places = ", ".join(f"{r}/definitions" for r in roots)
+    return f"no definition of {name} is in {places} or fibgen's catalogue"
 
 
 def _unrecorded(
-    tracer: _Tracer, api: Api, name: str | None, fn: Callable[..., Any], reason: str
+    tracer: _Tracer,
+    api: Api,
+    name: str | None,
+    fn: Callable[..., Any],
+    reason: str,
+    detail: Any = None,
 ) -> Callable[..., Any]:
     """A route whose calls are counted under ``reason``, said once, and not recorded: a
-    definition that does not exist (``unknown``), or hand-written ``apply``
-    (``handwritten``)."""
+    definition that does not exist (``unknown``), or hand-written ``apply`` of no definition
+    tracing can read (``handwritten``)."""
 
     def untraced(*args: Any, **kwargs: Any) -> Any:
-        _missed_call(tracer, api, reason, name, None)
+        _missed_call(tracer, api, reason, name, detail)
         return fn(*args, **kwargs)
 
     untraced.__wrapped__ = fn  # type: ignore[attr-defined]  # for Api.failed
@@ -278,8 +305,9 @@ def _missed(tracer: _Tracer) -> Callable[[Api, str | None, str | None, Any], Non
 
     def missed(api: Api, reason: str | None, name: str | None, detail: Any) -> None:
         if api.trace_inputs is None:
-            if api.by_name:  # hand-written apply(): refused by its input check
-                _missed_call(tracer, api, reason or "handwritten", name, detail)
+            # Hand-written apply(): refused by its input check, or first called in capture.
+            if api.by_name and reason in ("mismatched", "capturing"):
+                _missed_call(tracer, api, reason, name, detail)
             return
         reason = _PLAN_REASONS.get(reason, reason) or "unknown"
         _missed_call(tracer, api, reason, name, detail)
@@ -296,8 +324,9 @@ def _missed_call(tracer: _Tracer, api: Api, reason: str, name: str | None, detai
     calls])."""
     counts = tracer.counts
     counts.tick(reason)
-    # Said once per reason; the two reasons a hand-written call is not recorded, once each.
-    key = "handwritten arguments" if reason == "handwritten" and detail is not None else reason
+    # Said once per reason; a hand-written call's, once per name and kind (no definition,
+    # arguments that are not its inputs): each is a mistake of its own.
+    key = f"handwritten {detail[0]} {name}" if reason == "handwritten" else reason
     if key in counts.warned:
         return
     counted = f"tracing_stats()[{reason!r}] counts them"
@@ -326,19 +355,26 @@ def _missed_call(tracer: _Tracer, api: Api, reason: str, name: str | None, detai
             f"forward()) is not recorded; {counted}. To record its runs, call plan() through "
             "the wrapper itself, after enable_tracing"
         )
-    elif reason == "handwritten" and detail is None:
+    elif reason == "handwritten" and detail[0] == "definition":
         message = (
             f"a call of hand-written code routed by name ({api.label}) for {name} is not "
-            f"recorded: no definition of {name} is in the dataset its solution came from, in "
-            f"{tracer.writer.root}/definitions or in fibgen's catalogue; {counted}. To record "
-            f"such calls, put the definition's JSON in {tracer.writer.root}/definitions/"
+            f"recorded: {detail[1]}; {counted}. To record such calls, put the definition's "
+            f"JSON in {tracer.writer.root}/definitions/ (it is looked up again at the next "
+            "enable_tracing)"
         )
     elif reason == "handwritten":
         message = (
             f"a call of hand-written code routed by name ({api.label}) for {name} is not "
-            f"recorded: its arguments are not the definition's inputs ({detail}); {counted}. "
-            "To record such calls, pass the definition's inputs (by position or by name, "
-            "with or without its outputs)"
+            f"recorded: its arguments are not the definition's inputs ({detail[1]}); "
+            f"{counted}. To record such calls, pass the definition's inputs (by position or "
+            "by name, with or without its outputs)"
+        )
+    elif reason == "capturing":  # first called in capture, with apply on: not routed yet
+        message = (
+            f"a call of {api.label} for {name} first made while a CUDA graph is captured is "
+            f"not recorded: its route is decided, and wrapped for tracing, outside capture; "
+            f"{counted}. To record such calls, make them once before capture (the eager "
+            "warm-up)"
         )
     elif reason == "mismatched":  # with apply on, the dispatcher's tensor rule refused it
         message = mismatch_message(name, detail())
@@ -403,6 +439,7 @@ def enable_tracing(
     if root.exists() and not root.is_dir():
         raise TracingConfigError(f"dataset folder {root} exists and is not a folder")
     policy = RecordPolicy(dump_rule, keep, dedup != "all", max_pending_bytes, max_pending_records)
+    solutions.forget_unfound()  # a definition added to a dataset since is seen
     tracer = _Tracer(root, policy)
     with _lock:
         disable_tracing()
@@ -447,7 +484,9 @@ def is_tracing() -> bool:
 def tracing_stats() -> dict[str, int]:
     """Counts of the current (or last) tracing: recorded, filtered (by the dedup policy),
     written, pending, and the calls not recorded by reason (Note [missed calls]): dropped,
-    failed, unknown, mismatched, unplanned, plan_changed, refused, capturing, handwritten."""
+    failed, unknown, mismatched, unplanned, plan_changed, refused, capturing, handwritten;
+    and inner: calls made inside a recorded hand-written call of the same definition (its body
+    calling the API), which that call's record stands for."""
     tracer = _tracer
     if tracer is not None:
         return tracer.stats()

@@ -84,7 +84,7 @@ class Writer:
                         pending.bytes -= record.nbytes
             lines.setdefault((record.op_type, record.definition), []).append(line)
         for (op_type, definition), batch in lines.items():
-            self._ensure_definition(definition)
+            self._ensure_definition(definition, op_type)
             try:
                 path = workload_file(self.root, op_type, definition)
                 # Through the dataset's guard: a link there would send the lines elsewhere
@@ -105,7 +105,7 @@ class Writer:
                     next(self.counts.failed)
                 self.counts.warn_failure(f"cannot write workloads of {definition}: {exc}")
 
-    def _ensure_definition(self, name: str) -> None:
+    def _ensure_definition(self, name: str, op_type: str) -> None:
         """Put a definition's JSON and sidecar in the dataset (Note [complete datasets])."""
         if self.present is None:
             try:
@@ -127,7 +127,8 @@ class Writer:
         from fibgen.format.dataset import sidecar_path, write_text_atomic
 
         try:
-            target = self.root / "definitions" / source.parent.name / source.name
+            # Under its op_type, as its workloads are (the source may lie in a flat folder).
+            target = self.root / "definitions" / op_type / source.name
             sidecar = sidecar_path(source)
             if sidecar.is_file():
                 text = sidecar.read_text(encoding="utf-8")
