@@ -104,6 +104,16 @@ def test_devices_are_checked_against_the_machine_first(
     assert check_devices(("cpu", "cpu")) == ("cpu", "cpu")
 
 
+def test_cuda_without_an_index_is_the_first_device(monkeypatch):
+    # As the workers take it: a worker of "cuda" failed to start ("Expected a torch.device
+    # with a specified index").
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert check_devices(("cuda", "cpu", "cuda:1")) == ("cuda:0", "cpu", "cuda:1")
+
+
 # ---------------------------------------------------------------------------------------
 # Verdicts, timings and packing
 
@@ -354,3 +364,28 @@ def test_the_bench_help_gives_the_sampler_timeout_scale(capsys):
         main(["bench", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert f"(120; a sampler gets {SAMPLING_TIMEOUT_SCALE} times it)" in text
+
+
+def test_flashinfers_own_function_is_not_given_host_tensors_on_a_machine_with_a_gpu(
+    monkeypatch,
+):
+    # Its kernels take CUDA tensors and do not check: given host tensors where a GPU is, they
+    # launch on host addresses and the process's CUDA context fails (seen on an H200: an
+    # illegal memory access, then every run of that worker a RUNTIME_ERROR).
+    import torch
+
+    from fibgen.bench.worker import cuda_only
+
+    def own(x):
+        return x
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda:0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    own.__module__ = "flashinfer.activation"
+    assert "takes CUDA tensors" in cuda_only(own, cpu)
+    assert cuda_only(own, gpu) is None
+    own.__module__ = "my_engine.kernels"  # another API's own function: called as ever
+    assert cuda_only(own, cpu) is None
+    own.__module__ = "flashinfer.activation"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cuda_only(own, cpu) is None  # it raises, or runs a stand-in: tried as ever

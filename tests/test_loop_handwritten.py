@@ -118,6 +118,17 @@ def _write_solutions(root: Path) -> None:
         (folder / f"torch_{name}.json").write_text(json.dumps(solution), encoding="utf-8")
 
 
+def _logs(summary) -> list[str]:
+    """The logs of the runs that did not pass, for a failure's message."""
+    logs = []
+    for path in summary.trace_files:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            evaluation = json.loads(line)["evaluation"]
+            if evaluation["status"] != "PASSED":
+                logs.append(f"{evaluation['status']}: {evaluation.get('log', '')[-3000:]}")
+    return logs
+
+
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
@@ -151,7 +162,7 @@ def test_trace_bench_apply_of_hand_written_code(tmp_path, device):
     # 2. Bench the solutions on the traced workloads.
     _write_solutions(root)
     summary = run_bench(root, BenchOptions(devices=(device,), timeout=300), progress=False)
-    assert summary.statuses == {"PASSED": 4}, (summary.statuses, "\n".join(summary.problems))
+    assert summary.statuses == {"PASSED": 4}, (summary.statuses, summary.problems, _logs(summary))
     assert foreign_files(root) == []
 
     # 3. Apply: each call goes where the table says, and computes what the model's own did.
@@ -169,9 +180,14 @@ def test_trace_bench_apply_of_hand_written_code(tmp_path, device):
     for b in BATCHES:
         torch.testing.assert_close(on[b], off[b], atol=2e-2, rtol=2e-2)
     for name, label in LABELS.items():
-        info = table["definitions"][name]
-        assert "keyed" not in info, info  # one solution per definition: no keys
-        routed = info["ranking"][0] != select.ORIGINAL
-        expected = {"hit": len(BATCHES)} if routed else {"fallback_declined": len(BATCHES)}
+        info = table["definitions"].get(name)
+        if info is None:
+            # Nothing beats FlashInfer's own function (on a GPU, what the model's code calls):
+            # the name is not routed, and its calls run the model's own code.
+            expected = {"fallback_no_candidate": len(BATCHES)}
+        else:
+            assert "keyed" not in info, info  # one solution per definition: no keys
+            routed = info["ranking"][0] != select.ORIGINAL
+            expected = {"hit": len(BATCHES)} if routed else {"fallback_declined": len(BATCHES)}
         got = {k: v for k, v in counts[label].items() if v and k != "rules"}
         assert got == expected, (name, counts[label], info)

@@ -319,12 +319,14 @@ def plan(root: Path, options: BenchOptions) -> Plan:
 
 
 def check_devices(devices: tuple[str, ...]) -> tuple[str, ...]:
-    """The devices, checked against this machine before any worker starts; DeviceError if not."""
+    """The devices, checked against this machine before any worker starts (DeviceError if
+    not), as the workers take them: ``cuda`` is ``cuda:0``, the first device CUDA shows."""
     import torch
 
     if not devices:
         raise DeviceError("--devices is empty; give cpu, cuda or cuda:N (comma-separated)")
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    out = []
     for text in devices:
         try:
             device = torch.device(text)
@@ -333,6 +335,7 @@ def check_devices(devices: tuple[str, ...]) -> tuple[str, ...]:
                 f"--devices {text!r} is not a device; write cpu, cuda or cuda:N"
             ) from None
         if device.type == "cpu":
+            out.append(text)
             continue
         if device.type != "cuda":
             raise DeviceError(f"--devices {text!r}: fibgen bench runs on cpu and cuda devices")
@@ -346,4 +349,5 @@ def check_devices(devices: tuple[str, ...]) -> tuple[str, ...]:
             raise DeviceError(
                 f"--devices {text!r}: this machine has {count} CUDA device(s): {have}"
             )
-    return devices
+        out.append(f"cuda:{device.index or 0}")
+    return tuple(out)

@@ -466,7 +466,9 @@ def run_bench(
 ) -> BenchSummary:
     """Benchmark every solution on every workload of the dataset; append Trace lines."""
     root = Path(root)
-    check_devices(options.devices)
+    devices = check_devices(options.devices)
+    if devices != options.devices:
+        options = replace(options, devices=devices)
     try:
         work_plan = plan(root, options)
     except FormatError as exc:

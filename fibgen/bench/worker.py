@@ -345,15 +345,19 @@ class Worker:
                 if problem is not None:  # a slower path than a settled process takes
                     notes.append("e2e: " + problem.removeprefix("fibgen: "))
                 fns["solution"] = call.routed
-                try:
-                    call.original()
-                    _sync(self.device)
-                    fns["original"] = call.original
-                except Exception as exc:  # noqa: BLE001 - the original may not run here
-                    notes.append(
-                        f"the API's own function does not run here ({type(exc).__name__}: "
-                        f"{_first_line(exc)})"
-                    )
+                host_only = cuda_only(call.api.original(), self.device)
+                if host_only is not None:
+                    notes.append(host_only)
+                else:
+                    try:
+                        call.original()
+                        _sync(self.device)
+                        fns["original"] = call.original
+                    except Exception as exc:  # noqa: BLE001 - the original may not run here
+                        notes.append(
+                            f"the API's own function does not run here ({type(exc).__name__}: "
+                            f"{_first_line(exc)})"
+                        )
                 warm = e2e_warm_rounds(warmup)
                 if warm:
                     eager_rounds(fns, device=self.device, rounds=warm)
@@ -724,6 +728,20 @@ def _timing(timing: Any, e2e: float | dict) -> dict:
     }
     out.update(e2e if isinstance(e2e, dict) else {"e2e_ms": e2e})
     return out
+
+
+def cuda_only(original: Any, device: torch.device) -> str | None:
+    """Why the API's own function is not called on ``device``, or None. FlashInfer's take
+    CUDA tensors only, and do not check: given host tensors on a machine with a GPU, its
+    kernels launch on host addresses, which fails the CUDA context for the rest of the
+    process (an illegal memory access). Where CUDA is not available they raise, or run a
+    stand-in, and are called as any API's."""
+    module = getattr(original, "__module__", None) or ""
+    if torch.device(device).type != "cpu" or module.split(".")[0] != "flashinfer":
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return "the API's own function is FlashInfer's, which takes CUDA tensors: not timed on cpu"
 
 
 def _first_line(exc: BaseException) -> str:

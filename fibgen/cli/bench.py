@@ -154,7 +154,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             ray_runner.device_kind(devices)
             ray_runner.import_ray()
         else:
-            check_devices(devices)
+            devices = check_devices(devices)
     except (DeviceError, ray_runner.RayMissing) as exc:
         # A device the machine lacks is a wrong --devices; Ray missing, an optional package
         # (Note [exit codes] in fibgen/cli/console.py).
