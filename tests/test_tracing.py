@@ -995,6 +995,7 @@ def test_hand_written_calls_that_are_no_workload_of_their_definition_are_mismatc
     inputs = {
         "x": {"shape": ["n", "d"], "dtype": "float32"},
         "k": {"shape": None, "dtype": "int32"},
+        "largest": {"shape": None, "dtype": "bool"},
     }
     _own_definition(tmp_path, "top_k_rows_d8", inputs, axes)
     x = torch.randn(3, 8)
@@ -1002,18 +1003,25 @@ def test_hand_written_calls_that_are_no_workload_of_their_definition_are_mismatc
         stats = _traced_hand_written(
             tmp_path,
             [
-                ("top_k_rows_d8", (x, 2)),
-                ("top_k_rows_d8", (x, np.int64(4))),
-                ("top_k_rows_d8", (x, torch.tensor(5))),
-                ("top_k_rows_d8", (None, 2)),
-                ("top_k_rows_d8", (x, -1)),
-                ("top_k_rows_d8", (x, 2.5)),
+                ("top_k_rows_d8", (x, 2, True)),
+                ("top_k_rows_d8", (x, np.int64(4), False)),
+                ("top_k_rows_d8", (x, torch.tensor(5), torch.tensor(True))),
+                ("top_k_rows_d8", (None, 2, True)),
+                ("top_k_rows_d8", (x, -1, True)),
+                ("top_k_rows_d8", (x, 2.5, True)),
+                ("top_k_rows_d8", (x, 2, "yes")),
                 ("rmsnorm_h4096", (torch.randn(2, 4096, dtype=torch.bfloat16), None)),
             ],
         )
-    assert (stats["recorded"], stats["mismatched"], stats["failed"]) == (3, 4, 0), stats
-    axes_seen = [r.axes for r in _records(tmp_path, "top_k_rows_d8")]
-    assert axes_seen == [{"n": 3, "k": k} for k in (2, 4, 5)]
+    assert (stats["recorded"], stats["mismatched"], stats["failed"]) == (3, 5, 0), stats
+    records = _records(tmp_path, "top_k_rows_d8")
+    assert [r.axes for r in records] == [{"n": 3, "k": k} for k in (2, 4, 5)]
+    # Scalars given as 0-d tensors are recorded as their values.
+    assert [(r.inputs["k"].value, r.inputs["largest"].value) for r in records] == [
+        (2, True),
+        (4, False),
+        (5, True),
+    ]
     assert _records(tmp_path, "rmsnorm_h4096") == []
 
 

@@ -17,8 +17,9 @@ enable_apply. A one-byte float input passed as its bytes (uint8 or int8) is reco
 definition's dtype.
 
 A call is recorded only if it is a workload of the definition: its tensors as the contract
-says (Note [checked records]), no required input None, every scalar that gives an axis a
-non-negative integer; else it is counted ``mismatched`` (as is a call apply's input check
+says (Note [checked records]), no required input None, each scalar input a value of its
+dtype's kind (a bool, an integer, a real number; a 0-d tensor is recorded as its value), every
+scalar that gives an axis a non-negative integer; else it is counted ``mismatched`` (as is a call apply's input check
 refuses) and the first one said. A call that cannot be recorded at all is counted
 ``handwritten`` and said once per name: a name with no definition, a definition file that is
 not one, arguments that are not the definition's inputs (a decorated function of another
@@ -30,6 +31,7 @@ apply on or off.
 
 from __future__ import annotations
 
+import numbers
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -100,6 +102,12 @@ def target_of(definition: Mapping[str, Any]) -> Target:
             except (KeyError, TypeError, ValueError):
                 pass  # a dtype this torch lacks: recorded as given
     required = [i for i, spec in enumerate(specs) if not spec.get("optional")]
+    # The scalar inputs (no shape), and the kind of value each takes.
+    scalar_kinds = [
+        (i, _scalar_kind(str(spec.get("dtype"))))
+        for i, spec in enumerate(specs)
+        if spec.get("shape") is None
+    ]
     tensors = mismatch_of(inputs, *contract(definition))
     counts = (len(inputs), len(inputs) + len(outputs))
 
@@ -131,12 +139,23 @@ def target_of(definition: Mapping[str, Any]) -> Target:
             value = given[i]
             if isinstance(value, torch.Tensor) and value.dtype in BYTES:
                 given[i] = value.view(dtype)
+        for i, _ in scalar_kinds:  # a scalar passed as a 0-d tensor: recorded as its value
+            value = given[i]
+            if isinstance(value, torch.Tensor) and value.dim() == 0:
+                given[i] = value.item()
         return given
 
     def check(values: Sequence[Any]) -> str | None:
         for i in required:
             if values[i] is None:
                 return f"input {inputs[i]} is None, and the definition does not make it optional"
+        for i, kind in scalar_kinds:
+            value = values[i]
+            if value is not None and not _is_scalar(value, kind):
+                return (
+                    f"input {inputs[i]} is a {type(value).__name__} ({value!r:.40}), the "
+                    f"definition's is a scalar of {specs[i].get('dtype')}"
+                )
         for axis, scalar, _ in plan:
             if scalar is None or values[scalar] is None:
                 continue
@@ -153,3 +172,25 @@ def target_of(definition: Mapping[str, Any]) -> Target:
 
     op_type = str(definition.get("op_type") or "unknown")
     return Target(inputs, op_type, trace_axes, values, check)
+
+
+def _scalar_kind(dtype: str) -> str:
+    """What a scalar input of ``dtype`` takes: a bool, an integer, a real number, or
+    anything (a dtype fibgen does not read)."""
+    if dtype == "bool":
+        return "bool"
+    if dtype.startswith(("int", "uint")):
+        return "integer"
+    if dtype.startswith(("float", "bfloat")):
+        return "real"
+    return "any"
+
+
+def _is_scalar(value: Any, kind: str) -> bool:
+    if kind == "bool":
+        return isinstance(value, bool) or type(value).__name__ == "bool_"  # numpy's too
+    if kind == "integer":
+        return axis_value(value) is not None
+    if kind == "real":
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    return True
