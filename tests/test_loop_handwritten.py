@@ -1,12 +1,14 @@
-"""The loop for hand-written code, end to end on the CPU: trace, bench, apply.
+"""The loop for hand-written code, end to end: trace, bench, apply (on the CPU, and on a GPU
+where there is one).
 
 A small model routes its own functions by definition name, as flashinfer-bench's ``apply``
 is used: a norm decorated with ``@apply(name)`` and an activation called through
 ``apply(name, args, fallback=...)``; on a GPU with FlashInfer installed, the model's own code
-(the fallbacks) calls FlashInfer's rmsnorm and silu_and_mul, as an engine's does. Its calls are traced with apply off (Note [recorded
-hand-written calls] in fibgen/runtime/tracing/handwritten.py), each traced definition gets a
-solution of the other calling style than its call's, ``fibgen bench`` runs them on the traced
-workloads, and ``enable_apply(dataset)`` routes the model's calls as the table says.
+(the fallbacks) calls FlashInfer's rmsnorm and silu_and_mul, as an engine's does. Its calls
+are traced with apply off (Note [recorded hand-written calls] in
+fibgen/runtime/tracing/handwritten.py), each traced definition gets a solution of the other
+calling style than its call's, ``fibgen bench`` runs them on the traced workloads, and
+``enable_apply(dataset)`` routes the model's calls as the table says.
 """
 
 from __future__ import annotations

@@ -1177,6 +1177,70 @@ def test_calls_first_made_in_capture_with_apply_on_are_counted(tmp_path, monkeyp
     assert (stats["capturing"], stats["recorded"]) == (2, 1), stats
 
 
+def test_the_calls_inside_a_hand_written_call_that_is_not_recorded_are_recorded(tmp_path):
+    # An engine's method decorated by its definition's name, of another signature: it cannot
+    # be recorded, and the dispatcher call inside it is, as before calls of it were recorded.
+    @rt.apply("rmsnorm_h4096")
+    def forward(module, x, w, eps):
+        return rmsnorm.rmsnorm(x, w)
+
+    rt.enable_tracing(tmp_path, dump="none")
+    try:
+        with pytest.warns(RuntimeWarning, match="its arguments are not the definition's inputs"):
+            x, w = torch.randn(2, 4096, dtype=torch.bfloat16), torch.randn(4096).bfloat16()
+            forward(object(), x, w, 1e-6)
+        stats = rt.tracing_stats()
+    finally:
+        rt.disable_tracing()
+    assert (stats["recorded"], stats["handwritten"], stats["inner"]) == (1, 1, 0), stats
+
+
+def test_the_fallback_of_a_failed_solution_is_the_recorded_call_it_falls_back_for(tmp_path):
+    x, w = torch.randn(2, 4096, dtype=torch.bfloat16), torch.randn(4096, dtype=torch.bfloat16)
+
+    def broken(hidden_states, weight):
+        raise RuntimeError("a broken solution")
+
+    @rt.apply("rmsnorm_h4096")
+    def norm(hidden_states, weight):
+        return rt.apply("rmsnorm_h4096", (hidden_states, weight), fallback=lambda a, b: a)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the solution's failure, said once
+        with rt.enable_apply({"rmsnorm_h4096": broken}):
+            rt.enable_tracing(tmp_path, dump="none")
+            try:
+                assert norm(x, w) is x
+                stats = rt.tracing_stats()
+            finally:
+                rt.disable_tracing()
+    assert (stats["recorded"], stats["inner"]) == (1, 1), stats
+
+
+def test_a_dataset_whose_definitions_cannot_be_read_never_breaks_the_call(tmp_path):
+    folder = tmp_path / "definitions" / "own"
+    folder.mkdir(parents=True)
+    (folder / "gone.json").symlink_to(tmp_path / "nowhere.json")
+    x, w = torch.randn(2, 4096, dtype=torch.bfloat16), torch.randn(4096, dtype=torch.bfloat16)
+    rt.enable_tracing(tmp_path, dump="none")
+    try:
+        with pytest.warns(RuntimeWarning, match="the definitions of .* cannot be read"):
+            assert rt.apply("rmsnorm_h4096", (x, w), fallback=lambda a, b: a) is x
+        stats = rt.tracing_stats()
+    finally:
+        rt.disable_tracing()
+    assert (stats["handwritten"], stats["recorded"]) == (1, 0), stats
+
+
+def test_lookups_made_again_keep_one_catalogue_definition_object(tmp_path):
+    from fibgen.runtime.solutions import loading
+
+    first = loading.find_definition("rmsnorm_h4096", tmp_path)
+    loading.forget_unfound()
+    assert loading.find_definition("rmsnorm_h4096", tmp_path) is first
+    assert loading.find_definition("rmsnorm_h4096") is first
+
+
 def test_what_hand_written_calls_cannot_record_is_said_once_per_name(tmp_path):
     x = torch.randn(3)
     with pytest.warns(RuntimeWarning) as said:

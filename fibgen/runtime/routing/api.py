@@ -342,7 +342,7 @@ class Api:
                 tick = self._tick("fallback_unwarmed_in_capture", name)
                 missed = self.state.trace_missed
                 if missed is not None:  # no route tracing wraps: it is told (Note [missed calls])
-                    missed(self, "capturing", name, None)
+                    missed(self, "capturing", name, "first call")
                 return self._fallback_route(key, name, tick, "it was first called during capture")
             else:
                 assert name is not None  # an entry is looked up by name

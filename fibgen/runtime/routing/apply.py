@@ -215,19 +215,23 @@ def set_tracer(
     *,
     patch: bool = False,
     missed: Callable[[Api, str | None, str | None, Any], None] | None = None,
+    detour: Callable[[str, Callable[..., Any], Any, Any], Any] | None = None,
 ) -> None:
     """Install (or with None remove) the route wrapper of tracing; routes resolve afresh.
 
     With ``patch``, the APIs of the generated dispatchers are patched while tracing is on,
     also with apply off: calls that do not go through fibgen reach a dispatcher, which
     records them and calls the original API. ``missed`` is told of the calls that take no
-    route it could wrap (Note [missed calls] in fibgen/runtime/tracing/tracer.py).
+    route it could wrap (Note [missed calls] in fibgen/runtime/tracing/tracer.py);
+    ``detour`` runs the fallback of a hand-written call whose solution failed (Note [recorded
+    hand-written calls] there).
     """
     if tracer is not None and patch:
         import_packages(STATE, None, (), True)
     with STATE.lock:
         STATE.tracer = tracer
         STATE.trace_missed = missed if tracer is not None else None
+        STATE.trace_detour = detour if tracer is not None else None
         STATE.trace_patching = tracer is not None and patch
         repatch(STATE)
         for api in STATE.apis:

@@ -340,7 +340,12 @@ def _route_handwritten(
             _serving.n -= 1
             # Unbound: the frame no longer says a call is served (``nested`` reads it).
             del _serving
-        return detour[1](*args, **kwargs)  # the solution failed: its fallback, served no more
+        # The solution failed: its fallback, served no more (through tracing, which recorded
+        # the call already, Note [recorded hand-written calls] in tracing/handwritten.py).
+        traced = STATE.trace_detour
+        if traced is not None and isinstance(key, str):
+            return traced(key, detour[1], args, kwargs)
+        return detour[1](*args, **kwargs)
 
     add_dispatch_code(routed.__code__)
     return functools.wraps(fallback)(routed)

@@ -144,6 +144,9 @@ class ApplyState:
         self.trace_missed: Callable[[RegisteredApi, str | None, str | None, Any], None] | None = (
             None
         )
+        # While tracing is on: runs the fallback of a hand-written call whose solution failed,
+        # (definition name, fallback, args, kwargs), so that tracing knows the call it is.
+        self.trace_detour: Callable[[str, Callable[..., Any], Any, Any], Any] | None = None
         self.trace_patching = False  # whether tracing patches APIs (apply off or not)
         _STATES.add(self)
 

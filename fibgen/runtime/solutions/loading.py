@@ -731,10 +731,19 @@ def definition_file(name: str, root: Path | None = None) -> Path | None:
 def forget_unfound() -> None:
     """Look again, at the next lookup, for the definitions a dataset did not have (found in
     the catalogue or nowhere): one may have been added since. enable_apply and enable_tracing
-    call it."""
+    call it. The catalogue's are kept: the same object is returned for a name after."""
     for key, (_, path) in list(_definitions.items()):
         if key[1] != "None" and (path is None or not path.is_relative_to(key[1])):
             del _definitions[key]
+
+
+def own_definition(name: str, root: Path | None) -> tuple[dict, Path] | None:
+    """Definition ``name`` and its file from ``root``'s definitions/ only (the catalogue's for
+    ``root`` None), or None."""
+    data, path = _definition_and_file(name, root)
+    if data is None or path is None or (root is not None and not path.is_relative_to(root)):
+        return None
+    return data, path
 
 
 def _definition_and_file(name: str, root: Path | None) -> tuple[dict | None, Path | None]:
@@ -754,7 +763,9 @@ def _definition_and_file(name: str, root: Path | None) -> tuple[dict | None, Pat
             if isinstance(data, dict) and data.get("name") == name:
                 found = (data, path)
                 break
-    if found[0] is None:
+        if found[0] is None:
+            found = _definition_and_file(name, None)  # the catalogue's, one object per name
+    else:
         from fibgen.paths import builtin_definition_file
 
         builtin = builtin_definition_file(name)

@@ -18,15 +18,21 @@ definition's dtype.
 
 A call is recorded only if it is a workload of the definition: its tensors as the contract
 says (Note [checked records]), no required input None, each scalar input a value of its
-dtype's kind (a bool, an integer, a real number; a 0-d tensor is recorded as its value), every
-scalar that gives an axis a non-negative integer; else it is counted ``mismatched`` (as is a call apply's input check
-refuses) and the first one said. A call that cannot be recorded at all is counted
-``handwritten`` and said once per name: a name with no definition, a definition file that is
-not one, arguments that are not the definition's inputs (a decorated function of another
-signature). The calls of a definition made inside a recorded hand-written call of the same
-definition (a decorated function whose body calls FlashInfer's patched API, or ``apply`` of
-its own name) are the same workload: they are counted ``inner``, not recorded again, with
-apply on or off.
+dtype's kind (a bool, an integer, a real number; a 0-d tensor is recorded as its value, which
+for a CUDA tensor costs a synchronization, and in CUDA-graph capture is not read: the call is
+counted ``capturing``), every scalar that gives an axis a non-negative integer; else it is
+counted ``mismatched`` (as is a call apply's input check refuses) and the first one said. A
+call that cannot be recorded at all is counted ``handwritten`` and said once per name: a name
+with no definition, a definition file that is not one, a dataset whose definitions cannot be
+read, arguments that are not the definition's inputs (a decorated function of another
+signature).
+
+The calls of a definition made inside a recorded hand-written call of the same definition (a
+decorated function whose body calls FlashInfer's patched API, or ``apply`` of its own name)
+are the same workload: they are counted ``inner``, not recorded again, with apply on or off;
+so are those of the fallback that runs when the call's solution fails (routing hands it to
+tracing's ``detour``). The calls inside a hand-written call that was not recorded are
+recorded as their own.
 """
 
 from __future__ import annotations
@@ -40,6 +46,11 @@ import torch
 
 from fibgen.runtime.solutions.loading import bind_arguments
 from fibgen.runtime.tracing.checks import BYTES, contract, mismatch_of, one_byte_float
+
+
+class CaptureRead(Exception):
+    """A call's scalar is a CUDA tensor, and a CUDA graph is being captured: reading its
+    value would synchronize, which capture forbids."""
 
 
 class Target(NamedTuple):
@@ -142,7 +153,9 @@ def target_of(definition: Mapping[str, Any]) -> Target:
         for i, _ in scalar_kinds:  # a scalar passed as a 0-d tensor: recorded as its value
             value = given[i]
             if isinstance(value, torch.Tensor) and value.dim() == 0:
-                given[i] = value.item()
+                if value.is_cuda and torch.cuda.is_current_stream_capturing():
+                    raise CaptureRead(inputs[i])
+                given[i] = value.item()  # a CUDA one synchronizes: only while tracing
         return given
 
     def check(values: Sequence[Any]) -> str | None:

@@ -57,17 +57,24 @@ get such calls recorded:
 - ``refused``: with apply on, a call that fails a rule of its definition (another ``eps``)
   and goes to the original API: it is not a workload of that definition;
 - ``capturing``: a call made while a CUDA graph is captured, with tensors to dump, whose
-  copy would be captured into the graph; or, with apply on, a call of a solution's name first
-  made in capture, whose route is decided only after it (routing.api.Api.resolve);
+  copy would be captured into the graph; with apply on, a call of a solution's name first
+  made in capture, whose route is decided only after it (routing.api.Api.resolve); a
+  hand-written call in capture with a scalar given as a CUDA tensor (each said once apart:
+  their remedies differ);
 - ``handwritten``: a call of hand-written code routed by name (``apply``) that cannot be
   recorded: no definition of the name is found, or its arguments are not the definition's
   inputs (Note [recorded hand-written calls] in handwritten.py; such calls are recorded
   otherwise);
 - ``dropped`` and ``failed``: records the writer could not keep up with, or not write.
 
-The calls of the first four never reach a route that ``_wrap`` wraps (a miss, a refusal,
-a route of a name that is no definition): the dispatcher's ``miss`` and ``refuse`` tell
-tracing of them through ``set_tracer``'s ``missed``.
+Not a miss, and counted apart: ``inner``, a call of a definition made inside a recorded
+hand-written call of the same definition, which that record stands for.
+
+The calls of the first four, and calls first made in capture with apply on, never reach a
+route that ``_wrap`` wraps (a miss, a refusal, a route of a name that is no definition, a
+route not kept): the dispatcher's ``miss``, ``refuse`` and ``resolve`` tell tracing of them
+through ``set_tracer``'s ``missed``, as hand-written routing tells it of the calls its input
+check refuses.
 """
 
 from __future__ import annotations
@@ -86,7 +93,7 @@ from fibgen.runtime.routing.apply import set_tracer
 from fibgen.runtime.routing.state import ORIGINAL
 from fibgen.runtime.solutions import loading as solutions
 from fibgen.runtime.tracing.checks import definition_file, input_check
-from fibgen.runtime.tracing.handwritten import Target, target_of
+from fibgen.runtime.tracing.handwritten import CaptureRead, Target, target_of
 from fibgen.runtime.tracing.policies import (
     DedupPolicy,
     DumpByName,
@@ -230,6 +237,7 @@ def _handwritten_route(tracer: _Tracer, api: Api, name: Any, route: Any) -> Any:
         if name in names:  # inside a recorded call of the same definition
             counts.tick("inner")
             return fn(*args, **kwargs)
+        recorded = False
         try:
             given = read(args, kwargs)
             if isinstance(given, str):  # not the definition's inputs
@@ -238,13 +246,22 @@ def _handwritten_route(tracer: _Tracer, api: Api, name: Any, route: Any) -> Any:
                 problem = check(given)
                 if problem is None:
                     record(target, name, given)
+                    recorded = True
                 else:
                     _missed_call(tracer, api, "mismatched", name, lambda: problem)
+        except CaptureRead:
+            _missed_call(tracer, api, "capturing", name, "scalars")
         except Exception as exc:
             _record_failed(tracer, name, exc)
+        if not recorded:  # the calls it makes are recorded as their own
+            within.failed = None
+            return fn(*args, **kwargs)
         within.names = (*names, name)
         try:
             return fn(*args, **kwargs)
+        except BaseException:
+            within.failed = name  # its fallback, if one runs, is this recorded call
+            raise
         finally:
             within.names = names
 
@@ -252,21 +269,41 @@ def _handwritten_route(tracer: _Tracer, api: Api, name: Any, route: Any) -> Any:
     return (kind, traced, tick, values)
 
 
+def _detour(tracer: _Tracer) -> Callable[[str, Callable[..., Any], Any, Any], Any]:
+    """How a hand-written call whose solution failed runs its fallback: as the recorded call
+    it still is, so that the fallback's own calls of the definition are inner ones."""
+    within = tracer.recorder.within
+
+    def detour(name: str, fallback: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        if getattr(within, "failed", None) != name:
+            return fallback(*args, **kwargs)
+        within.failed = None
+        names = getattr(within, "names", ())
+        within.names = (*names, name)
+        try:
+            return fallback(*args, **kwargs)
+        finally:
+            within.names = names
+
+    return detour
+
+
 def _handwritten_target(tracer: _Tracer, api: Api, name: Any) -> tuple[Target, Path] | str:
     """How hand-written calls of ``name`` are recorded, and the file of their definition: the
     traced dataset's, else the one of the dataset apply routes the name from, else fibgen's
-    catalogue's; or why they cannot be."""
+    catalogue's; or why they cannot be (never an exception: it runs inside the call)."""
     if not isinstance(name, str):
         return f"{name!r} is not a definition name"
     entry = api.state.entries.get(name) if api.state.on else None
     roots = [r for r in (tracer.writer.root, getattr(entry, "root", None)) if r is not None]
     for root in [*roots, None]:
-        file = solutions.definition_file(name, root)
-        if file is None:
+        try:
+            found = solutions.own_definition(name, root)
+        except Exception as exc:  # a dataset's definitions/ that cannot be read
+            return f"the definitions of {root} cannot be read ({type(exc).__name__}: {exc})"
+        if found is None:
             continue
-        if root is not None and not file.resolve().is_relative_to(Path(root).resolve()):
-            continue  # the catalogue's, looked at last
-        definition = solutions.find_definition(name, root)
+        definition, file = found
         if not solutions.is_definition_json(definition):
             return f"{file} is not a Definition JSON (a name, axes, inputs, outputs, a reference)"
         try:
@@ -325,8 +362,11 @@ def _missed_call(tracer: _Tracer, api: Api, reason: str, name: str | None, detai
     counts = tracer.counts
     counts.tick(reason)
     # Said once per reason; a hand-written call's, once per name and kind (no definition,
-    # arguments that are not its inputs): each is a mistake of its own.
+    # arguments that are not its inputs): each is a mistake of its own. Calls in capture are
+    # said apart from the recorder's (tensors it would copy): another cause, another remedy.
     key = f"handwritten {detail[0]} {name}" if reason == "handwritten" else reason
+    if reason == "capturing":
+        key = f"capturing {detail}"
     if key in counts.warned:
         return
     counted = f"tracing_stats()[{reason!r}] counts them"
@@ -368,6 +408,13 @@ def _missed_call(tracer: _Tracer, api: Api, reason: str, name: str | None, detai
             f"recorded: its arguments are not the definition's inputs ({detail[1]}); "
             f"{counted}. To record such calls, pass the definition's inputs (by position or "
             "by name, with or without its outputs)"
+        )
+    elif reason == "capturing" and detail == "scalars":
+        message = (
+            f"a call of {api.label} for {name} made while a CUDA graph is captured, with a "
+            "scalar input given as a CUDA tensor, is not recorded: reading its value would "
+            f"synchronize, which capture forbids; {counted}. To record such calls, make them "
+            "outside capture (the eager warm-up), or pass such scalars as Python numbers"
         )
     elif reason == "capturing":  # first called in capture, with apply on: not routed yet
         message = (
@@ -448,7 +495,7 @@ def enable_tracing(
         except OSError as exc:
             raise TracingConfigError(f"cannot create dataset folder {root}: {exc}") from None
         _tracer = tracer
-        set_tracer(_wrap(tracer), patch=patch, missed=_missed(tracer))
+        set_tracer(_wrap(tracer), patch=patch, missed=_missed(tracer), detour=_detour(tracer))
         if not _atexit_registered:
             atexit.register(disable_tracing)
             _atexit_registered = True
