@@ -12,7 +12,10 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -135,3 +138,45 @@ def strided(t: torch.Tensor) -> torch.Tensor:
     view = wide[..., ::2]
     assert not view.is_contiguous()
     return view
+
+
+def python_solution(
+    name: str,
+    definition: str,
+    source: str,
+    *,
+    dps: bool = False,
+    hardware: tuple[str, ...] = ("cpu",),
+    author: str = "tester",
+) -> dict:
+    """A Solution JSON of one Python file, ``main.py``, whose ``run`` is the entry point."""
+    return {
+        "name": name,
+        "definition": definition,
+        "author": author,
+        "spec": {
+            "language": "python",
+            "target_hardware": list(hardware),
+            "entry_point": "main.py::run",
+            "destination_passing_style": dps,
+        },
+        "sources": [{"path": "main.py", "content": source}],
+    }
+
+
+def run_applied(solutions: Any, run: Callable[[], Any]) -> tuple[Any, dict]:
+    """``run()`` with apply on over ``solutions``, and ``stats()`` after it; what enabling and
+    disabling say (tables, solutions never matched) is not this helper's caller's concern."""
+    import fibgen.runtime as rt
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rt.enable_apply(solutions)
+    try:
+        result = run()
+        counts = rt.stats()
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rt.disable_apply()
+    return result, counts

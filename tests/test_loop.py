@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _shared import foreign_files, require_module
+from _shared import foreign_files, require_module, run_applied
 
 # Slow as a whole: trace, bench, report and apply end to end, in processes of their own.
 pytestmark = pytest.mark.slow
@@ -298,19 +298,15 @@ def test_trace_bench_report_apply_on_flashinfers_apis(cpu_flashinfer, tmp_path, 
 
     # 4. Apply: the step as an engine runs it, routed as the table says.
     table = select.build_table(root)
-    on = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        rt.enable_apply(root)
-    try:
+
+    def steps() -> dict:
+        out = {}
         for batch in TRACED:
             model.plan(batch)
-            on[batch] = model.step(inputs[batch])
-        counts = rt.stats()
-    finally:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            rt.disable_apply()
+            out[batch] = model.step(inputs[batch])
+        return out
+
+    on, counts = run_applied(root, steps)
     for batch in TRACED:
         torch.testing.assert_close(on[batch], off[batch], atol=5e-2, rtol=5e-2)
     for api, name in NAMES.items():
@@ -344,18 +340,13 @@ def test_trace_bench_report_apply_on_flashinfers_apis(cpu_flashinfer, tmp_path, 
         name: next((root / "solutions" / "baseline").rglob(f"flashinfer_wrapper_{api}.json"))
         for api, name in NAMES.items()
     }
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        rt.enable_apply(wrappers)
-    try:
+
+    def last_step():
         cpu.CALLS.clear()
         model.plan(TRACED[-1])
-        routed = model.step(inputs[TRACED[-1]])
-        counts = rt.stats()
-    finally:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            rt.disable_apply()
+        return model.step(inputs[TRACED[-1]])
+
+    routed, counts = run_applied(wrappers, last_step)
     torch.testing.assert_close(routed, off[TRACED[-1]], atol=5e-2, rtol=5e-2)
     for api in NAMES:
         n = CALLS[api]

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 import fibgen.runtime as rt
-from _shared import foreign_files
+from _shared import foreign_files, python_solution, run_applied
 from fibgen.bench.runner import BenchOptions, run_bench
 from fibgen.runtime.selection import best as select
 
@@ -105,18 +105,7 @@ def _write_solutions(root: Path) -> None:
     for name, (dps, source) in SOLUTIONS.items():
         folder = root / "solutions" / "tester" / OP_TYPES[name] / name
         folder.mkdir(parents=True)
-        solution = {
-            "name": f"torch_{name}",
-            "definition": name,
-            "author": "tester",
-            "spec": {
-                "language": "python",
-                "target_hardware": ["cpu", "cuda"],
-                "entry_point": "main.py::run",
-                "destination_passing_style": dps,
-            },
-            "sources": [{"path": "main.py", "content": source}],
-        }
+        solution = python_solution(f"torch_{name}", name, source, dps=dps, hardware=("cpu", "cuda"))
         (folder / f"torch_{name}.json").write_text(json.dumps(solution), encoding="utf-8")
 
 
@@ -169,16 +158,7 @@ def test_trace_bench_apply_of_hand_written_code(tmp_path, device):
 
     # 3. Apply: each call goes where the table says, and computes what the model's own did.
     table = select.build_table(root)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        rt.enable_apply(root)
-    try:
-        on = {b: step(hidden[b], weight) for b in BATCHES}
-        counts = rt.stats()
-    finally:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            rt.disable_apply()
+    on, counts = run_applied(root, lambda: {b: step(hidden[b], weight) for b in BATCHES})
     for b in BATCHES:
         torch.testing.assert_close(on[b], off[b], atol=2e-2, rtol=2e-2)
     for name, label in LABELS.items():

@@ -20,7 +20,7 @@ import fake_flashinfer
 import fibgen.runtime as rt
 from fake_flashinfer import CALLS
 from fake_flashinfer.calls import clean_apply  # noqa: F401  (autouse)
-from _shared import foreign_files, require_flashinfer_bench
+from _shared import foreign_files, python_solution, require_flashinfer_bench
 from fake_flashinfer.catalogue import MODULE, generated_package
 from fibgen.format import load_definitions, load_workloads, write_definition
 
@@ -1041,21 +1041,10 @@ def test_an_axis_only_a_left_out_optional_input_carries_is_left_out_as_dispatche
 
 def _identity_solution(root: Path, name: str, params: str) -> None:
     """A Python solution of ``name`` that returns its first input, in dataset ``root``."""
-    first = params.split(",")[0]
-    solution = {
-        "name": "identity",
-        "definition": name,
-        "author": "tester",
-        "spec": {
-            "language": "python",
-            "target_hardware": ["cpu"],
-            "entry_point": "main.py::run",
-            "destination_passing_style": False,
-        },
-        "sources": [{"path": "main.py", "content": f"def run({params}):\n    return {first}\n"}],
-    }
+    source = f"def run({params}):\n    return {params.split(',')[0]}\n"
     folder = root / "solutions" / name
     folder.mkdir(parents=True)
+    solution = python_solution("identity", name, source)
     (folder / "identity.json").write_text(json.dumps(solution), encoding="utf-8")
 
 
