@@ -221,10 +221,10 @@ def _input_check(definition: Mapping[str, Any]) -> _InputCheck:
     def any_call(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str, str] | None:
         if not kwargs and len(args) in counts:
             return check(args)  # by position: the inputs come first
-        values = solutions.bind_arguments(inputs, outputs, args, kwargs)
+        values = solutions.input_values(inputs, outputs, args, kwargs)
         if isinstance(values, str):
             return None  # not the definition's inputs: passed on as given
-        return check([values[n] for n in inputs])
+        return check(values)
 
     return _InputCheck(check, counts, any_call, _result_check(definition), inputs)
 

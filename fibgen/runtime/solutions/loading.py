@@ -798,6 +798,19 @@ def bind_arguments(
     return values
 
 
+def input_values(
+    inputs: Sequence[str], outputs: Sequence[str], args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> list[Any] | str:
+    """A call's values of a definition's inputs, in their order (by position, then by name;
+    in either calling style), or why its arguments are not them."""
+    if not kwargs and len(args) in (len(inputs), len(inputs) + len(outputs)):
+        return list(args[: len(inputs)])  # by position: the inputs come first
+    bound = bind_arguments(inputs, outputs, args, kwargs)
+    if isinstance(bound, str):
+        return bound
+    return [bound[n] for n in inputs]
+
+
 def either_style(
     fn: Callable[..., Any], definition: Mapping[str, Any], dps: bool, label: str
 ) -> Callable[..., Any]:

@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from fibgen.runtime.solutions.loading import bind_arguments
+from fibgen.runtime.solutions.loading import input_values
 from fibgen.runtime.tracing.checks import BYTES, contract, mismatch_of, one_byte_float
 
 
@@ -120,7 +120,6 @@ def target_of(definition: Mapping[str, Any]) -> Target:
         if spec.get("shape") is None
     ]
     tensors = mismatch_of(inputs, *contract(definition))
-    counts = (len(inputs), len(inputs) + len(outputs))
 
     def trace_axes(*values: Any) -> dict[str, int | None]:
         # As a generated dispatcher reads them: an axis that only an optional input left
@@ -139,13 +138,9 @@ def target_of(definition: Mapping[str, Any]) -> Target:
         return found
 
     def values(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[Any] | str:
-        if not kwargs and len(args) in counts:
-            given = list(args[: counts[0]])  # by position: the inputs come first
-        else:
-            bound = bind_arguments(inputs, outputs, args, kwargs)
-            if isinstance(bound, str):
-                return bound
-            given = [bound[n] for n in inputs]
+        given = input_values(inputs, outputs, args, kwargs)
+        if isinstance(given, str):
+            return given
         for i, dtype in as_bytes:
             value = given[i]
             if isinstance(value, torch.Tensor) and value.dtype in BYTES:
