@@ -925,6 +925,24 @@ def test_the_gpu_metric_compares_the_apis_kernel_time(steady_only):
     assert table["keyed"]["keys"] == [[[3], select.ORIGINAL], [[17], "steady"]]
 
 
+def test_without_the_api_as_a_candidate_the_fastest_solution_is_routed(steady_only):
+    # Hand-written code whose fallback is not FlashInfer's call: its solutions are ranked as
+    # flashinfer-bench ranks them, though the API's own function beat them all.
+    _own_traces(steady_only, own3=(0.5, 1.5), own17=(2.0, 3.0))
+    config = {DEFINITION["name"]: {"original": False}}
+    table = build_table(steady_only, config)["definitions"][DEFINITION["name"]]
+    assert table["ranking"] == ["steady"] and "keyed" not in table
+    assert "miss_original" not in table
+
+
+def test_the_original_key_takes_true_or_false_only():
+    from fibgen.runtime.errors import ApplyConfigError
+    from fibgen.runtime.selection.policy import normalize_config
+
+    with pytest.raises(ApplyConfigError, match="original must be True or False, not 'no'"):
+        normalize_config({"*": {"original": "no"}})
+
+
 def test_a_definition_no_solution_beats_the_api_on_is_not_routed_and_said(steady_only):
     _own_traces(steady_only, own3=(0.5, 1.5), own17=(2.0, 3.0))
     table = build_table(steady_only)

@@ -20,7 +20,8 @@ class Policy:
     ``atol``/``rtol``: the largest max_absolute_error / max_relative_error a passing trace may
     report (None: any); ``on_miss``: what a keyed definition does on an untraced key;
     ``prebuild``: how many of its top solutions are loaded when apply is enabled;
-    ``metric``: what is compared (Note [selection metric]).
+    ``metric``: what is compared (Note [selection metric]); ``original``: whether the API's
+    own function is a candidate (Note [the API's own function as a candidate]).
     """
 
     atol: float | None = None
@@ -28,6 +29,7 @@ class Policy:
     on_miss: str = "best"
     prebuild: int = 0
     metric: str = "e2e"
+    original: bool = True
 
     def __post_init__(self) -> None:
         # Checked here, with the key named, so that a bad value fails at enable_apply and not
@@ -52,6 +54,8 @@ class Policy:
             raise ApplyConfigError(
                 f"metric must be one of {', '.join(METRICS)}, not {self.metric!r}"
             )
+        if not isinstance(self.original, bool):
+            raise ApplyConfigError(f"original must be True or False, not {self.original!r}")
 
 
 def _is_real(value: Any) -> bool:

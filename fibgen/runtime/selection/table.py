@@ -400,7 +400,7 @@ def _judge(
             record.tolerance = True
         else:
             perf = evaluation.get("performance")
-            figures = _figures(perf if isinstance(perf, dict) else {}, policy.metric)
+            figures = _figures(perf if isinstance(perf, dict) else {}, policy)
             record.passed.setdefault(key, []).append(figures)
     return stats, axes_of, unkeyed
 
@@ -588,6 +588,13 @@ def _unknown_definitions(
 # an older fibgen, or where the API does not run) leave the solutions to the reference
 # speedups alone, as before. FlashInfer-Bench's own selection has no such candidate: its
 # apply substitutes the best solution even where it loses to the API it replaces.
+#
+# Hand-written code routed by name (``apply``) falls back to the caller's own code, not to
+# the API: the API's own function stands for it, which holds where that code calls FlashInfer
+# (flashinfer-bench's integrations wrap FlashInfer's calls so). Where it does not (a torch
+# fallback, say), a solution slower than FlashInfer's kernel but faster than that code would
+# be left unused: the policy's ``original=False`` takes the API's own function out of the
+# candidates for the definitions it names, as flashinfer-bench selects.
 
 ORIGINAL = "@original"
 
@@ -611,7 +618,7 @@ def _latency(value: Any) -> float | None:
     return ms if 0.0 < ms < math.inf else None
 
 
-def _figures(perf: dict, metric: str) -> tuple:
+def _figures(perf: dict, policy: Policy) -> tuple:
     """(GPU latency, GPU speedup, e2e latency or None, e2e speedup or None, the API's own GPU
     latency or None, its e2e latency or None) of a trace."""
     latency = _latency(perf.get("latency_ms"))
@@ -620,12 +627,15 @@ def _figures(perf: dict, metric: str) -> tuple:
         math.inf if latency is None else latency,
         speedup if 0.0 <= speedup < math.inf else 0.0,
     )
-    own = (_latency(perf.get("original_latency_ms")),)
+    # Without the API's own figures where the policy does not make it a candidate.
+    original = policy.original
+    own = (_latency(perf.get("original_latency_ms")) if original else None,)
     e2e = _latency(perf.get("e2e_latency_ms"))
     ref_e2e = _latency(perf.get("reference_e2e_latency_ms"))
-    if metric != "e2e" or e2e is None or ref_e2e is None:
+    if policy.metric != "e2e" or e2e is None or ref_e2e is None:
         return figures + (None, None) + own + (None,)
-    return figures + (e2e, ref_e2e / e2e) + own + (_latency(perf.get("original_e2e_latency_ms")),)
+    own_e2e = _latency(perf.get("original_e2e_latency_ms")) if original else None
+    return figures + (e2e, ref_e2e / e2e) + own + (own_e2e,)
 
 
 def _fastest(candidates: dict[str, list[tuple]]) -> str:
