@@ -691,6 +691,70 @@ def test_hand_written_calls_whose_inputs_are_not_the_definitions_go_to_the_fallb
     assert theirs["hit"] == 1 and theirs["rules"] == {"tensor:hidden_states": 1}
 
 
+def test_a_destination_passing_calls_buffers_are_checked_as_its_inputs_are():
+    # A wrong buffer is the caller's mistake: it goes to the fallback as a guard, said, and
+    # never reaches the solution (which would fail, or broadcast into it, or convert).
+    seen = []
+
+    def solution(hidden_states, weight):
+        seen.append(tuple(hidden_states.shape))
+        return hidden_states
+
+    def fallback(hidden_states, weight, output):
+        output.fill_(7)
+        return "fallback"
+
+    name = "rmsnorm_h4096"
+    x, w = torch.ones(2, 4096, dtype=torch.bfloat16), torch.ones(4096, dtype=torch.bfloat16)
+    bad = {
+        "a row short": torch.zeros(1, 4096, dtype=torch.bfloat16),
+        "float32": torch.zeros(2, 4096),
+        "rank 3": torch.zeros(3, 2, 4096, dtype=torch.bfloat16),
+    }
+    with rt.enable_apply({name: solution}):
+        assert rt.apply(name, (x, w), fallback=fallback) is x  # served
+        with pytest.warns(RuntimeWarning, match="output output has size 1 along axis batch_size"):
+            assert rt.apply(name, (x, w, bad["a row short"]), fallback=fallback) == "fallback"
+        for buffer in (bad["float32"], bad["rank 3"]):
+            assert rt.apply(name, (x, w), {"output": buffer}, fallback=fallback) == "fallback"
+    assert seen == [(2, 4096)]
+    assert all(torch.equal(b, torch.full_like(b, 7)) for b in bad.values())  # the fallback's
+    counts = rt.stats()[f"fibgen.runtime.apply({name!r})"]
+    assert (counts["hit"], counts["fallback_guard"], counts["error"]) == (1, 3, 0)
+    assert counts["rules"] == {"tensor:output": 3}
+
+
+def test_a_call_of_another_signature_goes_to_the_fallback_unless_the_solution_takes_it():
+    # An engine's rms(x, w, eps), decorated with its definition's name: eps is neither an
+    # output buffer nor a keyword the definition has. A solution made to take more (here
+    # **options) gets such calls as given.
+    def solution(hidden_states, weight):
+        return hidden_states
+
+    def lenient(hidden_states, weight, **options):
+        return hidden_states
+
+    name = "rmsnorm_h4096"
+    x, w = torch.ones(2, 4096, dtype=torch.bfloat16), torch.ones(4096, dtype=torch.bfloat16)
+
+    @rt.apply(name)
+    def rms(x, w, eps=1e-5):
+        return "own"
+
+    with rt.enable_apply({name: solution}):
+        assert rms(x, w) is x
+        with pytest.warns(RuntimeWarning, match="output output is a float, not a tensor"):
+            assert rms(x, w, 1e-5) == "own"
+        with pytest.warns(RuntimeWarning, match="unexpected or repeated argument 'eps'"):
+            assert rms(x, w, eps=1e-6) == "own"
+        counts = rt.stats()[f"{__name__}.{rms.__wrapped__.__qualname__}"]
+    assert (counts["hit"], counts["fallback_guard"], counts["error"]) == (1, 2, 0)
+    assert counts["rules"] == {"tensor:output": 1, "arguments": 1}
+    with rt.enable_apply({name: lenient}):
+        assert rms(x, w, eps=1e-6) is x  # taken as given
+        assert rt.stats()[f"{__name__}.{rms.__wrapped__.__qualname__}"]["hit"] == 1
+
+
 def test_a_one_byte_float_input_may_come_as_its_bytes_and_nothing_else():
     # FlashInfer passes fp8 and packed fp4 tensors as uint8 as often as not.
     from fibgen.runtime.routing.handwritten import _input_check

@@ -1184,6 +1184,24 @@ def test_the_calls_inside_a_hand_written_call_that_is_not_recorded_are_recorded(
     assert (stats["recorded"], stats["handwritten"], stats["inner"]) == (1, 1, 0), stats
 
 
+def test_a_hand_written_call_of_another_signature_is_not_recorded(tmp_path):
+    # rms(x, w, eps) has as many arguments as the definition's destination-passing form: eps
+    # is no output buffer, so these are not the definition's arguments.
+    @rt.apply("rmsnorm_h4096")
+    def rms(x, w, eps=1e-5):
+        return x
+
+    x, w = torch.randn(2, 4096, dtype=torch.bfloat16), torch.randn(4096, dtype=torch.bfloat16)
+    rt.enable_tracing(tmp_path, dump="none")
+    try:
+        with pytest.warns(RuntimeWarning, match="output output is a float, not a buffer"):
+            rms(x, w, 1e-5)
+        stats = rt.tracing_stats()
+    finally:
+        rt.disable_tracing()
+    assert (stats["recorded"], stats["handwritten"]) == (0, 1), stats
+
+
 def test_the_fallback_of_a_failed_solution_is_the_recorded_call_it_falls_back_for(tmp_path):
     x, w = torch.randn(2, 4096, dtype=torch.bfloat16), torch.randn(4096, dtype=torch.bfloat16)
 

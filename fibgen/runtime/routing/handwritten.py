@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -54,19 +56,26 @@ resolvers: list[Callable[..., str]] = []
 # const sizes, one size per axis) before any solution sees it. Hand-written code names the
 # definition and passes its arguments as given, so the same check is made here, where the
 # arguments are the definition's inputs: by position in its order or by name, with or
-# without its outputs, as flashinfer-bench's apply passes them. A call that fails it is not
-# given to the solution: it goes to the fallback, counted as ``fallback_guard`` under the
-# rule ``tensor:<input>`` and said once with the reason; strict mode raises. The reference
-# standing in for a missing fallback (Note [apply without a fallback]) refuses it too, with a
-# ValueError saying why: on another shape it computes nothing the definition means.
-# Arguments that are not the definition's inputs (a decorated function of another
-# signature) are passed on unchecked, as is a call whose definition is in no dataset apply
-# was enabled on and not in fibgen's catalogue. The definition is the one of the dataset the
-# solution came from (else the catalogue's), looked up again whenever enable_apply replaces
-# the routing table. A one-byte float input (fp8, packed fp4, e8m0 scales) may come as its
-# own dtype or as its bytes (uint8 or int8): such tensors are passed as uint8 as often as not.
+# without its outputs, as flashinfer-bench's apply passes them. A destination-passing call's
+# output buffers are checked as its inputs are (never None; one size per axis with the
+# inputs). A call that fails it is not given to the solution: it goes to the fallback,
+# counted as ``fallback_guard`` under the rule ``tensor:<input or output>`` and said once
+# with the reason; strict mode raises. So is a call whose arguments are not the definition's
+# at all (a decorated function of another signature, ``rms(x, w, eps)``; too many or too
+# few arguments; a keyword no input or output has), under the rule ``arguments``: given to
+# the solution, which takes the definition's arguments, it could only fail, and that is the
+# caller's mistake, not the solution's; unless the solution was made to take more (a callable
+# given to enable_apply with ``**options``, say), which then gets them as given. The reference
+# standing in for a missing fallback
+# (Note [apply without a fallback]) refuses such calls too, with a ValueError saying why: on
+# another shape it computes nothing the definition means. A call whose definition is in no
+# dataset apply was enabled on and not in fibgen's catalogue is passed on unchecked. The
+# definition is the one of the dataset the solution came from (else the catalogue's), looked
+# up again whenever enable_apply replaces the routing table. A one-byte float input (fp8,
+# packed fp4, e8m0 scales) may come as its own dtype or as its bytes (uint8 or int8): such
+# tensors are passed as uint8 as often as not.
 
-_Check = Callable[[tuple[Any, ...], Mapping[str, Any]], "tuple[str, str] | None"]
+_Check = Callable[[tuple[Any, ...], Mapping[str, Any]], "tuple[str | None, str] | None"]
 
 
 def _find_definition(name: str) -> tuple[dict[str, Any] | None, list[Any]]:
@@ -83,11 +92,13 @@ def _find_definition(name: str) -> tuple[dict[str, Any] | None, list[Any]]:
 
 class _InputCheck(NamedTuple):
     """The check of a hand-written call's arguments against a definition (Note [hand-written
-    inputs]): ``positional`` takes the arguments of a call by position whose count is in
-    ``counts``, ``any_call`` any call; each gives the first input that differs and why, or
-    None. ``result`` checks what a value-style call returned (Note [hand-written results])."""
+    inputs]): ``by_count`` holds the check of a call by position per count of its arguments
+    (the inputs; the inputs and the outputs), ``any_call`` takes any call; each gives the
+    first argument that differs and why (None and why for arguments that are not the
+    definition's), or None. ``result`` checks what a value-style call returned (Note
+    [hand-written results])."""
 
-    positional: Callable[[tuple[Any, ...]], "tuple[str, str] | None"]
+    by_count: Mapping[int, Callable[[Sequence[Any]], "tuple[str, str] | None"]]
     counts: tuple[int, int]
     any_call: _Check
     result: Callable[[Sequence[Any], Any], "tuple[str | None, Any, Any] | None"]
@@ -212,21 +223,62 @@ def _input_check(definition: Mapping[str, Any]) -> _InputCheck:
     """The check of a hand-written call's arguments against ``definition``."""
     inputs = tuple(definition["inputs"])
     outputs = tuple(definition["outputs"])
+    every = inputs + outputs
     tensors, consts = contract(definition)
+    buffers = [
+        (n, t.get("dtype"), tuple(t["shape"]))
+        for n, t in definition["outputs"].items()
+        if t.get("shape") is not None
+    ]
     # A one-byte float (fp8, packed fp4, e8m0 scales) is passed as uint8 as often as not
     # (FlashInfer's own calls do; a dispatcher views it before its check).
     check = checker(inputs, tensors, consts, bytes_for_floats=True)
-    counts = (len(inputs), len(inputs) + len(outputs))
+    # A destination-passing call's buffers are checked as its inputs are.
+    dps = checker(
+        every, tensors + buffers, consts, bytes_for_floats=True, outputs=frozenset(outputs)
+    )
+    by_count = {len(inputs): check, len(every): dps}
 
-    def any_call(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str, str] | None:
-        if not kwargs and len(args) in counts:
-            return check(args)  # by position: the inputs come first
-        values = solutions.input_values(inputs, outputs, args, kwargs)
+    def any_call(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str | None, str] | None:
+        if not kwargs and len(args) in by_count:
+            return by_count[len(args)](args)
+        values = solutions.bind_arguments(inputs, outputs, args, kwargs)
         if isinstance(values, str):
-            return None  # not the definition's inputs: passed on as given
-        return check(values)
+            return None, values  # not the definition's arguments
+        if len(values) == len(every):
+            return dps([values[n] for n in every])
+        return check([values[n] for n in inputs])
 
-    return _InputCheck(check, counts, any_call, _result_check(definition), inputs)
+    counts = (len(inputs), len(every))
+    return _InputCheck(by_count, counts, any_call, _result_check(definition), inputs)
+
+
+# The signatures of the solutions that calls of other arguments than the definition's reach.
+_signatures: weakref.WeakKeyDictionary[Callable[..., Any], inspect.Signature | None] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _takes(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+    """Whether the solution behind route function ``fn`` (a callable given to enable_apply,
+    or a Solution's entry point, under the wrappers of its calling style and of tracing)
+    takes ``args`` and ``kwargs``: one made for more than the definition's arguments (say
+    ``**options``) gets them as given (Note [hand-written inputs])."""
+    if fn in _signatures:
+        signature = _signatures[fn]
+    else:
+        try:
+            signature = inspect.signature(inspect.unwrap(fn))
+        except (TypeError, ValueError):
+            signature = None  # a builtin, a C++ entry: it says for itself
+        _signatures[fn] = signature
+    if signature is None:
+        return True
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError:
+        return False
+    return True
 
 
 def _route_handwritten(
@@ -247,14 +299,17 @@ def _route_handwritten(
     # The function form's calls name no function of the caller's: the call is named.
     where = "" if label.startswith("fibgen.runtime.") else f" in {label}"
 
-    def refused(key: Any, failed: tuple[str, str]) -> None:
-        """Count a call whose inputs are not its definition's; strict mode raises."""
-        rule = f"tensor:{failed[0]}"
+    def refused(key: Any, failed: tuple[str | None, str]) -> None:
+        """Count a call whose arguments are not its definition's; strict mode raises."""
+        rule = "arguments" if failed[0] is None else f"tensor:{failed[0]}"
         with STATE.lock:
             api._guard_tick(rule)()
         missed = STATE.trace_missed
-        if missed is not None:
-            missed(api, "mismatched", str(key), lambda: failed[1])  # tracing counts it
+        if missed is not None:  # tracing counts it
+            if failed[0] is None:
+                missed(api, "handwritten", str(key), ("arguments", failed[1]))
+            else:
+                missed(api, "mismatched", str(key), lambda: failed[1])
         if STATE.strict:
             raise FallbackError(f"{label}: {key} is not routed: {failed[1]} (strict)")
         STATE.warn_once(
@@ -305,11 +360,13 @@ def _route_handwritten(
                 cached = checks[key] = check_of(key)
             check = cached[1]
             if check is not None:
-                if not kwargs and len(args) in check.counts:
-                    failed = check.positional(args)
+                positional = None if kwargs else check.by_count.get(len(args))
+                failed: tuple[str | None, str] | None
+                if positional is not None:
+                    failed = positional(args)
                 else:
                     failed = check.any_call(args, kwargs)
-                if failed is not None:
+                if failed is not None and (failed[0] is not None or not _takes(fn, args, kwargs)):
                     refused(key, failed)
                     return fallback(*args, **kwargs)
         tick()

@@ -135,10 +135,13 @@ def checker(
     consts: Mapping[str, int],
     *,
     bytes_for_floats: bool = False,
+    outputs: frozenset[str] = frozenset(),
 ) -> Callable[[Sequence[Any]], tuple[str, str] | None]:
     """The check of input values (in ``inputs`` order) against a contract (``contract``):
     the first input that differs and why, or None (Note [written-out checks]).
-    ``bytes_for_floats``: a one-byte float input may also come as ``BYTES``."""
+    ``bytes_for_floats``: a one-byte float input may also come as ``BYTES``. ``outputs``: the
+    names among ``inputs`` that are a destination-passing call's output buffers, checked as
+    inputs are, never None, and named as outputs."""
     from fibgen.runtime.checking import result_check
     from fibgen.runtime.inputs.make import torch_dtype
 
@@ -160,7 +163,7 @@ def checker(
     slots = {a: k for k, a in enumerate(shared_axes)}
 
     def why(values: Sequence[Any]) -> tuple[str, str]:
-        return _mismatch(tensors, wants, consts, index, values)
+        return _mismatch(tensors, wants, consts, index, values, outputs)
 
     namespace: dict[str, Any] = {"_reads": result_check.LIVE, "_Tensor": torch.Tensor}
     namespace["_why"] = why
@@ -180,8 +183,10 @@ def checker(
             failed.append(f"dtype_of(v) is not _w{j}")
         failed.append(f"len(s) != {len(shape)}")
         failed += [f"s[{d}] != {int(consts[a])}" for d, a in enumerate(shape) if a in consts]
+        lines.append(f"    v = values[{index[name]}]")
+        if name in outputs:  # a buffer to write into: never left out
+            lines += ["    if v is None:", "        return _why(values)"]
         lines += [
-            f"    v = values[{index[name]}]",
             "    if v is not None:  # None: an optional input left out",
             "        if not isinstance(v, _Tensor):",
             "            return _why(values)",
@@ -210,42 +215,46 @@ def _mismatch(
     consts: Mapping[str, int],
     index: Mapping[str, int],
     values: Sequence[Any],
+    outputs: frozenset[str] = frozenset(),
 ) -> tuple[str, str]:
-    """The first input of a call that is not the definition's, and why, said as the
-    launchers say it."""
+    """The first input (or output buffer) of a call that is not the definition's, and why,
+    said as the launchers say it."""
     seen: dict[str, tuple[int, str, int]] = {}
     for name, dtype, shape in tensors:
         value = values[index[name]]
+        if value is None and name in outputs:
+            return name, f"output {name} is None, not a buffer to write into"
         if value is None:
             continue
+        kind = "output" if name in outputs else "input"
         if not isinstance(value, torch.Tensor):
-            return name, f"input {name} is a {type(value).__name__}, not a tensor"
+            return name, f"{kind} {name} is a {type(value).__name__}, not a tensor"
         want = wants[name]
         if isinstance(want, tuple) and value.dtype not in want:
             got = str(value.dtype).removeprefix("torch.")
             return name, (
-                f"input {name} is {got}, the definition's is {dtype} (or its bytes as uint8 "
+                f"{kind} {name} is {got}, the definition's is {dtype} (or its bytes as uint8 "
                 "or int8)"
             )
         if isinstance(want, torch.dtype) and value.dtype is not want:
             got = str(value.dtype).removeprefix("torch.")
-            return name, f"input {name} is {got}, the definition's is {dtype}"
+            return name, f"{kind} {name} is {got}, the definition's is {dtype}"
         if value.ndim != len(shape):
             return name, (
-                f"input {name} has {value.ndim} dims, the definition's has {len(shape)} "
+                f"{kind} {name} has {value.ndim} dims, the definition's has {len(shape)} "
                 f"[{', '.join(shape)}]"
             )
         for d, axis in enumerate(shape):
             size = int(value.shape[d])
             if axis in consts and size != consts[axis]:
                 return name, (
-                    f"input {name} has size {size} along axis {axis} (dim {d}), the "
+                    f"{kind} {name} has size {size} along axis {axis} (dim {d}), the "
                     f"definition's is {consts[axis]}"
                 )
             first = seen.setdefault(axis, (size, name, d))
             if first[0] != size:
                 return name, (
-                    f"input {name} has size {size} along axis {axis} (dim {d}), expected "
+                    f"{kind} {name} has size {size} along axis {axis} (dim {d}), expected "
                     f"{first[0]} as in {first[1]} (dim {first[2]})"
                 )
     return "", "its inputs differ from the definition's"  # not reached: check() found one

@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from fibgen.runtime.solutions.loading import input_values
+from fibgen.runtime.solutions.loading import bind_arguments, input_values
 from fibgen.runtime.tracing.checks import BYTES, contract, mismatch_of, one_byte_float
 
 
@@ -141,6 +141,13 @@ def target_of(definition: Mapping[str, Any]) -> Target:
         given = input_values(inputs, outputs, args, kwargs)
         if isinstance(given, str):
             return given
+        if outputs and len(args) + len(kwargs) == len(inputs) + len(outputs):
+            # Destination-passing: the rest are buffers (else another signature, eps say).
+            bound = bind_arguments(inputs, outputs, args, kwargs)
+            for name in outputs:
+                value = bound[name] if isinstance(bound, dict) else None
+                if not isinstance(value, torch.Tensor):
+                    return f"output {name} is a {type(value).__name__}, not a buffer to write into"
         for i, dtype in as_bytes:
             value = given[i]
             if isinstance(value, torch.Tensor) and value.dtype in BYTES:

@@ -342,8 +342,9 @@ def _missed(tracer: _Tracer) -> Callable[[Api, str | None, str | None, Any], Non
 
     def missed(api: Api, reason: str | None, name: str | None, detail: Any) -> None:
         if api.trace_inputs is None:
-            # Hand-written apply(): refused by its input check, or first called in capture.
-            if api.by_name and reason in ("mismatched", "capturing"):
+            # Hand-written apply(): refused by its input check (its tensors, or arguments that
+            # are not the definition's), or first called in capture.
+            if api.by_name and reason in ("mismatched", "capturing", "handwritten"):
                 _missed_call(tracer, api, reason, name, detail)
             return
         reason = _PLAN_REASONS.get(reason, reason) or "unknown"
