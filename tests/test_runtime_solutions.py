@@ -162,6 +162,8 @@ def test_bad_environment_warns_and_keeps_apply_off(env, expected):
     done = _python(ENV_CHECK.replace("x * 2", "x * 0"), env)
     assert done.returncode == 0, done.stderr
     assert expected in done.stderr and "apply stays off" in done.stderr
+    # Said at the program's import of fibgen.runtime (line 2 of the script), not in fibgen.
+    assert "<string>:2: RuntimeWarning: fibgen:" in done.stderr, done.stderr
     assert done.stdout.split()[0] == "False"
 
 

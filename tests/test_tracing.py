@@ -275,6 +275,9 @@ def test_bad_options_are_refused_with_a_reason(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(rt.TracingConfigError, match="is not a folder"):
         rt.enable_tracing(tmp_path / "file")
+    # os.environ.get("X", "") where X is unset: not the current folder.
+    with pytest.raises(rt.TracingConfigError, match="the dataset folder is empty"):
+        rt.enable_tracing("")
     assert not rt.is_tracing()
 
 

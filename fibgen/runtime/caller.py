@@ -8,7 +8,8 @@ on the path the call took (a dispatcher, the ``apply`` decorator, tracing's wrap
 fallback), so ``warn`` walks the stack rather than counting frames: it passes over frames of
 the ``fibgen`` package, of generated dispatchers (the code objects routing knows as serving
 calls, Note [re-entry] in routing/state.py) and of the checks fibgen writes out and executes
-(files named ``<fibgen ...>``). A stack that is fibgen's all the way up (a thread of its own)
+(files named ``<fibgen ...>``), and of Python's import machinery, so that a warning given as
+``fibgen.runtime`` is imported points at the program's ``import``. A stack that is fibgen's all the way up (a thread of its own)
 keeps the frame of the function that warned. The code objects of the dispatchers are kept
 here, below routing, which registers them and reads them to tell a nested call (Note
 [re-entry]).
@@ -39,7 +40,14 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 def _fibgens(frame: Any, dispatchers: Mapping[int, Any]) -> bool:
     code = frame.f_code
-    return code.co_filename.startswith((_PACKAGE, "<fibgen")) or id(code) in dispatchers
+    # Python's import machinery too: a warning at import points at the program's import line.
+    name = code.co_filename
+    return name.startswith((_PACKAGE, "<fibgen", "<frozen importlib")) or id(code) in dispatchers
+
+
+def _importing(frame: Any) -> bool:
+    name = frame.f_code.co_filename
+    return "importlib" in name and "_bootstrap" in name  # as warnings.warn tells them
 
 
 def warn(message: str, category: type[Warning] = RuntimeWarning) -> None:
@@ -49,5 +57,7 @@ def warn(message: str, category: type[Warning] = RuntimeWarning) -> None:
     level = 2  # the caller of warn
     while frame is not None and _fibgens(frame, DISPATCH_CODES):
         frame = frame.f_back
-        level += 1
+        # warnings.warn passes over the import machinery's frames without counting them.
+        if frame is not None and not _importing(frame):
+            level += 1
     warnings.warn(message, category, stacklevel=level if frame is not None else 2)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable
+
+from fibgen.runtime.caller import warn
 
 
 def enable_from_env(
@@ -34,4 +35,4 @@ def enable_from_env(
         except errors as exc:
             problem = f"{path_var}={path}: {exc}"
     if problem is not None:
-        warnings.warn(f"fibgen: {problem}; {what} stays off", RuntimeWarning, stacklevel=3)
+        warn(f"fibgen: {problem}; {what} stays off")

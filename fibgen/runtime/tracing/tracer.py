@@ -483,6 +483,8 @@ def enable_tracing(
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise TracingConfigError(f"{option}={value!r}: must be an integer >= 0")
+    if not str(dataset_dir).strip():  # Path("") is the current folder: never what was meant
+        raise TracingConfigError("the dataset folder is empty (''); give the folder to write to")
     root = Path(dataset_dir)
     if root.exists() and not root.is_dir():
         raise TracingConfigError(f"dataset folder {root} exists and is not a folder")
