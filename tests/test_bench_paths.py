@@ -131,6 +131,29 @@ def test_a_run_with_failures_says_so_in_its_last_line(tmp_path, capsys):
     assert code == 0 and out.splitlines()[-1] == "bench: all 2 run(s) PASSED"
 
 
+@pytest.mark.slow
+def test_solution_files_alone_run_only_those_and_a_folder_of_none_is_an_error(tmp_path, capsys):
+    from fibgen.format import write_solution
+
+    root = make_dataset(tmp_path / "ds", ["good_returns", "wrong_numbers"], sizes=(3,))
+    elsewhere = tmp_path / "mine"
+    write_solution(elsewhere, solution("good_dps"), "scale")
+    code, out, _ = _bench(
+        capsys, str(root), "--devices", "cpu", "--quiet", "--solutions", str(elsewhere)
+    )
+    assert code == 0 and out.splitlines()[-1] == "bench: all 1 run(s) PASSED", out
+    traced = [
+        json.loads(line)["solution"]
+        for line in (root / "traces" / "scale" / "scale_h64.jsonl").read_text().splitlines()
+    ]
+    assert traced == ["good_dps"]
+    (tmp_path / "empty").mkdir()
+    code, _, err = _bench(
+        capsys, str(root), "--devices", "cpu", "--solutions", str(tmp_path / "empty")
+    )
+    assert code == 1 and "the folder holds no Solution JSON" in err, err
+
+
 class _FakeCPU:
     """A CPU on which every timed call takes ``call_ms``: its clock moves only when one is
     made, so bench's figures are exact, however busy the machine running the tests is."""

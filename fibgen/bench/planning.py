@@ -138,20 +138,27 @@ def listing(names: list[str], limit: int = 12) -> str:
     return (shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")) or "none"
 
 
-def _solution_files(root: Path, options: BenchOptions) -> list[tuple[Path, Solution]]:
-    """The dataset's solutions and those ``--solutions`` adds; patterns are applied later."""
+def _solution_files(
+    root: Path, options: BenchOptions
+) -> tuple[list[tuple[Path, Solution]], list[tuple[Path, Solution]]]:
+    """The dataset's solutions, and those ``--solutions`` adds (a folder or file that adds
+    none is an error); patterns are applied later."""
     found = [(p, read_solution(p)) for p in dataset_files(root, "solutions")]
+    added: list[tuple[Path, Solution]] = []
     for item in options.solutions:
         path = Path(item)
         if path.is_dir():
-            found += [
+            files = [
                 (p, read_solution(p))
                 for p in sorted(path.rglob("*.json"))
                 if not any(part.startswith(".") for part in p.relative_to(path).parts)
             ]
+            if not files:
+                raise BenchError(f"--solutions {item}: the folder holds no Solution JSON")
+            added += files
         elif path.is_file():
-            found.append((path, read_solution(path)))
-    return found
+            added.append((path, read_solution(path)))
+    return found, added
 
 
 def _patterns(options: BenchOptions) -> list[str]:
@@ -213,9 +220,9 @@ def plan(root: Path, options: BenchOptions) -> Plan:
                 f"--definitions {pattern!r} matches no definition of {root}; it has: "
                 f"{listing(sorted(definitions))}"
             )
-    files = _solution_files(root, options)
+    found, added = _solution_files(root, options)
     names: dict[str, tuple[Path, Solution]] = {}
-    for path, solution in files:
+    for path, solution in found + added:
         other = names.get(solution.name)
         if other is not None and (other[1].definition, other[1]) != (
             solution.definition,
@@ -234,7 +241,12 @@ def plan(root: Path, options: BenchOptions) -> Plan:
                 f"--solutions {pattern!r} matches no solution of {root} and is no file or "
                 f"folder; the solutions are: {listing(sorted(names))}"
             )
-    selected = [(p, s) for p, s in names.values() if _matches(s.name, patterns)]
+    if added and not patterns:
+        # Files or folders alone: those are the solutions to run, beside the dataset's own.
+        chosen_names = {s.name for _, s in added}
+        selected = [(p, s) for p, s in names.values() if s.name in chosen_names]
+    else:
+        selected = [(p, s) for p, s in names.values() if _matches(s.name, patterns)]
     workloads = load_workloads(root)
     by_definition: dict[str, list[Solution]] = {}
     notes: list[str] = []
@@ -305,8 +317,8 @@ def plan(root: Path, options: BenchOptions) -> Plan:
         what = []
         if options.definitions:
             what.append(f"--definitions {' '.join(options.definitions)}")
-        if patterns:
-            what.append(f"--solutions {' '.join(patterns)}")
+        if options.solutions:
+            what.append(f"--solutions {' '.join(options.solutions)}")
         chosen = f" with {' and '.join(what)}" if what else ""
         reasons = "; ".join(notes) or (
             f"{root}/solutions holds no solution (`fibgen scaffold-solution NAME --language "

@@ -59,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=[],
         metavar="NAME_OR_PATH",
         help="solution names or patterns to run, and/or solution JSON files or folders to add "
-        "(a pattern that matches nothing is an error)",
+        "to the dataset's; files or folders alone run only what they hold (a pattern that "
+        "matches nothing, and a folder that holds no solution, are errors)",
     )
     p.add_argument(
         "--devices",
