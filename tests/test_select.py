@@ -935,6 +935,32 @@ def test_without_the_api_as_a_candidate_the_fastest_solution_is_routed(steady_on
     assert "miss_original" not in table
 
 
+def test_flashinfer_bench_settings_are_said_as_fibgens():
+    from fibgen.runtime.errors import ApplyConfigError
+    from fibgen.runtime.selection.policy import normalize_config
+
+    with pytest.raises(ApplyConfigError, match=r"max_atol and max_rtol -> atol and rtol"):
+        normalize_config({"*": {"max_atol": 1e-2}})
+
+    class ApplyConfig:  # flashinfer-bench's, as far as the message needs
+        max_atol = 1e-2
+
+    with pytest.raises(ApplyConfigError, match=r"not ApplyConfig; flashinfer-bench's Apply"):
+        normalize_config(ApplyConfig())
+
+
+def test_flashinfer_benchs_own_config_objects_are_said_as_fibgens():
+    require_flashinfer_bench()
+    from flashinfer_bench.apply.config import ApplyConfig, ApplyConfigRegistry
+
+    from fibgen.runtime.errors import ApplyConfigError
+    from fibgen.runtime.selection.policy import normalize_config
+
+    for config in (ApplyConfig(), ApplyConfigRegistry(default=ApplyConfig())):
+        with pytest.raises(ApplyConfigError, match=r"on_miss_policy 'fallback_only' -> on_miss"):
+            normalize_config(config)
+
+
 def test_the_original_key_takes_true_or_false_only():
     from fibgen.runtime.errors import ApplyConfigError
     from fibgen.runtime.selection.policy import normalize_config

@@ -64,6 +64,13 @@ def _is_real(value: Any) -> bool:
 
 
 _POLICY_KEYS = tuple(f.name for f in fields(Policy))
+# What a flashinfer-bench ApplyConfig's settings are here.
+_FROM_FLASHINFER_BENCH = (
+    "flashinfer-bench's ApplyConfig settings are, here: max_atol and max_rtol -> atol and "
+    "rtol; on_miss_policy 'fallback_only' -> on_miss='fallback', 'use_def_best' -> "
+    "on_miss='best'; aot_ratio -> prebuild, a count of top solutions; its "
+    "ApplyConfigRegistry is a mapping {definition name or '*': {...}}"
+)
 
 
 def normalize_config(config: Mapping[str, Any] | Policy | None) -> dict[str, Policy]:
@@ -73,17 +80,20 @@ def normalize_config(config: Mapping[str, Any] | Policy | None) -> dict[str, Pol
     if isinstance(config, Policy):
         return {"*": config}
     if not isinstance(config, Mapping):
+        fib = hasattr(config, "max_atol") or hasattr(config, "per_definition")
         raise ApplyConfigError(
             f"the selection config must be a Policy or a mapping, not {type(config).__name__}"
+            + (f"; {_FROM_FLASHINFER_BENCH}" if fib else "")
         )
     out: dict[str, Policy] = {}
     for name, policy in config.items():
         if isinstance(policy, Mapping):
             unknown = sorted(str(k) for k in policy if k not in _POLICY_KEYS)
             if unknown:
+                fib = unknown[0] in ("max_atol", "max_rtol", "on_miss_policy", "aot_ratio")
                 raise ApplyConfigError(
                     f"config for {name!r}: unknown key {unknown[0]!r}; the keys are "
-                    f"{', '.join(_POLICY_KEYS)}"
+                    f"{', '.join(_POLICY_KEYS)}" + (f" ({_FROM_FLASHINFER_BENCH})" if fib else "")
                 )
             try:
                 policy = Policy(**policy)
