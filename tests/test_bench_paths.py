@@ -19,6 +19,7 @@ from fibgen.bench.runner import (
 from fibgen.cli import main
 from fibgen.format import Definition, write_definition
 
+from _shared import require_module
 from _bench_dataset import (
     DEFINITION,
     SAMPLER,
@@ -412,3 +413,21 @@ def test_flashinfers_own_function_is_not_given_host_tensors_on_a_machine_with_a_
     own.__module__ = "flashinfer.activation"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert cuda_only(own, cpu) is None  # it raises, or runs a stand-in: tried as ever
+
+
+def test_the_real_flashinfers_own_functions_are_told_apart(monkeypatch):
+    # The guard above reads the original's module: the real package's functions, as
+    # ApiCall.original gets them (the API's own function, not fibgen's dispatcher).
+    import torch
+
+    require_module("flashinfer", "the guard is checked against the real FlashInfer")
+    import flashinfer.activation
+    import flashinfer.norm
+
+    from fibgen.bench.worker import cuda_only
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for own in (flashinfer.norm.rmsnorm, flashinfer.activation.silu_and_mul):
+        assert "takes CUDA tensors" in cuda_only(own, torch.device("cpu")), own
+        assert cuda_only(own, torch.device("cuda:0")) is None
+    assert cuda_only(torch.nn.functional.silu, torch.device("cpu")) is None

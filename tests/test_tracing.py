@@ -1269,6 +1269,36 @@ def test_a_decorator_resolver_that_returns_no_name_is_said_plainly():
 
 
 @pytest.mark.slow
+def test_a_decorated_wrapper_of_the_real_patched_api_is_recorded_once(tmp_path):
+    # The usual flashinfer-bench integration: an engine's function decorated with its
+    # definition's name, whose body calls FlashInfer's (here the real, patched) rmsnorm. Apply
+    # off: the body runs, FlashInfer's kernel raises on this CPU after tracing has seen both
+    # calls; the decorated call is the record, the patched call inside it is inner.
+    from _shared import require_module
+
+    require_module("flashinfer", "flashinfer is not installed")
+    import flashinfer
+
+    @rt.apply("rmsnorm_h4096")
+    def norm(hidden_states, weight):
+        return flashinfer.norm.rmsnorm(hidden_states, weight, 1e-5)
+
+    x, w = torch.randn(2, 4096, dtype=torch.bfloat16), torch.randn(4096, dtype=torch.bfloat16)
+    own = flashinfer.norm.rmsnorm
+    rt.enable_tracing(tmp_path, patch=True, dump="none")
+    try:
+        assert flashinfer.norm.rmsnorm is not own  # patched while tracing
+        with pytest.raises(Exception) as raised:  # FlashInfer's own kernel, on a CPU
+            norm(x, w)
+        stats = rt.tracing_stats()
+    finally:
+        rt.disable_tracing()
+    assert "fibgen" not in type(raised.value).__module__
+    assert (stats["recorded"], stats["inner"], stats["failed"]) == (1, 1, 0), stats
+    assert [r.axes for r in _records(tmp_path, "rmsnorm_h4096")] == [{"batch_size": 2}]
+
+
+@pytest.mark.slow
 def test_a_hand_written_fallback_calling_the_real_patched_api_is_routed_and_traced(tmp_path):
     # A layer with no solution of its own runs the caller's code, which calls FlashInfer's
     # patched rmsnorm: routed to its solution (FlashInfer's own kernel would raise on this

@@ -69,3 +69,24 @@ def test_enable_apply_of_nothing_is_said_at_the_callers_line():
         rt.enable_apply({})
     rt.disable_apply()
     assert _sites(list(caught), "no solution given") == [HERE]
+
+
+@pytest.mark.slow
+def test_a_failing_solution_through_the_real_patched_api_is_said_at_the_callers_line():
+    # FlashInfer's real rmsnorm, patched while apply is on: the patching's frames and the
+    # generated dispatcher's are passed over.
+    from _shared import require_module
+
+    require_module("flashinfer", "the real FlashInfer's patched API")
+    import flashinfer.norm
+
+    def broken(hidden_states, weight):
+        raise RuntimeError("warn-site real failure")
+
+    x, w = torch.randn(2, 4096, dtype=torch.bfloat16), torch.randn(4096, dtype=torch.bfloat16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with rt.enable_apply({"rmsnorm_h4096": broken}):
+            with pytest.raises(Exception):  # the fallback: FlashInfer's own kernel, on a CPU
+                flashinfer.norm.rmsnorm(x, w, 1e-5)
+    assert _sites(caught, "warn-site real failure") == [HERE]

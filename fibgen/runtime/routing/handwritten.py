@@ -84,9 +84,10 @@ def _find_definition(name: str) -> tuple[dict[str, Any] | None, list[Any]]:
     with STATE.lock:
         roots = sorted({e.root for e in STATE.entries.values() if e.root}, key=str)
     for root in [*roots, None]:
-        definition = solutions.find_definition(name, root)
-        if definition is not None:
-            return definition, roots
+        # Each dataset's own (find_definition's catalogue fallback would hide the later ones).
+        found = solutions.own_definition(name, root)
+        if found is not None:
+            return found[0], roots
     return None, roots
 
 
@@ -99,7 +100,6 @@ class _InputCheck(NamedTuple):
     [hand-written results])."""
 
     by_count: Mapping[int, Callable[[Sequence[Any]], "tuple[str, str] | None"]]
-    counts: tuple[int, int]
     any_call: _Check
     result: Callable[[Sequence[Any], Any], "tuple[str | None, Any, Any] | None"]
     inputs: tuple[str, ...]
@@ -225,11 +225,7 @@ def _input_check(definition: Mapping[str, Any]) -> _InputCheck:
     outputs = tuple(definition["outputs"])
     every = inputs + outputs
     tensors, consts = contract(definition)
-    buffers = [
-        (n, t.get("dtype"), tuple(t["shape"]))
-        for n, t in definition["outputs"].items()
-        if t.get("shape") is not None
-    ]
+    buffers = contract(definition, "outputs")[0]
     # A one-byte float (fp8, packed fp4, e8m0 scales) is passed as uint8 as often as not
     # (FlashInfer's own calls do; a dispatcher views it before its check).
     check = checker(inputs, tensors, consts, bytes_for_floats=True)
@@ -249,8 +245,7 @@ def _input_check(definition: Mapping[str, Any]) -> _InputCheck:
             return dps([values[n] for n in every])
         return check([values[n] for n in inputs])
 
-    counts = (len(inputs), len(every))
-    return _InputCheck(by_count, counts, any_call, _result_check(definition), inputs)
+    return _InputCheck(by_count, any_call, _result_check(definition), inputs)
 
 
 # The signatures of the solutions that calls of other arguments than the definition's reach.
@@ -379,14 +374,12 @@ def _route_handwritten(
         try:
             result = fn(*args, **kwargs)
             if check is not None and result is not None:  # Note [hand-written results]
-                values: Sequence[Any] | None = None
+                values: Sequence[Any] | str | None = None  # the inputs of a value-style call
                 if not kwargs:
-                    values = args if len(args) == check.counts[0] else None
-                elif len(args) + len(kwargs) == check.counts[0]:
-                    bound = solutions.bind_arguments(check.inputs, (), args, kwargs)
-                    if not isinstance(bound, str):
-                        values = [bound[n] for n in check.inputs]
-                if values is not None:
+                    values = args if len(args) == len(check.inputs) else None
+                else:
+                    values = solutions.input_values(check.inputs, (), args, kwargs)
+                if values is not None and not isinstance(values, str):
                     bad = check.result(values, result)
                     if bad is not None:
                         api.bad_result(key, *bad)

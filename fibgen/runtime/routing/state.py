@@ -9,7 +9,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from fibgen.runtime.caller import DISPATCH_CODES
+from fibgen.runtime.caller import DISPATCH_CODES, warn
 from fibgen.runtime.checking import result_check
 from fibgen.runtime.routing import patching
 from fibgen.runtime.solutions import loading as solutions
@@ -156,8 +156,6 @@ class ApplyState:
             if key in self.warned:
                 return
             self.warned.add(key)
-        from fibgen.runtime.caller import warn
-
         warn(message)
 
     def use_native_check(self, same: Callable[..., bool]) -> None:

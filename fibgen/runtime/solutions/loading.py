@@ -723,11 +723,6 @@ def find_definition(name: str, root: Path | None = None) -> dict | None:
     return _definition_and_file(name, root)[0]
 
 
-def definition_file(name: str, root: Path | None = None) -> Path | None:
-    """The file ``find_definition(name, root)`` read."""
-    return _definition_and_file(name, root)[1]
-
-
 def forget_unfound() -> None:
     """Look again, at the next lookup, for the definitions a dataset did not have (found in
     the catalogue or nowhere): one may have been added since. enable_apply and enable_tracing

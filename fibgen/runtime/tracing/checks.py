@@ -49,13 +49,13 @@ def definition_file(api: Api, name: str) -> Path | None:
 
 
 def contract(
-    definition: Mapping[str, Any],
+    definition: Mapping[str, Any], part: str = "inputs"
 ) -> tuple[list[tuple[str, str | None, tuple[str, ...]]], dict[str, int]]:
-    """(name, dtype, shape) of each tensor input of a definition JSON, in its order, and the
-    values of its const axes."""
+    """(name, dtype, shape) of each tensor input (or output, ``part="outputs"``) of a
+    definition JSON, in its order, and the values of its const axes."""
     tensors = [
         (n, t.get("dtype"), tuple(t["shape"]))
-        for n, t in definition["inputs"].items()
+        for n, t in definition[part].items()
         if t.get("shape") is not None
     ]
     consts = {

@@ -138,16 +138,21 @@ def target_of(definition: Mapping[str, Any]) -> Target:
         return found
 
     def values(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[Any] | str:
-        given = input_values(inputs, outputs, args, kwargs)
-        if isinstance(given, str):
-            return given
         if outputs and len(args) + len(kwargs) == len(inputs) + len(outputs):
             # Destination-passing: the rest are buffers (else another signature, eps say).
             bound = bind_arguments(inputs, outputs, args, kwargs)
+            if isinstance(bound, str):
+                return bound
             for name in outputs:
-                value = bound[name] if isinstance(bound, dict) else None
-                if not isinstance(value, torch.Tensor):
-                    return f"output {name} is a {type(value).__name__}, not a buffer to write into"
+                if not isinstance(bound[name], torch.Tensor):
+                    kind = type(bound[name]).__name__
+                    return f"output {name} is a {kind}, not a buffer to write into"
+            given = [bound[n] for n in inputs]
+        else:
+            found = input_values(inputs, outputs, args, kwargs)
+            if isinstance(found, str):
+                return found
+            given = found
         for i, dtype in as_bytes:
             value = given[i]
             if isinstance(value, torch.Tensor) and value.dtype in BYTES:
