@@ -397,8 +397,9 @@ def test_rope_quantize_fp8_routes_what_it_models_and_refuses_the_rest():
             {"q_nope": torch.empty(4, 8, 0, dtype=torch.bfloat16)},
         ),
         ({"quantize_dtype": torch.float8_e5m2}, "quantize_dtype"),
-        # The rule over the four output buffers is counted under their names.
-        ({"q_rope_out": e5m2}, "q_rope_out,k_rope_out,q_nope_out,k_nope_out"),
+        # A caller's buffer of another dtype is counted under its output (Note [output
+        # buffers]).
+        ({"q_rope_out": e5m2}, "tensor:q_rope_out"),
     ]
     out = _route("rope_quantize_fp8", "rope_quantize_fp8_h8_kv2_rope64", args, cases)
     expected = _reference("rope_quantize_fp8_h8_kv2_rope64")(*args, True, 1.0, 1.0)
@@ -585,7 +586,7 @@ def test_rmsnorm_quant_routes_tensor_and_float_scales_and_refuses_e5m2():
         ({"eps": 1e-5, "enable_pdl": True}, {"eps": 1e-5}),
         # The deprecated float scale reaches the solution as FlashInfer's one-element tensor.
         ({"__args__": (out, x, w, 0.5)}, {"scale": scale}),
-        ({"__args__": (out.view(torch.float8_e5m2), x, w, scale)}, "out"),
+        ({"__args__": (out.view(torch.float8_e5m2), x, w, scale)}, "tensor:out"),
         ({"__args__": (out, x.half(), w.half(), scale)}, "tensor:hidden_states"),
     ]
     returned = _route("rmsnorm_quant", "rmsnorm_quant_h2048", (out, x, w, scale), cases, "norm")
@@ -601,7 +602,7 @@ def test_fused_add_rmsnorm_quant_writes_out_and_the_residual():
     expected = _reference("fused_add_rmsnorm_quant_h2048")(x, r, w, scale, 1e-5)
     cases = [
         ({"__args__": (out, x, rr, w, scale), "eps": 1e-5}, {"eps": 1e-5}),
-        ({"__args__": (out.view(torch.float8_e5m2), x, r, w, scale)}, "out"),
+        ({"__args__": (out.view(torch.float8_e5m2), x, r, w, scale)}, "tensor:out"),
     ]
     returned = _route(
         "fused_add_rmsnorm_quant", "fused_add_rmsnorm_quant_h2048", None, cases, "norm"
@@ -631,7 +632,7 @@ def test_layernorm_quant_routes_and_writes_out():
         ({}, {"scale": scale, "eps": 1e-6, "weight": w, "bias": b}),
         ({"eps": 1e-5}, {"eps": 1e-5}),
         ({"__args__": (out, x, w, b, 0.5)}, {"scale": scale}),
-        ({"__args__": (out.view(torch.float8_e5m2), x, w, b, scale)}, "out"),
+        ({"__args__": (out.view(torch.float8_e5m2), x, w, b, scale)}, "tensor:out"),
         ({"__args__": (out, x, w.bfloat16(), b, scale)}, "tensor:weight"),
     ]
     returned = _route(
@@ -780,7 +781,7 @@ def test_fused_rmsnorm_silu_routes_bfloat16_output_and_refuses_fp8():
     cases = [
         ({}, {"eps": 1e-6, "hidden_states": x}),
         ({"eps": 1e-5, "out": out}, {"eps": 1e-5}),
-        ({"out": torch.zeros(3, 128, dtype=torch.float8_e4m3fn)}, "out"),
+        ({"out": torch.zeros(3, 128, dtype=torch.float8_e4m3fn)}, "tensor:output"),
         ({"__args__": (x, w.float())}, "tensor:weight"),
     ]
     returned = _route("fused_rmsnorm_silu", "fused_rmsnorm_silu_h128", (x, w), cases, "norm")

@@ -80,6 +80,7 @@ class Api:
         "family_reference",
         "rules",
         "tensors",
+        "buffers",
         "values",
         "defaults",
         "params",
@@ -125,6 +126,7 @@ class Api:
         family_reference: str | None = None,
         rules: tuple[str, ...] = (),
         tensors: Mapping[str, tuple[str | None, tuple[str, ...]]] | None = None,
+        buffers: Mapping[str, tuple[str, str | None, tuple[str, ...]]] | None = None,
         values: Mapping[str, tuple[Any, ...]] | None = None,
         defaults: tuple[Any, ...] | None = (),
         params: tuple[str, ...] = (),
@@ -174,6 +176,8 @@ class Api:
         self.family_reference = family_reference
         self.rules = rules
         self.tensors = dict(tensors or {})
+        # The caller's output buffers a rule checks: output → (parameter, dtype, axis names).
+        self.buffers = dict(buffers or {})
         self.values: dict[str, tuple[Any, ...] | None] | None = (
             None if values is None else dict(values)
         )
@@ -499,8 +503,16 @@ class Api:
         values = tuple(outputs[o] for o in self.outputs)
         return values[0] if len(values) == 1 else values
 
-    def cannot_allocate(self, output: str) -> Any:
-        """Raise for a destination-passing call whose output shape the call does not give."""
+    def cannot_allocate(self, output: str, laid_out: bool = False) -> Any:
+        """Raise for a destination-passing call whose output shape the call does not give
+        (``laid_out``: the caller's buffer holds the output as the API lays it out, Note
+        [output buffers] in ``fibgen/codegen/python/dispatch/rules.py``)."""
+        if laid_out:
+            raise ValueError(
+                f"{self.label}: cannot allocate output {output!r}: the caller's buffer holds it "
+                "as the API lays it out, and the definition's shape is not readable from the "
+                "call; register a value-returning solution"
+            )
         raise ValueError(
             f"{self.label}: cannot allocate output {output!r}: its shape is not readable from "
             "the call; pass its buffer, or register a value-returning solution"
@@ -652,7 +664,14 @@ class Api:
 
     def _describe_failure(self, rule: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
         return refusals.describe_failure(
-            rule, self.function, self.inputs, self.tensors, self.trace_inputs, args, kwargs
+            rule,
+            self.function,
+            self.inputs,
+            self.tensors,
+            self.trace_inputs,
+            args,
+            kwargs,
+            self.buffers,
         )
 
     def failed(

@@ -24,6 +24,8 @@ UNPLANNED = {
 
 # An API's tensors as a dispatcher declares them: input → (dtype or None, axis names).
 Tensors = Mapping[str, tuple[str | None, tuple[str, ...]]]
+# The caller's output buffers it checks: output → (parameter, dtype or None, axis names).
+Buffers = Mapping[str, tuple[str, str | None, tuple[str, ...]]]
 
 
 def rule_text(rules: tuple[str, ...], index: int) -> str:
@@ -43,6 +45,7 @@ def describe_failure(
     trace_inputs: Callable[..., tuple[Any, ...]] | None,
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any],
+    buffers: Buffers | None = None,
 ) -> str:
     """What about a call of ``function`` fails ``rule``, in words."""
     if rule == "unevaluable":
@@ -55,7 +58,13 @@ def describe_failure(
             values = dict(zip(inputs, trace_inputs(*args, **kwargs)))
         except Exception:
             values = {}
-        problem = tensor_problem(rule[7:], values, inputs, tensors)
+        name = rule[7:]
+        if buffers and name in buffers:
+            problem = _buffer_problem(
+                name, buffers[name], function, values, inputs, tensors, args, kwargs
+            )
+        else:
+            problem = tensor_problem(name, values, inputs, tensors)
         if problem is not None:
             return problem
     shown = []
@@ -88,22 +97,56 @@ def _unreadable(
     return ""
 
 
-def tensor_problem(
-    name: str, values: Mapping[str, Any], inputs: tuple[str, ...], tensors: Tensors
+def _buffer_problem(
+    name: str,
+    buffer: tuple[str, str | None, tuple[str, ...]],
+    function: Callable[..., Any],
+    values: Mapping[str, Any],
+    inputs: tuple[str, ...],
+    tensors: Tensors,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
 ) -> str | None:
-    """What makes input ``name`` of a call not the definition's, as the launchers say it."""
+    """What makes the caller's buffer of output ``name`` not the definition's output."""
+    param, dtype, shape = buffer
+    try:
+        value = inspect.signature(function).bind(*args, **kwargs).arguments.get(param)
+    except (TypeError, ValueError):
+        return None
+    what = f"output buffer {param}"
+    problem = tensor_problem(
+        name, {**values, name: value}, inputs, {**tensors, name: (dtype, shape)}, what
+    )
+    if problem is not None:
+        return problem
+    device = next((v.device for v in values.values() if isinstance(v, torch.Tensor)), None)
+    if isinstance(value, torch.Tensor) and device is not None and value.device != device:
+        return f"{what} is on {value.device}, the inputs are on {device}"
+    return None
+
+
+def tensor_problem(
+    name: str,
+    values: Mapping[str, Any],
+    inputs: tuple[str, ...],
+    tensors: Tensors,
+    what: str | None = None,
+) -> str | None:
+    """What makes input ``name`` of a call (or ``what`` it is) not the definition's, as the
+    launchers say it."""
     if name not in values or name not in tensors:
         return None
     value = values[name]
     dtype, shape = tensors[name]
+    what = what or f"input {name}"
     if not isinstance(value, torch.Tensor):
-        return f"input {name} is a {type(value).__name__}, not a tensor"
+        return f"{what} is a {type(value).__name__}, not a tensor"
     got = str(value.dtype).removeprefix("torch.")
     if dtype is not None and got != dtype:
-        return f"input {name} is {got}, the definition's is {dtype}"
+        return f"{what} is {got}, the definition's is {dtype}"
     if value.ndim != len(shape):
         return (
-            f"input {name} has {value.ndim} dims, the definition's has {len(shape)} "
+            f"{what} has {value.ndim} dims, the definition's has {len(shape)} "
             f"[{', '.join(shape)}]"
         )
     first: dict[str, tuple[str, int, int]] = {}
@@ -117,7 +160,7 @@ def tensor_problem(
         where = first.get(axis)
         if where is not None and where[0] != name and where[2] != value.shape[i]:
             return (
-                f"input {name} has size {value.shape[i]} along axis {axis} (dim {i}), "
+                f"{what} has size {value.shape[i]} along axis {axis} (dim {i}), "
                 f"expected {where[2]} as in {where[0]} (dim {where[1]})"
             )
     return None

@@ -138,6 +138,17 @@ def _family_module(
     }
     # One statement: format_python hands it to black whole when it is too long.
     tables.append("_TENSORS = " + inline_dict(described))
+    # Note [output buffers]: the caller's buffers a rule checks, for the refusal's message.
+    buffers = {}
+    for index in sorted(plan.buffers):
+        o = next(o for o in family.outputs if f"tensor:{o.name}" == plan.names[index])
+        target = view.targets[o.name]
+        assert target is not None and o.shape is not None  # only such outputs are checked
+        concrete = o.dtype.kind == "concrete" and o.dtype.name not in view.dtype_params
+        dtype = o.dtype.name if concrete else None
+        buffers[o.name] = (target[1], dtype, list(o.shape))
+    if buffers:
+        tables.append("_BUFFERS = " + inline_dict(buffers))
     if plan.values:
         rows = []
         for d in view.defs:
@@ -184,6 +195,8 @@ def _family_module(
         "rules=_RULES",
         "tensors=_TENSORS",
     ]
+    if buffers:
+        options.append("buffers=_BUFFERS")
     if plan.values:
         options += ["values=_VALUES", "defaults=_DEFAULTS"]
     if family.params:

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 from fibgen.codegen.python.dispatch.key import FamilyKey, NameRule
 from fibgen.codegen.python.dispatch.plan import (
-    dtype_constant,
     forward_args,
     signature_text,
     tuple_text,
@@ -43,51 +42,6 @@ class Family(FamilyKey):
     """Prints the functions of one family's dispatcher module from its plan and its key."""
 
     # -------------------------------------------------------------- dispatcher
-    def _result_check(
-        self, o: ir.Tensor, local: str, fields: tuple[str, ...]
-    ) -> tuple[str, str] | None:
-        """The condition a value-returning solution's output meets, and what is expected of it
-        as ``(dtype, shape or None, device or None)`` (evaluated only when the condition
-        fails, for the message); None for a scalar. Note [result check] in
-        ``fibgen/runtime/checking/result_check.py``: ``_same`` checks dtype, shape and device.
-        """
-        if o.shape is None:
-            return None
-        dtype = self._dtype(o)
-        if o.dtype.kind == "concrete" and o.dtype.name not in self.dtype_params:
-            dtype = dtype_constant(o.dtype.name)
-        required = [self.input_expr[t.name] for t in self.f.inputs if t.shape and not t.optional]
-        # An input of the very same axes gives the expected shape in one comparison.
-        same = next(
-            (
-                self.input_expr[t.name]
-                for t in self.f.inputs
-                if t.shape == o.shape and not t.optional
-            ),
-            None,
-        )
-        if same is not None:
-            shape = f"{same}.shape"
-        else:
-            dims = self.dims(o, fields)
-            shape = dims if dims is not None else "None"
-        if required:
-            sizes = shape if shape != "None" else str(len(o.shape))
-            cond = f"_same({local}, {dtype}, {sizes}, {required[0]})"
-            device = f"{required[0]}.device"
-        else:
-            # Nothing to take the device from: the dtype and the shape.
-            parts = [f"isinstance({local}, _Tensor)", f"{local}.dtype is {dtype}"]
-            parts.append(
-                f"{local}.shape == {shape}"
-                if shape != "None"
-                else f"{local}.ndim == {len(o.shape)}"
-            )
-            cond = " and ".join(parts)
-            device = "None"
-        cond = f"{local} is None or {cond}" if o.optional else cond
-        return cond, f"({dtype}, {shape}, {device})"
-
     def dispatcher(self, fields: tuple[str, ...], plan: RulePlan) -> FunctionView:
         """The family's function: the body of Note [the dispatch contract]."""
         forward = forward_args(self.params)
@@ -301,7 +255,7 @@ class Family(FamilyKey):
             if outs:
                 call.append(f"    {', '.join(outs)} = _res")
         for o in self.f.outputs:
-            check = self._result_check(o, f"_o_{o.name}", fields)
+            check = self.output_check(o, f"_o_{o.name}", fields)
             if check is not None:
                 cond, want = check
                 call += [
@@ -313,7 +267,11 @@ class Family(FamilyKey):
         for o in self.f.outputs:
             target = self.targets[o.name]
             alloc = self.alloc(o, fields)
-            if target is not None and target[0] == "buffer":
+            if o.name in self.results():
+                # A buffer a `result` rule writes holds the output as the API lays it out:
+                # the solution writes one of the definition's (Note [output buffers]).
+                call.append(f"    _o_{o.name} = {self.alloc(o, fields, laid_out=True)}")
+            elif target is not None and target[0] == "buffer":
                 # The caller's buffer, else a new one; as statements, which black leaves as
                 # they are where it would split a long conditional expression.
                 call += [

@@ -181,10 +181,12 @@ class OpView:
             for t in self.f.inputs
             if t.shape is not None and not t.optional
         ]
+        # An output buffer is checked by the dispatcher the op runs (Note [output buffers]):
+        # its check calls `_same`, which the compiler would not trace into.
         checks = [
             f"({c.condition})"
             for c in self.plan.call_checks
-            if self.plan.names[c.index].startswith("tensor:")
+            if self.plan.names[c.index].startswith("tensor:") and c.index not in self.plan.buffers
         ]
         body = [f"_a = {_tuple(self._packed())}"]
         body += self._lets()

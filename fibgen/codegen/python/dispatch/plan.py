@@ -277,8 +277,9 @@ class FamilyPlan:
                 dims.append(carriers[0])
         return tuple_text(dims)
 
-    def alloc(self, o: ir.Tensor, fields: tuple[str, ...]) -> str:
-        """An expression that allocates output ``o`` for a routed call.
+    def alloc(self, o: ir.Tensor, fields: tuple[str, ...], laid_out: bool = False) -> str:
+        """An expression that allocates output ``o`` for a routed call (``laid_out``: one
+        whose caller's buffer holds it as the API lays it out, Note [output buffers]).
 
         Where a required input has the output's axes and dtype, ``torch.empty_like`` of it
         (contiguous): the dispatcher has checked that input's shape, and empty_like costs a
@@ -292,8 +293,57 @@ class FamilyPlan:
                 return f"torch.empty_like({expr}, memory_format=torch.contiguous_format)"
         dims = self.dims(o, fields)
         if dims is None:
+            if laid_out:
+                return f"_api.cannot_allocate({literal(o.name)}, laid_out=True)"
             return f"_api.cannot_allocate({literal(o.name)})"
         return f"torch.empty({dims}, dtype={self._dtype(o)}, device={self._device()})"
+
+    def output_check(
+        self, o: ir.Tensor, local: str, fields: tuple[str, ...]
+    ) -> tuple[str, str] | None:
+        """The condition output ``o`` held in ``local`` meets, and what is expected of it as
+        ``(dtype, shape or None, device or None)`` (evaluated only when the condition fails,
+        for the message); None for a scalar. What a value-returning solution returns is
+        checked by it (Note [result check] in ``fibgen/runtime/checking/result_check.py``:
+        ``_same`` checks dtype, shape and device), and so is a buffer the caller gives
+        (Note [output buffers] in ``fibgen/codegen/python/dispatch/rules.py``).
+        """
+        if o.shape is None:
+            return None
+        dtype = self._dtype(o)
+        if o.dtype.kind == "concrete" and o.dtype.name not in self.dtype_params:
+            dtype = dtype_constant(o.dtype.name)
+        required = [self.input_expr[t.name] for t in self.f.inputs if t.shape and not t.optional]
+        # An input of the very same axes gives the expected shape in one comparison.
+        same = next(
+            (
+                self.input_expr[t.name]
+                for t in self.f.inputs
+                if t.shape == o.shape and not t.optional
+            ),
+            None,
+        )
+        if same is not None:
+            shape = f"{same}.shape"
+        else:
+            dims = self.dims(o, fields)
+            shape = dims if dims is not None else "None"
+        if required:
+            sizes = shape if shape != "None" else str(len(o.shape))
+            cond = f"_same({local}, {dtype}, {sizes}, {required[0]})"
+            device = f"{required[0]}.device"
+        else:
+            # Nothing to take the device from: the dtype and the shape.
+            parts = [f"isinstance({local}, _Tensor)", f"{local}.dtype is {dtype}"]
+            parts.append(
+                f"{local}.shape == {shape}"
+                if shape != "None"
+                else f"{local}.ndim == {len(o.shape)}"
+            )
+            cond = " and ".join(parts)
+            device = "None"
+        cond = f"{local} is None or {cond}" if o.optional else cond
+        return cond, f"({dtype}, {shape}, {device})"
 
     def _scaled_field(self, axis: str, fields: tuple[str, ...]) -> str | None:
         """An axis a key field is pinned to a multiple of (``input_size = 2 * hidden_size``)."""
@@ -466,8 +516,13 @@ class FamilyPlan:
             return dtype_constant(ref.name)
         return f"{self.input_expr[ref.name]}.dtype" if ref.name in self.input_expr else None
 
+    def results(self) -> frozenset[str]:
+        """The outputs a `result` rule says how the API returns (Note [rules])."""
+        return frozenset(r.target for r in self.f.rules if isinstance(r, ir.Result))
+
     def rule_plan(self, fields: tuple[str, ...]) -> RulePlan:
-        """The checks of the family's rules and of its input tensors (Note [rules])."""
+        """The checks of the family's rules, of its input tensors and of the output buffers a
+        caller gives (Note [rules])."""
         readers = {f: self.reader(f) for f in fields}
         speller = RuleSpeller(self.f, fields, self._axis_reader, readers)
         tensors = []
@@ -477,5 +532,15 @@ class FamilyPlan:
             dtype = self._tensor_dtype(t, fields)
             if dtype is not None:
                 tensors.append((t.name, self.input_expr[t.name], t.optional, dtype, t.shape))
-        speller.tensor_checks(tensors)
+        # Note [output buffers]: a buffer the caller gives is checked as a result is.
+        buffers = []
+        for o in self.f.outputs:
+            target = self.targets[o.name]
+            if target is None or target[0] != "buffer" or o.name in self.results():
+                continue
+            check = self.output_check(o, target[1], fields)
+            if check is not None:
+                cond = check[0] if o.optional else f"{target[1]} is None or {check[0]}"
+                buffers.append((o.name, cond))
+        speller.tensor_checks(tensors, buffers)
         return speller.plan

@@ -9,6 +9,28 @@ into the module's ``_RULES`` table, which names it for stats and messages:
 * const-stage rules (over the key's fields and the definition's parameters) run once per
   key in ``_const_check``, when the runtime resolves the key;
 * call-stage rules, and the dtype and rank of every input tensor, run on each routed call.
+
+Note [output buffers]
+~~~~~~~~~~~~~~~~~~~~~
+An API that writes into a buffer its caller gives (``out=``, ``lse=``) hands that buffer to a
+destination-passing solution, and copies a value-returning solution's result into it. A
+buffer of another dtype, rank, size or device than the definition's output for the call is a
+call the definition does not describe: a solution would write it as if it were the output
+(bf16 bits into a float32 buffer, rows past its end), and ``copy_`` would convert or
+broadcast silently. So a given buffer is checked as a value-returning solution's result is
+(``_same``: dtype, shape, the inputs' device), under the rule ``tensor:<output>``, after the
+input tensors; a call it fails goes to the original API, which does with the buffer what it
+does. Hand-written ``apply`` checks the same (Note [hand-written inputs] in
+``fibgen/runtime/routing/handwritten.py``). A buffer left out costs the hit path one
+``is None``. Under torch.compile the op's dispatcher checks it, eagerly. Buffers are not
+checked for contiguity, as inputs are not: a solution reads the strides it is given.
+
+A buffer that a `result` rule writes holds the output as the API lays it out (MiniMax-H3's
+swizzled scales, fp4 values as uint8 bytes), not as the definition does: it is not a rule's
+to refuse, and not the solution's to write. A destination-passing solution writes a buffer of
+the definition's, which the `result` rule lays out for the caller's; where the call gives no
+shape to allocate it, ``cannot_allocate`` fails the solution and the call falls back, counted
+as its error (a value-returning solution is served).
 """
 
 from __future__ import annotations
@@ -18,7 +40,7 @@ import builtins
 import io
 import math
 import tokenize
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from fibgen.codegen.python.pyliteral import literal, string
@@ -50,6 +72,7 @@ class RulePlan:
     call_checks: list[Spelled] = field(default_factory=list)
     values: list[str] = field(default_factory=list)  # params the checks read per definition
     helpers: set[str] = field(default_factory=set)
+    buffers: set[int] = field(default_factory=set)  # indices of output buffers' checks
     run_spelling: dict[str, str] = field(default_factory=dict)  # run name -> variable
 
     def add(self, name: str) -> int:
@@ -302,8 +325,14 @@ class RuleSpeller:
             index = self.plan.add(name)
             self.plan.call_checks.append(Spelled(index, f"{arg} == {value}"))
 
-    def tensor_checks(self, tensors: list[tuple[str, str, bool, str, tuple[str, ...]]]) -> None:
-        """dtype, rank and sizes of input tensors: (name, expression, optional, dtype, shape).
+    def tensor_checks(
+        self,
+        tensors: list[tuple[str, str, bool, str, tuple[str, ...]]],
+        buffers: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        """dtype, rank and sizes of input tensors: (name, expression, optional, dtype, shape);
+        then the conditions of the caller's output buffers, (output, condition)
+        (Note [output buffers]).
 
         A size is checked against the key's value of its axis, the value a pinned axis has,
         or the size of the first required input that carries the axis.
@@ -322,6 +351,10 @@ class RuleSpeller:
             cond = " and ".join(parts)
             if optional:
                 cond = f"{expr} is None or ({cond})"
+            checks.append(Spelled(index, cond))
+        for name, cond in buffers:
+            index = self.plan.add(f"tensor:{name}")
+            self.plan.buffers.add(index)
             checks.append(Spelled(index, cond))
         # Tensors first: later rules may read their shapes.
         self.plan.call_checks[0:0] = checks

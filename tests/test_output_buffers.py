@@ -1,0 +1,216 @@
+"""The caller's output buffers (``out=``) through generated dispatchers: Note [output buffers]
+in ``fibgen/codegen/python/dispatch/rules.py``.
+
+A buffer of the definition's dtype, shape and device is handed to a destination-passing
+solution as it is; any other goes, with its call, to FlashInfer's own function, counted under
+``tensor:<output>`` and said with what is wrong with it. Against the real FlashInfer package,
+its norm kernels computing in torch on the CPU (``_flashinfer_cpu``).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import _flashinfer_cpu as cpu
+import fibgen.runtime as rt
+import flashinfer
+
+pytest.importorskip("fibgen_kernels.rmsnorm")
+
+RMS = "flashinfer.norm.rmsnorm"
+
+
+def _bf16(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape).to(torch.bfloat16)
+
+
+def _dps(seen: list):
+    def solution(hidden_states, weight, output):
+        seen.append(output)
+        output.copy_(cpu.rms(hidden_states, weight, 1e-5))
+
+    return solution
+
+
+def test_a_buffer_of_the_definitions_output_is_the_one_the_solution_writes(monkeypatch):
+    cpu.norm_kernels_on_cpu(monkeypatch)
+    x, w, seen = _bf16(4, 4096), _bf16(4096), []
+    out = torch.empty_like(x)
+    with rt.enable_apply({"rmsnorm_h4096": _dps(seen)}):
+        assert flashinfer.norm.rmsnorm(x, w, 1e-5, out=out) is out
+    assert len(seen) == 1 and seen[0] is out
+    assert torch.equal(out, cpu.rms(x, w, 1e-5))
+    assert rt.stats()[RMS]["hit"] == 1
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (
+            lambda: torch.empty(4, 4096),
+            "output buffer out is float32, the definition's is bfloat16",
+        ),
+        (
+            lambda: torch.empty(2, 4096, dtype=torch.bfloat16),
+            "output buffer out has size 2 along axis batch_size (dim 0), expected 4 as in "
+            "hidden_states (dim 0)",
+        ),
+        (
+            lambda: torch.empty(4, 4, 4096, dtype=torch.bfloat16),
+            "output buffer out has 3 dims, the definition's has 2 [batch_size, hidden_size]",
+        ),
+        (
+            lambda: torch.empty(4, 4096, dtype=torch.bfloat16, device="meta"),
+            "output buffer out is on meta, the inputs are on cpu",
+        ),
+    ],
+    ids=["dtype", "rows", "rank", "device"],
+)
+def test_a_buffer_that_is_not_the_definitions_output_goes_to_flashinfer(monkeypatch, make, said):
+    cpu.norm_kernels_on_cpu(monkeypatch)
+    x, w, seen = _bf16(4, 4096), _bf16(4096), []
+    mine, theirs = make(), make()
+    try:
+        expected = flashinfer.norm.rmsnorm(x, w, 1e-5, out=theirs)  # apply off
+    except RuntimeError as exc:
+        expected = exc
+    with rt.enable_apply({"rmsnorm_h4096": _dps(seen)}):
+        if isinstance(expected, RuntimeError):
+            with pytest.raises(RuntimeError, match=re.escape(str(expected))):
+                flashinfer.norm.rmsnorm(x, w, 1e-5, out=mine)
+        else:
+            assert flashinfer.norm.rmsnorm(x, w, 1e-5, out=mine) is mine
+            if mine.device.type != "meta":
+                assert torch.equal(mine, theirs)
+        counts = rt.stats()[RMS]
+    assert not seen  # the solution never saw the buffer
+    assert (counts["hit"], counts["fallback_guard"]) == (0, 1)
+    assert counts["rules"] == {"tensor:output": 1}
+    with rt.enable_apply({"rmsnorm_h4096": _dps(seen)}, strict=True):
+        with pytest.raises(rt.FallbackError, match=re.escape(f"h4096 is not routed: {said} (")):
+            flashinfer.norm.rmsnorm(x, w, 1e-5, out=make())
+    assert not seen
+
+
+def test_a_value_returning_solution_is_never_broadcast_into_a_larger_buffer(monkeypatch):
+    # One row into a buffer of four: the dispatcher's `copy_` would repeat the row into all
+    # four. The call is FlashInfer's, which does with that buffer what it does.
+    cpu.norm_kernels_on_cpu(monkeypatch)
+    x, w, seen = _bf16(1, 4096), _bf16(4096), []
+
+    def solution(hidden_states, weight):
+        seen.append(1)
+        return cpu.rms(hidden_states, weight, 1e-5)
+
+    mine, theirs = (torch.zeros(4, 4096, dtype=torch.bfloat16) for _ in range(2))
+    flashinfer.norm.rmsnorm(x, w, 1e-5, out=theirs)  # apply off
+    with rt.enable_apply({"rmsnorm_h4096": solution}):
+        assert flashinfer.norm.rmsnorm(x, w, 1e-5, out=mine) is mine
+        assert flashinfer.norm.rmsnorm(x, w, 1e-5) is not None  # no buffer: routed
+        counts = rt.stats()[RMS]
+    assert len(seen) == 1 and counts["hit"] == 1
+    assert counts["rules"] == {"tensor:output": 1}
+    assert torch.equal(mine, theirs)
+
+
+def test_under_torch_compile_the_ops_dispatcher_checks_the_buffer(monkeypatch):
+    cpu.norm_kernels_on_cpu(monkeypatch)
+    x, w, seen = _bf16(4, 4096), _bf16(4096), []
+
+    def norm(x, w, out):
+        return flashinfer.norm.rmsnorm(x, w, 1e-5, out=out)
+
+    compiled = torch.compile(norm, backend="aot_eager", fullgraph=True)
+    good, bad = torch.empty_like(x), torch.empty(4, 4096)
+    with rt.enable_apply({"rmsnorm_h4096": _dps(seen)}):
+        compiled(x, w, good)
+        compiled(x, w, bad)
+        counts = rt.stats()[RMS]
+    assert len(seen) == 1 and torch.equal(good, cpu.rms(x, w, 1e-5))
+    assert torch.equal(bad, cpu.rms(x, w, 1e-5).float())  # FlashInfer's own wrote it
+    assert counts["rules"] == {"tensor:output": 1}
+
+
+_LAID_OUT = """
+family pack_t {
+  op_type demo
+  description "Rows doubled; the API writes them transposed into its buffer."
+  api bufdemo_api.pack_t(input, out=None)
+  returns y
+  rules {
+    result y = y.t()
+  }
+  axes {
+    n : var
+    h : const h
+  }
+  inputs {
+    x : float32[n, h] <- input
+  }
+  outputs {
+    y : float32[n, h] -> out
+  }
+  reference \"\"\"
+    def run(x):
+        return x * 2
+  \"\"\"
+  instances {
+    h=8
+  }
+}
+"""
+
+_API = """
+import torch
+
+
+def pack_t(input, out=None):
+    result = (input * 2).t()
+    if out is None:
+        return result.contiguous()
+    out.copy_(result)
+    return out
+"""
+
+
+def _load_laid_out(tmp_path):
+    from fibgen.codegen.python.dispatch.emit import emit_python_dispatch
+    from fibgen.compiler import compile_sources
+
+    result = compile_sources([("t.fidef", "t.fidef", _LAID_OUT)])
+    assert result.module is not None, [str(d) for d in result.diagnostics]
+    for f in emit_python_dispatch(result.module, "bufdemo_kernels"):
+        (tmp_path / f.path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f.path).write_text(f.text)
+    (tmp_path / "python" / "bufdemo_api.py").write_text(textwrap.dedent(_API))
+    sys.path.insert(0, str(tmp_path / "python"))
+    try:
+        import bufdemo_api
+        from bufdemo_kernels.pack_t import pack_t
+    finally:
+        sys.path.remove(str(tmp_path / "python"))
+    return bufdemo_api, pack_t
+
+
+def test_a_buffer_a_result_rule_lays_out_is_not_the_solutions(tmp_path):
+    # The caller's buffer holds the output as the API lays it out ([h, n]); a destination-
+    # passing solution writes one of the definition's ([n, h]), which `result` lays out.
+    api, pack_t = _load_laid_out(tmp_path)
+    x, given = torch.randn(3, 8), []
+
+    def solution(x, y):
+        given.append(y)
+        y.copy_(x * 2)
+
+    out = torch.empty(8, 3)
+    with rt.enable_apply({"pack_t_h8": solution}):
+        assert pack_t(x, out=out) is out
+        counts = rt.stats()["bufdemo_api.pack_t"]
+    assert (counts["hit"], counts["fallback_guard"]) == (1, 0)
+    assert len(given) == 1 and given[0] is not out and given[0].shape == (3, 8)
+    assert torch.equal(out, api.pack_t(x))
