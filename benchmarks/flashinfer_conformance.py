@@ -1360,7 +1360,7 @@ def _norm_quant_cases() -> list[Case]:
         for rows, scale, out_dtype, expect in (
             (1, 0.75, fp8, None),
             (64, 1.5, fp8, None),
-            (8, 1.5, BF16, "out"),
+            (8, 1.5, BF16, "tensor:out"),  # Note [output buffers]
         ):
 
             def call(rows=rows, scale=scale, out_dtype=out_dtype, extra=extra):
@@ -3325,6 +3325,8 @@ def _cutlass_moe_cases() -> list[Case]:
         ("cutlass_fused_moe_e128_h2048_i768_topk8", 16, {}, None),
         ("cutlass_fused_moe_e8_h256_i128_topk2", 5, {"ep_size": 2, "ep_rank": 1}, None),
         ("cutlass_fused_moe_e8_h256_i128_topk2", 5, {"swiglu_limit": "limit"}, "swiglu_limit"),
+        # The engine's own output buffer (SGLang passes one): written, and returned first.
+        ("cutlass_fused_moe_e8_h256_i128_topk2", 5, {"output": "buffer"}, None),
     )
     for name, tokens, over, rule in grid:
 
@@ -3335,14 +3337,19 @@ def _cutlass_moe_cases() -> list[Case]:
             experts = x["token_selected_experts"]
             if over.get("ep_rank"):  # global ids: this rank holds the second half of 16
                 experts = experts + x["fc1_expert_weights"].shape[0]
-            kw = {k: v for k, v in over.items() if k != "swiglu_limit"}
+            kw = {k: v for k, v in over.items() if k not in ("swiglu_limit", "output")}
             if "swiglu_limit" in over:
                 kw["swiglu_limit"] = torch.full((len(x["fc1_expert_weights"]),), 7.0, device=DEV)
+            if "output" in over:
+                kw["output"] = torch.empty_like(x["input"])
             args = (x["input"], experts, x["token_final_scales"])
             args += (x["fc1_expert_weights"], x["fc2_expert_weights"], torch.bfloat16, [])
             # The output only: the list's other three tensors are filled in min-latency mode
             # alone (allocated, never written, otherwise).
-            return (flashinfer.fused_moe.cutlass_fused_moe(*args, **kw)[0],)
+            result = flashinfer.fused_moe.cutlass_fused_moe(*args, **kw)
+            if "output" in kw and result[0] is not kw["output"]:
+                raise AssertionError("the output returned is not the caller's buffer")
+            return (result[0],)
 
         label = " ".join([f"{name} tokens={tokens}"] + [f"{k}={v}" for k, v in over.items()])
         out.append(

@@ -640,7 +640,7 @@ APIS = [
         _topk_build,
         [
             ("force_begin_blocks", 17, "force_begin_blocks,force_end_blocks,topk"),
-            ("output", torch.zeros(6, 4, 16, dtype=torch.int64), "output"),
+            ("output", torch.zeros(6, 4, 16, dtype=torch.int64), "tensor:block_indices"),
             ("max_score", torch.zeros(4, 40, 6, dtype=torch.bfloat16), "tensor:max_score"),
             ("topk", 8, "topk"),
         ],
@@ -662,7 +662,7 @@ APIS = [
             ("mask_mode", "sliding_window", "mask_mode"),
             ("mask_mode", "chunked", "mask_mode"),
             ("out_dtype", torch.float16, "out_dtype,qkv,input_layout"),  # query: a let over qkv
-            ("out", torch.zeros(5, 16, 128, dtype=torch.float16), "out,qkv,input_layout"),
+            ("out", torch.zeros(5, 16, 128, dtype=torch.float16), "tensor:output"),
             ("sinks", [torch.zeros(16)], "sinks"),
             ("pos_encoding_mode", "alibi", "pos_encoding_mode"),
             ("logits_soft_cap_scale", 30.0, "logits_soft_cap_scale"),
@@ -718,7 +718,7 @@ APIS = [
             ("num_elts_per_sage_attn_blk", (1, 1, 1, 1), "num_elts_per_sage_attn_blk"),
             ("use_fp16_softmax", True, "use_fp16_softmax"),
             ("uses_spcompress", True, "uses_spcompress"),
-            ("out", torch.zeros(5, 16, 128, dtype=torch.float16), "out,query"),
+            ("out", torch.zeros(5, 16, 128, dtype=torch.float16), "tensor:output"),
             ("query", torch.zeros(5, 16, 192, dtype=_FP8), "tensor:query"),
         ],
         [
@@ -740,7 +740,7 @@ APIS = [
         CONCAT_K_NAME,
         _concat_k_build,
         [
-            ("k", torch.zeros(5, 16, 192, dtype=torch.float16), "k,k_nope"),
+            ("k", torch.zeros(5, 16, 192, dtype=torch.float16), "tensor:k_out"),
             ("k_rope", torch.zeros(5, 16, 64, dtype=torch.bfloat16), "tensor:k_rope"),
             ("k_nope", torch.zeros(5, 16, 64, dtype=torch.bfloat16), None),
         ],
@@ -753,8 +753,8 @@ APIS = [
         _concat_kv_build,
         [
             ("nope_dim", 64, "nope_dim"),
-            ("key", torch.zeros(5, 16, 192, dtype=torch.bfloat16), "key"),
-            ("value", torch.zeros(5, 16, 128, dtype=torch.bfloat16), "value"),
+            ("key", torch.zeros(5, 16, 192, dtype=torch.bfloat16), "tensor:key_out"),
+            ("value", torch.zeros(5, 16, 128, dtype=torch.bfloat16), "tensor:value_out"),
             ("kv_nope", torch.zeros(5, 16, 256, dtype=torch.float16), "tensor:kv_nope"),
         ],
         [

@@ -16,6 +16,8 @@ from _shared import require_module
 require_module("flashinfer", "flashinfer-python 0.7.2.post1 is not installed (see .ci/run)")
 
 import _gemm_moe_calls as calls
+import fibgen.runtime as rt
+import flashinfer.fused_moe
 from flashinfer.trace.templates import moe as templates
 from test_catalogue_gemm import (
     _bound,
@@ -107,8 +109,8 @@ def test_cutlass_fused_moe_on_an_expert_parallel_rank_offsets_the_expert_ids(mon
         # FlashInfer raises on a rank outside the group and on a tactic list not of two.
         ("ep_rank", 1, "ep_rank,ep_size"),
         ("profile_ids", [0], "profile_ids"),
-        # Note [cutlass_fused_moe output buffer] in moe_cutlass.fidef.
-        ("output", torch.zeros(5, 256, dtype=torch.bfloat16), "output"),
+        # A caller's buffer that is not the output's: float32 (Note [output buffers]).
+        ("output", torch.zeros(6, 256), "tensor:output"),
     ],
 )
 def test_cutlass_fused_moe_parameters_the_definition_does_not_model_are_refused(
@@ -119,6 +121,61 @@ def test_cutlass_fused_moe_parameters_the_definition_does_not_model_are_refused(
     out = _route(monkeypatch, CUTLASS, call.name, (), kwargs)
     _refused(out, rule)
     assert out.originals[0][param] is value
+
+
+def test_cutlass_fused_moe_writes_a_callers_output_buffer_and_returns_it_in_the_list(
+    monkeypatch,
+):
+    # FlashInfer writes `output` and returns [output, ...]: so does a routed call, with a
+    # value-returning solution (copied in) and a destination-passing one (handed the buffer).
+    call = calls.cutlass_fused_moe(_catalogue())
+    kwargs = _cutlass_required(call)
+    out = torch.full((kwargs["input"].shape[0], 256), 7.0, dtype=torch.bfloat16)
+    assert out.shape == kwargs["input"].shape
+    routed = _route(monkeypatch, CUTLASS, call.name, (), kwargs | {"output": out})
+    seen = _hit(routed)
+    assert isinstance(routed.result, list) and routed.result[0] is out
+    expected = _reference(call.name)(**seen)
+    assert torch.equal(out, expected)
+
+    handed = []
+
+    def dps(output, **inputs):
+        handed.append(output)
+        output.copy_(_reference(call.name)(**inputs))
+
+    out2 = torch.zeros_like(out)
+    with rt.enable_apply({call.name: dps}):
+        result = flashinfer.fused_moe.cutlass_fused_moe(**kwargs, output=out2)
+        counts = rt.stats()[CUTLASS]
+    assert counts["hit"] == 1 and handed == [out2]
+    assert result[0] is out2 and torch.equal(out2, expected)
+
+
+def test_cutlass_fused_moe_under_torch_compile_returns_flashinfers_list(monkeypatch):
+    # The compiled path is one op writing the output; FlashInfer's list is made around it.
+    call = calls.cutlass_fused_moe(_catalogue())
+    kwargs = _cutlass_required(call)
+    reference = _reference(call.name)
+    seen = []
+
+    def solution(**inputs):
+        seen.append(inputs)
+        return reference(**inputs)
+
+    def moe(**kwargs):
+        return flashinfer.fused_moe.cutlass_fused_moe(**kwargs)
+
+    compiled = torch.compile(moe, backend="aot_eager", fullgraph=True)
+    out = torch.zeros_like(kwargs["input"])
+    with rt.enable_apply({call.name: solution}):
+        plain = compiled(**kwargs)
+        given = compiled(**kwargs, output=out)
+        counts = rt.stats()[CUTLASS]
+    assert counts["hit"] == 2 and len(seen) == 2
+    assert isinstance(plain, list) and len(plain) == 4 and isinstance(given, list)
+    expected = reference(**seen[0])
+    assert torch.equal(plain[0], expected) and torch.equal(out, expected)
 
 
 def test_cutlass_fused_moe_matches_flashinfers_template_reference():
@@ -491,6 +548,13 @@ def test_fp4_moe_routes_and_returns_flashinfers_list(monkeypatch, path, build):
     assert seen["gemm1_weights"].data_ptr() == _bound(call, path)["gemm1_weights"].data_ptr()
     assert isinstance(out.result, list) and len(out.result) == 1
     assert torch.equal(out.result[0], _reference(call.name)(**seen))
+    # Given its `output` buffer, FlashInfer writes it and returns [output]: so does the route.
+    kwargs = _bound(call, path)
+    buffer = torch.zeros(kwargs["hidden_states"].shape[0], 256, dtype=torch.bfloat16)
+    out = _route(monkeypatch, path, call.name, (), kwargs | {"output": buffer})
+    seen = _hit(out)
+    assert len(out.result) == 1 and out.result[0] is buffer
+    assert torch.equal(buffer, _reference(call.name)(**seen))
 
 
 @pytest.mark.parametrize(
@@ -502,7 +566,6 @@ def test_fp4_moe_routes_and_returns_flashinfers_list(monkeypatch, path, build):
         (FP4, calls.trtllm_fp4_block_scale_moe, "activation_type", 6),
         (FP4, calls.trtllm_fp4_block_scale_moe, "norm_topk_prob", False),
         (FP4, calls.trtllm_fp4_block_scale_moe, "num_fused_shared_experts", 1),
-        (FP4, calls.trtllm_fp4_block_scale_moe, "output", torch.zeros(5, 256).bfloat16()),
         (FP4_ROUTED, calls.trtllm_fp4_block_scale_routed_moe, "per_token_scale", torch.ones(5)),
         (FP4_ROUTED, calls.trtllm_fp4_block_scale_routed_moe, "gemm1_lora_delta", torch.ones(1)),
         (FP4_ROUTED, calls.trtllm_fp4_block_scale_routed_moe, "valid_hidden_size", 200),

@@ -214,3 +214,37 @@ def test_a_buffer_a_result_rule_lays_out_is_not_the_solutions(tmp_path):
     assert (counts["hit"], counts["fallback_guard"]) == (1, 0)
     assert len(given) == 1 and given[0] is not out and given[0].shape == (3, 8)
     assert torch.equal(out, api.pack_t(x))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FlashInfer's own kernel on a GPU")
+def test_on_a_gpu_a_bad_buffer_gets_what_flashinfers_own_kernel_does():
+    # No stand-in: FlashInfer's rmsnorm kernel, JIT-built, decides what a bad buffer gets.
+    x = torch.randn(4, 4096, device="cuda").to(torch.bfloat16)
+    w = torch.randn(4096, device="cuda").to(torch.bfloat16)
+    seen: list = []
+    good = torch.empty_like(x)
+    for make in (
+        lambda: torch.empty(4, 4096, device="cuda"),
+        lambda: torch.empty(2, 4096, dtype=torch.bfloat16, device="cuda"),
+        lambda: torch.empty(4, 4096, dtype=torch.bfloat16),  # on the host
+    ):
+        theirs, mine = make(), make()
+        try:
+            flashinfer.norm.rmsnorm(x, w, 1e-5, out=theirs)  # apply off
+            raised = None
+        except Exception as exc:  # noqa: BLE001 - whatever FlashInfer raises, apply says too
+            raised = type(exc)
+        with rt.enable_apply({"rmsnorm_h4096": _dps(seen)}):
+            if raised is None:
+                flashinfer.norm.rmsnorm(x, w, 1e-5, out=mine)
+            else:
+                with pytest.raises(raised):
+                    flashinfer.norm.rmsnorm(x, w, 1e-5, out=mine)
+            assert rt.stats()[RMS]["rules"] == {"tensor:output": 1}
+        torch.cuda.synchronize()
+        if raised is None:
+            assert torch.equal(mine, theirs)
+    with rt.enable_apply({"rmsnorm_h4096": _dps(seen)}):
+        assert flashinfer.norm.rmsnorm(x, w, 1e-5, out=good) is good
+    assert len(seen) == 1 and seen[0] is good
+    torch.testing.assert_close(good, cpu.rms(x, w, 1e-5), atol=2e-2, rtol=2e-2)

@@ -267,7 +267,7 @@ class Family(FamilyKey):
         for o in self.f.outputs:
             target = self.targets[o.name]
             alloc = self.alloc(o, fields)
-            if o.name in self.results():
+            if o.name in self.laid_out():
                 # A buffer a `result` rule writes holds the output as the API lays it out:
                 # the solution writes one of the definition's (Note [output buffers]).
                 call.append(f"    _o_{o.name} = {self.alloc(o, fields, laid_out=True)}")
@@ -295,7 +295,13 @@ class Family(FamilyKey):
             "finally:",
             "    _serving.n -= 1",
         ]
-        # `result` rules: outputs as the API returns them (Note [rules]).
+        # `result` rules: outputs as the API returns them (Note [rules]). One that returns an
+        # output in a list returns the caller's buffer, written first (Note [output buffers]).
+        wrapped = self.wrapped()
+        for o in self.f.outputs:
+            target = self.targets[o.name]
+            if o.name in wrapped and target is not None and target[0] == "buffer":
+                body += self._write_back(o, target[1])
         for r in self.f.rules:
             if isinstance(r, ir.Result):
                 body.append(f"_o_{r.target} = {self.result_expr(r)}")
@@ -309,16 +315,12 @@ class Family(FamilyKey):
                 stores.append(f"{e.target}.copy_(_e_{e.target})")
         for o in self.f.outputs:
             target = self.targets[o.name]
-            if target is None:
+            if target is None or o.name in wrapped:
                 continue
             local = f"_o_{o.name}"
             produced = f" and {local} is not None" if o.optional else ""
             if target[0] == "buffer":
-                body += [
-                    f"if {target[1]} is not None{produced} and {local} is not {target[1]}:",
-                    f"    {target[1]}.copy_({local})",
-                    f"    {local} = {target[1]}",
-                ]
+                body += self._write_back(o, target[1])
             else:
                 body += [
                     f"if {local} is not {target[1]}{produced}:",
@@ -341,6 +343,16 @@ class Family(FamilyKey):
         return body
 
     # ------------------------------------------------------------------- hooks
+    def _write_back(self, o: ir.Tensor, buffer: str) -> list[str]:
+        """Output ``o`` into the caller's ``buffer`` where one was given and not written."""
+        local = f"_o_{o.name}"
+        produced = f" and {local} is not None" if o.optional else ""
+        return [
+            f"if {buffer} is not None{produced} and {local} is not {buffer}:",
+            f"    {buffer}.copy_({local})",
+            f"    {local} = {buffer}",
+        ]
+
     def name_function(self, rule: NameRule, fields: tuple[str, ...]) -> FunctionView:
         """``_name(key)``: the rule applied to a key, for values no instance declares."""
         body = []

@@ -61,6 +61,8 @@ class OpView:
             return "an output a flag asks for"
         for o in f.outputs:
             target = self.v.targets[o.name]
+            if o.name in self.v.laid_out() and target is not None and target[0] == "buffer":
+                return f"output {o.name} is written into the caller's buffer in the API's layout"
             if o.shape is None or (
                 (target is None or target[0] == "buffer") and self.v.dims(o, self.fields) is None
             ):
@@ -228,6 +230,11 @@ class OpView:
             body.append(f"{target} = {call}")
         else:
             body.append(call)
+        # An output a `result` rule returns in a list: the op wrote the caller's buffer, which
+        # the list holds (Note [output buffers]).
+        for r in self.f.rules:
+            if isinstance(r, ir.Result) and r.target in self.v.wrapped():
+                body.append(f"_o_{r.target} = {self.v.result_expr(r)}")
         always, _ = self.v.returned()
         if not always:
             body.append("return None")

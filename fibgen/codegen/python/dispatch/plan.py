@@ -516,9 +516,21 @@ class FamilyPlan:
             return dtype_constant(ref.name)
         return f"{self.input_expr[ref.name]}.dtype" if ref.name in self.input_expr else None
 
-    def results(self) -> frozenset[str]:
-        """The outputs a `result` rule says how the API returns (Note [rules])."""
-        return frozenset(r.target for r in self.f.rules if isinstance(r, ir.Result))
+    def laid_out(self) -> frozenset[str]:
+        """The outputs whose caller's buffer a `result` rule writes in the API's layout: all
+        but those it returns inside a list or tuple, as FlashInfer's MoEs return ``[output]``
+        (Note [output buffers] in ``fibgen/codegen/python/dispatch/rules.py``)."""
+        return frozenset(
+            r.target
+            for r in self.f.rules
+            if isinstance(r, ir.Result)
+            and not isinstance(ast.parse(r.expr.text, mode="eval").body, (ast.List, ast.Tuple))
+        )
+
+    def wrapped(self) -> frozenset[str]:
+        """The outputs a `result` rule returns inside a list or tuple (``[output]``)."""
+        results = frozenset(r.target for r in self.f.rules if isinstance(r, ir.Result))
+        return results - self.laid_out()
 
     def rule_plan(self, fields: tuple[str, ...]) -> RulePlan:
         """The checks of the family's rules, of its input tensors and of the output buffers a
@@ -536,7 +548,7 @@ class FamilyPlan:
         buffers = []
         for o in self.f.outputs:
             target = self.targets[o.name]
-            if target is None or target[0] != "buffer" or o.name in self.results():
+            if target is None or target[0] != "buffer" or o.name in self.laid_out():
                 continue
             check = self.output_check(o, target[1], fields)
             if check is not None:

@@ -25,12 +25,16 @@ does. Hand-written ``apply`` checks the same (Note [hand-written inputs] in
 ``is None``. Under torch.compile the op's dispatcher checks it, eagerly. Buffers are not
 checked for contiguity, as inputs are not: a solution reads the strides it is given.
 
-A buffer that a `result` rule writes holds the output as the API lays it out (MiniMax-H3's
-swizzled scales, fp4 values as uint8 bytes), not as the definition does: it is not a rule's
+A `result` rule says what the API returns for an output. Where it returns the output inside
+a list or tuple (FlashInfer's MoEs return ``[output]``), the caller's buffer holds the output
+as the definition does: it is checked as above, handed to the solution, written back, and the
+list holds it. Any other `result` lays the output out as the API does (MiniMax-H3's swizzled
+scales, fp4 values as uint8 bytes), and that is what the caller's buffer holds: not a rule's
 to refuse, and not the solution's to write. A destination-passing solution writes a buffer of
-the definition's, which the `result` rule lays out for the caller's; where the call gives no
+the definition's, which the `result` rule lays out into the caller's; where the call gives no
 shape to allocate it, ``cannot_allocate`` fails the solution and the call falls back, counted
-as its error (a value-returning solution is served).
+as its error (a value-returning solution is served). Under torch.compile such a family runs
+its dispatcher eagerly.
 """
 
 from __future__ import annotations
