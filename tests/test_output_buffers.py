@@ -223,10 +223,12 @@ def test_on_a_gpu_a_bad_buffer_gets_what_flashinfers_own_kernel_does():
     w = torch.randn(4096, device="cuda").to(torch.bfloat16)
     seen: list = []
     good = torch.empty_like(x)
+    # Zeroed: FlashInfer's kernel writes bf16 bits into the first half of a float32 buffer,
+    # and leaves the rest as it was.
     for make in (
-        lambda: torch.empty(4, 4096, device="cuda"),
-        lambda: torch.empty(2, 4096, dtype=torch.bfloat16, device="cuda"),
-        lambda: torch.empty(4, 4096, dtype=torch.bfloat16),  # on the host
+        lambda: torch.zeros(4, 4096, device="cuda"),
+        lambda: torch.zeros(2, 4096, dtype=torch.bfloat16, device="cuda"),
+        lambda: torch.zeros(4, 4096, dtype=torch.bfloat16),  # on the host
     ):
         theirs, mine = make(), make()
         try:
