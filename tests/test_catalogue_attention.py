@@ -1349,7 +1349,10 @@ def test_cudnn_prefill_routes_packed_offsets_and_refuses_the_rest():
             ("batch_offsets_q,actual_seq_lens_q,batch_offsets_units,q", cubin),
         ),
         ({"return_lse": True}, ("return_lse", NotImplementedError)),
-        ({"out": torch.empty_like(q)}, ("out", cubin)),
+        # A caller's `out` is written and returned first (Note [output buffers]); one of
+        # another dtype is FlashInfer's.
+        ({"out": torch.empty_like(q)}, {"q": q}),
+        ({"out": torch.empty_like(q).half()}, ("tensor:output", cubin)),
         ({"q_scale": torch.ones(1, 1, 1, 1)}, ("q_scale", cubin)),
         ({"o_data_type": torch.float16}, ("o_data_type", cubin)),
         ({"batch_offsets_stats": indptr}, ("batch_offsets_stats", cubin)),

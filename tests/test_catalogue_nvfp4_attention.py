@@ -219,7 +219,7 @@ def test_fwd_with_one_correction_row_an_alias_scale_and_no_lse(monkeypatch):
         # The kernel ignores unpadded_k_len under a causal mask, against its docstring.
         ({"causal": True, "unpadded_k_len": 200}, "causal,unpadded_k_len,k_fp4"),
         ({"out_dtype": torch.float16}, "out_dtype,out"),
-        ({"out": torch.zeros(1, 32, 128, 128, dtype=torch.float16)}, "tensor:output"),
+        ({"out": torch.zeros(1, 32, 128, 128, dtype=torch.float16)}, "out_dtype,out"),
         ({"sm_scale": 0.1, "softmax_scale": 0.1}, "sm_scale,softmax_scale"),
         ({"return_lse": False, "lse": torch.zeros(1, 32, 128)}, "return_lse,lse"),
     ],

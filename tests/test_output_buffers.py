@@ -53,20 +53,20 @@ def test_a_buffer_of_the_definitions_output_is_the_one_the_solution_writes(monke
     [
         (
             lambda: torch.empty(4, 4096),
-            "output buffer out is float32, the definition's is bfloat16",
+            "the out= buffer is float32, the definition's is bfloat16",
         ),
         (
             lambda: torch.empty(2, 4096, dtype=torch.bfloat16),
-            "output buffer out has size 2 along axis batch_size (dim 0), expected 4 as in "
+            "the out= buffer has size 2 along axis batch_size (dim 0), expected 4 as in "
             "hidden_states (dim 0)",
         ),
         (
             lambda: torch.empty(4, 4, 4096, dtype=torch.bfloat16),
-            "output buffer out has 3 dims, the definition's has 2 [batch_size, hidden_size]",
+            "the out= buffer has 3 dims, the definition's has 2 [batch_size, hidden_size]",
         ),
         (
             lambda: torch.empty(4, 4096, dtype=torch.bfloat16, device="meta"),
-            "output buffer out is on meta, the inputs are on cpu",
+            "the out= buffer is on meta, the inputs are on cpu",
         ),
     ],
     ids=["dtype", "rows", "rank", "device"],
@@ -94,6 +94,59 @@ def test_a_buffer_that_is_not_the_definitions_output_goes_to_flashinfer(monkeypa
     with rt.enable_apply({"rmsnorm_h4096": _dps(seen)}, strict=True):
         with pytest.raises(rt.FallbackError, match=re.escape(f"h4096 is not routed: {said} (")):
             flashinfer.norm.rmsnorm(x, w, 1e-5, out=make())
+    assert not seen
+
+
+def test_a_call_another_rule_refuses_is_counted_by_that_rule_not_by_its_buffer(monkeypatch):
+    # Buffers are checked last: the reason a call is not the definition's comes first.
+    cpu.norm_kernels_on_cpu(monkeypatch)
+    x, w, seen = _bf16(4, 4096), _bf16(4096), []
+    with rt.enable_apply({"rmsnorm_h4096": _dps(seen)}):
+        flashinfer.norm.rmsnorm(x, w, 0.5, out=torch.empty(4, 4096))
+        counts = rt.stats()[RMS]
+    assert not seen and counts["rules"] == {"eps": 1}
+
+
+def test_a_buffer_whose_sizes_come_from_derived_axes_is_checked_by_size():
+    # concat_mla_k's k is [num_tokens, num_heads, nope_dim + rope_dim]: no input carries its
+    # last axis, which is computed from the key; a buffer of four tokens for one is refused.
+    import flashinfer.concat_ops
+
+    k_nope, k_rope, seen = _bf16(1, 128, 128), _bf16(1, 1, 64), []
+
+    def solution(k_nope, k_rope):
+        seen.append(1)
+        return torch.cat([k_nope, k_rope.expand(-1, k_nope.shape[1], -1)], dim=-1)
+
+    name = "concat_mla_k_h128_nope128_rope64_d192"
+    with rt.enable_apply({name: solution}, strict=True):
+        with pytest.raises(rt.FallbackError, match=re.escape("the k= buffer has size 4 along")):
+            flashinfer.concat_ops.concat_mla_k(
+                torch.empty(4, 128, 192, dtype=torch.bfloat16), k_nope, k_rope
+            )
+        with pytest.raises(rt.FallbackError, match=re.escape("(bfloat16 [1, 128, 200])")):
+            flashinfer.concat_ops.concat_mla_k(
+                torch.empty(1, 128, 200, dtype=torch.bfloat16), k_nope, k_rope
+            )
+        k = torch.empty(1, 128, 192, dtype=torch.bfloat16)
+        assert flashinfer.concat_ops.concat_mla_k(k, k_nope, k_rope) is None
+    assert len(seen) == 1 and torch.equal(k, solution(k_nope, k_rope))
+
+
+def test_a_buffer_of_a_dtype_the_key_gives_is_described_as_given():
+    import flashinfer.activation
+
+    x, seen = _bf16(4, 2 * 14336), []
+
+    def solution(x, output):
+        seen.append(output)
+
+    with rt.enable_apply({"silu_and_mul_h14336_bf16": solution}, strict=True):
+        with pytest.raises(
+            rt.FallbackError,
+            match=re.escape("the out= buffer (float16 [4, 14336]) is not the definition's output"),
+        ):
+            flashinfer.activation.silu_and_mul(x, out=torch.empty(4, 14336, dtype=torch.float16))
     assert not seen
 
 

@@ -35,9 +35,9 @@ place when the native ones are built: Note [native reads] in
    ``itertools.count.__next__`` or a native ``Tally``, atomic under the GIL, so counts are
    exact under threads without a lock).
 6. The call's rules (Note [rules] in ``fibgen/compiler/ir.py``): the plan's verdict, then the
-   dtype and rank of each input tensor, then those of each output buffer the caller gave
-   with its device (Note [output buffers] in ``fibgen/codegen/python/dispatch/rules.py``),
-   and every call-time rule, in a ``try``. The first that
+   dtype and rank of each input tensor, every call-time rule, then the dtype, shape and
+   device of each output buffer the caller gave (Note [output buffers] in
+   ``fibgen/codegen/python/dispatch/rules.py``), in a ``try``. The first that
    fails gives ``_api.refuse(key, index, <arguments>)``, which counts it and returns the
    route to take instead: ``ORIGINAL`` (the original API, or the next family of the API),
    whose result the dispatcher returns, or the reference, which it runs as a solution.

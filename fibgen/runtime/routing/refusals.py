@@ -113,7 +113,7 @@ def _buffer_problem(
         value = inspect.signature(function).bind(*args, **kwargs).arguments.get(param)
     except (TypeError, ValueError):
         return None
-    what = f"output buffer {param}"
+    what = f"the {param}= buffer"
     problem = tensor_problem(
         name, {**values, name: value}, inputs, {**tensors, name: (dtype, shape)}, what
     )
@@ -122,6 +122,14 @@ def _buffer_problem(
     device = next((v.device for v in values.values() if isinstance(v, torch.Tensor)), None)
     if isinstance(value, torch.Tensor) and device is not None and value.device != device:
         return f"{what} is on {value.device}, the inputs are on {device}"
+    if isinstance(value, torch.Tensor):
+        # A dtype or a size the definition takes from the call's key (a dtype parameter, an
+        # axis no input carries): the buffer as given, beside what it stands for.
+        got = str(value.dtype).removeprefix("torch.")
+        return (
+            f"{what} ({got} {list(value.shape)}) is not the definition's {name} "
+            f"[{', '.join(shape)}] for this call"
+        )
     return None
 
 
@@ -142,7 +150,7 @@ def tensor_problem(
     if not isinstance(value, torch.Tensor):
         return f"{what} is a {type(value).__name__}, not a tensor"
     got = str(value.dtype).removeprefix("torch.")
-    if dtype is not None and got != dtype:
+    if dtype is not None and got != dtype and value.dtype != _torch_dtype(dtype):
         return f"{what} is {got}, the definition's is {dtype}"
     if value.ndim != len(shape):
         return (
@@ -164,6 +172,16 @@ def tensor_problem(
                 f"expected {where[2]} as in {where[0]} (dim {where[1]})"
             )
     return None
+
+
+def _torch_dtype(name: str) -> torch.dtype | None:
+    """The torch dtype of a definition's dtype name (``float4_e2m1``: two values a byte)."""
+    from fibgen.runtime.inputs.specs import torch_dtype
+
+    try:
+        return torch_dtype(name)
+    except Exception:  # noqa: BLE001 - a name the runtime does not know: compared by name
+        return None
 
 
 def bad_result_message(

@@ -267,15 +267,16 @@ class Family(FamilyKey):
         for o in self.f.outputs:
             target = self.targets[o.name]
             alloc = self.alloc(o, fields)
-            if o.name in self.laid_out():
+            buffer = target[1] if target is not None and target[0] == "buffer" else None
+            if buffer is not None and o.name in self.laid_out():
                 # A buffer a `result` rule writes holds the output as the API lays it out:
                 # the solution writes one of the definition's (Note [output buffers]).
                 call.append(f"    _o_{o.name} = {self.alloc(o, fields, laid_out=True)}")
-            elif target is not None and target[0] == "buffer":
+            elif buffer is not None:
                 # The caller's buffer, else a new one; as statements, which black leaves as
                 # they are where it would split a long conditional expression.
                 call += [
-                    f"    _o_{o.name} = {target[1]}",
+                    f"    _o_{o.name} = {buffer}",
                     f"    if _o_{o.name} is None:",
                     f"        _o_{o.name} = {alloc}",
                 ]

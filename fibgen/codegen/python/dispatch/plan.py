@@ -251,7 +251,10 @@ class FamilyPlan:
         return chain[1:-1] if self._options(name)[0][1] is not None else chain
 
     # ------------------------------------------------------------------ outputs
-    def dims(self, o: ir.Tensor, fields: tuple[str, ...]) -> str | None:
+    def dims(self, o: ir.Tensor, fields: tuple[str, ...], derived: bool = False) -> str | None:
+        """Output ``o``'s shape for a call, or None where an axis cannot be read from it;
+        ``derived``: a const axis given by an expression is computed (``_derived``) where
+        nothing else reads it (Note [output buffers] in ``rules.py``)."""
         dims = []
         for axis in o.shape or ():
             declared = self.axes.get(axis)
@@ -271,11 +274,59 @@ class FamilyPlan:
                     for t, expr, req in self._tensors()
                     if req and t.shape is not None and axis in t.shape and t in self.f.inputs
                 ]
-                if not carriers:
+                if carriers:
+                    dims.append(carriers[0])
+                elif derived and (expr := self._derived(axis, fields, ())) is not None:
+                    dims.append(expr)
+                else:
                     # Only a caller's buffer or a value-returning solution can serve this output.
                     return None
-                dims.append(carriers[0])
         return tuple_text(dims)
+
+    def _derived(self, axis: str, fields: tuple[str, ...], seen: tuple[str, ...]) -> str | None:
+        """A const axis given by an expression (``half_hidden = hidden_size / 2``) as an int
+        expression over the key's fields, pinned literals and other such axes; None where it
+        reads anything else. An axis's ``/`` is exact: ``//``."""
+        declared = self.axes.get(axis)
+        if not isinstance(declared, ir.ConstAxis) or declared.value is None or axis in seen:
+            return None
+        try:
+            tree = ast.parse(declared.value.text, mode="eval").body
+        except SyntaxError:
+            return None
+        names: dict[str, ast.expr] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name):
+                if node.id in fields:
+                    names[node.id] = ast.Name(f"_k_{node.id}", ast.Load())
+                    continue
+                other = self.axes.get(node.id)
+                literal_value = _pinned_literal(other) if isinstance(other, ir.ConstAxis) else None
+                if literal_value is not None:
+                    names[node.id] = ast.Constant(literal_value)
+                    continue
+                text = self._derived(node.id, fields, seen + (axis,))
+                if text is None:
+                    return None
+                names[node.id] = ast.parse(text, mode="eval").body
+            elif not isinstance(
+                node, (ast.BinOp, ast.Constant, ast.Load, ast.operator, ast.UnaryOp, ast.USub)
+            ):
+                return None
+            elif isinstance(node, ast.Constant) and not isinstance(node.value, int):
+                return None
+
+        class Spell(ast.NodeTransformer):
+            def visit_Name(self, node: ast.Name) -> ast.AST:
+                return names[node.id]
+
+            def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
+                self.generic_visit(node)
+                if isinstance(node.op, ast.Div):
+                    node.op = ast.FloorDiv()
+                return node
+
+        return unparse(Spell().visit(tree))
 
     def alloc(self, o: ir.Tensor, fields: tuple[str, ...], laid_out: bool = False) -> str:
         """An expression that allocates output ``o`` for a routed call (``laid_out``: one
@@ -291,7 +342,7 @@ class FamilyPlan:
             if not t.optional and t.shape and t.shape == o.shape and t.dtype == o.dtype:
                 expr = self.input_expr[t.name]
                 return f"torch.empty_like({expr}, memory_format=torch.contiguous_format)"
-        dims = self.dims(o, fields)
+        dims = self.dims(o, fields, derived=True)
         if dims is None:
             if laid_out:
                 return f"_api.cannot_allocate({literal(o.name)}, laid_out=True)"
@@ -326,7 +377,7 @@ class FamilyPlan:
         if same is not None:
             shape = f"{same}.shape"
         else:
-            dims = self.dims(o, fields)
+            dims = self.dims(o, fields, derived=True)
             shape = dims if dims is not None else "None"
         if required:
             sizes = shape if shape != "None" else str(len(o.shape))

@@ -19,11 +19,17 @@ call the definition does not describe: a solution would write it as if it were t
 (bf16 bits into a float32 buffer, rows past its end), and ``copy_`` would convert or
 broadcast silently. So a given buffer is checked as a value-returning solution's result is
 (``_same``: dtype, shape, the inputs' device), under the rule ``tensor:<output>``, after the
-input tensors; a call it fails goes to the original API, which does with the buffer what it
+input tensors and the call's other rules (which name the real reason where a call is not the
+definition's at all); a call it fails goes to the original API, which does with the buffer what it
 does. Hand-written ``apply`` checks the same (Note [hand-written inputs] in
 ``fibgen/runtime/routing/handwritten.py``). A buffer left out costs the hit path one
-``is None``. Under torch.compile the op's dispatcher checks it, eagerly. Buffers are not
-checked for contiguity, as inputs are not: a solution reads the strides it is given.
+``is None``. Under torch.compile the op's dispatcher checks it, eagerly. The sizes are those
+of the key, of the inputs, and of const axes given by expressions over them
+(``total_dim = nope_dim + rope_dim``, ``FamilyPlan.dims(derived=True)``); an axis nothing of
+the call gives (a var axis only outputs carry) is left to the rank. Buffers are not checked
+for contiguity, as inputs are not: a solution reads the strides it is given. A one-byte float
+output given as a ``uint8`` buffer (FlashInfer's fp4 ``y_fp4`` may be) is refused, not viewed:
+FlashInfer's own function serves it.
 
 A `result` rule says what the API returns for an output. Where it returns the output inside
 a list or tuple (FlashInfer's MoEs return ``[output]``), the caller's buffer holds the output
@@ -356,12 +362,14 @@ class RuleSpeller:
             if optional:
                 cond = f"{expr} is None or ({cond})"
             checks.append(Spelled(index, cond))
+        # Tensors first: later rules may read their shapes.
+        self.plan.call_checks[0:0] = checks
+        # Buffers last: a call another rule refuses is refused by that rule, not by a buffer
+        # whose expected shape assumed the call was the definition's (Note [output buffers]).
         for name, cond in buffers:
             index = self.plan.add(f"tensor:{name}")
             self.plan.buffers.add(index)
-            checks.append(Spelled(index, cond))
-        # Tensors first: later rules may read their shapes.
-        self.plan.call_checks[0:0] = checks
+            self.plan.call_checks.append(Spelled(index, cond))
 
     def _size_of(self, axis: str) -> str | None:
         if axis in self.key_fields:
