@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -180,3 +181,22 @@ def run_applied(solutions: Any, run: Callable[[], Any]) -> tuple[Any, dict]:
             warnings.simplefilter("ignore")
             rt.disable_apply()
     return result, counts
+
+
+def generated_package(root: Path, source: str, package: str, *extra: str) -> list[Any]:
+    """Compile one `.fidef` text, write its dispatchers under ``root/python/<package>``, and
+    import the modules named in ``extra`` (``"pkg.module"``, or a module written beside them
+    first); returns them in order."""
+    from fibgen.codegen.python.dispatch.emit import emit_python_dispatch
+    from fibgen.compiler import compile_sources
+
+    result = compile_sources([("t.fidef", "t.fidef", source)])
+    assert result.module is not None, [str(d) for d in result.diagnostics]
+    for f in emit_python_dispatch(result.module, package):
+        (root / f.path).parent.mkdir(parents=True, exist_ok=True)
+        (root / f.path).write_text(f.text)
+    sys.path.insert(0, str(root / "python"))
+    try:
+        return [importlib.import_module(name) for name in extra]
+    finally:
+        sys.path.remove(str(root / "python"))

@@ -10,13 +10,13 @@ its norm kernels computing in torch on the CPU (``_flashinfer_cpu``).
 from __future__ import annotations
 
 import re
-import sys
 import textwrap
 
 import pytest
 import torch
 
 import _flashinfer_cpu as cpu
+from _shared import generated_package
 import fibgen.runtime as rt
 import flashinfer
 
@@ -232,22 +232,12 @@ def pack_t(input, out=None):
 
 
 def _load_laid_out(tmp_path):
-    from fibgen.codegen.python.dispatch.emit import emit_python_dispatch
-    from fibgen.compiler import compile_sources
-
-    result = compile_sources([("t.fidef", "t.fidef", _LAID_OUT)])
-    assert result.module is not None, [str(d) for d in result.diagnostics]
-    for f in emit_python_dispatch(result.module, "bufdemo_kernels"):
-        (tmp_path / f.path).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / f.path).write_text(f.text)
+    (tmp_path / "python").mkdir(parents=True)
     (tmp_path / "python" / "bufdemo_api.py").write_text(textwrap.dedent(_API))
-    sys.path.insert(0, str(tmp_path / "python"))
-    try:
-        import bufdemo_api
-        from bufdemo_kernels.pack_t import pack_t
-    finally:
-        sys.path.remove(str(tmp_path / "python"))
-    return bufdemo_api, pack_t
+    api, module = generated_package(
+        tmp_path, _LAID_OUT, "bufdemo_kernels", "bufdemo_api", "bufdemo_kernels.pack_t"
+    )
+    return api, module.pack_t
 
 
 def test_a_buffer_a_result_rule_lays_out_is_not_the_solutions(tmp_path):

@@ -950,10 +950,7 @@ def test_a_miss_on_a_name_no_instance_declares_runs_the_reference_with_its_param
 ):
     # The family reference of a name its rule spells needs the parameters that are not axes
     # (top_k): they come from the call's key, and from the family's defaults.
-    import sys
-
-    from fibgen.codegen.python.dispatch.emit import emit_python_dispatch
-    from fibgen.compiler import compile_sources
+    from _shared import generated_package
 
     source = """
 family topk_sum {
@@ -982,16 +979,10 @@ family topk_sum {
   }
 }
 """
-    result = compile_sources([("demo.fidef", "demo.fidef", source)])
-    assert result.module is not None, [str(d) for d in result.diagnostics]
-    for f in emit_python_dispatch(result.module, "demo_kernels_params"):
-        (tmp_path / f.path).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / f.path).write_text(f.text)
-    sys.path.insert(0, str(tmp_path / "python"))
-    try:
-        from demo_kernels_params.topk_sum import topk_sum
-    finally:
-        sys.path.remove(str(tmp_path / "python"))
+    (module,) = generated_package(
+        tmp_path, source, "demo_kernels_params", "demo_kernels_params.topk_sum"
+    )
+    topk_sum = module.topk_sum
     x = torch.randn(3, 16)
     with rt.enable_apply({}):
         # topk_sum_k3_h16: no instance declares it, no original API: the reference runs.
@@ -1037,21 +1028,15 @@ def test_without_an_original_a_call_its_rules_refuse_raises_instead_of_running_t
     tmp_path,
 ):
     # The reference computes the definition: with another eps it would be a wrong result.
-    import sys
+    from _shared import generated_package
 
-    from fibgen.codegen.python.dispatch.emit import emit_python_dispatch
-    from fibgen.compiler import compile_sources
-
-    result = compile_sources([("norm.fidef", "norm.fidef", _NORM_WITHOUT_ORIGINAL)])
-    assert result.module is not None, [str(d) for d in result.diagnostics]
-    for f in emit_python_dispatch(result.module, "demo_kernels_no_original"):
-        (tmp_path / f.path).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / f.path).write_text(f.text)
-    sys.path.insert(0, str(tmp_path / "python"))
-    try:
-        from demo_kernels_no_original.scalenorm import scalenorm
-    finally:
-        sys.path.remove(str(tmp_path / "python"))
+    (module,) = generated_package(
+        tmp_path,
+        _NORM_WITHOUT_ORIGINAL,
+        "demo_kernels_no_original",
+        "demo_kernels_no_original.scalenorm",
+    )
+    scalenorm = module.scalenorm
     x8, x16 = torch.randn(3, 8), torch.randn(3, 16)
     expected = x16 * torch.rsqrt(x16.square().mean(-1, keepdim=True) + 0.5)
     # Apply off and on: the call with the definition's eps gets the reference, counted as a
