@@ -293,3 +293,49 @@ def test_on_a_gpu_a_bad_buffer_gets_what_flashinfers_own_kernel_does():
         assert flashinfer.norm.rmsnorm(x, w, 1e-5, out=good) is good
     assert len(seen) == 1 and seen[0] is good
     torch.testing.assert_close(good, cpu.rms(x, w, 1e-5), atol=2e-2, rtol=2e-2)
+
+
+_NOT_INSTALLED = """
+family doubled {
+  op_type demo
+  description "Rows doubled, into the caller's buffer where one is given."
+  api not_installed_anywhere.doubled(input, out=None)
+  axes {
+    n : var
+    h : const h
+  }
+  inputs {
+    x : float32[n, h] <- input
+  }
+  outputs {
+    y : float32[n, h] -> out
+  }
+  reference \"\"\"
+    def run(x):
+        return x * 2
+  \"\"\"
+  instances {
+    h=8
+  }
+}
+"""
+
+
+def test_without_an_original_a_bad_buffer_is_refused_with_what_is_wrong(tmp_path):
+    # No API to hand the buffer to: the call raises, saying what about the buffer is wrong.
+    (module,) = generated_package(
+        tmp_path, _NOT_INSTALLED, "bufdemo_not_installed", "bufdemo_not_installed.doubled"
+    )
+    x = torch.randn(3, 8)
+    out = torch.empty(3, 8)
+    assert module.doubled(x, out=out) is out and torch.equal(out, x * 2)  # the reference
+    with pytest.raises(
+        rt.FallbackError,
+        match=re.escape(
+            "the out= buffer is float64, the definition's is float32, and there is no original "
+            "API to run it (only the original API takes a buffer the definition does not "
+            "describe)"
+        ),
+    ):
+        with rt.enable_apply({}):
+            module.doubled(x, out=torch.empty(3, 8, dtype=torch.float64))

@@ -654,10 +654,16 @@ class Api:
             return (ORIGINAL, no_fallback(self.label, name, why_not), DISCARD)
         if kind != ORIGINAL:
             # The reference computes the definition, which a call that fails its rules is not
-            # (another eps, another dtype): running it would be a silent wrong result.
+            # (another eps, another dtype): running it would be a silent wrong result. A
+            # buffer that is not the output's is only the original's to write.
+            reason = (
+                "only the original API takes a buffer the definition does not describe"
+                if rule.startswith("tensor:") and rule[7:] in self.buffers
+                else "the definition's reference computes something else"
+            )
             why_not = (
                 f"{self._describe_failure(rule, args, kwargs)}, and there is no original API "
-                "to run it (the definition's reference computes something else)"
+                f"to run it ({reason})"
             )
             return (ORIGINAL, unservable(self.label, name, why_not), DISCARD)
         return (kind, fn, DISCARD)
