@@ -176,11 +176,11 @@ def tensor_problem(
 
 def _torch_dtype(name: str) -> torch.dtype | None:
     """The torch dtype of a definition's dtype name (``float4_e2m1``: two values a byte)."""
-    from fibgen.runtime.inputs.specs import torch_dtype
+    from fibgen.runtime.inputs.specs import InputGenerationError, torch_dtype
 
     try:
         return torch_dtype(name)
-    except Exception:  # noqa: BLE001 - a name the runtime does not know: compared by name
+    except InputGenerationError:  # a name the runtime does not know: compared by name
         return None
 
 
